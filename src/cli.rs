@@ -1,0 +1,503 @@
+//! CLI: the command line, turned once into validated library types, and the exit codes.
+//!
+//! Owns the clap definitions of every subcommand, their conversion into a
+//! [`JobRequest`]/[`RunOptions`], the signal handling of a run, the human and JSON rendering of
+//! `status`, and the mapping of outcomes to exit codes. Nothing below this module sees clap.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::engine::{self, StopHandle};
+use crate::handler::Handler;
+use crate::input::{format_from_extension, InputFormat, InputSpec};
+use crate::job::{open_job, JobRequest, JobSpec, RetryOverrides, RunOptions};
+use crate::progress::{Counters, RunSummary};
+use crate::sink::{self, ExportFormat};
+use crate::store::sled_store::{OpenMode, SledStore};
+use crate::store::{Store, StoreStats};
+
+/// Exit codes, as documented in `--help` and README.
+pub mod exit {
+    /// Every ID succeeded.
+    pub const OK: u8 = 0;
+    /// The job could not proceed (input, state or store error).
+    pub const ERROR: u8 = 1;
+    /// Usage error (clap uses 2 as well).
+    pub const USAGE: u8 = 2;
+    /// The run completed but some IDs failed permanently.
+    pub const FAILURES: u8 = 3;
+    /// Stopped by a signal.
+    pub const SIGNAL: u8 = 130;
+}
+
+const EXIT_CODES: &str = "Exit codes:
+  0    every ID succeeded
+  1    the job could not proceed (input, state or store error)
+  2    usage error
+  3    the run completed but some IDs failed permanently
+  130  stopped by a signal (resume with `highwater run --state DIR`)";
+
+#[derive(Debug, Parser)]
+#[command(name = "highwater", version, about = "Long, resumable enrichment jobs: one API call per ID, crash-safe", after_help = EXIT_CODES)]
+pub struct Cli {
+    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Less log output (warnings and errors only).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a job and run it, or resume the job stored in --state.
+    #[command(after_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Show where a job stands.
+    Status(StatusArgs),
+    /// Write one record per unique ID, in input order.
+    Export(ExportArgs),
+    /// Run a complete job against a local fake API with injected faults.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// State directory: created on first run, resumed after.
+    #[arg(long, value_name = "DIR")]
+    state: PathBuf,
+    /// File of IDs (needed to create the job; optional on resume).
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Input format; default from the extension (.csv, .jsonl/.ndjson, else text).
+    #[arg(long, value_enum)]
+    input_format: Option<FormatArg>,
+    /// CSV column holding the ID.
+    #[arg(long, value_name = "NAME")]
+    id_column: Option<String>,
+    /// JSONL field holding the ID.
+    #[arg(long, value_name = "NAME")]
+    id_field: Option<String>,
+    /// URL template: {id} is percent-encoded, ${VAR} comes from the environment.
+    #[arg(long, value_name = "TEMPLATE")]
+    url: Option<String>,
+    /// HTTP method [default: GET].
+    #[arg(long)]
+    method: Option<String>,
+    /// Request header 'Name: value' (repeatable); ${VAR} comes from the environment.
+    #[arg(long = "header", short = 'H', value_name = "HEADER")]
+    headers: Vec<String>,
+    /// Body template: {id} is JSON-escaped, ${VAR} comes from the environment.
+    #[arg(long, value_name = "TEMPLATE")]
+    body: Option<String>,
+    /// Rows per bucket (micro-batch) [default: 1000].
+    #[arg(long, value_name = "N")]
+    bucket_size: Option<u64>,
+    /// Items in flight at most.
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    concurrency: u32,
+    /// TCP connect timeout [default: 10s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    connect_timeout: Option<Duration>,
+    /// Whole-request timeout [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    timeout: Option<Duration>,
+    /// Attempts per ID, the first included [default: 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_attempts: Option<u32>,
+    /// First retry wait; doubles per attempt, with jitter [default: 500ms].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    retry_initial: Option<Duration>,
+    /// Longest retry wait [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    retry_max: Option<Duration>,
+    /// Give up on an ID this long after its first attempt [default: 15m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    max_retry_time: Option<Duration>,
+    /// Skip input lines without a usable ID (counted and recorded) instead of stopping.
+    #[arg(long)]
+    skip_bad_lines: bool,
+    /// After SIGINT/SIGTERM, how long in-flight items may take to finish.
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    shutdown_timeout: Duration,
+    /// How often to log a progress line (0 = never).
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    progress_interval: Duration,
+    /// sled page cache size in MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    store_cache_mb: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Text,
+    Csv,
+    Jsonl,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[arg(long, value_name = "DIR")]
+    state: PathBuf,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    #[arg(long, value_name = "DIR")]
+    state: PathBuf,
+    #[arg(long, value_enum, default_value = "jsonl")]
+    format: ExportFormat,
+    /// Write here (atomically) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Where to put the input and the state (default: a new temporary directory).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// How many IDs the demo input holds.
+    #[arg(long, default_value_t = 20_000, value_name = "N")]
+    ids: u64,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+}
+
+/// Parse the command line, run, and return the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::ERROR);
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "highwater=debug,info",
+        (false, _) => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_target(false)
+        .init();
+}
+
+async fn dispatch(command: Command) -> Result<u8> {
+    match command {
+        Command::Run(args) => run(args).await,
+        Command::Status(args) => status(args),
+        Command::Export(args) => export(args),
+        Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
+    }
+}
+
+impl RunArgs {
+    fn input_spec(&self) -> Result<Option<InputSpec>, String> {
+        let Some(path) = &self.input else {
+            if self.input_format.is_some() || self.id_column.is_some() || self.id_field.is_some() {
+                return Err("--input-format, --id-column and --id-field need --input".into());
+            }
+            return Ok(None);
+        };
+        let path =
+            std::fs::canonicalize(path).map_err(|e| format!("--input {}: {e}", path.display()))?;
+        let format = match self.input_format {
+            Some(FormatArg::Text) => "text",
+            Some(FormatArg::Csv) => "csv",
+            Some(FormatArg::Jsonl) => "jsonl",
+            None => format_from_extension(&path),
+        };
+        let format = match format {
+            "csv" => InputFormat::Csv {
+                column: self
+                    .id_column
+                    .clone()
+                    .ok_or("a CSV input needs --id-column NAME")?,
+            },
+            "jsonl" => InputFormat::Jsonl {
+                field: self
+                    .id_field
+                    .clone()
+                    .ok_or("a JSONL input needs --id-field NAME")?,
+            },
+            _ => InputFormat::Text,
+        };
+        match (&format, &self.id_column, &self.id_field) {
+            (InputFormat::Csv { .. }, _, None)
+            | (InputFormat::Jsonl { .. }, None, _)
+            | (InputFormat::Text, None, None) => {}
+            _ => return Err(format!(
+                "--id-column goes with CSV input and --id-field with JSONL; this input is {format}"
+            )),
+        }
+        Ok(Some(InputSpec { path, format }))
+    }
+
+    fn request(&self) -> Result<JobRequest, String> {
+        Ok(JobRequest {
+            input: self.input_spec()?,
+            bucket_size: self.bucket_size,
+            method: self.method.clone(),
+            url: self.url.clone(),
+            headers: if self.headers.is_empty() {
+                None
+            } else {
+                Some(self.headers.clone())
+            },
+            body: self.body.clone(),
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            retry: RetryOverrides {
+                max_attempts: self.max_attempts,
+                initial: self.retry_initial,
+                max_interval: self.retry_max,
+                max_elapsed: self.max_retry_time,
+            },
+        })
+    }
+
+    fn options(&self) -> RunOptions {
+        RunOptions {
+            concurrency: self.concurrency as usize,
+            skip_bad_lines: self.skip_bad_lines,
+            shutdown_timeout: self.shutdown_timeout,
+            progress_interval: self.progress_interval,
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<u8> {
+    let request = match args.request() {
+        Ok(r) => r,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let mode = if request.input.is_some() {
+        OpenMode::CreateIfMissing
+    } else {
+        OpenMode::Existing
+    };
+    let store = SledStore::open(&args.state, mode, args.store_cache_mb << 20)?;
+    let spec = match open_job(&store, &request) {
+        Ok(spec) => spec,
+        Err(crate::job::JobError::Usage(message)) => {
+            eprintln!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let handler = Handler::new(&spec.request)?;
+    run_job(Arc::new(store), spec, handler, &args.options(), &args.state).await
+}
+
+/// Run a prepared job with signal handling, print the summary, and return the exit code.
+pub async fn run_job(
+    store: Arc<SledStore>,
+    spec: JobSpec,
+    handler: Handler,
+    options: &RunOptions,
+    state: &Path,
+) -> Result<u8> {
+    tracing::info!(
+        job = %spec.job_id,
+        input = %spec.input.path.display(),
+        url = %spec.request.url,
+        bucket_size = spec.bucket_size,
+        concurrency = options.concurrency,
+        "running"
+    );
+    let (stop_handle, stop) = engine::stop_pair();
+    let signals = tokio::spawn(watch_signals(stop_handle));
+    let counters = Arc::new(Counters::default());
+    let outcome = engine::run(
+        store,
+        Arc::new(spec),
+        Arc::new(handler),
+        options,
+        counters,
+        stop,
+    )
+    .await;
+    signals.abort();
+    let summary: RunSummary = outcome.context("the run stopped")?;
+    eprintln!("{}", summary.render());
+    if summary.interrupted && !summary.job.finished() {
+        eprintln!("resume with: highwater run --state {}", state.display());
+        return Ok(exit::SIGNAL);
+    }
+    Ok(if summary.job.failed > 0 {
+        exit::FAILURES
+    } else {
+        exit::OK
+    })
+}
+
+/// First SIGINT/SIGTERM: stop gracefully. Second: exit at once (the store stays consistent).
+async fn watch_signals(stop: StopHandle) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; SIGINT/SIGTERM will kill the run without a graceful stop");
+        return;
+    };
+    for n in 0.. {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        if n == 0 {
+            tracing::warn!(
+                "stop requested: finishing the items in flight (signal again to exit at once)"
+            );
+            stop.stop();
+        } else {
+            eprintln!("stopped at once; the state is consistent, resume with the same command");
+            std::process::exit(exit::SIGNAL as i32);
+        }
+    }
+}
+
+fn open_existing(state: &Path) -> Result<SledStore> {
+    Ok(SledStore::open(state, OpenMode::Existing, 16 << 20)?)
+}
+
+fn status(args: StatusArgs) -> Result<u8> {
+    let store = open_existing(&args.state)?;
+    let spec = store.job()?.with_context(|| {
+        format!(
+            "{} holds no job yet (the first run stopped before creating it)",
+            args.state.display()
+        )
+    })?;
+    let stats = store.stats()?;
+    let bad = store.bad_lines(5)?;
+    let mut out = io::stdout().lock();
+    if args.json {
+        let value = serde_json::json!({
+            "state": args.state,
+            "job_id": spec.job_id,
+            "input": spec.input.path,
+            "input_format": spec.input.format.to_string(),
+            "input_bytes": spec.fingerprint.len,
+            "url": spec.request.url,
+            "method": spec.request.method,
+            "bucket_size": spec.bucket_size,
+            "stats": stats,
+            "finished": stats.finished(),
+            "bad_line_examples": bad,
+        });
+        writeln!(out, "{value}")?;
+    } else {
+        write!(out, "{}", render_status(&args.state, &spec, &stats, &bad))?;
+    }
+    Ok(exit::OK)
+}
+
+fn render_status(
+    state: &Path,
+    spec: &JobSpec,
+    s: &StoreStats,
+    bad: &[crate::store::BadLine],
+) -> String {
+    let read = if s.input_exhausted {
+        "read to the end".to_string()
+    } else if spec.fingerprint.len > 0 {
+        format!(
+            "{:.1}% read",
+            100.0 * s.input_bytes_read as f64 / spec.fingerprint.len as f64
+        )
+    } else {
+        String::new()
+    };
+    let mut text = format!(
+        "state:      {}\njob:        {}\ninput:      {} ({}), {} rows {}\nrequest:    {} {}\n\
+         buckets:    {} planned, {} committed, {} in flight (size {})\n\
+         IDs:        {} ok, {} failed, {} pending of {} planned\n\
+         duplicates: {}\nbad lines:  {}\nfinished:   {}\n",
+        state.display(),
+        spec.job_id,
+        spec.input.path.display(),
+        spec.input.format,
+        s.rows_read,
+        read,
+        spec.request.method,
+        spec.request.url,
+        s.buckets_planned,
+        s.buckets_committed,
+        s.buckets_in_flight,
+        spec.bucket_size,
+        s.ok,
+        s.failed,
+        s.pending,
+        s.ids_planned,
+        s.duplicates,
+        s.bad_lines,
+        if s.finished() { "yes" } else { "no" },
+    );
+    for b in bad {
+        text.push_str(&format!("  bad line {}: {}\n", b.line, b.reason));
+    }
+    text
+}
+
+fn export(args: ExportArgs) -> Result<u8> {
+    let store = open_existing(&args.state)?;
+    match &args.output {
+        Some(path) => {
+            let n = sink::export_to_file(&store, args.format, path)
+                .with_context(|| format!("exporting to {}", path.display()))?;
+            eprintln!("wrote {n} records to {}", path.display());
+        }
+        None => {
+            let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
+            match sink::export(&store, args.format, &mut out) {
+                Ok(_) => {}
+                Err(crate::store::ExportError::Write(e))
+                    if e.kind() == io::ErrorKind::BrokenPipe => {}
+                Err(e) => return Err(e).context("exporting to standard output"),
+            }
+        }
+    }
+    Ok(exit::OK)
+}

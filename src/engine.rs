@@ -1,0 +1,531 @@
+//! Engine: running a job's buckets to the end, crash-safely.
+//!
+//! Three kinds of task share a run:
+//!
+//! - the **planner** (a blocking thread) reads the input from the stored position, cuts
+//!   buckets ([`crate::plan`]), writes them ahead of their work with [`Store::plan`] and makes
+//!   them durable with [`Store::sync`], then hands them over (at most two batches ahead);
+//! - the **dispatcher** first replays the buckets that have an offset record but no commit
+//!   record, calling only their IDs that have no final result, then dispatches new buckets;
+//!   it starts one task per item, at most `concurrency` at once, so workers never wait at a
+//!   bucket boundary and buckets may commit out of order;
+//! - the **writer** receives final results, writes them in groups, makes each group durable
+//!   with one sync (group commit), and only then writes the commit records of the buckets
+//!   whose last result was in the group.
+//!
+//! Invariants (the crash tests check them):
+//!
+//! 1. A bucket's offset record is durable before any of its items is dispatched.
+//! 2. A bucket's commit record is written only after all its results are durable.
+//! 3. Buckets are a pure function of the input and the bucket size (see [`crate::plan`]).
+//! 4. Results are keyed by ID: a replayed item overwrites its own record, never adds one.
+//! 5. A replay calls only items without a durable final result: after a kill -9 the repeated
+//!    calls are the items that were in flight, that is, at most
+//!    [`max_unsynced_items`]`(concurrency)` of them.
+//!
+//! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
+//! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
+//! writer makes everything it received durable and the run returns.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::handler::{millis, Handler};
+use crate::input::InputReader;
+use crate::job::{now_ms, JobSpec, RunOptions};
+use crate::plan::{PlanError, Planner};
+use crate::progress::{progress_line, Counters, RunSummary};
+use crate::retry::{self, ItemOutcome};
+use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
+
+/// Rows the planner reads per store write: several small buckets share one durable write.
+pub const PLAN_BATCH_ROWS: u64 = 1000;
+
+/// Errors that stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The capacity of the queue of results waiting to be made durable.
+fn writer_queue(concurrency: usize) -> usize {
+    (2 * concurrency).max(32)
+}
+
+/// The most items whose API call may be repeated after a kill -9: those in flight, plus
+/// those whose results were queued or being written but not yet durable.
+pub fn max_unsynced_items(concurrency: usize) -> usize {
+    concurrency + 2 * writer_queue(concurrency)
+}
+
+/// Asks a run to stop. Cloneable; `stop` is idempotent.
+#[derive(Clone)]
+pub struct StopHandle(Arc<watch::Sender<bool>>);
+
+/// A run's view of stop requests.
+#[derive(Clone)]
+pub struct Stop(watch::Receiver<bool>);
+
+/// A connected pair: the handle asks, the run listens.
+pub fn stop_pair() -> (StopHandle, Stop) {
+    let (tx, rx) = watch::channel(false);
+    (StopHandle(Arc::new(tx)), Stop(rx))
+}
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Stop {
+    pub fn is_stopping(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once a stop was asked for.
+    pub async fn stopping(&self) {
+        let mut rx = self.0.clone();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+struct Item {
+    id: String,
+    row: u64,
+    bucket: u64,
+}
+
+enum WriterMsg {
+    /// A bucket about to be dispatched: `remaining` items to wait for.
+    Track {
+        bucket: u64,
+        remaining: u64,
+        ok: u64,
+        failed: u64,
+    },
+    Done {
+        id: String,
+        record: ItemRecord,
+    },
+}
+
+/// Run the job in `store` until every bucket is committed or a stop is asked for.
+///
+/// The job spec must be the stored one, its input verified against the fingerprint.
+pub async fn run<S: Store>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    handler: Arc<Handler>,
+    opts: &RunOptions,
+    counters: Arc<Counters>,
+    stop: Stop,
+) -> Result<RunSummary, EngineError> {
+    let started = Instant::now();
+    let open = store.open_buckets()?;
+    let planner_state = store.planner()?;
+
+    let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
+    let writer = tokio::spawn(write_results(store.clone(), writer_rx, counters.clone()));
+
+    let (plan_tx, mut plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
+    let planner = if planner_state.exhausted {
+        None
+    } else {
+        let reader =
+            InputReader::open(&spec.input, planner_state.cursor).map_err(PlanError::from)?;
+        let planner = Planner::new(
+            reader,
+            planner_state,
+            spec.bucket_size,
+            opts.skip_bad_lines,
+            spec.fingerprint,
+        );
+        Some(tokio::task::spawn_blocking(plan_ahead(
+            planner,
+            store.clone(),
+            plan_tx,
+            stop.clone(),
+        )))
+    };
+
+    let reporter = tokio::spawn(report_progress(
+        counters.clone(),
+        opts.progress_interval,
+        started,
+    ));
+
+    let mut dispatcher = Dispatcher {
+        spec: spec.clone(),
+        handler,
+        counters: counters.clone(),
+        stop: stop.clone(),
+        permits: Arc::new(Semaphore::new(opts.concurrency.max(1))),
+        tasks: JoinSet::new(),
+        writer: writer_tx,
+    };
+    let mut result = dispatcher.replay(&*store, open).await;
+    if result.is_ok() && planner.is_some() {
+        while let Some(batch) = plan_rx.recv().await {
+            if let Err(e) = dispatcher.dispatch_planned(batch).await {
+                result = Err(e);
+                break;
+            }
+            if stop.is_stopping() {
+                break;
+            }
+        }
+    }
+    drop(plan_rx);
+    dispatcher.finish(opts.shutdown_timeout).await;
+    drop(dispatcher);
+    let written = writer
+        .await
+        .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
+    reporter.abort();
+    let planned = match planner {
+        Some(p) => p
+            .await
+            .map_err(|e| EngineError::Internal(format!("planner: {e}")))?,
+        None => Ok(()),
+    };
+    written?;
+    result?;
+    planned?;
+    Ok(RunSummary {
+        job: store.stats()?,
+        run: counters.snapshot(),
+        elapsed_ms: millis(started.elapsed()),
+        interrupted: stop.is_stopping(),
+    })
+}
+
+/// The planner thread: cut, write ahead, sync, hand over; until the input ends or nobody
+/// listens any more.
+fn plan_ahead<S: Store>(
+    mut planner: Planner,
+    store: Arc<S>,
+    out: mpsc::Sender<Vec<PlannedBucket>>,
+    stop: Stop,
+) -> impl FnOnce() -> Result<(), PlanError> {
+    move || {
+        let runtime = tokio::runtime::Handle::current();
+        while !stop.is_stopping() {
+            let before = planner.state();
+            let batch = planner.next_batch(&*store, PLAN_BATCH_ROWS)?;
+            if batch.is_empty() && planner.state() == before {
+                return Ok(());
+            }
+            store.plan(&batch, &planner.state())?;
+            runtime.block_on(store.sync())?;
+            if batch.is_empty() || out.blocking_send(batch).is_err() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Dispatcher {
+    spec: Arc<JobSpec>,
+    handler: Arc<Handler>,
+    counters: Arc<Counters>,
+    stop: Stop,
+    permits: Arc<Semaphore>,
+    tasks: JoinSet<()>,
+    writer: mpsc::Sender<WriterMsg>,
+}
+
+impl Dispatcher {
+    /// Replay buckets written ahead but never committed: only their unfinished items.
+    async fn replay(
+        &mut self,
+        store: &impl Store,
+        open: Vec<crate::store::OffsetRecord>,
+    ) -> Result<(), EngineError> {
+        if !open.is_empty() {
+            tracing::info!(
+                buckets = open.len(),
+                "replaying buckets that were not committed"
+            );
+        }
+        for offset in open {
+            let (mut ok, mut failed, mut pending) = (0, 0, Vec::new());
+            for (id, record) in store.bucket_items(&offset)? {
+                match record.status {
+                    ItemStatus::Ok => ok += 1,
+                    ItemStatus::Failed => failed += 1,
+                    ItemStatus::Pending => pending.push(Item {
+                        id,
+                        row: record.row,
+                        bucket: offset.bucket,
+                    }),
+                }
+            }
+            self.dispatch_bucket(offset.bucket, ok, failed, pending)
+                .await?;
+            if self.stop.is_stopping() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn dispatch_planned(&mut self, batch: Vec<PlannedBucket>) -> Result<(), EngineError> {
+        for b in batch {
+            let bucket = b.offset.bucket;
+            let items = b
+                .items
+                .into_iter()
+                .map(|(row, id)| Item { id, row, bucket })
+                .collect();
+            self.dispatch_bucket(bucket, 0, 0, items).await?;
+            if self.stop.is_stopping() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn dispatch_bucket(
+        &mut self,
+        bucket: u64,
+        ok: u64,
+        failed: u64,
+        items: Vec<Item>,
+    ) -> Result<(), EngineError> {
+        let track = WriterMsg::Track {
+            bucket,
+            remaining: items.len() as u64,
+            ok,
+            failed,
+        };
+        self.writer.send(track).await.map_err(|_| writer_gone())?;
+        for item in items {
+            let permit = tokio::select! {
+                permit = self.permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                _ = self.stop.stopping() => return Ok(()),
+            };
+            if self.writer.is_closed() {
+                return Err(writer_gone());
+            }
+            let task = ItemTask {
+                spec: self.spec.clone(),
+                handler: self.handler.clone(),
+                counters: self.counters.clone(),
+                stop: self.stop.clone(),
+                writer: self.writer.clone(),
+            };
+            self.tasks.spawn(async move {
+                task.process(item).await;
+                drop(permit);
+            });
+            while let Some(done) = self.tasks.try_join_next() {
+                done.map_err(|e| EngineError::Internal(format!("item task: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the items in flight; after a stop request, for at most `timeout`.
+    async fn finish(&mut self, timeout: Duration) {
+        let all_done = async {
+            while let Some(done) = self.tasks.join_next().await {
+                if let Err(e) = done {
+                    tracing::error!("item task failed: {e}");
+                }
+            }
+        };
+        if self.stop.is_stopping() {
+            let _ = tokio::time::timeout(timeout, all_done).await;
+        } else {
+            tokio::select! {
+                _ = all_done => {}
+                _ = async { self.stop.stopping().await; tokio::time::sleep(timeout).await } => {}
+            }
+        }
+        let left = self.tasks.len() as u64;
+        if left > 0 {
+            tracing::warn!(
+                items = left,
+                "stopping with items still in flight; they stay pending and are replayed"
+            );
+            Counters::add(&self.counters.abandoned, left);
+            self.tasks.shutdown().await;
+        }
+    }
+}
+
+fn writer_gone() -> EngineError {
+    EngineError::Internal("the result writer stopped".into())
+}
+
+struct ItemTask {
+    spec: Arc<JobSpec>,
+    handler: Arc<Handler>,
+    counters: Arc<Counters>,
+    stop: Stop,
+    writer: mpsc::Sender<WriterMsg>,
+}
+
+impl ItemTask {
+    async fn process(self, item: Item) {
+        let handler = &self.handler;
+        let counters = &self.counters;
+        let id = item.id.as_str();
+        let outcome = retry::run(
+            &self.spec.retry,
+            |attempt| {
+                Counters::add(&counters.attempts, 1);
+                if attempt > 1 {
+                    Counters::add(&counters.retries, 1);
+                }
+                handler.attempt(id)
+            },
+            self.stop.stopping(),
+        )
+        .await;
+        let mut record = ItemRecord::pending(item.row, item.bucket);
+        record.finished_at_ms = Some(now_ms());
+        match outcome {
+            ItemOutcome::Ok { success, attempts } => {
+                record.status = ItemStatus::Ok;
+                record.http_status = Some(success.http_status);
+                record.body = Some(success.body);
+                record.latency_ms = Some(millis(success.latency));
+                record.attempts = attempts;
+            }
+            ItemOutcome::Failed { error, attempts } => {
+                tracing::debug!(id, class = %error.class, error = %error.message, "item failed");
+                record.status = ItemStatus::Failed;
+                record.http_status = error.http_status;
+                record.class = Some(error.class);
+                record.error = Some(error.message);
+                record.attempts = attempts;
+            }
+            ItemOutcome::Abandoned => {
+                Counters::add(&counters.abandoned, 1);
+                return;
+            }
+        }
+        // A closed writer means the run is failing; the item stays pending and is replayed.
+        let _ = self
+            .writer
+            .send(WriterMsg::Done {
+                id: item.id,
+                record,
+            })
+            .await;
+    }
+}
+
+struct Tracked {
+    remaining: u64,
+    ok: u64,
+    failed: u64,
+}
+
+/// The writer task: group results, make them durable, then commit finished buckets.
+async fn write_results<S: Store>(
+    store: Arc<S>,
+    mut rx: mpsc::Receiver<WriterMsg>,
+    counters: Arc<Counters>,
+) -> Result<(), StoreError> {
+    let mut open: HashMap<u64, Tracked> = HashMap::new();
+    let mut msgs = Vec::new();
+    let max_group = rx.max_capacity() * 2;
+    while rx.recv_many(&mut msgs, max_group).await > 0 {
+        let mut commits = Vec::new();
+        let mut results = Vec::new();
+        for msg in msgs.drain(..) {
+            match msg {
+                WriterMsg::Track {
+                    bucket,
+                    remaining,
+                    ok,
+                    failed,
+                } => {
+                    if remaining == 0 {
+                        commits.push(CommitRecord {
+                            bucket,
+                            ok,
+                            failed,
+                            committed_at_ms: now_ms(),
+                        });
+                    } else {
+                        open.insert(
+                            bucket,
+                            Tracked {
+                                remaining,
+                                ok,
+                                failed,
+                            },
+                        );
+                    }
+                }
+                WriterMsg::Done { id, record } => results.push((id, record)),
+            }
+        }
+        if !results.is_empty() {
+            store.record(&results)?;
+            store.sync().await?;
+            for (_, record) in &results {
+                let ok = record.status == ItemStatus::Ok;
+                Counters::add(if ok { &counters.ok } else { &counters.failed }, 1);
+                let Some(t) = open.get_mut(&record.bucket) else {
+                    tracing::error!(
+                        bucket = record.bucket,
+                        "a result for a bucket that is not tracked"
+                    );
+                    continue;
+                };
+                if ok {
+                    t.ok += 1;
+                } else {
+                    t.failed += 1;
+                }
+                t.remaining = t.remaining.saturating_sub(1);
+                if t.remaining == 0 {
+                    let t = open.remove(&record.bucket).expect("just seen");
+                    commits.push(CommitRecord {
+                        bucket: record.bucket,
+                        ok: t.ok,
+                        failed: t.failed,
+                        committed_at_ms: now_ms(),
+                    });
+                }
+            }
+        }
+        if !commits.is_empty() {
+            store.commit(&commits)?;
+            Counters::add(&counters.buckets_committed, commits.len() as u64);
+        }
+    }
+    store.sync().await
+}
+
+async fn report_progress(counters: Arc<Counters>, interval: Duration, started: Instant) {
+    if interval.is_zero() {
+        return;
+    }
+    let mut last = counters.snapshot();
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    loop {
+        ticker.tick().await;
+        let now = counters.snapshot();
+        tracing::info!(
+            "{}",
+            progress_line(&now, &last, interval, started.elapsed())
+        );
+        last = now;
+    }
+}

@@ -1,0 +1,486 @@
+//! Handler: turning an ID into one HTTP attempt and its answer into a result.
+//!
+//! Owns the templates (`{id}` placed and encoded for where it stands, `${VAR}` expanded from
+//! the environment once, when the handler is built), the one shared reqwest client (rustls,
+//! keep-alive pool, explicit timeouts), and the reading of an answer into a
+//! [`Success`](crate::retry::Success) or an [`AttemptError`]. Whether to try again is not
+//! decided here but in [`crate::retry`].
+//!
+//! Secrets: expanded values live only inside [`Handler`]; its `Debug` output and every error
+//! message it makes leave them out (reqwest errors are stripped of their URL).
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime};
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::Method;
+use serde_json::value::RawValue;
+
+use crate::job::RequestSpec;
+use crate::retry::{parse_retry_after, AttemptError, ErrorClass, Success};
+
+/// Largest answer body we keep; a larger one fails the attempt.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// Everything but RFC 3986 unreserved characters is encoded: safe in a path segment (where
+/// `/` must be encoded) and in a query value (where `&`, `=`, `+`, `#` must be).
+const ID_IN_URL: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Errors found while building the handler, before any request.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error("{what}: environment variable {name} is not set")]
+    MissingVar { what: String, name: String },
+    #[error("{what}: {reason}")]
+    Invalid { what: String, reason: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// How `{id}` is written where it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdEncoding {
+    /// Percent-encoded (URL path segment or query value).
+    Url,
+    /// JSON string content, without the quotes.
+    Json,
+    /// As is (header values).
+    Raw,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Id,
+}
+
+/// A template with `${VAR}` already expanded: text and `{id}` slots.
+#[derive(Clone)]
+struct Template {
+    pieces: Vec<Piece>,
+    encoding: IdEncoding,
+}
+
+impl Template {
+    /// Parse `source`, expanding `${VAR}` with `env`. `what` names the flag for messages.
+    fn parse(
+        source: &str,
+        what: &str,
+        encoding: IdEncoding,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Template, HandlerError> {
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        let mut rest = source;
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix("{id}") {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+                pieces.push(Piece::Id);
+                rest = after;
+            } else if let Some(after) = rest.strip_prefix("${") {
+                let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
+                    what: what.into(),
+                    reason: "unclosed ${ (write ${NAME})".into(),
+                })?;
+                let name = &after[..end];
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(HandlerError::Invalid {
+                        what: what.into(),
+                        reason: format!("invalid variable name ${{{name}}}"),
+                    });
+                }
+                let value = env(name).ok_or_else(|| HandlerError::MissingVar {
+                    what: what.into(),
+                    name: name.into(),
+                })?;
+                text.push_str(&value);
+                rest = &after[end + 1..];
+            } else {
+                let c = rest.chars().next().expect("rest is not empty");
+                text.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+        pieces.push(Piece::Text(text));
+        pieces.retain(|p| p != &Piece::Text(String::new()));
+        Ok(Template { pieces, encoding })
+    }
+
+    fn has_id(&self) -> bool {
+        self.pieces.contains(&Piece::Id)
+    }
+
+    fn render(&self, id: &str) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Id => match self.encoding {
+                    IdEncoding::Url => out.extend(utf8_percent_encode(id, ID_IN_URL)),
+                    IdEncoding::Raw => out.push_str(id),
+                    IdEncoding::Json => {
+                        let quoted = serde_json::to_string(id).expect("a string always serializes");
+                        out.push_str(&quoted[1..quoted.len() - 1]);
+                    }
+                },
+            }
+        }
+        out
+    }
+}
+
+/// Makes one attempt for an ID. Cheap to share behind an `Arc`.
+pub struct Handler {
+    client: reqwest::Client,
+    method: Method,
+    url: Template,
+    headers: Vec<(HeaderName, Template)>,
+    body: Option<Template>,
+    json_body: bool,
+}
+
+impl fmt::Debug for Handler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handler")
+            .field("method", &self.method)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handler {
+    /// Build from the stored spec, expanding `${VAR}` from the process environment.
+    pub fn new(spec: &RequestSpec) -> Result<Handler, HandlerError> {
+        Self::with_env(spec, &|name| std::env::var(name).ok())
+    }
+
+    /// Build with an explicit environment (tests, embedding).
+    pub fn with_env(
+        spec: &RequestSpec,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Handler, HandlerError> {
+        let method =
+            Method::from_bytes(spec.method.as_bytes()).map_err(|_| HandlerError::Invalid {
+                what: "--method".into(),
+                reason: format!("{:?} is not an HTTP method", spec.method),
+            })?;
+        let url = Template::parse(&spec.url, "--url", IdEncoding::Url, env)?;
+        if !url.has_id() {
+            return Err(HandlerError::Invalid {
+                what: "--url".into(),
+                reason: "the template has no {id}".into(),
+            });
+        }
+        let probe = url.render("id");
+        let parsed = reqwest::Url::parse(&probe).map_err(|e| HandlerError::Invalid {
+            what: "--url".into(),
+            reason: format!("not a valid URL once filled in ({e})"),
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(HandlerError::Invalid {
+                what: "--url".into(),
+                reason: format!("scheme {:?} is not http or https", parsed.scheme()),
+            });
+        }
+        let mut headers = Vec::new();
+        let mut json_body = true;
+        for h in &spec.headers {
+            let what = "--header";
+            let (name, value) = h.split_once(':').ok_or_else(|| HandlerError::Invalid {
+                what: what.into(),
+                reason: format!("{:?} is not of the form 'Name: value'", redact_value(h)),
+            })?;
+            let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                HandlerError::Invalid {
+                    what: what.into(),
+                    reason: format!("{:?} is not a valid header name", name.trim()),
+                }
+            })?;
+            let value = Template::parse(
+                value.trim(),
+                &format!("--header {name}"),
+                IdEncoding::Raw,
+                env,
+            )?;
+            if HeaderValue::from_str(&value.render("id")).is_err() {
+                return Err(HandlerError::Invalid {
+                    what: format!("--header {name}"),
+                    reason: "the value is not a valid header value once filled in".into(),
+                });
+            }
+            if name == CONTENT_TYPE {
+                json_body = false;
+            }
+            headers.push((name, value));
+        }
+        let body = spec
+            .body
+            .as_deref()
+            .map(|b| Template::parse(b, "--body", IdEncoding::Json, env))
+            .transpose()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(spec.connect_timeout)
+            .timeout(spec.timeout)
+            .pool_max_idle_per_host(1024)
+            .tcp_nodelay(true)
+            // Retries are ours (crate::retry): one attempt per call, counted.
+            .retry(reqwest::retry::never())
+            .user_agent(concat!("highwater/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| HandlerError::Client(e.to_string()))?;
+        Ok(Handler {
+            client,
+            method,
+            url,
+            headers,
+            body,
+            json_body,
+        })
+    }
+
+    /// One attempt for `id`.
+    pub async fn attempt(&self, id: &str) -> Result<Success, AttemptError> {
+        let started = Instant::now();
+        let mut request = self
+            .client
+            .request(self.method.clone(), self.url.render(id));
+        for (name, value) in &self.headers {
+            let value = HeaderValue::from_str(&value.render(id)).map_err(|_| AttemptError {
+                class: ErrorClass::Request,
+                http_status: None,
+                message: format!("the ID makes an invalid value for header {name}"),
+                retry_after: None,
+            })?;
+            request = request.header(name.clone(), value);
+        }
+        if let Some(body) = &self.body {
+            if self.json_body {
+                request = request.header(CONTENT_TYPE, "application/json");
+            }
+            request = request.body(body.render(id));
+        }
+        let mut response = request.send().await.map_err(transport_error)?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+            if bytes.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(AttemptError {
+                    class: ErrorClass::Body,
+                    http_status: Some(status.as_u16()),
+                    message: format!("answer body is larger than {MAX_BODY_BYTES} bytes"),
+                    retry_after: None,
+                });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if !status.is_success() {
+            let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                .trim()
+                .to_string();
+            return Err(AttemptError {
+                class: ErrorClass::Http,
+                http_status: Some(status.as_u16()),
+                message: if snippet.is_empty() {
+                    format!("HTTP {status}")
+                } else {
+                    format!("HTTP {status}: {snippet}")
+                },
+                retry_after,
+            });
+        }
+        Ok(Success {
+            http_status: status.as_u16(),
+            body: body_as_json(bytes),
+            latency: started.elapsed(),
+        })
+    }
+}
+
+/// The answer body as one-line JSON: itself when it is JSON, otherwise a JSON string of it.
+pub fn body_as_json(bytes: Vec<u8>) -> Box<RawValue> {
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let trimmed = text.trim();
+    if let Ok(value) = serde_json::from_str::<&RawValue>(trimmed) {
+        if !trimmed.contains(['\n', '\r']) {
+            return value.to_owned();
+        }
+        if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(trimmed) {
+            return serde_json::value::to_raw_value(&parsed).expect("a Value always serializes");
+        }
+    }
+    serde_json::value::to_raw_value(&text).expect("a string always serializes")
+}
+
+fn transport_error(e: reqwest::Error) -> AttemptError {
+    let class = if e.is_timeout() {
+        ErrorClass::Timeout
+    } else if e.is_connect() {
+        ErrorClass::Connect
+    } else if e.is_body() || e.is_decode() {
+        ErrorClass::Body
+    } else if e.is_builder() {
+        ErrorClass::Request
+    } else {
+        ErrorClass::Connection
+    };
+    AttemptError {
+        class,
+        http_status: None,
+        message: error_chain(&e.without_url()),
+        retry_after: None,
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn redact_value(header: &str) -> String {
+    match header.split_once(':') {
+        Some((name, _)) => format!("{name}: <redacted>"),
+        None => "<redacted>".into(),
+    }
+}
+
+/// How long an attempt took, in whole milliseconds, for records.
+pub fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "TOKEN" => Some("s3cret".into()),
+            "HOST" => Some("127.0.0.1:9".into()),
+            _ => None,
+        }
+    }
+
+    fn spec(url: &str) -> RequestSpec {
+        RequestSpec {
+            method: "GET".into(),
+            url: url.into(),
+            headers: vec![],
+            body: None,
+            connect_timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn url_id_is_percent_encoded_in_path_and_query() {
+        let t = Template::parse(
+            "http://${HOST}/a/{id}?q={id}&k=${TOKEN}",
+            "--url",
+            IdEncoding::Url,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            t.render("a/b c?d#e%f&g=h+é"),
+            "http://127.0.0.1:9/a/a%2Fb%20c%3Fd%23e%25f%26g%3Dh%2B%C3%A9?q=a%2Fb%20c%3Fd%23e%25f%26g%3Dh%2B%C3%A9&k=s3cret"
+        );
+    }
+
+    #[test]
+    fn env_values_are_not_templates_and_ids_are_not_expanded() {
+        let t =
+            Template::parse("x{id}y", "--url", IdEncoding::Raw, &|_| Some("{id}".into())).unwrap();
+        assert_eq!(t.render("${TOKEN}"), "x${TOKEN}y");
+    }
+
+    #[test]
+    fn body_id_is_json_escaped() {
+        let t = Template::parse(r#"{"id":"{id}"}"#, "--body", IdEncoding::Json, &env).unwrap();
+        let body = t.render("a\"b\\c\nd");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["id"], "a\"b\\c\nd");
+    }
+
+    #[test]
+    fn missing_variable_is_named() {
+        let err = Handler::with_env(&spec("http://x/{id}?k=${NOPE}"), &env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("NOPE") && err.contains("--url"), "{err}");
+        let mut s = spec("http://x/{id}");
+        s.headers = vec!["Authorization: Bearer ${MISSING}".into()];
+        let err = Handler::with_env(&s, &env).unwrap_err().to_string();
+        assert!(
+            err.contains("MISSING") && err.contains("authorization"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_templates_are_refused() {
+        assert!(Handler::with_env(&spec("http://x/y"), &env).is_err());
+        assert!(Handler::with_env(&spec("ftp://x/{id}"), &env).is_err());
+        assert!(Handler::with_env(&spec("http://x/{id}${"), &env).is_err());
+        let mut s = spec("http://x/{id}");
+        s.headers = vec!["NoColon".into()];
+        assert!(Handler::with_env(&s, &env).is_err());
+        s.method = "BAD METHOD".into();
+        assert!(Handler::with_env(&s, &env).is_err());
+    }
+
+    #[test]
+    fn debug_does_not_show_secrets() {
+        let mut s = spec("http://x/{id}?k=${TOKEN}");
+        s.headers = vec!["Authorization: Bearer ${TOKEN}".into()];
+        let h = Handler::with_env(&s, &env).unwrap();
+        assert!(!format!("{h:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn bodies_become_one_line_json() {
+        assert_eq!(body_as_json(b"{\"a\": 1}".to_vec()).get(), "{\"a\": 1}");
+        assert_eq!(
+            body_as_json(b"{\n  \"a\": 1\n}\n".to_vec()).get(),
+            "{\"a\":1}"
+        );
+        assert_eq!(body_as_json(b"plain text".to_vec()).get(), "\"plain text\"");
+        assert_eq!(body_as_json(b"\xff".to_vec()).get(), "\"\u{fffd}\"");
+        assert_eq!(body_as_json(Vec::new()).get(), "\"\"");
+    }
+
+    #[tokio::test]
+    async fn transport_errors_do_not_leak_the_url() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let h = Handler::with_env(
+            &spec(&format!("http://127.0.0.1:{port}/{{id}}?k=${{TOKEN}}")),
+            &env,
+        )
+        .unwrap();
+        let err = h.attempt("x").await.unwrap_err();
+        assert_eq!(err.class, ErrorClass::Connect);
+        assert!(!err.message.contains("s3cret"), "{}", err.message);
+    }
+}

@@ -1,0 +1,632 @@
+//! Input: reading IDs from a file, streamed, with the byte positions needed to re-read it.
+//!
+//! Owns the three input formats (plain text, CSV, JSONL), the rules that turn a line into an
+//! ID or into a bad line, the [`Cursor`] that lets a reader start again at any row boundary
+//! without re-reading what came before, and the input [`Fingerprint`] that detects a changed
+//! file on resume.
+//!
+//! Rows are what buckets are cut from: every data record is a row (a non-blank line of a text
+//! or JSONL file, a CSV record after the header), including records that turn out to be bad.
+//! Bad lines keep their row number so bucket boundaries never depend on `--skip-bad-lines`.
+//! Nothing here holds more than one line in memory.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Longest line we accept: a longer one is a bad line, so a file without newlines cannot
+/// make us allocate without bound.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// How IDs are laid out in the input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum InputFormat {
+    /// One ID per line; surrounding whitespace and `\r` trimmed; blank lines skipped.
+    Text,
+    /// A header row, then records; the ID is in the named column.
+    Csv { column: String },
+    /// One JSON object per line; the ID is the named field (a string or a number).
+    Jsonl { field: String },
+}
+
+impl fmt::Display for InputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputFormat::Text => write!(f, "text"),
+            InputFormat::Csv { column } => write!(f, "csv (column {column:?})"),
+            InputFormat::Jsonl { field } => write!(f, "jsonl (field {field:?})"),
+        }
+    }
+}
+
+/// Where the IDs come from: the file and how to read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSpec {
+    pub path: PathBuf,
+    pub format: InputFormat,
+}
+
+/// Errors that stop reading the input.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("cannot open input {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("cannot read input {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}:{line}: {reason}")]
+    BadLine {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error("{path}: {reason}")]
+    Header { path: PathBuf, reason: String },
+}
+
+/// The position of the next row to read: a row boundary, valid for seeking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// Byte offset in the file where the next row starts (or where scanning resumes).
+    pub byte: u64,
+    /// 1-based physical line number at `byte`.
+    pub line: u64,
+    /// 0-based index of the next row.
+    pub row: u64,
+}
+
+/// One data record of the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// 0-based row index: the position that decides the row's bucket.
+    pub index: u64,
+    /// 1-based line where the record starts, for messages.
+    pub line: u64,
+    /// The ID, or why this record has none.
+    pub id: Result<String, String>,
+}
+
+/// A fingerprint of the input's first `len` bytes: detects a changed file on resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    pub len: u64,
+    pub xxh3: u64,
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes, xxh3 {:016x}", self.len, self.xxh3)
+    }
+}
+
+impl Fingerprint {
+    /// Hash the whole file.
+    pub fn of_file(path: &Path) -> Result<Fingerprint, InputError> {
+        let len = std::fs::metadata(path)
+            .map_err(|source| InputError::Open {
+                path: path.to_owned(),
+                source,
+            })?
+            .len();
+        Self::of_prefix(path, len)
+    }
+
+    /// Hash the file's first `len` bytes (fails if the file is shorter).
+    pub fn of_prefix(path: &Path, len: u64) -> Result<Fingerprint, InputError> {
+        let file = File::open(path).map_err(|source| InputError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut reader = BufReader::with_capacity(1 << 20, file.take(len));
+        let mut seen = 0u64;
+        loop {
+            let buf = reader.fill_buf().map_err(|source| InputError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            if buf.is_empty() {
+                break;
+            }
+            hasher.update(buf);
+            let n = buf.len();
+            seen += n as u64;
+            reader.consume(n);
+        }
+        if seen != len {
+            return Err(InputError::Read {
+                path: path.to_owned(),
+                source: io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("file is shorter than {len} bytes"),
+                ),
+            });
+        }
+        Ok(Fingerprint {
+            len,
+            xxh3: hasher.digest(),
+        })
+    }
+}
+
+/// Reads rows from an input file, starting at a [`Cursor`].
+pub struct InputReader {
+    path: PathBuf,
+    inner: Inner,
+    cursor: Cursor,
+}
+
+enum Inner {
+    Lines {
+        reader: BufReader<File>,
+        buf: Vec<u8>,
+        json_field: Option<String>,
+    },
+    Csv {
+        reader: Box<csv::Reader<File>>,
+        column: usize,
+        record: csv::ByteRecord,
+        /// Length of the file when its last byte is not a newline: the last record's line
+        /// is then the reader's current line, not the one before it.
+        unterminated_len: Option<u64>,
+    },
+}
+
+impl InputReader {
+    /// Open `spec.path` and position it at `cursor` (use `Cursor::default()` for the start).
+    pub fn open(spec: &InputSpec, cursor: Cursor) -> Result<InputReader, InputError> {
+        let path = spec.path.clone();
+        let open_err = |source| InputError::Open {
+            path: path.clone(),
+            source,
+        };
+        let read_err = |source| InputError::Read {
+            path: path.clone(),
+            source,
+        };
+        let mut file = File::open(&path).map_err(open_err)?;
+        let mut cursor = Cursor {
+            line: cursor.line.max(1),
+            ..cursor
+        };
+        let inner = match &spec.format {
+            InputFormat::Text | InputFormat::Jsonl { .. } => {
+                file.seek(SeekFrom::Start(cursor.byte)).map_err(read_err)?;
+                let json_field = match &spec.format {
+                    InputFormat::Jsonl { field } => Some(field.clone()),
+                    _ => None,
+                };
+                Inner::Lines {
+                    reader: BufReader::with_capacity(256 << 10, file),
+                    buf: Vec::new(),
+                    json_field,
+                }
+            }
+            InputFormat::Csv { column } => {
+                let unterminated_len = unterminated_len(&mut file).map_err(read_err)?;
+                let mut reader = csv::ReaderBuilder::new()
+                    .flexible(true)
+                    .has_headers(true)
+                    .from_reader(file);
+                let headers = reader
+                    .byte_headers()
+                    .map_err(|e| csv_error(&path, e))?
+                    .clone();
+                if headers.is_empty() {
+                    return Err(InputError::Header {
+                        path,
+                        reason: "the CSV file has no header row".into(),
+                    });
+                }
+                let index = headers
+                    .iter()
+                    .position(|h| trim_bom(h) == column.as_bytes())
+                    .ok_or_else(|| {
+                        let names: Vec<String> = headers
+                            .iter()
+                            .map(|h| String::from_utf8_lossy(trim_bom(h)).into_owned())
+                            .collect();
+                        InputError::Header {
+                            path: path.clone(),
+                            reason: format!(
+                                "the header row has no column {column:?} (columns: {})",
+                                names.join(", ")
+                            ),
+                        }
+                    })?;
+                if cursor.byte == 0 {
+                    let pos = reader.position();
+                    cursor.byte = pos.byte();
+                    cursor.line = pos.line();
+                } else {
+                    let mut pos = csv::Position::new();
+                    pos.set_byte(cursor.byte)
+                        .set_line(cursor.line)
+                        .set_record(cursor.row + 1);
+                    reader.seek(pos).map_err(|e| csv_error(&path, e))?;
+                }
+                Inner::Csv {
+                    reader: Box::new(reader),
+                    column: index,
+                    record: csv::ByteRecord::new(),
+                    unterminated_len,
+                }
+            }
+        };
+        Ok(InputReader {
+            path,
+            inner,
+            cursor,
+        })
+    }
+
+    /// The input file's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the next row starts.
+    pub fn cursor(&self) -> Cursor {
+        self.cursor
+    }
+
+    /// Read the next row; `None` at the end of the input.
+    pub fn next_row(&mut self) -> Result<Option<Row>, InputError> {
+        match &mut self.inner {
+            Inner::Lines {
+                reader,
+                buf,
+                json_field,
+            } => loop {
+                let line = self.cursor.line;
+                let (consumed, overlong) =
+                    read_line_capped(reader, buf).map_err(|source| InputError::Read {
+                        path: self.path.clone(),
+                        source,
+                    })?;
+                if consumed == 0 {
+                    return Ok(None);
+                }
+                self.cursor.byte += consumed as u64;
+                self.cursor.line += 1;
+                if !overlong && is_blank(buf) {
+                    continue;
+                }
+                let index = self.cursor.row;
+                self.cursor.row += 1;
+                let id = if overlong {
+                    Err(format!("line is longer than {MAX_LINE_BYTES} bytes"))
+                } else {
+                    match json_field {
+                        None => text_id(buf),
+                        Some(field) => json_id(buf, field),
+                    }
+                };
+                return Ok(Some(Row { index, line, id }));
+            },
+            Inner::Csv {
+                reader,
+                column,
+                record,
+                unterminated_len,
+            } => {
+                let more = reader
+                    .read_byte_record(record)
+                    .map_err(|e| csv_error(&self.path, e))?;
+                if !more {
+                    return Ok(None);
+                }
+                // The csv crate's record position counts skipped blank lines as the record's
+                // start, so name the line the record ends on instead (its only line, mostly).
+                let pos = reader.position();
+                let line = if Some(pos.byte()) == *unterminated_len {
+                    pos.line()
+                } else {
+                    pos.line().saturating_sub(1)
+                };
+                self.cursor.byte = pos.byte();
+                self.cursor.line = pos.line();
+                let index = self.cursor.row;
+                self.cursor.row += 1;
+                let id = match record.get(*column) {
+                    None => Err(format!(
+                        "record has {} fields, no value for the ID column",
+                        record.len()
+                    )),
+                    Some(raw) => match std::str::from_utf8(raw) {
+                        Err(_) => Err("ID is not valid UTF-8".to_string()),
+                        Ok(s) if s.trim().is_empty() => Err("ID is empty".to_string()),
+                        Ok(s) => Ok(s.trim().to_string()),
+                    },
+                };
+                Ok(Some(Row { index, line, id }))
+            }
+        }
+    }
+}
+
+fn unterminated_len(file: &mut File) -> io::Result<Option<u64>> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    file.seek(SeekFrom::Start(len - 1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(if last[0] == b'\n' { None } else { Some(len) })
+}
+
+fn csv_error(path: &Path, e: csv::Error) -> InputError {
+    let line = e.position().map(|p| p.line()).unwrap_or(0);
+    match e.into_kind() {
+        csv::ErrorKind::Io(source) => InputError::Read {
+            path: path.to_owned(),
+            source,
+        },
+        kind => InputError::BadLine {
+            path: path.to_owned(),
+            line,
+            reason: format!("CSV error: {kind:?}"),
+        },
+    }
+}
+
+fn trim_bom(field: &[u8]) -> &[u8] {
+    field.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(field)
+}
+
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(|b| b.is_ascii_whitespace())
+}
+
+fn text_id(line: &[u8]) -> Result<String, String> {
+    let s = std::str::from_utf8(line).map_err(|_| "line is not valid UTF-8".to_string())?;
+    let s = s.strip_prefix('\u{feff}').unwrap_or(s);
+    Ok(s.trim().to_string())
+}
+
+fn json_id(line: &[u8], field: &str) -> Result<String, String> {
+    let s = std::str::from_utf8(line).map_err(|_| "line is not valid UTF-8".to_string())?;
+    let value: serde_json::Value =
+        serde_json::from_str(s.trim()).map_err(|e| format!("not valid JSON: {e}"))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| "line is not a JSON object".to_string())?;
+    match object.get(field) {
+        None => Err(format!("object has no field {field:?}")),
+        Some(serde_json::Value::String(s)) if s.is_empty() => {
+            Err(format!("field {field:?} is empty"))
+        }
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        Some(other) => Err(format!(
+            "field {field:?} is not a string or a number: {other}"
+        )),
+    }
+}
+
+/// Read one line (through `\n`) into `buf`, keeping at most [`MAX_LINE_BYTES`] of it.
+/// Returns the bytes consumed from the reader and whether the line was cut.
+fn read_line_capped(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<(usize, bool)> {
+    buf.clear();
+    let mut consumed = 0;
+    let mut overlong = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok((consumed, overlong));
+        }
+        let (chunk, done) = match memchr_newline(available) {
+            Some(i) => (&available[..=i], true),
+            None => (available, false),
+        };
+        if !overlong {
+            if buf.len() + chunk.len() > MAX_LINE_BYTES + 1 {
+                overlong = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        let n = chunk.len();
+        consumed += n;
+        reader.consume(n);
+        if done {
+            return Ok((consumed, overlong));
+        }
+    }
+}
+
+fn memchr_newline(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
+}
+
+/// Guess the format from the file extension: `.csv`, `.jsonl`/`.ndjson`, anything else text.
+pub fn format_from_extension(path: &Path) -> &'static str {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("csv") => "csv",
+        Some("jsonl") | Some("ndjson") => "jsonl",
+        _ => "text",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write(content: &[u8], ext: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("input.{ext}"));
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(content)
+            .unwrap();
+        (dir, path)
+    }
+
+    fn all(spec: &InputSpec, cursor: Cursor) -> Vec<(u64, u64, Result<String, String>)> {
+        let mut r = InputReader::open(spec, cursor).unwrap();
+        let mut out = vec![];
+        while let Some(row) = r.next_row().unwrap() {
+            out.push((row.index, row.line, row.id));
+        }
+        out
+    }
+
+    #[test]
+    fn text_trims_and_skips_blank_lines() {
+        let (_d, path) = write(b"  a \r\n\n b/c?d#e%f \n\t\nz\xc3\xa9", "txt");
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let rows = all(&spec, Cursor::default());
+        assert_eq!(
+            rows,
+            vec![
+                (0, 1, Ok("a".into())),
+                (1, 3, Ok("b/c?d#e%f".into())),
+                (2, 5, Ok("zé".into()))
+            ]
+        );
+    }
+
+    #[test]
+    fn text_invalid_utf8_is_a_bad_row_with_its_line() {
+        let (_d, path) = write(b"a\n\xff\xfe\nb\n", "txt");
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let rows = all(&spec, Cursor::default());
+        assert_eq!(rows[1].0, 1);
+        assert_eq!(rows[1].1, 2);
+        assert!(rows[1].2.is_err());
+        assert_eq!(rows[2].2, Ok("b".into()));
+    }
+
+    #[test]
+    fn cursor_resumes_at_the_same_rows() {
+        let (_d, path) = write(b"a\n\nb\nc\r\nd\n", "txt");
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let mut r = InputReader::open(&spec, Cursor::default()).unwrap();
+        r.next_row().unwrap();
+        r.next_row().unwrap();
+        let cursor = r.cursor();
+        let rest: Vec<_> = all(&spec, cursor);
+        assert_eq!(rest, vec![(2, 4, Ok("c".into())), (3, 5, Ok("d".into()))]);
+    }
+
+    #[test]
+    fn csv_reads_the_named_column_and_resumes() {
+        let (_d, path) = write(
+            b"\xEF\xBB\xBFname,id\nx,1\n\ny,\"2,5\"\nshort\nz,3\n",
+            "csv",
+        );
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Csv {
+                column: "id".into(),
+            },
+        };
+        let rows = all(&spec, Cursor::default());
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[0], (0, 2, Ok("1".into())));
+        assert_eq!(rows[1], (1, 4, Ok("2,5".into())));
+        assert_eq!(rows[2].1, 5);
+        assert!(rows[2].2.is_err());
+        assert_eq!(rows[3], (3, 6, Ok("3".into())));
+        let mut r = InputReader::open(&spec, Cursor::default()).unwrap();
+        r.next_row().unwrap();
+        r.next_row().unwrap();
+        let rest = all(&spec, r.cursor());
+        assert_eq!(rest[1], (3, 6, Ok("3".into())));
+    }
+
+    #[test]
+    fn csv_without_the_column_names_the_columns() {
+        let (_d, path) = write(b"a,b\n1,2\n", "csv");
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Csv {
+                column: "id".into(),
+            },
+        };
+        let err = InputReader::open(&spec, Cursor::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("no column \"id\""), "{err}");
+        assert!(err.contains("a, b"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_reads_strings_and_numbers_and_flags_bad_lines() {
+        let (_d, path) = write(
+            b"{\"id\":\"a\"}\n{\"id\":7}\n[1]\n{\"x\":1}\nnope\n{\"id\":null}\n",
+            "jsonl",
+        );
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Jsonl { field: "id".into() },
+        };
+        let rows = all(&spec, Cursor::default());
+        assert_eq!(rows[0].2, Ok("a".into()));
+        assert_eq!(rows[1].2, Ok("7".into()));
+        assert!(rows[2]
+            .2
+            .as_ref()
+            .unwrap_err()
+            .contains("not a JSON object"));
+        assert!(rows[3].2.as_ref().unwrap_err().contains("no field"));
+        assert!(rows[4].2.as_ref().unwrap_err().contains("not valid JSON"));
+        assert!(rows[5].2.is_err());
+    }
+
+    #[test]
+    fn overlong_lines_are_bad_rows_not_memory() {
+        let mut content = vec![b'x'; MAX_LINE_BYTES + 10];
+        content.extend_from_slice(b"\nok\n");
+        let (_d, path) = write(&content, "txt");
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let rows = all(&spec, Cursor::default());
+        assert!(rows[0].2.is_err());
+        assert_eq!(rows[1], (1, 2, Ok("ok".into())));
+    }
+
+    #[test]
+    fn fingerprint_detects_change_and_prefix() {
+        let (_d, path) = write(b"a\nb\n", "txt");
+        let f1 = Fingerprint::of_file(&path).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"c\n")
+            .unwrap();
+        let f2 = Fingerprint::of_file(&path).unwrap();
+        assert_ne!(f1, f2);
+        assert_eq!(Fingerprint::of_prefix(&path, f1.len).unwrap(), f1);
+        assert!(Fingerprint::of_prefix(&path, 100).is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! The job: what a run means, validated once and stored with the state.
+//!
+//! A [`JobSpec`] is the part of a run that is stored at creation and read back on resume: the
+//! input, its fingerprint, the bucket size, the request to make for each ID and the retry
+//! policy. Fields that change what the job means ([`JobSpec::meaning_changes`]) may never change
+//! on resume; the others (headers, retry, timeouts) may, and the stored spec is updated.
+//! [`RunOptions`] are per-run knobs that are never stored (concurrency and the like).
+//!
+//! Templates are stored as written (`${API_TOKEN}` and all): secrets are expanded from the
+//! environment only when the request handler is built, never stored.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::input::{Fingerprint, InputSpec};
+
+/// The request made for each ID, as templates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSpec {
+    /// HTTP method, upper case.
+    pub method: String,
+    /// URL template: `{id}` percent-encoded for its place, `${VAR}` from the environment.
+    pub url: String,
+    /// Header templates, `Name: value`, in order.
+    pub headers: Vec<String>,
+    /// Body template: `{id}` JSON-escaped, `${VAR}` from the environment.
+    pub body: Option<String>,
+    /// TCP connect timeout.
+    #[serde(with = "millis")]
+    pub connect_timeout: Duration,
+    /// Whole-request timeout (connect, send, receive the body).
+    #[serde(with = "millis")]
+    pub timeout: Duration,
+}
+
+/// How failed attempts are retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts per item, the first included (at least 1).
+    pub max_attempts: u32,
+    /// First backoff interval; doubles per attempt, with jitter.
+    #[serde(with = "millis")]
+    pub initial: Duration,
+    /// Largest backoff interval.
+    #[serde(with = "millis")]
+    pub max_interval: Duration,
+    /// Give up on an item once this much time has passed since its first attempt.
+    #[serde(with = "millis")]
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_millis(500),
+            max_interval: Duration::from_secs(30),
+            max_elapsed: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// Everything stored about a job at creation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Stable job id (random at creation, kept across restarts).
+    pub job_id: String,
+    pub input: InputSpec,
+    /// Fingerprint of the input file when the job was created.
+    pub fingerprint: Fingerprint,
+    /// Rows per bucket.
+    pub bucket_size: u64,
+    pub request: RequestSpec,
+    pub retry: RetryPolicy,
+    /// Unix time (ms) of creation.
+    pub created_at_ms: u64,
+}
+
+impl JobSpec {
+    /// The differences between `self` (stored) and `other` (asked for) that change what the job
+    /// means, one human line each. Empty when `other` may resume this job.
+    pub fn meaning_changes(&self, other: &JobSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: stored {a}, given {b}"));
+            }
+        };
+        cmp(
+            "--input",
+            self.input.path.display().to_string(),
+            other.input.path.display().to_string(),
+        );
+        cmp(
+            "input format",
+            self.input.format.to_string(),
+            other.input.format.to_string(),
+        );
+        cmp("--url", self.request.url.clone(), other.request.url.clone());
+        cmp(
+            "--method",
+            self.request.method.clone(),
+            other.request.method.clone(),
+        );
+        cmp(
+            "--body",
+            format!("{:?}", self.request.body),
+            format!("{:?}", other.request.body),
+        );
+        cmp(
+            "--bucket-size",
+            self.bucket_size.to_string(),
+            other.bucket_size.to_string(),
+        );
+        out
+    }
+}
+
+/// Per-run settings, never stored.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Items in flight at most (requests plus their retry waits).
+    pub concurrency: usize,
+    /// Skip (and record) input lines that hold no usable ID instead of stopping.
+    pub skip_bad_lines: bool,
+    /// After a stop signal, how long in-flight items may take to finish.
+    pub shutdown_timeout: Duration,
+    /// How often a progress line is logged (zero: never).
+    pub progress_interval: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            concurrency: 16,
+            skip_bad_lines: false,
+            shutdown_timeout: Duration::from_secs(30),
+            progress_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// Errors while creating or resuming a job.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; start a new state directory for a different job)", .0.join("\n  "))]
+    MeaningChanged(Vec<String>),
+    #[error("input {path} has changed since the job was created (then {then}, now {now}); refusing to resume against it")]
+    InputChanged {
+        path: std::path::PathBuf,
+        then: Fingerprint,
+        now: Fingerprint,
+    },
+    #[error("input {0} holds no IDs (it is empty or only blank lines)")]
+    EmptyInput(std::path::PathBuf),
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
+#[derive(Debug, Clone, Default)]
+pub struct RetryOverrides {
+    pub max_attempts: Option<u32>,
+    pub initial: Option<Duration>,
+    pub max_interval: Option<Duration>,
+    pub max_elapsed: Option<Duration>,
+}
+
+/// What a `run` asks for: a new job, or a resume with possibly changed operational settings.
+/// Unset fields keep the stored values (resume) or take the defaults (creation).
+#[derive(Debug, Clone, Default)]
+pub struct JobRequest {
+    pub input: Option<InputSpec>,
+    pub bucket_size: Option<u64>,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    pub headers: Option<Vec<String>>,
+    pub body: Option<String>,
+    pub connect_timeout: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub retry: RetryOverrides,
+}
+
+/// Default bucket size (rows per bucket).
+pub const DEFAULT_BUCKET_SIZE: u64 = 1000;
+/// Default whole-request timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl JobRequest {
+    fn apply_operational(&self, spec: &mut JobSpec) {
+        if let Some(h) = &self.headers {
+            spec.request.headers = h.clone();
+        }
+        if let Some(t) = self.connect_timeout {
+            spec.request.connect_timeout = t;
+        }
+        if let Some(t) = self.timeout {
+            spec.request.timeout = t;
+        }
+        let r = &self.retry;
+        spec.retry.max_attempts = r.max_attempts.unwrap_or(spec.retry.max_attempts);
+        spec.retry.initial = r.initial.unwrap_or(spec.retry.initial);
+        spec.retry.max_interval = r.max_interval.unwrap_or(spec.retry.max_interval);
+        spec.retry.max_elapsed = r.max_elapsed.unwrap_or(spec.retry.max_elapsed);
+    }
+
+    fn new_spec(&self, input: &InputSpec, url: &str, fingerprint: Fingerprint) -> JobSpec {
+        let mut spec = JobSpec {
+            job_id: new_job_id(),
+            input: input.clone(),
+            fingerprint,
+            bucket_size: self.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
+            request: RequestSpec {
+                method: self
+                    .method
+                    .clone()
+                    .unwrap_or_else(|| "GET".into())
+                    .to_ascii_uppercase(),
+                url: url.to_owned(),
+                headers: Vec::new(),
+                body: self.body.clone(),
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                timeout: DEFAULT_TIMEOUT,
+            },
+            retry: RetryPolicy::default(),
+            created_at_ms: now_ms(),
+        };
+        self.apply_operational(&mut spec);
+        spec
+    }
+}
+
+/// Create the job in `store`, or resume the one it holds, and check the input.
+///
+/// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
+/// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
+/// fingerprint changed; changed operational settings are stored.
+pub fn open_job<S: crate::store::Store>(
+    store: &S,
+    request: &JobRequest,
+) -> Result<JobSpec, JobError> {
+    use crate::input::{Cursor, InputReader};
+    if request.bucket_size == Some(0) {
+        return Err(JobError::Usage("--bucket-size must be at least 1".into()));
+    }
+    match store.job()? {
+        None => {
+            let (Some(input), Some(url)) = (&request.input, &request.url) else {
+                return Err(JobError::Usage(
+                    "this state directory holds no job yet: give --input and --url to create one"
+                        .into(),
+                ));
+            };
+            let fingerprint = Fingerprint::of_file(&input.path)?;
+            let mut reader = InputReader::open(input, Cursor::default())?;
+            if reader.next_row()?.is_none() {
+                return Err(JobError::EmptyInput(input.path.clone()));
+            }
+            let spec = request.new_spec(input, url, fingerprint);
+            store.put_job(&spec)?;
+            Ok(spec)
+        }
+        Some(stored) => {
+            let mut asked = stored.clone();
+            if let Some(input) = &request.input {
+                asked.input = input.clone();
+            }
+            if let Some(b) = request.bucket_size {
+                asked.bucket_size = b;
+            }
+            if let Some(m) = &request.method {
+                asked.request.method = m.to_ascii_uppercase();
+            }
+            if let Some(u) = &request.url {
+                asked.request.url = u.clone();
+            }
+            if request.body.is_some() {
+                asked.request.body = request.body.clone();
+            }
+            let changes = stored.meaning_changes(&asked);
+            if !changes.is_empty() {
+                return Err(JobError::MeaningChanged(changes));
+            }
+            let now = Fingerprint::of_file(&stored.input.path)?;
+            if now != stored.fingerprint {
+                return Err(JobError::InputChanged {
+                    path: stored.input.path.clone(),
+                    then: stored.fingerprint,
+                    now,
+                });
+            }
+            request.apply_operational(&mut asked);
+            if asked != stored {
+                store.put_job(&asked)?;
+            }
+            Ok(asked)
+        }
+    }
+}
+
+fn new_job_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}

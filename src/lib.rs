@@ -1,0 +1,23 @@
+//! highwater: a job runner for long, resumable batch enrichment.
+//!
+//! Read IDs from a file, cut them into deterministic buckets, call an HTTP API for each ID
+//! under retries, and keep every result exactly once in an embedded store, so that a run can
+//! be killed at any moment and resumed without losing or duplicating anything.
+//!
+//! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
+//! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
+//! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt; [`retry`]
+//! decides about the next; [`progress`] counts; [`sink`] exports; [`cli`] is the command line;
+//! [`demo`] is a self-contained job against a local fake API.
+
+pub mod cli;
+pub mod demo;
+pub mod engine;
+pub mod handler;
+pub mod input;
+pub mod job;
+pub mod plan;
+pub mod progress;
+pub mod retry;
+pub mod sink;
+pub mod store;

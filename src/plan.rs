@@ -1,0 +1,258 @@
+//! Plan: cutting the input into buckets, deterministically.
+//!
+//! Owns the rule that makes a bucket: bucket N is the next `bucket_size` rows of the input
+//! after bucket N-1 (so, read from the start, rows `[N*size, (N+1)*size)`), a pure function of
+//! the input and the bucket size, never of timing. A row whose ID appeared in an earlier row is
+//! a duplicate: it stays in its bucket's row range but is not called again. A row without a
+//! usable ID stops planning with an error naming the file and line, or, with
+//! `--skip-bad-lines`, is counted and recorded.
+//!
+//! The planner only reads and decides; writing the planned buckets ahead of their work is the
+//! engine's job (through [`crate::store::Store::plan`]).
+
+use std::collections::HashSet;
+
+use crate::input::{Fingerprint, InputError, InputReader};
+use crate::job::now_ms;
+use crate::store::{BadLine, OffsetRecord, PlannedBucket, PlannerState, Store, StoreError};
+
+/// Errors while planning.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Reads the input from the planner's position and cuts buckets.
+pub struct Planner {
+    reader: InputReader,
+    state: PlannerState,
+    bucket_size: u64,
+    skip_bad_lines: bool,
+    input: Fingerprint,
+}
+
+impl Planner {
+    /// Start planning at `state` (the stored position) with an opened reader at that cursor.
+    pub fn new(
+        reader: InputReader,
+        state: PlannerState,
+        bucket_size: u64,
+        skip_bad_lines: bool,
+        input: Fingerprint,
+    ) -> Planner {
+        Planner {
+            reader,
+            state,
+            bucket_size: bucket_size.max(1),
+            skip_bad_lines,
+            input,
+        }
+    }
+
+    /// The position after the last bucket returned.
+    pub fn state(&self) -> PlannerState {
+        self.state
+    }
+
+    /// Cut whole buckets until at least `min_rows` rows are read or the input ends. Returns
+    /// the buckets and the planner position after them; no buckets once the input is
+    /// exhausted. Duplicates are judged against `store` and the buckets cut in this call.
+    pub fn next_batch(
+        &mut self,
+        store: &impl Store,
+        min_rows: u64,
+    ) -> Result<Vec<PlannedBucket>, PlanError> {
+        let mut buckets = Vec::new();
+        let mut seen = HashSet::new();
+        let mut rows = 0;
+        while rows < min_rows.max(1) && !self.state.exhausted {
+            let start = self.reader.cursor();
+            let mut bucket = PlannedBucket {
+                offset: OffsetRecord {
+                    bucket: self.state.next_bucket,
+                    start,
+                    end: start,
+                    items: 0,
+                    duplicates: 0,
+                    bad_lines: 0,
+                    input: self.input,
+                    planned_at_ms: now_ms(),
+                },
+                items: Vec::new(),
+                bad_lines: Vec::new(),
+            };
+            let mut taken = 0;
+            while taken < self.bucket_size {
+                let Some(row) = self.reader.next_row()? else {
+                    self.state.exhausted = true;
+                    break;
+                };
+                taken += 1;
+                match row.id {
+                    Ok(id) => {
+                        if seen.contains(&id) || store.is_planned(&id)? {
+                            bucket.offset.duplicates += 1;
+                        } else {
+                            seen.insert(id.clone());
+                            bucket.items.push((row.index, id));
+                        }
+                    }
+                    Err(reason) if self.skip_bad_lines => {
+                        bucket.offset.bad_lines += 1;
+                        bucket.bad_lines.push(BadLine {
+                            row: row.index,
+                            line: row.line,
+                            reason,
+                        });
+                    }
+                    Err(reason) => {
+                        return Err(InputError::BadLine {
+                            path: self.reader.path().to_owned(),
+                            line: row.line,
+                            reason: format!(
+                                "{reason} (use --skip-bad-lines to skip and record such lines)"
+                            ),
+                        }
+                        .into())
+                    }
+                }
+            }
+            rows += taken;
+            if taken > 0 {
+                bucket.offset.end = self.reader.cursor();
+                bucket.offset.items = bucket.items.len() as u64;
+                self.state.next_bucket += 1;
+                buckets.push(bucket);
+            }
+            self.state.cursor = self.reader.cursor();
+        }
+        Ok(buckets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{Cursor, InputFormat, InputSpec};
+    use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+    use std::io::Write;
+
+    fn setup(content: &str) -> (tempfile::TempDir, InputSpec, SledStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.txt");
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(content.as_bytes())
+            .unwrap();
+        let store = SledStore::open(
+            &dir.path().join("state"),
+            OpenMode::CreateIfMissing,
+            DEFAULT_CACHE_BYTES,
+        )
+        .unwrap();
+        (
+            dir,
+            InputSpec {
+                path,
+                format: InputFormat::Text,
+            },
+            store,
+        )
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint { len: 0, xxh3: 0 }
+    }
+
+    fn cut_all(
+        spec: &InputSpec,
+        store: &SledStore,
+        size: u64,
+        min_rows: u64,
+        state: PlannerState,
+    ) -> Vec<PlannedBucket> {
+        let reader = InputReader::open(spec, state.cursor).unwrap();
+        let mut p = Planner::new(reader, state, size, true, fp());
+        let mut all = vec![];
+        loop {
+            let batch = p.next_batch(store, min_rows).unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            store.plan(&batch, &p.state()).unwrap();
+            all.extend(batch);
+        }
+        assert!(p.state().exhausted);
+        all
+    }
+
+    #[test]
+    fn buckets_are_fixed_row_ranges_and_duplicates_are_judged_in_order() {
+        let (_d, spec, store) = setup("a\nb\na\n\nc\nd\nb\ne\n");
+        let buckets = cut_all(&spec, &store, 3, 1, PlannerState::default());
+        let ranges: Vec<_> = buckets
+            .iter()
+            .map(|b| (b.offset.bucket, b.offset.start.row, b.offset.end.row))
+            .collect();
+        assert_eq!(ranges, vec![(0, 0, 3), (1, 3, 6), (2, 6, 7)]);
+        let ids: Vec<Vec<&str>> = buckets
+            .iter()
+            .map(|b| b.items.iter().map(|i| i.1.as_str()).collect())
+            .collect();
+        assert_eq!(ids, vec![vec!["a", "b"], vec!["c", "d"], vec!["e"]]);
+        assert_eq!(buckets.iter().map(|b| b.offset.duplicates).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
+        let content: String = (0..100).map(|i| format!("id{}\n", i % 70)).collect();
+        let (_d1, spec1, store1) = setup(&content);
+        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default());
+        let (_d2, spec2, store2) = setup(&content);
+        let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
+        let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
+        let first = p.next_batch(&store2, 10).unwrap();
+        store2.plan(&first, &p.state()).unwrap();
+        let mut resumed = first;
+        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()));
+        let key = |b: &PlannedBucket| {
+            (
+                b.offset.bucket,
+                b.offset.start,
+                b.offset.end,
+                b.items.clone(),
+                b.offset.duplicates,
+            )
+        };
+        assert_eq!(
+            one_go.iter().map(key).collect::<Vec<_>>(),
+            resumed.iter().map(key).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn bad_lines_stop_or_are_recorded() {
+        let (_d, spec, store) = setup("a\n\u{0}\nb\n");
+        std::fs::write(&spec.path, b"a\n\xff\nb\n").unwrap();
+        let reader = InputReader::open(&spec, Cursor::default()).unwrap();
+        let mut p = Planner::new(reader, PlannerState::default(), 10, false, fp());
+        let err = p.next_batch(&store, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("in.txt:2:") && err.contains("--skip-bad-lines"),
+            "{err}"
+        );
+        let buckets = cut_all(&spec, &store, 10, 1, PlannerState::default());
+        assert_eq!(
+            buckets[0].bad_lines,
+            vec![BadLine {
+                row: 1,
+                line: 2,
+                reason: "line is not valid UTF-8".into()
+            }]
+        );
+        assert_eq!(buckets[0].items.len(), 2);
+    }
+}

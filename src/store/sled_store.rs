@@ -1,0 +1,702 @@
+//! The embedded store: one state directory holding a sled database.
+//!
+//! Layout of a state directory:
+//!
+//! ```text
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":1}, written first
+//! DIR/lock             advisory lock (flock) held by the running process; holds its pid
+//! DIR/sled/            the sled database, trees:
+//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
+//!     offsets  bucket (u64 BE) → OffsetRecord JSON      (the offset log)
+//!     commits  bucket (u64 BE) → CommitRecord JSON      (the commit log)
+//!     order    row (u64 BE) → ID bytes, first occurrences only
+//!     items    ID bytes → ItemRecord JSON
+//!     bad      row (u64 BE) → BadLine JSON
+//! ```
+//!
+//! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
+//! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
+//! writes with [`Store::sync`]: plans are synced before their items are dispatched; results
+//! are synced before their buckets' commit records are written.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+use super::*;
+
+const MARKER: &str = "highwater.json";
+const MARKER_FORMAT: &str = "highwater-state";
+
+/// Default sled page cache: small, because the working set is the tail of the logs.
+pub const DEFAULT_CACHE_BYTES: u64 = 32 << 20;
+
+/// A state directory, opened and locked for this process.
+pub struct SledStore {
+    path: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    offsets: sled::Tree,
+    commits: sled::Tree,
+    order: sled::Tree,
+    items: sled::Tree,
+    bad: sled::Tree,
+    /// Held for the store's lifetime; the flock goes with it.
+    _lock: File,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Marker {
+    format: String,
+    version: u32,
+}
+
+/// How to open a state directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// It must already be a highwater state directory.
+    Existing,
+    /// Create it if it does not exist or is empty; otherwise it must be a state directory.
+    CreateIfMissing,
+}
+
+impl SledStore {
+    /// Open (or create) the state directory at `path`.
+    pub fn open(path: &Path, mode: OpenMode, cache_bytes: u64) -> Result<SledStore, StoreError> {
+        let io = |source| StoreError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let not_store = |reason: &str| StoreError::NotAStore {
+            path: path.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let marker_path = path.join(MARKER);
+        match fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if mode == OpenMode::Existing {
+                    return Err(not_store("it does not exist"));
+                }
+                fs::create_dir_all(path).map_err(io)?;
+            }
+            Err(e) => return Err(io(e)),
+            Ok(m) if !m.is_dir() => return Err(not_store("it is not a directory")),
+            Ok(_) => {}
+        }
+        if !marker_path.exists() {
+            let empty = fs::read_dir(path).map_err(io)?.next().is_none();
+            match (mode, empty) {
+                (OpenMode::Existing, _) => return Err(not_store(&format!("it has no {MARKER}"))),
+                (OpenMode::CreateIfMissing, false) => {
+                    return Err(not_store(&format!(
+                        "it already holds other files and no {MARKER}; refusing to write into it"
+                    )))
+                }
+                (OpenMode::CreateIfMissing, true) => {
+                    let marker = Marker {
+                        format: MARKER_FORMAT.into(),
+                        version: FORMAT_VERSION,
+                    };
+                    write_atomically(
+                        &marker_path,
+                        &serde_json::to_vec(&marker).expect("marker serializes"),
+                    )
+                    .map_err(io)?;
+                }
+            }
+        }
+        let marker: Marker = fs::read(&marker_path).map_err(io).and_then(|b| {
+            serde_json::from_slice(&b)
+                .map_err(|e| not_store(&format!("{MARKER} is unreadable: {e}")))
+        })?;
+        if marker.format != MARKER_FORMAT {
+            return Err(not_store(&format!(
+                "{MARKER} names format {:?}",
+                marker.format
+            )));
+        }
+        if marker.version != FORMAT_VERSION {
+            return Err(StoreError::Version {
+                path: path.to_owned(),
+                found: marker.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let lock = lock(path)?;
+        let db = open_sled(&path.join("sled"), cache_bytes).map_err(|e| match e {
+            sled::Error::Io(source) => StoreError::Io {
+                path: path.to_owned(),
+                source,
+            },
+            other => StoreError::Corrupt {
+                path: path.to_owned(),
+                reason: other.to_string(),
+            },
+        });
+        let db = db?;
+        let tree = |name: &str| db.open_tree(name).map_err(|e| backend(path, e));
+        let store = SledStore {
+            path: path.to_owned(),
+            meta: tree("meta")?,
+            offsets: tree("offsets")?,
+            commits: tree("commits")?,
+            order: tree("order")?,
+            items: tree("items")?,
+            bad: tree("bad")?,
+            db,
+            _lock: lock,
+        };
+        match store.meta.get("version").map_err(|e| store.err(e))? {
+            None => {
+                store
+                    .meta
+                    .insert("version", &FORMAT_VERSION.to_be_bytes())
+                    .map_err(|e| store.err(e))?;
+                store.db.flush().map_err(|e| store.err(e))?;
+            }
+            Some(v) if v.as_ref() == FORMAT_VERSION.to_be_bytes() => {}
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v.as_ref())
+                    .map(u32::from_be_bytes)
+                    .unwrap_or(0);
+                return Err(StoreError::Version {
+                    path: path.to_owned(),
+                    found,
+                    supported: FORMAT_VERSION,
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    /// The state directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, e: sled::Error) -> StoreError {
+        backend(&self.path, e)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason: format!("undecodable {what} record: {e}"),
+        })
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        tree: &sled::Tree,
+        key: &[u8],
+        what: &str,
+    ) -> Result<Option<T>, StoreError> {
+        match tree.get(key).map_err(|e| self.err(e))? {
+            None => Ok(None),
+            Some(bytes) => self.decode(what, &bytes).map(Some),
+        }
+    }
+
+    fn item(&self, id: &[u8]) -> Result<ItemRecord, StoreError> {
+        self.get(&self.items, id, "item")?
+            .ok_or_else(|| StoreError::Corrupt {
+                path: self.path.clone(),
+                reason: format!(
+                    "the order index names ID {:?} but it has no item record",
+                    String::from_utf8_lossy(id)
+                ),
+            })
+    }
+
+    fn ids_in_rows(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> impl Iterator<Item = Result<(u64, sled::IVec), StoreError>> + '_ {
+        self.order
+            .range(start.to_be_bytes()..end.to_be_bytes())
+            .map(move |entry| {
+                let (k, v) = entry.map_err(|e| self.err(e))?;
+                Ok((be_u64(&k), v))
+            })
+    }
+}
+
+fn backend(path: &Path, e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Io(source) => StoreError::Io {
+            path: path.to_owned(),
+            source,
+        },
+        sled::Error::Corruption { .. } => StoreError::Corrupt {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        },
+        other => StoreError::Backend {
+            path: path.to_owned(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// sled can panic on some damaged files instead of returning an error; turn that into one.
+fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
+    let config = sled::Config::new()
+        .path(path)
+        .cache_capacity(cache_bytes)
+        .mode(sled::Mode::LowSpace);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || config.open()));
+    std::panic::set_hook(previous);
+    match opened {
+        Ok(result) => result,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "sled failed while opening".into());
+            Err(sled::Error::Unsupported(reason))
+        }
+    }
+}
+
+/// Take the directory's advisory lock, or say who holds it.
+fn lock(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join("lock");
+    let io = |source| StoreError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            return Err(StoreError::Busy {
+                path: dir.to_owned(),
+                pid: text.trim().parse().ok(),
+            });
+        }
+        return Err(io(err));
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    Ok(file)
+}
+
+/// Write `bytes` to `path` through a temp file and a rename, synced.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = bytes.len().min(8);
+    b[8 - n..].copy_from_slice(&bytes[..n]);
+    u64::from_be_bytes(b)
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("store records always serialize")
+}
+
+impl Store for SledStore {
+    fn job(&self) -> Result<Option<JobSpec>, StoreError> {
+        self.get(&self.meta, b"job", "job")
+    }
+
+    fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
+        self.meta
+            .insert("job", json(spec))
+            .map_err(|e| self.err(e))?;
+        self.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn planner(&self) -> Result<PlannerState, StoreError> {
+        Ok(self
+            .get(&self.meta, b"planner", "planner")?
+            .unwrap_or_default())
+    }
+
+    fn is_planned(&self, id: &str) -> Result<bool, StoreError> {
+        self.items
+            .contains_key(id.as_bytes())
+            .map_err(|e| self.err(e))
+    }
+
+    fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
+        let mut offsets = sled::Batch::default();
+        let mut order = sled::Batch::default();
+        let mut items = sled::Batch::default();
+        let mut bad = sled::Batch::default();
+        for b in buckets {
+            let bucket = b.offset.bucket;
+            offsets.insert(&bucket.to_be_bytes(), json(&b.offset));
+            for (row, id) in &b.items {
+                order.insert(&row.to_be_bytes(), id.as_bytes());
+                items.insert(id.as_bytes(), json(&ItemRecord::pending(*row, bucket)));
+            }
+            for line in &b.bad_lines {
+                bad.insert(&line.row.to_be_bytes(), json(line));
+            }
+        }
+        let planner = json(planner);
+        (
+            &self.offsets,
+            &self.order,
+            &self.items,
+            &self.bad,
+            &self.meta,
+        )
+            .transaction(|(o, r, i, b, m)| {
+                o.apply_batch(&offsets)?;
+                r.apply_batch(&order)?;
+                i.apply_batch(&items)?;
+                b.apply_batch(&bad)?;
+                m.insert("planner", planner.as_slice())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => self.err(e),
+                TransactionError::Abort(()) => StoreError::Backend {
+                    path: self.path.clone(),
+                    reason: "plan aborted".into(),
+                },
+            })
+    }
+
+    fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for (id, record) in results {
+            batch.insert(id.as_bytes(), json(record));
+        }
+        self.items.apply_batch(batch).map_err(|e| self.err(e))
+    }
+
+    fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for c in commits {
+            batch.insert(&c.bucket.to_be_bytes(), json(c));
+        }
+        self.commits.apply_batch(batch).map_err(|e| self.err(e))
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError> {
+        let mut open = Vec::new();
+        for entry in self.offsets.iter() {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            if !self.commits.contains_key(&key).map_err(|e| self.err(e))? {
+                open.push(self.decode("offset", &value)?);
+            }
+        }
+        Ok(open)
+    }
+
+    fn bucket_items(&self, bucket: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let mut out = Vec::with_capacity(bucket.items as usize);
+        for entry in self.ids_in_rows(bucket.start.row, bucket.end.row) {
+            let (_, id) = entry?;
+            let record = self.item(&id)?;
+            let id = String::from_utf8(id.to_vec()).map_err(|_| StoreError::Corrupt {
+                path: self.path.clone(),
+                reason: "an ID is not UTF-8".into(),
+            })?;
+            out.push((id, record));
+        }
+        if out.len() as u64 != bucket.items {
+            return Err(StoreError::Corrupt {
+                path: self.path.clone(),
+                reason: format!(
+                    "bucket {} should hold {} IDs, the order index has {}",
+                    bucket.bucket,
+                    bucket.items,
+                    out.len()
+                ),
+            });
+        }
+        Ok(out)
+    }
+
+    fn for_each_final(
+        &self,
+        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+    ) -> Result<(), ExportError> {
+        for entry in self.ids_in_rows(0, u64::MAX) {
+            let (_, id) = entry?;
+            let record = self.item(&id)?;
+            if record.is_final() {
+                f(&String::from_utf8_lossy(&id), &record)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.bad.iter().take(limit) {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            out.push(self.decode("bad line", &v)?);
+        }
+        Ok(out)
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        let planner = self.planner()?;
+        let mut s = StoreStats {
+            input_exhausted: planner.exhausted,
+            rows_read: planner.cursor.row,
+            input_bytes_read: planner.cursor.byte,
+            ..StoreStats::default()
+        };
+        for entry in self.offsets.iter() {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let offset: OffsetRecord = self.decode("offset", &value)?;
+            s.buckets_planned += 1;
+            s.ids_planned += offset.items;
+            s.duplicates += offset.duplicates;
+            s.bad_lines += offset.bad_lines;
+            match self.commits.get(&key).map_err(|e| self.err(e))? {
+                Some(c) => {
+                    let commit: CommitRecord = self.decode("commit", &c)?;
+                    s.buckets_committed += 1;
+                    s.ok += commit.ok;
+                    s.failed += commit.failed;
+                }
+                None => {
+                    s.buckets_in_flight += 1;
+                    for entry in self.ids_in_rows(offset.start.row, offset.end.row) {
+                        let (_, id) = entry?;
+                        match self.item(&id)?.status {
+                            ItemStatus::Ok => s.ok += 1,
+                            ItemStatus::Failed => s.failed += 1,
+                            ItemStatus::Pending => {}
+                        }
+                    }
+                }
+            }
+        }
+        s.pending = s.ids_planned - s.ok - s.failed;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offset(bucket: u64, start: u64, end: u64, items: u64) -> OffsetRecord {
+        OffsetRecord {
+            bucket,
+            start: Cursor {
+                row: start,
+                line: start + 1,
+                byte: start * 2,
+            },
+            end: Cursor {
+                row: end,
+                line: end + 1,
+                byte: end * 2,
+            },
+            items,
+            duplicates: 0,
+            bad_lines: 0,
+            input: Fingerprint { len: 10, xxh3: 1 },
+            planned_at_ms: 0,
+        }
+    }
+
+    fn planned(bucket: u64, ids: &[(u64, &str)], end: u64) -> PlannedBucket {
+        let start = ids.first().map(|i| i.0).unwrap_or(end);
+        PlannedBucket {
+            offset: offset(bucket, start, end, ids.len() as u64),
+            items: ids.iter().map(|(r, i)| (*r, i.to_string())).collect(),
+            bad_lines: vec![],
+        }
+    }
+
+    fn done(row: u64, bucket: u64, ok: bool) -> ItemRecord {
+        let mut r = ItemRecord::pending(row, bucket);
+        r.status = if ok {
+            ItemStatus::Ok
+        } else {
+            ItemStatus::Failed
+        };
+        r.attempts = 1;
+        if ok {
+            r.body = Some(serde_json::value::to_raw_value(&serde_json::json!({"v": row})).unwrap());
+        } else {
+            r.error = Some("HTTP 404".into());
+        }
+        r
+    }
+
+    #[tokio::test]
+    async fn plan_record_commit_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let s = SledStore::open(&path, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+            let p = PlannerState {
+                next_bucket: 2,
+                cursor: Cursor {
+                    row: 4,
+                    line: 5,
+                    byte: 8,
+                },
+                exhausted: true,
+            };
+            s.plan(
+                &[
+                    planned(0, &[(0, "a"), (1, "b")], 2),
+                    planned(1, &[(2, "c"), (3, "d")], 4),
+                ],
+                &p,
+            )
+            .unwrap();
+            s.sync().await.unwrap();
+            assert!(s.is_planned("c").unwrap());
+            assert!(!s.is_planned("z").unwrap());
+            s.record(&[
+                ("a".into(), done(0, 0, true)),
+                ("b".into(), done(1, 0, false)),
+            ])
+            .unwrap();
+            s.sync().await.unwrap();
+            s.commit(&[CommitRecord {
+                bucket: 0,
+                ok: 1,
+                failed: 1,
+                committed_at_ms: 0,
+            }])
+            .unwrap();
+            s.record(&[("d".into(), done(3, 1, true))]).unwrap();
+            s.sync().await.unwrap();
+        }
+        let s = SledStore::open(&path, OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
+        let open = s.open_buckets().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].bucket, 1);
+        let items = s.bucket_items(&open[0]).unwrap();
+        assert_eq!(
+            items.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(),
+            vec!["c", "d"]
+        );
+        assert!(!items[0].1.is_final());
+        assert!(items[1].1.is_final());
+        let stats = s.stats().unwrap();
+        assert_eq!((stats.ok, stats.failed, stats.pending), (2, 1, 1));
+        assert_eq!(
+            (
+                stats.buckets_planned,
+                stats.buckets_committed,
+                stats.buckets_in_flight
+            ),
+            (2, 1, 1)
+        );
+        assert!(!stats.finished());
+        let mut seen = vec![];
+        s.for_each_final(&mut |id, r| {
+            seen.push((id.to_string(), r.status));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                ("a".into(), ItemStatus::Ok),
+                ("b".into(), ItemStatus::Failed),
+                ("d".into(), ItemStatus::Ok)
+            ]
+        );
+    }
+
+    #[test]
+    fn second_open_is_busy_and_names_the_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let _s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        match SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES) {
+            Err(StoreError::Busy { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("{:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn foreign_directories_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            SledStore::open(
+                &dir.path().join("nope"),
+                OpenMode::Existing,
+                DEFAULT_CACHE_BYTES
+            ),
+            Err(StoreError::NotAStore { .. })
+        ));
+        fs::write(dir.path().join("file.txt"), "x").unwrap();
+        let err = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
+            .err()
+            .unwrap();
+        assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+        let err = SledStore::open(
+            &dir.path().join("file.txt"),
+            OpenMode::CreateIfMissing,
+            DEFAULT_CACHE_BYTES,
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap());
+        fs::write(
+            dir.path().join(MARKER),
+            r#"{"format":"highwater-state","version":99}"#,
+        )
+        .unwrap();
+        let err = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, StoreError::Version { found: 99, .. }),
+            "{err}"
+        );
+    }
+}
