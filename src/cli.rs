@@ -263,9 +263,11 @@ impl RunArgs {
             (InputFormat::Csv { .. }, _, None)
             | (InputFormat::Jsonl { .. }, None, _)
             | (InputFormat::Text, None, None) => {}
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "--id-column goes with CSV input and --id-field with JSONL; this input is {format}"
-            )),
+            ))
+            }
         }
         Ok(Some(InputSpec { path, format }))
     }
@@ -325,6 +327,20 @@ async fn run(args: RunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    let done = store.stats()?;
+    if done.finished() {
+        eprintln!(
+            "the job in {} is already finished: {} ok, {} failed",
+            args.state.display(),
+            done.ok,
+            done.failed
+        );
+        return Ok(if done.failed > 0 {
+            exit::FAILURES
+        } else {
+            exit::OK
+        });
+    }
     let handler = Handler::new(&spec.request)?;
     run_job(Arc::new(store), spec, handler, &args.options(), &args.state).await
 }

@@ -1,0 +1,127 @@
+//! Crash safety: SIGKILL at random points, resume, and every ID exactly once.
+
+use std::time::Duration;
+
+use highwater::demo::api::{ApiConfig, Fault};
+use highwater::engine::max_unsynced_items;
+use rand::Rng;
+
+use crate::harness::*;
+
+const CONCURRENCY: usize = 16;
+
+/// The calls a clean run makes for `id`: one, plus the failing attempts of a transient fault.
+fn clean_calls(h: &Harness, id: &str) -> u64 {
+    let transient = h.api.config().transient_attempts as u64;
+    match h.api.fault(id) {
+        Fault::None | Fault::NotFound => 1,
+        Fault::Unavailable | Fault::Drop | Fault::Slow => transient + 1,
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_then_resume_gives_every_id_exactly_once() {
+    let h = Harness::new(ApiConfig {
+        slow_delay: Duration::from_secs(2),
+        ..ApiConfig::faulty()
+    });
+    let mut ids = ids(12_000);
+    // A few repeated IDs: processed once, counted as duplicates.
+    for i in (0..ids.len()).step_by(997).skip(1) {
+        ids[i] = ids[i - 500].clone();
+    }
+    let duplicates = ids.len() - ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let concurrency = CONCURRENCY.to_string();
+    let args = [
+        "run",
+        "--state",
+        state.to_str().unwrap(),
+        "--concurrency",
+        &concurrency,
+        "--timeout",
+        "500ms",
+        "--retry-initial",
+        "5ms",
+        "--retry-max",
+        "50ms",
+        "--progress-interval",
+        "0",
+    ];
+    let url = h.url();
+    let mut create = args.to_vec();
+    create.extend([
+        "--input",
+        input.to_str().unwrap(),
+        "--url",
+        &url,
+        "--bucket-size",
+        "250",
+    ]);
+
+    let expected_total: u64 = {
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        unique.iter().map(|id| clean_calls(&h, id)).sum()
+    };
+    let mut rng = rand::rng();
+    let mut kills = 0;
+    let mut first = true;
+    while kills < 12 {
+        let mut child = h.spawn(if first { &create } else { &args });
+        first = false;
+        // Kill at a random point of progress: after a random number of further calls.
+        let target = h.api.total_calls() + rng.random_range(100..1200);
+        if !h.wait_for_calls(&mut child, target) {
+            let run = finish(child);
+            assert!(run.code == 0 || run.code == 3, "run ended early: {run:?}");
+            break;
+        }
+        // Sometimes right away, sometimes a moment later: both are random points.
+        if rng.random_bool(0.5) {
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..30)));
+        }
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(
+            status.code().is_none(),
+            "the run was killed, not exited: {status:?}"
+        );
+        kills += 1;
+    }
+    assert!(
+        kills >= 10,
+        "only {kills} kills happened before the job finished; make the job longer"
+    );
+
+    // Resume to the end.
+    let run = h.run(&args);
+    run.expect_code(3); // the 404 IDs fail permanently
+
+    let export = h.export(&state);
+    h.check_export_exactly_once(&export, &ids);
+
+    let status = h.status(&state);
+    assert_eq!(status["finished"], true);
+    assert_eq!(status["stats"]["duplicates"], duplicates as u64);
+    let not_found = export
+        .iter()
+        .filter(|r| h.api.fault(r["id"].as_str().unwrap()) == Fault::NotFound)
+        .count();
+    assert_eq!(status["stats"]["failed"], not_found as u64);
+    assert_eq!(status["stats"]["ok"], (export.len() - not_found) as u64);
+
+    // Repeated calls are bounded by what can be in flight at each kill, not by buckets.
+    let total = h.api.total_calls();
+    let repeated = total.saturating_sub(expected_total);
+    let bound = (kills * max_unsynced_items(CONCURRENCY)) as u64;
+    assert!(
+        total >= expected_total,
+        "fewer calls than a clean run needs: {total} < {expected_total}"
+    );
+    assert!(
+        repeated <= bound,
+        "{repeated} repeated calls after {kills} kills; bound {bound}"
+    );
+    eprintln!("{kills} kills, {repeated} repeated calls (bound {bound}), {total} calls in all");
+}

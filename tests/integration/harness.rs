@@ -1,0 +1,249 @@
+//! The test harness: a fake API on loopback, a scratch directory, and the binary.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use highwater::demo::api::{ApiConfig, FakeApi, Fault};
+use serde_json::Value;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_highwater");
+
+pub struct Harness {
+    pub api: FakeApi,
+    pub dir: tempfile::TempDir,
+    // Declared last: the server's tasks live on this runtime.
+    rt: tokio::runtime::Runtime,
+}
+
+/// A finished command: exit code and its two streams as text.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    #[track_caller]
+    pub fn expect_code(&self, code: i32) -> &Run {
+        assert_eq!(
+            self.code, code,
+            "exit code\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    pub fn expect_stderr(&self, needle: &str) -> &Run {
+        assert!(
+            self.stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{}",
+            self.stderr
+        );
+        self
+    }
+}
+
+impl Harness {
+    pub fn new(config: ApiConfig) -> Harness {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let api = rt
+            .block_on(FakeApi::start(config))
+            .expect("the fake API starts");
+        Harness {
+            api,
+            dir: tempfile::tempdir().unwrap(),
+            rt,
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    /// Write `content` to a file in the scratch directory.
+    pub fn file(&self, name: &str, content: impl AsRef<[u8]>) -> PathBuf {
+        let path = self.path(name);
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(content.as_ref())
+            .unwrap();
+        path
+    }
+
+    /// Write `ids` one per line to `name`.
+    pub fn ids_file(&self, name: &str, ids: &[String]) -> PathBuf {
+        let mut text = String::new();
+        for id in ids {
+            text.push_str(id);
+            text.push('\n');
+        }
+        self.file(name, text)
+    }
+
+    pub fn url(&self) -> String {
+        self.api.url_template()
+    }
+
+    /// A command for the binary with a clean environment for logs.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Run to completion.
+    pub fn run(&self, args: &[&str]) -> Run {
+        self.cmd(args).output().expect("the binary runs").into()
+    }
+
+    /// Start without waiting.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts")
+    }
+
+    /// Wait until the server has seen `calls` calls in total, or the child exited. Returns
+    /// false if the child exited first.
+    pub fn wait_for_calls(&self, child: &mut Child, calls: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if self.api.total_calls() >= calls {
+                return true;
+            }
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no progress to {calls} calls in 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The JSONL export of a state, parsed.
+    pub fn export(&self, state: &Path) -> Vec<Value> {
+        let out = self.run(&["export", "--state", state.to_str().unwrap()]);
+        out.expect_code(0);
+        out.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("export lines are JSON"))
+            .collect()
+    }
+
+    /// `status --json`, parsed.
+    pub fn status(&self, state: &Path) -> Value {
+        let out = self.run(&["status", "--state", state.to_str().unwrap(), "--json"]);
+        out.expect_code(0);
+        serde_json::from_str(out.stdout.trim()).expect("status --json is one JSON object")
+    }
+
+    /// What a clean run should record for `id`: ok with the server's body, or failed 404.
+    #[track_caller]
+    pub fn check_record(&self, record: &Value) {
+        let id = record["id"].as_str().expect("records have an id");
+        match self.api.fault(id) {
+            Fault::NotFound => {
+                assert_eq!(record["status"], "failed", "{record}");
+                assert_eq!(record["http_status"], 404, "{record}");
+            }
+            _ => {
+                assert_eq!(record["status"], "ok", "{record}");
+                assert_eq!(record["body"], self.api.expected_body(id), "{record}");
+            }
+        }
+    }
+
+    /// Every one of `ids` is in `export` exactly once, in input order, with the right result.
+    #[track_caller]
+    pub fn check_export_exactly_once(&self, export: &[Value], ids: &[String]) {
+        let mut first_seen = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            if seen.insert(id.as_str()) {
+                first_seen.push(id.as_str());
+            }
+        }
+        let exported: Vec<&str> = export.iter().map(|r| r["id"].as_str().unwrap()).collect();
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for id in &exported {
+            *counts.entry(id).or_default() += 1;
+        }
+        let dupes: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(dupes.is_empty(), "IDs exported more than once: {dupes:?}");
+        let missing: Vec<_> = first_seen
+            .iter()
+            .filter(|id| !counts.contains_key(*id))
+            .take(10)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "IDs missing from the export: {missing:?}"
+        );
+        assert_eq!(exported, first_seen, "the export is in input order");
+        for record in export {
+            self.check_record(record);
+        }
+    }
+
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+}
+
+/// `n` IDs: plain ones, and every 37th with characters that need encoding.
+pub fn ids(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            if i % 37 == 5 {
+                format!("odd/{i} ?#%+&=é")
+            } else {
+                format!("id-{i:06}")
+            }
+        })
+        .collect()
+}
+
+/// Send a signal to a child.
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(child.id() as i32, sig) };
+    assert_eq!(rc, 0, "kill failed");
+}
+
+/// Wait for a child and collect its output.
+pub fn finish(child: Child) -> Run {
+    child.wait_with_output().expect("wait for the child").into()
+}

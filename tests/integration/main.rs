@@ -1,0 +1,10 @@
+//! Integration tests: the real `highwater` binary against an in-process API on 127.0.0.1.
+//!
+//! One test binary; each module tells one part of the users' story. [`harness`] starts the
+//! fake API with chosen faults, runs the binary, kills and resumes it, and reads the export.
+
+mod harness;
+
+mod bad_input;
+mod crash;
+mod jobs;
