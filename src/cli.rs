@@ -60,7 +60,7 @@ pub struct Cli {
 enum Command {
     /// Create a job and run it, or resume the job stored in --state.
     #[command(after_help = EXIT_CODES)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show where a job stands.
     Status(StatusArgs),
     /// Write one record per unique ID, in input order.
@@ -221,7 +221,7 @@ fn init_logging(verbose: u8, quiet: bool) {
 
 async fn dispatch(command: Command) -> Result<u8> {
     match command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Status(args) => status(args),
         Command::Export(args) => export(args),
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,

@@ -1,0 +1,1172 @@
+//! Speed and memory benchmarks for highwater, against the in-process fake API.
+//!
+//! ```text
+//! cargo build --release                       # the `rss` mode runs the real binary
+//! cargo run --release --example bench -- throughput [--ids N] [--concurrency N] [--repeat K]
+//! cargo run --release --example bench -- rss [--ids N] [--concurrency N] [--skip-full]
+//! ```
+//!
+//! `throughput` compares, in one process and against the same server, a bare hyper client
+//! loop (no storage) with a full highwater run (sled store, group commit, fsync).
+//! `rss` runs the real `highwater` binary as a subprocess over a large input and reports its
+//! peak memory, then SIGKILLs runs and measures how long a resume takes to make its first
+//! request. Everything talks to 127.0.0.1 only. Results end with Markdown tables.
+
+use std::fmt::Write as _;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use highwater::demo::api::{ApiConfig, FakeApi};
+use highwater::engine;
+use highwater::handler::Handler;
+use highwater::input::{InputFormat, InputSpec};
+use highwater::job::{open_job, JobRequest, RunOptions};
+use highwater::progress::Counters;
+use highwater::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+
+const USAGE: &str = "\
+highwater benchmarks (all traffic goes to 127.0.0.1)
+
+usage:
+  cargo run --release --example bench -- <mode> [options]
+
+modes:
+  throughput   (default) items/s of a bare hyper client loop vs. a full highwater run
+               (sled store, group commit, fsync), alternating, in one process, against the
+               same in-process fake API (no latency, no faults)
+    --ids N           IDs per run [default: 200000]
+    --concurrency N   requests in flight [default: 16]
+    --repeat K        how many (raw, highwater) pairs to run [default: 3]
+
+  rss          runs the real binary (target/release/highwater; build it first with
+               `cargo build --release`) over a large input: peak RSS, elapsed, items/s,
+               state size; then SIGKILLs runs and measures the time a resume takes to
+               make its first request (3 times)
+    --ids N           IDs in the input [default: 10000000; ~1 GiB of call counters in
+                      this process for the fake API at that size]
+    --concurrency N   --concurrency of the binary [default: 32]
+    --skip-full       only the resume-latency part
+    --bin PATH        the highwater binary [default: next to this example's target dir]
+
+common:
+  --keep      keep the temporary directory (input, state dirs, logs)
+  -h, --help  this text
+";
+
+// ---------------------------------------------------------------------------
+// Arguments
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Throughput,
+    Rss,
+}
+
+#[derive(Debug)]
+struct Args {
+    mode: Mode,
+    ids: u64,
+    concurrency: usize,
+    repeat: usize,
+    keep: bool,
+    skip_full: bool,
+    bin: Option<PathBuf>,
+}
+
+enum Parsed {
+    Run(Args),
+    Help,
+}
+
+fn parse_args(raw: &[String]) -> Result<Parsed, String> {
+    let mut it = raw.iter().peekable();
+    let mode = match it.peek().map(|s| s.as_str()) {
+        Some("throughput") => {
+            it.next();
+            Mode::Throughput
+        }
+        Some("rss") => {
+            it.next();
+            Mode::Rss
+        }
+        Some(s) if !s.starts_with('-') => return Err(format!("unknown mode {s:?}")),
+        _ => Mode::Throughput,
+    };
+    let (mut ids, mut concurrency, mut repeat) = (None, None, None);
+    let (mut keep, mut skip_full, mut bin) = (false, false, None);
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |what: &str| -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or(format!("{what} needs a value")),
+            }
+        };
+        let number = |what: &str, v: String| -> Result<u64, String> {
+            let n = v
+                .replace('_', "")
+                .parse::<u64>()
+                .map_err(|_| format!("{what}: {v:?} is not a number"))?;
+            if n == 0 {
+                return Err(format!("{what} must be at least 1"));
+            }
+            Ok(n)
+        };
+        match name {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--ids" => ids = Some(number(name, value(name)?)?),
+            "--concurrency" => concurrency = Some(number(name, value(name)?)? as usize),
+            "--repeat" if mode == Mode::Throughput => {
+                repeat = Some(number(name, value(name)?)? as usize)
+            }
+            "--skip-full" if mode == Mode::Rss => skip_full = true,
+            "--bin" if mode == Mode::Rss => bin = Some(PathBuf::from(value(name)?)),
+            "--keep" => keep = true,
+            other => return Err(format!("unknown option {other:?} for this mode")),
+        }
+    }
+    let args = match mode {
+        Mode::Throughput => Args {
+            mode,
+            ids: ids.unwrap_or(200_000),
+            concurrency: concurrency.unwrap_or(16),
+            repeat: repeat.unwrap_or(3),
+            keep,
+            skip_full,
+            bin,
+        },
+        Mode::Rss => Args {
+            mode,
+            ids: ids.unwrap_or(10_000_000),
+            concurrency: concurrency.unwrap_or(32),
+            repeat: 1,
+            keep,
+            skip_full,
+            bin,
+        },
+    };
+    if args.concurrency > 100_000 {
+        return Err("--concurrency must be at most 100000".into());
+    }
+    Ok(Parsed::Run(args))
+}
+
+fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse_args(&raw) {
+        Ok(Parsed::Run(a)) => a,
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let command = format!(
+        "cargo run --release --example bench --{}",
+        raw.iter().fold(String::new(), |mut s, a| {
+            let _ = write!(s, " {}", shell_quote(a));
+            s
+        })
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match args.mode {
+        Mode::Throughput => runtime.block_on(throughput(&args, &command)),
+        Mode::Rss => rss(&runtime, &args, &command),
+    };
+    // The fake API's tasks live on the runtime; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shared helpers
+
+fn id_of(i: u64) -> String {
+    format!("id-{i:09}")
+}
+
+/// Writes `n` distinct IDs, one a line.
+fn write_input(path: &Path, n: u64) -> Result<u64> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    for i in 0..n {
+        writeln!(out, "id-{i:09}")?;
+    }
+    out.flush()?;
+    out.get_ref().sync_all()?;
+    Ok(std::fs::metadata(path)?.len())
+}
+
+fn temp_dir(keep: bool) -> Result<(Option<tempfile::TempDir>, PathBuf)> {
+    let dir = tempfile::Builder::new()
+        .prefix("highwater-bench-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let path = std::fs::canonicalize(dir.path())?;
+    Ok(if keep {
+        let _ = dir.keep();
+        (None, path)
+    } else {
+        (Some(dir), path)
+    })
+}
+
+/// (apparent bytes, allocated bytes) of everything under `dir`.
+fn dir_size(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut apparent, mut allocated) = (0, 0);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                apparent += m.len();
+                allocated += m.blocks() * 512;
+            }
+        }
+    }
+    (apparent, allocated)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// 1234567 -> "1,234,567".
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn rate(n: u64, d: Duration) -> f64 {
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn first_line_with(path: &str, prefix: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().and_then(|text| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    })
+}
+
+fn machine_facts(tmp: &Path) -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let model = first_line_with("/proc/cpuinfo", "model name").unwrap_or_else(|| "?".into());
+    let mem = first_line_with("/proc/meminfo", "MemTotal")
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| format!("{:.1} GiB", kib as f64 / (1u64 << 20) as f64))
+        .unwrap_or_else(|| "?".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    format!(
+        "- machine: {cpus} CPUs (available_parallelism), {model}, {mem} RAM, Linux {kernel}\n\
+         - toolchain: {rustc}, release profile\n\
+         - temporary files (input, state) under: {}\n",
+        tmp.display()
+    )
+}
+
+// ---------------------------------------------------------------------------
+// throughput
+
+struct HwRun {
+    elapsed: Duration,
+    calls: u64,
+    state_bytes: u64,
+}
+
+async fn throughput(args: &Args, command: &str) -> Result<()> {
+    let n = args.ids;
+    let c = args.concurrency;
+    let (guard, tmp) = temp_dir(args.keep)?;
+    let input = tmp.join("ids.txt");
+    let input_bytes = write_input(&input, n)?;
+    let api = FakeApi::start(ApiConfig::fast())
+        .await
+        .context("starting the fake API")?;
+    eprintln!(
+        "fake API on http://{}; {} IDs in {} ({}); concurrency {c}; {} repetitions",
+        api.addr(),
+        thousands(n),
+        input.display(),
+        mib(input_bytes),
+        args.repeat
+    );
+
+    let client = raw_client(c);
+    // Untimed warm-up: every later run, raw or highwater, meets a server that has seen
+    // every ID once (its call counter updates instead of inserting).
+    let t = Instant::now();
+    raw_run(&client, &api, n, c).await?;
+    eprintln!(
+        "warm-up (raw, untimed for the table): {:.0} items/s",
+        rate(n, t.elapsed())
+    );
+
+    let mut raws = Vec::new();
+    let mut hws = Vec::new();
+    for rep in 1..=args.repeat {
+        let raw = raw_run(&client, &api, n, c).await?;
+        eprintln!(
+            "rep {rep}: raw       {:>9.0} items/s ({:.2} s)",
+            rate(n, raw),
+            raw.as_secs_f64()
+        );
+        let hw = highwater_run(
+            &api,
+            &input,
+            &tmp.join(format!("state-{rep}")),
+            n,
+            c,
+            args.keep,
+        )
+        .await?;
+        eprintln!(
+            "rep {rep}: highwater {:>9.0} items/s ({:.2} s), server calls {}",
+            rate(n, hw.elapsed),
+            hw.elapsed.as_secs_f64(),
+            thousands(hw.calls)
+        );
+        raws.push(raw);
+        hws.push(hw);
+    }
+
+    let raw_rates: Vec<f64> = raws.iter().map(|d| rate(n, *d)).collect();
+    let hw_rates: Vec<f64> = hws.iter().map(|h| rate(n, h.elapsed)).collect();
+    let all_once = hws.iter().all(|h| h.calls == n);
+    let mut out = String::new();
+    writeln!(out, "\n## highwater throughput vs. a bare hyper client\n")?;
+    writeln!(out, "- command: `{command}`")?;
+    out.push_str(&machine_facts(&tmp));
+    writeln!(
+        out,
+        "- {} distinct IDs per run, {c} requests in flight, one process: the fake API \
+         (`ApiConfig::fast()`: no latency, no faults), the client and highwater share one \
+         tokio multi-thread runtime",
+        thousands(n)
+    )?;
+    writeln!(
+        out,
+        "- raw: hyper-util legacy client, HTTP/1.1 keep-alive, `GET /items/<id>`, full body \
+         read, nothing stored"
+    )?;
+    writeln!(
+        out,
+        "- highwater: `engine::run` with a fresh sled state dir per run (open + plan + calls + \
+         group commit with fsync), timed from opening the store to the summary"
+    )?;
+    writeln!(
+        out,
+        "- runs alternate raw, highwater; {} pairs after one untimed raw warm-up\n",
+        args.repeat
+    )?;
+    writeln!(
+        out,
+        "| run | raw hyper (items/s) | highwater (items/s) | highwater / raw | highwater server calls | exactly once |"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|:---:|")?;
+    for (i, (r, h)) in raw_rates.iter().zip(&hws).enumerate() {
+        let hr = rate(n, h.elapsed);
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.2} | {} | {} |",
+            i + 1,
+            thousands(*r as u64),
+            thousands(hr as u64),
+            hr / r,
+            thousands(h.calls),
+            if h.calls == n { "yes" } else { "**NO**" }
+        )?;
+    }
+    let (mr, mh) = (median(&raw_rates), median(&hw_rates));
+    writeln!(
+        out,
+        "| **median** | **{}** | **{}** | **{:.2}** | | {} |",
+        thousands(mr as u64),
+        thousands(mh as u64),
+        mh / mr,
+        if all_once { "yes" } else { "**NO**" }
+    )?;
+    let state = median(&hws.iter().map(|h| h.state_bytes as f64).collect::<Vec<_>>()) as u64;
+    writeln!(
+        out,
+        "\nExactly-once check: each highwater run finished with {} ok and the server's call \
+         count grew by exactly {} per run ({}); since every ID needs at least one call to be \
+         ok, that is one call per ID.",
+        thousands(n),
+        thousands(n),
+        if all_once { "passed" } else { "FAILED" }
+    )?;
+    writeln!(
+        out,
+        "State dir after a run: {} on disk ({:.0} bytes per ID; results hold the JSON bodies, \
+         ~80 bytes each).",
+        mib(state),
+        state as f64 / n as f64
+    )?;
+    print!("{out}");
+    api.shutdown().await;
+    drop(guard);
+    if !all_once {
+        bail!("the exactly-once check failed");
+    }
+    Ok(())
+}
+
+type RawClient = Client<HttpConnector, Empty<Bytes>>;
+
+fn raw_client(concurrency: usize) -> RawClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true); // as highwater's reqwest client
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(concurrency)
+        .build(connector)
+}
+
+/// `concurrency` tasks pulling indices until `n` IDs were fetched; returns the wall time.
+async fn raw_run(
+    client: &RawClient,
+    api: &FakeApi,
+    n: u64,
+    concurrency: usize,
+) -> Result<Duration> {
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let base = format!("http://{}/items/", api.addr());
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (client, next, errors, base) =
+            (client.clone(), next.clone(), errors.clone(), base.clone());
+        tasks.spawn(async move {
+            let mut body_bytes = 0usize;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let uri: hyper::Uri = match format!("{base}{}", id_of(i)).parse() {
+                    Ok(u) => u,
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                match client.get(uri).await {
+                    Ok(resp) => {
+                        let ok = resp.status() == 200;
+                        match resp.into_body().collect().await {
+                            Ok(b) if ok => body_bytes += b.to_bytes().len(),
+                            _ => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            body_bytes
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| anyhow!("raw client task: {e}"))?;
+    }
+    let elapsed = started.elapsed();
+    let errors = errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        bail!("the raw client had {errors} failed requests");
+    }
+    Ok(elapsed)
+}
+
+async fn highwater_run(
+    api: &FakeApi,
+    input: &Path,
+    state: &Path,
+    n: u64,
+    concurrency: usize,
+    keep: bool,
+) -> Result<HwRun> {
+    let calls_before = api.total_calls();
+    let started = Instant::now();
+    let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
+        .with_context(|| format!("opening {}", state.display()))?;
+    let request = JobRequest {
+        input: Some(InputSpec {
+            path: input.to_path_buf(),
+            format: InputFormat::Text,
+        }),
+        url: Some(api.url_template()),
+        ..JobRequest::default()
+    };
+    let spec = open_job(&store, &request).context("creating the job")?;
+    let handler = Handler::new(&spec.request).context("building the request handler")?;
+    let (_stop_handle, stop) = engine::stop_pair();
+    let options = RunOptions {
+        concurrency,
+        progress_interval: Duration::ZERO,
+        ..RunOptions::default()
+    };
+    let summary = engine::run(
+        Arc::new(store),
+        Arc::new(spec),
+        Arc::new(handler),
+        &options,
+        Arc::new(Counters::default()),
+        stop,
+    )
+    .await
+    .context("highwater run")?;
+    let elapsed = started.elapsed();
+    let calls = api.total_calls() - calls_before;
+    if !summary.job.finished() || summary.job.ok != n || summary.run.ok != n {
+        bail!(
+            "the highwater run did not finish with {n} ok:\n{}",
+            summary.render()
+        );
+    }
+    let state_bytes = dir_size(state).1;
+    if !keep {
+        let _ = std::fs::remove_dir_all(state);
+    }
+    Ok(HwRun {
+        elapsed,
+        calls,
+        state_bytes,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// rss
+
+/// A child process reaped by hand (wait4), so its rusage is ours; killed on drop.
+struct Proc {
+    pid: libc::pid_t,
+    started: Instant,
+    done: Option<Exit>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Exit {
+    /// Exit code, or None if killed by a signal.
+    code: Option<i32>,
+    signal: Option<i32>,
+    max_rss_kib: u64,
+    at: Instant,
+}
+
+impl Exit {
+    fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "unknown exit".into(),
+        }
+    }
+}
+
+impl Proc {
+    fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        let log =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let started = Instant::now();
+        let child = Command::new(bin)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        // std's Child neither waits nor kills on drop: we reap it ourselves with wait4.
+        Ok(Proc {
+            pid: child.id() as libc::pid_t,
+            started,
+            done: None,
+        })
+    }
+
+    fn reap(&mut self, block: bool) -> Result<Option<Exit>> {
+        if let Some(e) = self.done {
+            return Ok(Some(e));
+        }
+        let mut status = 0;
+        // SAFETY: plain syscall on our own child with valid out-pointers.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let flags = if block { 0 } else { libc::WNOHANG };
+        let r = unsafe { libc::wait4(self.pid, &mut status, flags, &mut usage) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(None);
+            }
+            return Err(anyhow!("wait4({}): {e}", self.pid));
+        }
+        let exit = Exit {
+            code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+            max_rss_kib: usage.ru_maxrss.max(0) as u64,
+            at: Instant::now(),
+        };
+        self.done = Some(exit);
+        Ok(Some(exit))
+    }
+
+    fn kill(&mut self) -> Result<Exit> {
+        if self.done.is_none() {
+            // SAFETY: our own child, not yet reaped, so the pid cannot have been reused.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        loop {
+            if let Some(e) = self.reap(true)? {
+                return Ok(e);
+            }
+        }
+    }
+
+    /// (VmRSS, VmHWM) in KiB, while the process is alive.
+    fn memory(&self) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        let field = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            let _ = self.kill();
+        }
+    }
+}
+
+fn binary(args: &Args) -> Result<PathBuf> {
+    let bin = match &args.bin {
+        Some(b) => b.clone(),
+        None => {
+            let me = std::env::current_exe().context("finding this executable")?;
+            // target/release/examples/bench -> target/release/highwater
+            me.parent()
+                .and_then(Path::parent)
+                .map(|d| d.join("highwater"))
+                .ok_or_else(|| {
+                    anyhow!("cannot locate the target directory from {}", me.display())
+                })?
+        }
+    };
+    if !bin.is_file() {
+        bail!(
+            "the highwater binary is not at {}; run `cargo build --release` first (or pass --bin PATH)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+fn kib_mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+struct FullRun {
+    elapsed: Duration,
+    exit: Exit,
+    hwm_kib: u64,
+    max_rss_sampled_kib: u64,
+    milestones: Vec<(u64, Duration, u64)>,
+    calls: u64,
+    distinct: usize,
+    state: (u64, u64),
+    log: String,
+}
+
+fn rss(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
+    let bin = binary(args)?;
+    let n = args.ids;
+    let c = args.concurrency;
+    let (guard, tmp) = temp_dir(args.keep)?;
+    let input = tmp.join("ids.txt");
+    let t = Instant::now();
+    let input_bytes = write_input(&input, n)?;
+    eprintln!(
+        "wrote {} IDs to {} ({}) in {:.1} s; binary {}",
+        thousands(n),
+        input.display(),
+        mib(input_bytes),
+        t.elapsed().as_secs_f64(),
+        bin.display()
+    );
+
+    let full = if args.skip_full {
+        None
+    } else {
+        Some(full_run(rt, &bin, &input, &tmp, n, c)?)
+    };
+    let resume = resume_runs(rt, &bin, &input, &tmp, n, c)?;
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\n## highwater memory and resume latency (real binary)\n"
+    )?;
+    writeln!(out, "- command: `{command}`")?;
+    out.push_str(&machine_facts(&tmp));
+    writeln!(
+        out,
+        "- input: {} distinct IDs (`id-000000000`...), {}; binary `{}`",
+        thousands(n),
+        mib(input_bytes),
+        bin.display()
+    )?;
+    writeln!(
+        out,
+        "- binary run as `highwater run --input FILE --url http://127.0.0.1:PORT/items/{{id}} \
+         --state DIR --concurrency {c} --progress-interval 0 -q` against the fake API \
+         (`ApiConfig::fast()`) in this process; both share the {} CPUs",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    )?;
+    let mut failed = Vec::new();
+    if let Some(f) = &full {
+        let all = f.calls == n && f.distinct as u64 == n;
+        writeln!(out, "\n### full run\n")?;
+        writeln!(out, "| metric | value |")?;
+        writeln!(out, "|---|---:|")?;
+        writeln!(out, "| IDs | {} |", thousands(n))?;
+        writeln!(out, "| elapsed | {:.1} s |", f.elapsed.as_secs_f64())?;
+        writeln!(
+            out,
+            "| throughput | {} items/s |",
+            thousands(rate(n, f.elapsed) as u64)
+        )?;
+        writeln!(
+            out,
+            "| peak RSS (VmHWM, last sample) | {} |",
+            kib_mib(f.hwm_kib)
+        )?;
+        writeln!(
+            out,
+            "| peak RSS (wait4 ru_maxrss) | {} |",
+            kib_mib(f.exit.max_rss_kib)
+        )?;
+        writeln!(
+            out,
+            "| largest sampled VmRSS (every 200 ms) | {} |",
+            kib_mib(f.max_rss_sampled_kib)
+        )?;
+        writeln!(out, "| exit | {} |", f.exit.describe())?;
+        writeln!(
+            out,
+            "| state dir on disk (allocated / apparent) | {} / {} ({:.0} bytes per ID) |",
+            mib(f.state.1),
+            mib(f.state.0),
+            f.state.1 as f64 / n as f64
+        )?;
+        writeln!(
+            out,
+            "| server: calls / distinct IDs | {} / {} ({}) |",
+            thousands(f.calls),
+            thousands(f.distinct as u64),
+            if all {
+                "one call per ID: ok"
+            } else {
+                "**MISMATCH**"
+            }
+        )?;
+        if !f.milestones.is_empty() {
+            writeln!(out, "\nRSS as the run progresses (sampled):\n")?;
+            writeln!(out, "| calls made | elapsed | VmRSS |")?;
+            writeln!(out, "|---:|---:|---:|")?;
+            for (calls, at, rss) in &f.milestones {
+                writeln!(
+                    out,
+                    "| {} | {:.1} s | {} |",
+                    thousands(*calls),
+                    at.as_secs_f64(),
+                    kib_mib(*rss)
+                )?;
+            }
+        }
+        if !f.log.trim().is_empty() {
+            writeln!(
+                out,
+                "\nbinary's stderr:\n\n```text\n{}\n```",
+                f.log.trim_end()
+            )?;
+        }
+        if f.exit.code != Some(0) {
+            failed.push(format!("the full run ended with {}", f.exit.describe()));
+        }
+        if !all {
+            failed.push("the full run's call count is not one per ID".into());
+        }
+    }
+
+    writeln!(out, "\n### time to first request after kill -9 (resume)\n")?;
+    writeln!(
+        out,
+        "A fresh state dir; each run is SIGKILLed once the server has seen {} more calls, then \
+         `highwater run --state DIR --concurrency {c} --progress-interval 0 -q` is started; \
+         the time is from spawn to the server's first new call (polled every 1 ms). It \
+         includes process start, opening sled (log recovery), re-hashing the input to check \
+         its fingerprint, and finding the open buckets. Repeated calls are the calls made \
+         again for IDs that had been called before (items in flight at the kill); the \
+         engine's bound is `max_unsynced_items({c})` = {} per kill.\n",
+        thousands(resume.kill_after),
+        engine::max_unsynced_items(c)
+    )?;
+    writeln!(
+        out,
+        "| start | server calls before this start | time to first request | calls before the kill | repeated calls (from the previous kill) |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|")?;
+    for r in &resume.rows {
+        writeln!(
+            out,
+            "| {} | {} | {:.1} ms | {} | {} |",
+            r.label,
+            thousands(r.calls_before),
+            r.first_request.as_secs_f64() * 1000.0,
+            match r.killed_after {
+                Some(k) => thousands(k),
+                None => "(finished before the kill)".into(),
+            },
+            r.repeats.map(thousands).unwrap_or_else(|| "n/a".into())
+        )?;
+    }
+    let bound = engine::max_unsynced_items(c) as u64;
+    for r in &resume.rows {
+        if let Some(rep) = r.repeats {
+            if rep > bound {
+                failed.push(format!(
+                    "{}: {rep} repeated calls, more than the bound {bound}",
+                    r.label
+                ));
+            }
+        }
+    }
+    if let Some(note) = &resume.note {
+        writeln!(out, "\n{note}")?;
+    }
+    print!("{out}");
+    drop(guard);
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(())
+}
+
+fn run_args(input: Option<&Path>, url: &str, state: &Path, c: usize) -> Vec<String> {
+    let mut a = vec!["run".to_string()];
+    if let Some(i) = input {
+        a.extend(["--input".into(), i.display().to_string()]);
+        a.extend(["--url".into(), url.to_string()]);
+    }
+    a.extend([
+        "--state".into(),
+        state.display().to_string(),
+        "--concurrency".into(),
+        c.to_string(),
+        "--progress-interval".into(),
+        "0".into(),
+        "-q".into(),
+    ]);
+    a
+}
+
+fn full_run(
+    rt: &tokio::runtime::Runtime,
+    bin: &Path,
+    input: &Path,
+    tmp: &Path,
+    n: u64,
+    c: usize,
+) -> Result<FullRun> {
+    let api = rt
+        .block_on(FakeApi::start(ApiConfig::fast()))
+        .context("starting the fake API")?;
+    let state = tmp.join("state-full");
+    let log_path = tmp.join("full-run.stderr");
+    let args = run_args(Some(input), &api.url_template(), &state, c);
+    eprintln!("full run: {} {}", bin.display(), args.join(" "));
+    let mut proc = Proc::spawn(bin, &args, &log_path)?;
+    let mut hwm = 0;
+    let mut max_rss = 0;
+    let mut cur_rss = 0;
+    let mut milestones = Vec::new();
+    let mut next_milestone = 1u64;
+    let mut last_report = Instant::now();
+    let mut last_calls = 0;
+    let exit = loop {
+        if let Some(e) = proc.reap(false)? {
+            break e;
+        }
+        if let Some((rss, h)) = proc.memory() {
+            hwm = hwm.max(h);
+            max_rss = max_rss.max(rss);
+            cur_rss = rss;
+            let calls = api.total_calls();
+            // One sample per 10% of the input.
+            while next_milestone <= 10 && calls >= n * next_milestone / 10 {
+                milestones.push((calls, proc.started.elapsed(), rss));
+                next_milestone += 1;
+            }
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            let calls = api.total_calls();
+            eprintln!(
+                "  {:>6.0} s: {} calls ({:.1}%), {:.0} calls/s lately, VmRSS {}",
+                proc.started.elapsed().as_secs_f64(),
+                thousands(calls),
+                100.0 * calls as f64 / n as f64,
+                rate(calls - last_calls, last_report.elapsed()),
+                kib_mib(cur_rss)
+            );
+            last_report = Instant::now();
+            last_calls = calls;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let elapsed = exit.at - proc.started;
+    let calls = api.total_calls();
+    let distinct = api.distinct_ids();
+    eprintln!(
+        "full run: {} after {:.1} s, {} calls",
+        exit.describe(),
+        elapsed.as_secs_f64(),
+        thousands(calls)
+    );
+    rt.block_on(api.shutdown());
+
+    let state_size = dir_size(&state);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    Ok(FullRun {
+        elapsed,
+        exit,
+        hwm_kib: hwm,
+        max_rss_sampled_kib: max_rss,
+        milestones,
+        calls,
+        distinct,
+        state: state_size,
+        log,
+    })
+}
+
+struct ResumeRow {
+    label: String,
+    calls_before: u64,
+    first_request: Duration,
+    killed_after: Option<u64>,
+    /// Calls repeated because of the previous kill (observed during this start).
+    repeats: Option<u64>,
+}
+
+struct Resume {
+    kill_after: u64,
+    rows: Vec<ResumeRow>,
+    note: Option<String>,
+}
+
+const RESUMES: usize = 3;
+
+fn resume_runs(
+    rt: &tokio::runtime::Runtime,
+    bin: &Path,
+    input: &Path,
+    tmp: &Path,
+    n: u64,
+    c: usize,
+) -> Result<Resume> {
+    // A separate server: its counters then say exactly which calls were repeated.
+    let api = rt
+        .block_on(FakeApi::start(ApiConfig::fast()))
+        .context("starting the fake API")?;
+    let kill_after = (n / (RESUMES as u64 + 2)).clamp(1, 200_000);
+    let state = tmp.join("state-resume");
+    let url = api.url_template();
+    let mut rows = Vec::new();
+    let mut note = None;
+    let mut repeats_seen = 0u64;
+    for round in 0..=RESUMES {
+        let (label, args) = if round == 0 {
+            (
+                "fresh run (creates the job)".to_string(),
+                run_args(Some(input), &url, &state, c),
+            )
+        } else {
+            (
+                format!("resume {round} after kill -9"),
+                run_args(None, &url, &state, c),
+            )
+        };
+        eprintln!("{label}: {} {}", bin.display(), args.join(" "));
+        let calls_before = api.total_calls();
+        let mut proc = Proc::spawn(bin, &args, &tmp.join(format!("resume-{round}.stderr")))?;
+        // Time to the first request: poll every 1 ms.
+        let first_request = loop {
+            if api.total_calls() > calls_before {
+                break proc.started.elapsed();
+            }
+            if let Some(e) = proc.reap(false)? {
+                let log = std::fs::read_to_string(tmp.join(format!("resume-{round}.stderr")))
+                    .unwrap_or_default();
+                bail!(
+                    "{label}: the binary ended ({}) before making any request:\n{log}",
+                    e.describe()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        eprintln!(
+            "  first request after {:.1} ms",
+            first_request.as_secs_f64() * 1000.0
+        );
+        // Let it work until `kill_after` more calls, then kill -9.
+        let target = calls_before + kill_after;
+        let mut last_report = Instant::now();
+        let finished = loop {
+            if api.total_calls() >= target {
+                break false;
+            }
+            if let Some(e) = proc.reap(false)? {
+                note = Some(format!(
+                    "The run of \"{label}\" ended on its own ({}) before {} calls; \
+                     use a larger --ids for more resume measurements.",
+                    e.describe(),
+                    thousands(kill_after)
+                ));
+                break true;
+            }
+            if last_report.elapsed() >= Duration::from_secs(10) {
+                eprintln!(
+                    "  {} calls since start",
+                    thousands(api.total_calls() - calls_before)
+                );
+                last_report = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let killed_after = if finished {
+            None
+        } else {
+            proc.kill()?;
+            Some(api.total_calls() - calls_before)
+        };
+        // Calls made again for IDs already called: all caused by the previous kill, since
+        // a resume replays the open buckets before anything new.
+        let repeated_total = api.total_calls() - api.distinct_ids() as u64;
+        let repeats = (round > 0).then(|| repeated_total - repeats_seen);
+        repeats_seen = repeated_total;
+        rows.push(ResumeRow {
+            label,
+            calls_before,
+            first_request,
+            killed_after,
+            repeats,
+        });
+        if finished {
+            break;
+        }
+    }
+    rt.block_on(api.shutdown());
+    Ok(Resume {
+        kill_after,
+        rows,
+        note,
+    })
+}
