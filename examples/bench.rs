@@ -174,7 +174,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("error: {e}\n\n{USAGE}");
+            eprintln!("error: {e}\n(see --help)");
             return ExitCode::from(2);
         }
     };
@@ -345,9 +345,24 @@ fn machine_facts(tmp: &Path) -> String {
     format!(
         "- machine: {cpus} CPUs (available_parallelism), {model}, {mem} RAM, Linux {kernel}\n\
          - toolchain: {rustc}, release profile\n\
-         - temporary files (input, state) under: {}\n",
-        tmp.display()
+         - temporary files (input, state) under: {} ({})\n",
+        tmp.display(),
+        filesystem_of(tmp)
     )
+}
+
+/// "ext4 on /dev/vda" for the mount holding `path`, from /proc/mounts.
+fn filesystem_of(path: &Path) -> String {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && path.starts_with(f[1])).then(|| (f[1].len(), f[2], f[0]))
+        })
+        .max_by_key(|(len, _, _)| *len)
+        .map(|(_, fs, dev)| format!("{fs} on {dev}"))
+        .unwrap_or_else(|| "filesystem unknown".into())
 }
 
 // ---------------------------------------------------------------------------

@@ -79,7 +79,9 @@ pub struct JobSpec {
 
 impl JobSpec {
     /// The differences between `self` (stored) and `other` (asked for) that change what the job
-    /// means, one human line each. Empty when `other` may resume this job.
+    /// means, one human line each. Empty when `other` may resume this job. The input's path
+    /// is not among them: a moved input is accepted when its content is unchanged (the caller
+    /// checks the fingerprint).
     pub fn meaning_changes(&self, other: &JobSpec) -> Vec<String> {
         let mut out = Vec::new();
         let mut cmp = |what: &str, a: String, b: String| {
@@ -87,11 +89,6 @@ impl JobSpec {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
-        cmp(
-            "--input",
-            self.input.path.display().to_string(),
-            other.input.path.display().to_string(),
-        );
         cmp(
             "input format",
             self.input.format.to_string(),
@@ -309,10 +306,11 @@ pub fn open_job<S: crate::store::Store>(
             if !changes.is_empty() {
                 return Err(JobError::MeaningChanged(changes));
             }
-            let now = Fingerprint::of_file(&stored.input.path)?;
+            // The input may have moved (a new --input path) but never changed.
+            let now = Fingerprint::of_file(&asked.input.path)?;
             if now != stored.fingerprint {
                 return Err(JobError::InputChanged {
-                    path: stored.input.path.clone(),
+                    path: asked.input.path.clone(),
                     then: stored.fingerprint,
                     now,
                 });
