@@ -327,3 +327,132 @@ pub fn open_job<S: crate::store::Store>(
 fn new_job_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::InputFormat;
+    use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+    use crate::store::Store;
+
+    fn setup() -> (tempfile::TempDir, SledStore, JobRequest) {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("ids.txt");
+        std::fs::write(&input, "a\nb\n").unwrap();
+        let store = SledStore::open(
+            &dir.path().join("state"),
+            OpenMode::CreateIfMissing,
+            DEFAULT_CACHE_BYTES,
+        )
+        .unwrap();
+        let request = JobRequest {
+            input: Some(InputSpec {
+                path: input,
+                format: InputFormat::Text,
+            }),
+            url: Some("http://127.0.0.1:9/{id}?k=${TOKEN}".into()),
+            headers: Some(vec!["Authorization: Bearer ${TOKEN}".into()]),
+            ..JobRequest::default()
+        };
+        (dir, store, request)
+    }
+
+    #[test]
+    fn create_then_resume_keeps_templates_and_applies_operational_changes() {
+        let (_d, store, request) = setup();
+        let created = open_job(&store, &request).unwrap();
+        assert_eq!(created.bucket_size, DEFAULT_BUCKET_SIZE);
+        assert_eq!(
+            created.request.headers,
+            vec!["Authorization: Bearer ${TOKEN}".to_string()]
+        );
+        let resume = JobRequest {
+            timeout: Some(Duration::from_secs(3)),
+            retry: RetryOverrides {
+                max_attempts: Some(9),
+                ..RetryOverrides::default()
+            },
+            ..JobRequest::default()
+        };
+        let resumed = open_job(&store, &resume).unwrap();
+        assert_eq!(resumed.job_id, created.job_id);
+        assert_eq!(resumed.request.timeout, Duration::from_secs(3));
+        assert_eq!(resumed.retry.max_attempts, 9);
+        assert_eq!(store.job().unwrap().unwrap(), resumed);
+    }
+
+    #[test]
+    fn meaning_changes_are_refused_and_named() {
+        let (_d, store, request) = setup();
+        open_job(&store, &request).unwrap();
+        for (req, flag) in [
+            (
+                JobRequest {
+                    url: Some("http://other/{id}".into()),
+                    ..JobRequest::default()
+                },
+                "--url",
+            ),
+            (
+                JobRequest {
+                    bucket_size: Some(7),
+                    ..JobRequest::default()
+                },
+                "--bucket-size",
+            ),
+            (
+                JobRequest {
+                    method: Some("post".into()),
+                    ..JobRequest::default()
+                },
+                "--method",
+            ),
+            (
+                JobRequest {
+                    body: Some("{}".into()),
+                    ..JobRequest::default()
+                },
+                "--body",
+            ),
+        ] {
+            let err = open_job(&store, &req).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+        // The same values given again are fine.
+        open_job(&store, &request).unwrap();
+    }
+
+    #[test]
+    fn moved_input_is_accepted_changed_input_is_not() {
+        let (dir, store, request) = setup();
+        open_job(&store, &request).unwrap();
+        let moved = dir.path().join("moved.txt");
+        std::fs::rename(&request.input.as_ref().unwrap().path, &moved).unwrap();
+        let req = JobRequest {
+            input: Some(InputSpec {
+                path: moved.clone(),
+                format: InputFormat::Text,
+            }),
+            ..JobRequest::default()
+        };
+        assert_eq!(open_job(&store, &req).unwrap().input.path, moved);
+        std::fs::write(&moved, "a\nc\n").unwrap();
+        let err = open_job(&store, &JobRequest::default()).unwrap_err();
+        assert!(matches!(err, JobError::InputChanged { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_input_and_missing_flags_are_refused() {
+        let (_d, store, mut request) = setup();
+        std::fs::write(&request.input.as_ref().unwrap().path, "\n  \n").unwrap();
+        assert!(matches!(
+            open_job(&store, &request),
+            Err(JobError::EmptyInput(_))
+        ));
+        request.url = None;
+        assert!(matches!(
+            open_job(&store, &request),
+            Err(JobError::Usage(_))
+        ));
+    }
+}
