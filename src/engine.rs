@@ -529,3 +529,173 @@ async fn report_progress(counters: Arc<Counters>, interval: Duration, started: I
         last = now;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::demo::api::{ApiConfig, FakeApi, Fault};
+    use crate::input::{InputFormat, InputSpec};
+    use crate::job::{open_job, JobRequest};
+    use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        store: Arc<SledStore>,
+        spec: Arc<JobSpec>,
+        api: FakeApi,
+    }
+
+    async fn setup(ids: &[String], bucket_size: u64, config: ApiConfig) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("ids.txt");
+        std::fs::write(&input, ids.join("\n")).unwrap();
+        let api = FakeApi::start(config).await.unwrap();
+        let store = SledStore::open(
+            &dir.path().join("state"),
+            OpenMode::CreateIfMissing,
+            DEFAULT_CACHE_BYTES,
+        )
+        .unwrap();
+        let request = JobRequest {
+            input: Some(InputSpec {
+                path: input,
+                format: InputFormat::Text,
+            }),
+            url: Some(api.url_template()),
+            bucket_size: Some(bucket_size),
+            ..JobRequest::default()
+        };
+        let spec = open_job(&store, &request).unwrap();
+        Setup {
+            _dir: dir,
+            store: Arc::new(store),
+            spec: Arc::new(spec),
+            api,
+        }
+    }
+
+    async fn run_once(s: &Setup, stop: Stop) -> RunSummary {
+        let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
+        let opts = RunOptions {
+            concurrency: 4,
+            progress_interval: Duration::ZERO,
+            ..RunOptions::default()
+        };
+        run(
+            s.store.clone(),
+            s.spec.clone(),
+            handler,
+            &opts,
+            Arc::new(Counters::default()),
+            stop,
+        )
+        .await
+        .unwrap()
+    }
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("e-{i}")).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_commits_every_bucket_and_calls_each_id_once() {
+        let ids = ids(2500);
+        let s = setup(&ids, 100, ApiConfig::fast()).await;
+        let summary = run_once(&s, stop_pair().1).await;
+        assert!(summary.job.finished());
+        assert_eq!((summary.job.ok, summary.job.failed), (2500, 0));
+        assert_eq!(summary.job.buckets_committed, 25);
+        assert_eq!(s.api.total_calls(), 2500);
+        assert_eq!(s.api.distinct_ids(), 2500);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replay_calls_only_items_without_a_final_result() {
+        let ids = ids(300);
+        let s = setup(&ids, 100, ApiConfig::fast()).await;
+        // Plan everything ahead as a crashed run would have, and finish some items of bucket 1.
+        let reader = InputReader::open(&s.spec.input, Default::default()).unwrap();
+        let mut planner = Planner::new(reader, Default::default(), 100, false, s.spec.fingerprint);
+        let batch = planner.next_batch(&*s.store, 1000).unwrap();
+        s.store.plan(&batch, &planner.state()).unwrap();
+        let mut done = Vec::new();
+        for (row, id) in batch[1].items.iter().take(60) {
+            let mut r = ItemRecord::pending(*row, 1);
+            r.status = ItemStatus::Ok;
+            r.attempts = 1;
+            r.body = Some(serde_json::value::to_raw_value(&"earlier").unwrap());
+            done.push((id.clone(), r));
+        }
+        s.store.record(&done).unwrap();
+        s.store.sync().await.unwrap();
+
+        let summary = run_once(&s, stop_pair().1).await;
+        assert!(summary.job.finished());
+        assert_eq!(summary.job.ok, 300);
+        assert_eq!(
+            s.api.total_calls(),
+            240,
+            "the 60 finished items are not called again"
+        );
+        for (id, _) in &done {
+            assert_eq!(s.api.calls(id), 0);
+        }
+        let items = s.store.bucket_items(&batch[1].offset).unwrap();
+        assert_eq!(
+            items[0].1.body.as_ref().unwrap().get(),
+            "\"earlier\"",
+            "replays keep earlier results"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_run_leaves_a_consistent_store_that_resumes() {
+        let ids = ids(3000);
+        let config = ApiConfig {
+            latency_min: Duration::from_millis(2),
+            latency_max: Duration::from_millis(2),
+            ..ApiConfig::fast()
+        };
+        let s = setup(&ids, 50, config).await;
+        let (handle, stop) = stop_pair();
+        let api = s.api.clone();
+        let stopper = tokio::spawn(async move {
+            while api.total_calls() < 500 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let first = run_once(&s, stop).await;
+        stopper.await.unwrap();
+        assert!(first.interrupted);
+        assert!(!first.job.finished());
+        assert_eq!(
+            first.job.ok, first.run.ok,
+            "every result this run reported is in the store"
+        );
+        let second = run_once(&s, stop_pair().1).await;
+        assert!(second.job.finished());
+        assert_eq!(second.job.ok, 3000);
+        assert_eq!(s.api.distinct_ids(), 3000);
+        assert!(s.api.total_calls() <= 3000 + max_unsynced_items(4) as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn permanent_failures_are_recorded_and_committed() {
+        let ids = ids(1000);
+        let config = ApiConfig {
+            not_found_per_mille: 50,
+            ..ApiConfig::fast()
+        };
+        let s = setup(&ids, 100, config).await;
+        let summary = run_once(&s, stop_pair().1).await;
+        let not_found = ids
+            .iter()
+            .filter(|id| s.api.fault(id) == Fault::NotFound)
+            .count() as u64;
+        assert!(not_found > 0);
+        assert_eq!(summary.job.failed, not_found);
+        assert_eq!(summary.job.ok + summary.job.failed, 1000);
+        assert!(summary.job.finished());
+    }
+}
