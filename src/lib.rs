@@ -21,3 +21,4 @@ pub mod progress;
 pub mod retry;
 pub mod sink;
 pub mod store;
+pub mod throttle;

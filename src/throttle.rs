@@ -1,0 +1,333 @@
+//! Throttle: how fast requests may start, and how that speed follows the API's pushback.
+//!
+//! Owns the request rate limit ([`RateLimiter`], GCRA from `governor`, with jittered waits),
+//! the parsing of `--rate` values ([`Rate`]), and the control law that moves the effective
+//! rate between a floor and a ceiling from what the API says ([`RateController`]).
+//!
+//! governor fixes a quota when a limiter is built, so a rate change builds a new limiter and
+//! swaps it in. A fresh GCRA limiter would grant its whole burst at once; the swap first
+//! spends that burst, so the first request after a change waits one new interval: no burst
+//! at the swap.
+//!
+//! ## The control law
+//!
+//! Spark's PID rate estimator (proportional 1.0, integral 0.2, derivative 0.0) adjusts the
+//! rate from the batch processing rate. Here the "processing rate" is what the API accepted,
+//! and the integral term is driven by the API's pushback instead of scheduling delay. Every
+//! tick (default 1 s), with `rate` the current limit, `accepted` the answers per second that
+//! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
+//!
+//! ```text
+//! pushback (p > 0) or latency above 3x its baseline:
+//!     error      = rate - accepted
+//!     historical = p * rate
+//!     d_error    = (error - last_error) / tick
+//!     new_rate   = rate - kp*error - ki*historical - kd*d_error
+//!     new_rate   = max(new_rate, (1 - ki) * accepted)   (never far below what was accepted)
+//! otherwise (the API keeps up):
+//!     new_rate   = rate * (1 + increase)             (increase 0.05 per tick)
+//! new_rate is clamped to [min_rate, ceiling]
+//! ```
+//!
+//! Against an API that accepts C requests/s and refuses the rest, a rate R > C drops in one
+//! tick to about `max(C - ki*(R - C), (1 - ki)*C)`, just under capacity, then climbs by 5% per tick until the
+//! next refusal: the rate saw-tooths just below C, refusals stay a few percent of attempts.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, Jitter, Quota};
+
+/// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(f64);
+
+impl Rate {
+    pub fn per_second(self) -> f64 {
+        self.0
+    }
+
+    pub fn new(per_second: f64) -> Option<Rate> {
+        (per_second.is_finite() && per_second > 0.0).then_some(Rate(per_second))
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s", self.0)
+    }
+}
+
+impl FromStr for Rate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Rate, String> {
+        let (number, unit) = s.trim().split_once('/').unwrap_or((s.trim(), "s"));
+        let n: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a rate (write e.g. 50, 50/s, 3000/min, 0.5/s)"))?;
+        let seconds = match unit.trim() {
+            "s" | "sec" | "second" => 1.0,
+            "m" | "min" | "minute" => 60.0,
+            "h" | "hour" => 3600.0,
+            other => return Err(format!("unknown rate unit {other:?} (use /s, /min or /h)")),
+        };
+        Rate::new(n / seconds).ok_or_else(|| format!("{s:?}: a rate must be above zero"))
+    }
+}
+
+/// A request rate limit whose rate can change while requests wait on it.
+pub struct RateLimiter {
+    current: RwLock<(f64, Arc<DefaultDirectRateLimiter>)>,
+    burst: NonZeroU32,
+}
+
+impl RateLimiter {
+    /// A limiter at `rate` requests per second allowing bursts of `burst`.
+    pub fn new(rate: Rate, burst: u32) -> RateLimiter {
+        let burst = NonZeroU32::new(burst.max(1)).expect("at least 1");
+        let limiter = Arc::new(DefaultDirectRateLimiter::direct(quota(rate.0, burst)));
+        RateLimiter {
+            current: RwLock::new((rate.0, limiter)),
+            burst,
+        }
+    }
+
+    /// The rate in force.
+    pub fn rate(&self) -> f64 {
+        self.current.read().expect("never poisoned").0
+    }
+
+    /// Change the rate. The new limiter starts with its burst spent: no burst at the swap.
+    pub fn set_rate(&self, rate: Rate) {
+        let limiter = DefaultDirectRateLimiter::direct(quota(rate.0, self.burst));
+        let _ = limiter.check_n(self.burst);
+        *self.current.write().expect("never poisoned") = (rate.0, Arc::new(limiter));
+    }
+
+    /// Wait until one request may start. Waits are jittered by up to a tenth of the interval
+    /// (at most 10 ms) so waiting workers do not wake in lockstep.
+    pub async fn until_ready(&self) {
+        let (rate, limiter) = {
+            let guard = self.current.read().expect("never poisoned");
+            (guard.0, guard.1.clone())
+        };
+        let jitter = Duration::from_secs_f64((0.1 / rate).min(0.010));
+        limiter.until_ready_with_jitter(Jitter::up_to(jitter)).await;
+    }
+}
+
+fn quota(rate: f64, burst: NonZeroU32) -> Quota {
+    let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
+    Quota::with_period(period)
+        .expect("period is above zero")
+        .allow_burst(burst)
+}
+
+/// Constants of the control law (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ControlSettings {
+    pub kp: f64,
+    pub ki: f64,
+    pub kd: f64,
+    /// Relative increase per tick while the API keeps up.
+    pub increase: f64,
+    /// Latency above this multiple of its baseline counts as pushback.
+    pub latency_factor: f64,
+    pub min_rate: f64,
+    pub ceiling: f64,
+}
+
+impl ControlSettings {
+    pub fn new(min_rate: f64, ceiling: f64) -> ControlSettings {
+        ControlSettings {
+            kp: 1.0,
+            ki: 0.2,
+            kd: 0.0,
+            increase: 0.05,
+            latency_factor: 3.0,
+            min_rate,
+            ceiling,
+        }
+    }
+}
+
+/// What the API said during one tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TickSignals {
+    pub elapsed: Duration,
+    /// Attempts that got an answer or failed.
+    pub attempts: u64,
+    /// 429s, 503s and timeouts.
+    pub pushback: u64,
+    /// Mean latency of successful attempts, if any.
+    pub mean_latency: Option<Duration>,
+}
+
+/// The rate controller: one update per tick.
+#[derive(Debug, Clone)]
+pub struct RateController {
+    settings: ControlSettings,
+    rate: f64,
+    last_error: Option<f64>,
+    baseline_latency: Option<Duration>,
+}
+
+impl RateController {
+    pub fn new(settings: ControlSettings, initial: f64) -> RateController {
+        RateController {
+            settings,
+            rate: initial.clamp(settings.min_rate, settings.ceiling),
+            last_error: None,
+            baseline_latency: None,
+        }
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Apply one tick's signals; returns the new rate.
+    pub fn update(&mut self, s: &TickSignals) -> f64 {
+        let secs = s.elapsed.as_secs_f64();
+        if secs <= 0.0 || s.attempts == 0 {
+            return self.rate;
+        }
+        let c = &self.settings;
+        let slow = match (s.mean_latency, self.baseline_latency) {
+            (Some(now), Some(base)) => now.as_secs_f64() > base.as_secs_f64() * c.latency_factor,
+            _ => false,
+        };
+        if let Some(now) = s.mean_latency {
+            // The baseline is the lowest latency seen, drifting up slowly so a permanently
+            // slower API becomes the new normal instead of a permanent brake.
+            self.baseline_latency = Some(match self.baseline_latency {
+                None => now,
+                Some(base) if now < base => now,
+                Some(base) => base.mul_f64(1.01).min(now),
+            });
+        }
+        let p = s.pushback as f64 / s.attempts as f64;
+        let new_rate = if s.pushback > 0 || slow {
+            let accepted = (s.attempts - s.pushback) as f64 / secs;
+            let error = self.rate - accepted;
+            let historical = if slow { self.rate * 0.1 } else { p * self.rate };
+            let d_error = self
+                .last_error
+                .map(|last| (error - last) / secs)
+                .unwrap_or(0.0);
+            self.last_error = Some(error);
+            let pid = self.rate - c.kp * error.max(0.0) - c.ki * historical - c.kd * d_error;
+            // What the API just accepted is a demonstrated capacity: never fall far below it,
+            // however large the step that caused the pushback.
+            pid.max(accepted * (1.0 - c.ki))
+        } else {
+            self.last_error = None;
+            self.rate * (1.0 + c.increase)
+        };
+        self.rate = new_rate.clamp(c.min_rate, c.ceiling);
+        self.rate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!("50".parse::<Rate>().unwrap().per_second(), 50.0);
+        assert_eq!("50/s".parse::<Rate>().unwrap().per_second(), 50.0);
+        assert_eq!("3000/min".parse::<Rate>().unwrap().per_second(), 50.0);
+        assert_eq!("0.5/s".parse::<Rate>().unwrap().per_second(), 0.5);
+        assert_eq!("7200/h".parse::<Rate>().unwrap().per_second(), 2.0);
+        for bad in ["", "0", "-1", "x/s", "5/fortnight", "inf", "NaN"] {
+            assert!(bad.parse::<Rate>().is_err(), "{bad}");
+        }
+    }
+
+    /// A simulated API that accepts `capacity` requests per second and refuses the rest.
+    fn tick(rate: f64, capacity: f64) -> TickSignals {
+        let attempts = rate.round() as u64;
+        let refused = (rate - capacity).max(0.0).round() as u64;
+        TickSignals {
+            elapsed: Duration::from_secs(1),
+            attempts,
+            pushback: refused.min(attempts),
+            mean_latency: Some(Duration::from_millis(10)),
+        }
+    }
+
+    #[test]
+    fn the_rate_settles_just_under_capacity_and_follows_steps() {
+        let mut c = RateController::new(ControlSettings::new(1.0, 2000.0), 2000.0);
+        for (capacity, label) in [(500.0, "down"), (1500.0, "up"), (200.0, "down again")] {
+            let mut accepted = 0.0;
+            let mut attempted = 0.0;
+            for t in 0..60 {
+                let s = tick(c.rate(), capacity);
+                if t >= 20 {
+                    attempted += s.attempts as f64;
+                    accepted += (s.attempts - s.pushback) as f64;
+                }
+                c.update(&s);
+            }
+            let goodput = accepted / 40.0 / capacity;
+            let refused = 1.0 - accepted / attempted;
+            assert!(goodput >= 0.9, "{label}: goodput {goodput:.3} of capacity");
+            assert!(refused <= 0.05, "{label}: {:.1}% refused", refused * 100.0);
+        }
+    }
+
+    #[test]
+    fn rising_latency_brakes_and_the_floor_holds() {
+        let mut c = RateController::new(ControlSettings::new(5.0, 100.0), 100.0);
+        let fast = TickSignals {
+            elapsed: Duration::from_secs(1),
+            attempts: 100,
+            pushback: 0,
+            mean_latency: Some(Duration::from_millis(10)),
+        };
+        c.update(&fast);
+        let slow = TickSignals {
+            mean_latency: Some(Duration::from_millis(100)),
+            ..fast
+        };
+        let before = c.rate();
+        assert!(c.update(&slow) < before);
+        for _ in 0..200 {
+            c.update(&TickSignals {
+                pushback: 100,
+                ..fast
+            });
+        }
+        assert_eq!(c.rate(), 5.0);
+    }
+
+    #[tokio::test]
+    async fn the_limiter_holds_its_rate_and_swaps_without_a_burst() {
+        let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), 1);
+        let start = std::time::Instant::now();
+        for _ in 0..21 {
+            limiter.until_ready().await;
+        }
+        // 21 permits at 200/s: the first is free, the other 20 take at least 100 ms.
+        assert!(
+            start.elapsed() >= Duration::from_millis(95),
+            "{:?}",
+            start.elapsed()
+        );
+        limiter.set_rate(Rate::new(20.0).unwrap());
+        assert_eq!(limiter.rate(), 20.0);
+        let swapped = std::time::Instant::now();
+        limiter.until_ready().await;
+        assert!(
+            swapped.elapsed() >= Duration::from_millis(45),
+            "no free permit right after a swap"
+        );
+    }
+}
