@@ -247,3 +247,135 @@ pub fn signal(child: &Child, sig: i32) {
 pub fn finish(child: Child) -> Run {
     child.wait_with_output().expect("wait for the child").into()
 }
+
+// ---------------------------------------------------------------------------
+// Helpers for the bad-input and whole-job tests.
+
+/// A path as the `&str` the command line wants.
+pub fn p(path: &Path) -> &str {
+    path.to_str().expect("test paths are UTF-8")
+}
+
+/// The canonical form of a path, as the binary names input files in its messages.
+pub fn canonical(path: &Path) -> String {
+    std::fs::canonicalize(path)
+        .expect("the path exists")
+        .display()
+        .to_string()
+}
+
+/// Every regular file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The names of the entries of `dir`, sorted.
+pub fn dir_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Flags every test run gets: short retry waits and no progress lines.
+pub const QUICK: [&str; 6] = [
+    "--retry-initial",
+    "5ms",
+    "--retry-max",
+    "20ms",
+    "--progress-interval",
+    "0",
+];
+
+impl Run {
+    /// Neither stream shows a panic.
+    #[track_caller]
+    pub fn expect_no_panic(&self) -> &Run {
+        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            assert!(
+                !text.contains("panicked") && !text.contains("RUST_BACKTRACE"),
+                "{name} shows a panic:\n--- stdout\n{}\n--- stderr\n{}",
+                self.stdout,
+                self.stderr
+            );
+        }
+        self
+    }
+
+    /// A refusal: exit `code`, no panic, and every one of `needles` in stderr.
+    #[track_caller]
+    pub fn expect_refused(&self, code: i32, needles: &[&str]) -> &Run {
+        self.expect_no_panic().expect_code(code);
+        for needle in needles {
+            self.expect_stderr(needle);
+        }
+        self
+    }
+}
+
+impl Harness {
+    /// `run` creating a job in `state` from `input` against `url`, with [`QUICK`] and `extra`.
+    pub fn run_new(&self, state: &Path, input: &Path, url: &str, extra: &[&str]) -> Run {
+        let mut args = vec![
+            "run",
+            "--state",
+            p(state),
+            "--input",
+            p(input),
+            "--url",
+            url,
+        ];
+        args.extend(QUICK);
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
+    /// `run --state` (a resume), with [`QUICK`] and `extra`.
+    pub fn resume(&self, state: &Path, extra: &[&str]) -> Run {
+        let mut args = vec!["run", "--state", p(state)];
+        args.extend(QUICK);
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
+    /// Run to completion with extra environment variables set and others removed.
+    pub fn run_env(&self, args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> Run {
+        let mut cmd = self.cmd(args);
+        for (k, v) in set {
+            cmd.env(k, v);
+        }
+        for k in remove {
+            cmd.env_remove(k);
+        }
+        cmd.output().expect("the binary runs").into()
+    }
+
+    /// A finished job over `ids` (path template, [`QUICK`], `extra`): its input and state.
+    /// Asserts the run exits 0 or 3.
+    pub fn finished_job(&self, ids: &[String], extra: &[&str]) -> (PathBuf, PathBuf) {
+        let input = self.ids_file("ids.txt", ids);
+        let state = self.state();
+        let run = self.run_new(&state, &input, &self.url(), extra);
+        assert!(
+            run.code == 0 || run.code == 3,
+            "the job should finish: {run:?}"
+        );
+        (input, state)
+    }
+}
