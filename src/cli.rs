@@ -22,6 +22,31 @@ use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
 use crate::store::{Store, StoreStats};
 
+/// Print a line to standard error. A closed standard error (its reader went away) is no
+/// reason to fail or abandon a job, so write errors are ignored.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Standard error for logs, ignoring write errors (see [`say!`]).
+struct QuietStderr;
+
+impl Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _ = io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _ = io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// Exit codes, as documented in `--help` and README.
 pub mod exit {
     /// Every ID succeeded.
@@ -99,7 +124,7 @@ struct RunArgs {
     #[arg(long, value_name = "TEMPLATE")]
     body: Option<String>,
     /// Rows per bucket (micro-batch) [default: 1000].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     bucket_size: Option<u64>,
     /// Items in flight at most.
     #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -190,14 +215,14 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            say!("error: cannot start the async runtime: {e}");
             return ExitCode::from(exit::ERROR);
         }
     };
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(exit::ERROR)
         }
     }
@@ -214,7 +239,7 @@ fn init_logging(verbose: u8, quiet: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(io::stderr)
+        .with_writer(|| QuietStderr)
         .with_target(false)
         .init();
 }
@@ -236,8 +261,9 @@ impl RunArgs {
             }
             return Ok(None);
         };
-        let path =
-            std::fs::canonicalize(path).map_err(|e| format!("--input {}: {e}", path.display()))?;
+        let path = std::fs::canonicalize(path)
+            .or_else(|_| std::path::absolute(path))
+            .map_err(|e| format!("--input {}: {e}", path.display()))?;
         let format = match self.input_format {
             Some(FormatArg::Text) => "text",
             Some(FormatArg::Csv) => "csv",
@@ -309,10 +335,19 @@ async fn run(args: RunArgs) -> Result<u8> {
     let request = match args.request() {
         Ok(r) => r,
         Err(message) => {
-            eprintln!("error: {message}");
+            say!("error: {message}");
             return Ok(exit::USAGE);
         }
     };
+    // A new job needs --input and --url: say so before creating anything.
+    let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
+    if fresh && request.input.is_some() && request.url.is_none() {
+        say!(
+            "error: {} holds no job: give --input FILE and --url TEMPLATE to create one",
+            args.state.display()
+        );
+        return Ok(exit::USAGE);
+    }
     let mode = if request.input.is_some() {
         OpenMode::CreateIfMissing
     } else {
@@ -322,14 +357,14 @@ async fn run(args: RunArgs) -> Result<u8> {
     let spec = match open_job(&store, &request) {
         Ok(spec) => spec,
         Err(crate::job::JobError::Usage(message)) => {
-            eprintln!("error: {message}");
+            say!("error: {message}");
             return Ok(exit::USAGE);
         }
         Err(e) => return Err(e.into()),
     };
     let done = store.stats()?;
     if done.finished() {
-        eprintln!(
+        say!(
             "the job in {} is already finished: {} ok, {} failed",
             args.state.display(),
             done.ok,
@@ -375,9 +410,9 @@ pub async fn run_job(
     .await;
     signals.abort();
     let summary: RunSummary = outcome.context("the run stopped")?;
-    eprintln!("{}", summary.render());
+    say!("{}", summary.render());
     if summary.interrupted && !summary.job.finished() {
-        eprintln!("resume with: highwater run --state {}", state.display());
+        say!("resume with: highwater run --state {}", state.display());
         return Ok(exit::SIGNAL);
     }
     Ok(if summary.job.failed > 0 {
@@ -408,24 +443,26 @@ async fn watch_signals(stop: StopHandle) {
             );
             stop.stop();
         } else {
-            eprintln!("stopped at once; the state is consistent, resume with the same command");
+            say!("stopped at once; the state is consistent, resume with the same command");
             std::process::exit(exit::SIGNAL as i32);
         }
     }
 }
 
-fn open_existing(state: &Path) -> Result<SledStore> {
-    Ok(SledStore::open(state, OpenMode::Existing, 16 << 20)?)
+/// Open a state directory that must hold a job, for reading.
+fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
+    let store = SledStore::open(state, OpenMode::Existing, 16 << 20)?;
+    let spec = store.job()?.with_context(|| {
+        format!(
+            "{} holds no job yet (its first run stopped before creating one)",
+            state.display()
+        )
+    })?;
+    Ok((store, spec))
 }
 
 fn status(args: StatusArgs) -> Result<u8> {
-    let store = open_existing(&args.state)?;
-    let spec = store.job()?.with_context(|| {
-        format!(
-            "{} holds no job yet (the first run stopped before creating it)",
-            args.state.display()
-        )
-    })?;
+    let (store, spec) = open_existing(&args.state)?;
     let stats = store.stats()?;
     let bad = store.bad_lines(5)?;
     let mut out = io::stdout().lock();
@@ -498,12 +535,12 @@ fn render_status(
 }
 
 fn export(args: ExportArgs) -> Result<u8> {
-    let store = open_existing(&args.state)?;
+    let (store, _) = open_existing(&args.state)?;
     match &args.output {
         Some(path) => {
             let n = sink::export_to_file(&store, args.format, path)
                 .with_context(|| format!("exporting to {}", path.display()))?;
-            eprintln!("wrote {n} records to {}", path.display());
+            say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());

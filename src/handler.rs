@@ -115,6 +115,36 @@ impl Template {
         self.pieces.contains(&Piece::Id)
     }
 
+    /// Whether some `{id}` of this URL template is a whole path segment (`/items/{id}/x`),
+    /// where the IDs `.` and `..` would be resolved away by URL normalisation.
+    fn id_is_path_segment(&self) -> bool {
+        let mut in_path = true;
+        for (i, piece) in self.pieces.iter().enumerate() {
+            match piece {
+                Piece::Text(t) => {
+                    if t.contains(['?', '#']) {
+                        in_path = false;
+                    }
+                }
+                Piece::Id if in_path => {
+                    let before = i.checked_sub(1).map(|j| &self.pieces[j]);
+                    let after = self.pieces.get(i + 1);
+                    let starts = matches!(before, Some(Piece::Text(t)) if t.ends_with('/'));
+                    let ends = match after {
+                        None => true,
+                        Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
+                        Some(Piece::Id) => false,
+                    };
+                    if starts && ends {
+                        return true;
+                    }
+                }
+                Piece::Id => {}
+            }
+        }
+        false
+    }
+
     fn render(&self, id: &str) -> String {
         let mut out = String::new();
         for piece in &self.pieces {
@@ -142,6 +172,8 @@ pub struct Handler {
     headers: Vec<(HeaderName, Template)>,
     body: Option<Template>,
     json_body: bool,
+    /// `{id}` stands as a whole path segment, where `.` and `..` would change the path.
+    id_is_path_segment: bool,
 }
 
 impl fmt::Debug for Handler {
@@ -163,65 +195,14 @@ impl Handler {
         spec: &RequestSpec,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Handler, HandlerError> {
-        let method =
-            Method::from_bytes(spec.method.as_bytes()).map_err(|_| HandlerError::Invalid {
-                what: "--method".into(),
-                reason: format!("{:?} is not an HTTP method", spec.method),
-            })?;
-        let url = Template::parse(&spec.url, "--url", IdEncoding::Url, env)?;
-        if !url.has_id() {
-            return Err(HandlerError::Invalid {
-                what: "--url".into(),
-                reason: "the template has no {id}".into(),
-            });
-        }
-        let probe = url.render("id");
-        let parsed = reqwest::Url::parse(&probe).map_err(|e| HandlerError::Invalid {
-            what: "--url".into(),
-            reason: format!("not a valid URL once filled in ({e})"),
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(HandlerError::Invalid {
-                what: "--url".into(),
-                reason: format!("scheme {:?} is not http or https", parsed.scheme()),
-            });
-        }
-        let mut headers = Vec::new();
-        let mut json_body = true;
-        for h in &spec.headers {
-            let what = "--header";
-            let (name, value) = h.split_once(':').ok_or_else(|| HandlerError::Invalid {
-                what: what.into(),
-                reason: format!("{:?} is not of the form 'Name: value'", redact_value(h)),
-            })?;
-            let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
-                HandlerError::Invalid {
-                    what: what.into(),
-                    reason: format!("{:?} is not a valid header name", name.trim()),
-                }
-            })?;
-            let value = Template::parse(
-                value.trim(),
-                &format!("--header {name}"),
-                IdEncoding::Raw,
-                env,
-            )?;
-            if HeaderValue::from_str(&value.render("id")).is_err() {
-                return Err(HandlerError::Invalid {
-                    what: format!("--header {name}"),
-                    reason: "the value is not a valid header value once filled in".into(),
-                });
-            }
-            if name == CONTENT_TYPE {
-                json_body = false;
-            }
-            headers.push((name, value));
-        }
-        let body = spec
-            .body
-            .as_deref()
-            .map(|b| Template::parse(b, "--body", IdEncoding::Json, env))
-            .transpose()?;
+        let Compiled {
+            method,
+            url,
+            headers,
+            body,
+            json_body,
+            id_is_path_segment,
+        } = Compiled::new(spec, env)?;
         let client = reqwest::Client::builder()
             .connect_timeout(spec.connect_timeout)
             .timeout(spec.timeout)
@@ -239,11 +220,22 @@ impl Handler {
             headers,
             body,
             json_body,
+            id_is_path_segment,
         })
     }
 
     /// One attempt for `id`.
     pub async fn attempt(&self, id: &str) -> Result<Success, AttemptError> {
+        if self.id_is_path_segment && (id == "." || id == "..") {
+            return Err(AttemptError {
+                class: ErrorClass::Request,
+                http_status: None,
+                message: format!(
+                    "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
+                ),
+                retry_after: None,
+            });
+        }
         let started = Instant::now();
         let mut request = self
             .client
@@ -303,6 +295,101 @@ impl Handler {
             latency: started.elapsed(),
         })
     }
+}
+
+/// The request templates, parsed and checked, without a client.
+struct Compiled {
+    method: Method,
+    url: Template,
+    headers: Vec<(HeaderName, Template)>,
+    body: Option<Template>,
+    json_body: bool,
+    id_is_path_segment: bool,
+}
+
+impl Compiled {
+    fn new(
+        spec: &RequestSpec,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Compiled, HandlerError> {
+        let method =
+            Method::from_bytes(spec.method.as_bytes()).map_err(|_| HandlerError::Invalid {
+                what: "--method".into(),
+                reason: format!("{:?} is not an HTTP method", spec.method),
+            })?;
+        let url = Template::parse(&spec.url, "--url", IdEncoding::Url, env)?;
+        let probe = url.render("id");
+        let parsed = reqwest::Url::parse(&probe).map_err(|e| HandlerError::Invalid {
+            what: "--url".into(),
+            reason: format!("not a valid URL once filled in ({e})"),
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(HandlerError::Invalid {
+                what: "--url".into(),
+                reason: format!("scheme {:?} is not http or https", parsed.scheme()),
+            });
+        }
+        let mut headers = Vec::new();
+        let mut json_body = true;
+        for h in &spec.headers {
+            let what = "--header";
+            let (name, value) = h.split_once(':').ok_or_else(|| HandlerError::Invalid {
+                what: what.into(),
+                reason: format!("{:?} is not of the form 'Name: value'", redact_value(h)),
+            })?;
+            let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                HandlerError::Invalid {
+                    what: what.into(),
+                    reason: format!("{:?} is not a valid header name", name.trim()),
+                }
+            })?;
+            let value = Template::parse(
+                value.trim(),
+                &format!("--header {name}"),
+                IdEncoding::Raw,
+                env,
+            )?;
+            if HeaderValue::from_str(&value.render("id")).is_err() {
+                return Err(HandlerError::Invalid {
+                    what: format!("--header {name}"),
+                    reason: "the value is not a valid header value once filled in".into(),
+                });
+            }
+            if name == CONTENT_TYPE {
+                json_body = false;
+            }
+            headers.push((name, value));
+        }
+        let body = spec
+            .body
+            .as_deref()
+            .map(|b| Template::parse(b, "--body", IdEncoding::Json, env))
+            .transpose()?;
+        let anywhere = url.has_id()
+            || body.as_ref().is_some_and(Template::has_id)
+            || headers.iter().any(|(_, v)| v.has_id());
+        if !anywhere {
+            return Err(HandlerError::Invalid {
+                what: "--url".into(),
+                reason: "{id} appears nowhere (not in --url, --body or a --header): every request would be the same".into(),
+            });
+        }
+        let id_is_path_segment = url.id_is_path_segment();
+        Ok(Compiled {
+            method,
+            url,
+            headers,
+            body,
+            json_body,
+            id_is_path_segment,
+        })
+    }
+}
+
+/// Check the request templates' syntax (method, URL, headers, body) without the environment:
+/// what must hold before a job is stored.
+pub fn check_templates(spec: &RequestSpec) -> Result<(), HandlerError> {
+    Compiled::new(spec, &|_| Some("x".into())).map(|_| ())
 }
 
 /// The answer body as one-line JSON: itself when it is JSON, otherwise a JSON string of it.
@@ -447,6 +534,46 @@ mod tests {
         assert!(Handler::with_env(&s, &env).is_err());
         s.method = "BAD METHOD".into();
         assert!(Handler::with_env(&s, &env).is_err());
+    }
+
+    #[test]
+    fn id_may_stand_in_the_body_or_a_header_only() {
+        let mut s = spec("http://x/items");
+        s.method = "POST".into();
+        s.body = Some(r#"{"id":"{id}"}"#.into());
+        assert!(check_templates(&s).is_ok());
+        s.body = None;
+        s.headers = vec!["X-Id: {id}".into()];
+        assert!(check_templates(&s).is_ok());
+        s.headers = vec![];
+        let err = check_templates(&s).unwrap_err().to_string();
+        assert!(err.contains("appears nowhere"), "{err}");
+    }
+
+    #[test]
+    fn check_templates_needs_no_environment() {
+        assert!(check_templates(&spec("http://${HOST}/{id}?k=${UNSET_ANYWHERE}")).is_ok());
+        assert!(check_templates(&spec("http://x/{id}${")).is_err());
+    }
+
+    #[tokio::test]
+    async fn dot_ids_are_refused_where_they_would_change_the_path() {
+        let h = Handler::with_env(&spec("http://127.0.0.1:9/items/{id}"), &env).unwrap();
+        for id in [".", ".."] {
+            let err = h.attempt(id).await.unwrap_err();
+            assert_eq!(err.class, ErrorClass::Request, "{id}");
+        }
+        let whole = |t: &str| {
+            Template::parse(t, "--url", IdEncoding::Url, &env)
+                .unwrap()
+                .id_is_path_segment()
+        };
+        assert!(whole("http://h/a/{id}"));
+        assert!(whole("http://h/a/{id}/b"));
+        assert!(whole("http://h/a/{id}?q=1"));
+        assert!(!whole("http://h/a/x{id}"));
+        assert!(!whole("http://h/a/{id}.json"));
+        assert!(!whole("http://h/a?id={id}"));
     }
 
     #[test]

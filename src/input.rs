@@ -379,8 +379,16 @@ fn trim_bom(field: &[u8]) -> &[u8] {
     field.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(field)
 }
 
+/// A line with nothing but whitespace (Unicode whitespace and a byte-order mark included):
+/// not a row.
 fn is_blank(line: &[u8]) -> bool {
-    line.iter().all(|b| b.is_ascii_whitespace())
+    if line.iter().all(|b| b.is_ascii_whitespace()) {
+        return true;
+    }
+    match std::str::from_utf8(line) {
+        Ok(s) => s.strip_prefix('\u{feff}').unwrap_or(s).trim().is_empty(),
+        Err(_) => false,
+    }
 }
 
 fn text_id(line: &[u8]) -> Result<String, String> {
@@ -502,6 +510,23 @@ mod tests {
                 (1, 3, Ok("b/c?d#e%f".into())),
                 (2, 5, Ok("zé".into()))
             ]
+        );
+    }
+
+    #[test]
+    fn lines_blank_after_trimming_unicode_whitespace_are_not_rows() {
+        let (_d, path) = write(
+            b"\xef\xbb\xbf\r\nid-1\r\n\xc2\xa0\r\n\xe2\x80\x83\nid-2",
+            "txt",
+        );
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let rows = all(&spec, Cursor::default());
+        assert_eq!(
+            rows,
+            vec![(0, 2, Ok("id-1".into())), (1, 5, Ok("id-2".into()))]
         );
     }
 

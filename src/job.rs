@@ -175,6 +175,8 @@ pub enum JobError {
     #[error("input {0} holds no IDs (it is empty or only blank lines)")]
     EmptyInput(std::path::PathBuf),
     #[error(transparent)]
+    Request(#[from] crate::handler::HandlerError),
+    #[error(transparent)]
     Input(#[from] crate::input::InputError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -276,12 +278,17 @@ pub fn open_job<S: crate::store::Store>(
                         .into(),
                 ));
             };
+            let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
+            crate::handler::check_templates(&probe.request)?;
             let fingerprint = Fingerprint::of_file(&input.path)?;
             let mut reader = InputReader::open(input, Cursor::default())?;
             if reader.next_row()?.is_none() {
                 return Err(JobError::EmptyInput(input.path.clone()));
             }
-            let spec = request.new_spec(input, url, fingerprint);
+            let spec = JobSpec {
+                fingerprint,
+                ..probe
+            };
             store.put_job(&spec)?;
             Ok(spec)
         }
@@ -316,6 +323,7 @@ pub fn open_job<S: crate::store::Store>(
                 });
             }
             request.apply_operational(&mut asked);
+            crate::handler::check_templates(&asked.request)?;
             if asked != stored {
                 store.put_job(&asked)?;
             }

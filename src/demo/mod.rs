@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use crate::handler::Handler;
 use crate::input::{InputFormat, InputSpec};
 use crate::job::{open_job, JobRequest, RetryOverrides, RunOptions};
+use crate::say;
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
 /// The variable the demo's URL template names.
@@ -61,8 +62,8 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         .await
         .context("starting the demo API")?;
     let addr = api.addr().to_string();
-    eprintln!("demo API listening on http://{addr} (latency 5-40 ms, some 503s, dropped connections, slow answers, 404s)");
-    eprintln!("input: {}\nstate: {}", input.display(), state.display());
+    say!("demo API listening on http://{addr} (latency 5-40 ms, some 503s, dropped connections, slow answers, 404s)");
+    say!("input: {}\nstate: {}", input.display(), state.display());
 
     let request = JobRequest {
         input: Some(InputSpec {
@@ -100,7 +101,7 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         .ok()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "highwater".into());
-    eprintln!(
+    say!(
         "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \
          {me} demo --dir {d}    # resumes this demo if it was stopped",
         s = state.display(),

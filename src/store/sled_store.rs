@@ -23,6 +23,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -31,7 +32,7 @@ use sled::Transactional;
 
 use super::*;
 
-const MARKER: &str = "highwater.json";
+pub const MARKER: &str = "highwater.json";
 const MARKER_FORMAT: &str = "highwater-state";
 
 /// Default sled page cache: small, because the working set is the tail of the logs.
@@ -47,6 +48,9 @@ pub struct SledStore {
     order: sled::Tree,
     items: sled::Tree,
     bad: sled::Tree,
+    /// Highest buckets written to the offset and commit logs.
+    written: Watermarks,
+    marker: std::sync::Mutex<MarkerState>,
     /// Held for the store's lifetime; the flock goes with it.
     _lock: File,
 }
@@ -55,6 +59,35 @@ pub struct SledStore {
 struct Marker {
     format: String,
     version: u32,
+    /// What was durable in the database when the marker was last written: on open, the
+    /// database must still hold it, or it lost data (truncated, emptied, replaced files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<Checkpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Checkpoint {
+    job_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_planned_bucket: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_committed_bucket: Option<u64>,
+    at_ms: u64,
+}
+
+/// How often the marker's checkpoint is rewritten during a run.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The highest bucket written, and the highest known durable, as `bucket + 1` (0: none).
+#[derive(Default)]
+struct Watermarks {
+    planned: AtomicU64,
+    committed: AtomicU64,
+}
+
+struct MarkerState {
+    written: Option<Checkpoint>,
+    at: std::time::Instant,
 }
 
 /// How to open a state directory.
@@ -102,6 +135,7 @@ impl SledStore {
                     let marker = Marker {
                         format: MARKER_FORMAT.into(),
                         version: FORMAT_VERSION,
+                        checkpoint: None,
                     };
                     write_atomically(
                         &marker_path,
@@ -150,9 +184,27 @@ impl SledStore {
             items: tree("items")?,
             bad: tree("bad")?,
             db,
+            written: Watermarks::default(),
+            marker: std::sync::Mutex::new(MarkerState {
+                written: marker.checkpoint.clone(),
+                at: std::time::Instant::now(),
+            }),
             _lock: lock,
         };
+        let lost = |what: String| {
+            StoreError::Corrupt {
+            path: path.to_owned(),
+            reason: format!(
+                "{what}, although it was durable at {} (sled files truncated, emptied or replaced); \
+                 restore the state directory from a backup or start a new one",
+                marker.checkpoint.as_ref().map(|c| format_ms(c.at_ms)).unwrap_or_default()
+            ),
+        }
+        };
         match store.meta.get("version").map_err(|e| store.err(e))? {
+            None if marker.checkpoint.is_some() => {
+                return Err(lost("the database holds no highwater data".into()))
+            }
             None => {
                 store
                     .meta
@@ -172,7 +224,92 @@ impl SledStore {
                 });
             }
         }
+        if let Some(c) = &marker.checkpoint {
+            match store.job()? {
+                Some(job) if job.job_id == c.job_id => {}
+                _ => return Err(lost(format!("the database lost job {}", c.job_id))),
+            }
+            if let Some(b) = c.last_planned_bucket {
+                if !store
+                    .offsets
+                    .contains_key(b.to_be_bytes())
+                    .map_err(|e| store.err(e))?
+                {
+                    return Err(lost(format!("the offset log lost bucket {b}")));
+                }
+            }
+            if let Some(b) = c.last_committed_bucket {
+                if !store
+                    .commits
+                    .contains_key(b.to_be_bytes())
+                    .map_err(|e| store.err(e))?
+                {
+                    return Err(lost(format!("the commit log lost bucket {b}")));
+                }
+            }
+        }
         Ok(store)
+    }
+
+    /// Record in the marker what is durable now (after a flush), at most every
+    /// [`CHECKPOINT_EVERY`] unless `force`.
+    fn write_checkpoint(
+        &self,
+        planned: u64,
+        committed: u64,
+        force: bool,
+    ) -> Result<(), StoreError> {
+        let mut state = self.marker.lock().expect("never poisoned");
+        let Some(job) = self.job()? else {
+            return Ok(());
+        };
+        let last = state.written.as_ref();
+        let checkpoint = Checkpoint {
+            job_id: job.job_id,
+            last_planned_bucket: planned
+                .checked_sub(1)
+                .max(last.and_then(|c| c.last_planned_bucket)),
+            last_committed_bucket: committed
+                .checked_sub(1)
+                .max(last.and_then(|c| c.last_committed_bucket)),
+            at_ms: crate::job::now_ms(),
+        };
+        let changed = state
+            .written
+            .as_ref()
+            .map(|c| (&c.job_id, c.last_planned_bucket, c.last_committed_bucket))
+            != Some((
+                &checkpoint.job_id,
+                checkpoint.last_planned_bucket,
+                checkpoint.last_committed_bucket,
+            ));
+        if !changed || (!force && state.at.elapsed() < CHECKPOINT_EVERY) {
+            return Ok(());
+        }
+        let marker = Marker {
+            format: MARKER_FORMAT.into(),
+            version: FORMAT_VERSION,
+            checkpoint: Some(checkpoint.clone()),
+        };
+        write_atomically(
+            &self.path.join(MARKER),
+            &serde_json::to_vec(&marker).expect("marker serializes"),
+        )
+        .map_err(|source| StoreError::Io {
+            path: self.path.join(MARKER),
+            source,
+        })?;
+        state.written = Some(checkpoint);
+        state.at = std::time::Instant::now();
+        Ok(())
+    }
+
+    /// Flush, then checkpoint what the flush made durable.
+    fn flush_and_checkpoint(&self, force: bool) -> Result<(), StoreError> {
+        let planned = self.written.planned.load(Ordering::Acquire);
+        let committed = self.written.committed.load(Ordering::Acquire);
+        self.db.flush().map_err(|e| self.err(e))?;
+        self.write_checkpoint(planned, committed, force)
     }
 
     /// The state directory.
@@ -315,6 +452,19 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+impl Drop for SledStore {
+    /// Leave the marker's checkpoint current, so damage found at the next open is precise.
+    fn drop(&mut self) {
+        if let Err(e) = self.flush_and_checkpoint(true) {
+            tracing::warn!("closing the store: {e}");
+        }
+    }
+}
+
+fn format_ms(ms: u64) -> String {
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
 fn be_u64(bytes: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     let n = bytes.len().min(8);
@@ -368,7 +518,12 @@ impl Store for SledStore {
             }
         }
         let planner = json(planner);
-        (
+        let highest = buckets
+            .iter()
+            .map(|b| b.offset.bucket + 1)
+            .max()
+            .unwrap_or(0);
+        let result = (
             &self.offsets,
             &self.order,
             &self.items,
@@ -389,7 +544,9 @@ impl Store for SledStore {
                     path: self.path.clone(),
                     reason: "plan aborted".into(),
                 },
-            })
+            });
+        self.written.planned.fetch_max(highest, Ordering::AcqRel);
+        result
     }
 
     fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
@@ -405,15 +562,17 @@ impl Store for SledStore {
         for c in commits {
             batch.insert(&c.bucket.to_be_bytes(), json(c));
         }
-        self.commits.apply_batch(batch).map_err(|e| self.err(e))
+        self.commits.apply_batch(batch).map_err(|e| self.err(e))?;
+        let highest = commits.iter().map(|c| c.bucket + 1).max().unwrap_or(0);
+        self.written.committed.fetch_max(highest, Ordering::AcqRel);
+        Ok(())
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
-        self.db
-            .flush_async()
-            .await
-            .map(|_| ())
-            .map_err(|e| self.err(e))
+        let planned = self.written.planned.load(Ordering::Acquire);
+        let committed = self.written.committed.load(Ordering::Acquire);
+        self.db.flush_async().await.map_err(|e| self.err(e))?;
+        self.write_checkpoint(planned, committed, false)
     }
 
     fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError> {
