@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
-//! loop (no storage) with a full highwater run (sled store, group commit, fsync).
+//! loop (no storage) with a full highwater run (sled store, group commit: one durable sled
+//! flush per group of results).
 //! `rss` runs the real `highwater` binary as a subprocess over a large input and reports its
 //! peak memory, then SIGKILLs runs and measures how long a resume takes to make its first
 //! request. Everything talks to 127.0.0.1 only. Results end with Markdown tables.
@@ -43,7 +44,7 @@ usage:
 
 modes:
   throughput   (default) items/s of a bare hyper client loop vs. a full highwater run
-               (sled store, group commit, fsync), alternating, in one process, against the
+               (sled store, group commit), alternating, in one process, against the
                same in-process fake API (no latency, no faults)
     --ids N           IDs per run [default: 200000]
     --concurrency N   requests in flight [default: 16]
@@ -230,6 +231,17 @@ fn write_input(path: &Path, n: u64) -> Result<u64> {
     Ok(std::fs::metadata(path)?.len())
 }
 
+fn finish_temp(guard: Option<tempfile::TempDir>, path: &Path) {
+    match guard {
+        Some(dir) => {
+            if let Err(e) = dir.close() {
+                eprintln!("warning: could not remove {}: {e}", path.display());
+            }
+        }
+        None => eprintln!("kept {}", path.display()),
+    }
+}
+
 fn temp_dir(keep: bool) -> Result<(Option<tempfile::TempDir>, PathBuf)> {
     let dir = tempfile::Builder::new()
         .prefix("highwater-bench-")
@@ -293,6 +305,30 @@ fn rate(n: u64, d: Duration) -> f64 {
     }
 }
 
+/// User + system CPU time of this whole process (all threads) so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn tv(t: libc::timeval) -> Duration {
+    Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+}
+
+/// Microseconds of CPU per item.
+fn us_per(cpu: Duration, n: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / n.max(1) as f64
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
 fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -323,7 +359,68 @@ fn first_line_with(path: &str, prefix: &str) -> Option<String> {
     })
 }
 
-fn machine_facts(tmp: &Path) -> String {
+/// What the machine was doing when the benchmark started, to tell afterwards how much CPU
+/// other processes took meanwhile (a noise indicator).
+struct Baseline {
+    load: String,
+    busy: Option<Duration>,
+    own: Duration,
+}
+
+impl Baseline {
+    fn now() -> Baseline {
+        Baseline {
+            load: loadavg(),
+            busy: machine_busy(),
+            own: own_and_children_cpu(),
+        }
+    }
+
+    /// CPU time used by processes other than this one and its children since `self`.
+    fn others(&self) -> Option<Duration> {
+        let busy = machine_busy()?.checked_sub(self.busy?)?;
+        Some(busy.saturating_sub(own_and_children_cpu().saturating_sub(self.own)))
+    }
+}
+
+/// Busy CPU time of the whole machine since boot (/proc/stat; idle and iowait excluded).
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy: u64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(busy as f64 / hz as f64))
+}
+
+/// CPU time of this process plus its reaped children.
+fn own_and_children_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    process_cpu() + tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn machine_facts(tmp: &Path, baseline: &Baseline, elapsed: Duration) -> String {
+    let cpus_n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let others = match baseline.others() {
+        Some(o) => format!(
+            "{:.0}% of the machine's CPU time ({:.1} CPU-s over {:.0} s; near 0% on a quiet \
+             machine, higher means the figures are noisy)",
+            100.0 * o.as_secs_f64() / (elapsed.as_secs_f64() * cpus_n as f64).max(1e-9),
+            o.as_secs_f64(),
+            elapsed.as_secs_f64()
+        ),
+        None => "unknown".into(),
+    };
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get().to_string())
         .unwrap_or_else(|_| "?".into());
@@ -345,7 +442,11 @@ fn machine_facts(tmp: &Path) -> String {
     format!(
         "- machine: {cpus} CPUs (available_parallelism), {model}, {mem} RAM, Linux {kernel}\n\
          - toolchain: {rustc}, release profile\n\
+         - load average (1/5/15 min) at start: {}, at end: {}\n\
+         - other processes used {others} while this ran\n\
          - temporary files (input, state) under: {} ({})\n",
+        baseline.load,
+        loadavg(),
         tmp.display(),
         filesystem_of(tmp)
     )
@@ -368,13 +469,23 @@ fn filesystem_of(path: &Path) -> String {
 // ---------------------------------------------------------------------------
 // throughput
 
+/// Wall time and CPU time (whole process, the in-process fake API included) of one run.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    elapsed: Duration,
+    cpu: Duration,
+}
+
 struct HwRun {
     elapsed: Duration,
+    cpu: Duration,
     calls: u64,
     state_bytes: u64,
 }
 
 async fn throughput(args: &Args, command: &str) -> Result<()> {
+    let baseline = Baseline::now();
+    let started = Instant::now();
     let n = args.ids;
     let c = args.concurrency;
     let (guard, tmp) = temp_dir(args.keep)?;
@@ -395,21 +506,21 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     let client = raw_client(c);
     // Untimed warm-up: every later run, raw or highwater, meets a server that has seen
     // every ID once (its call counter updates instead of inserting).
-    let t = Instant::now();
-    raw_run(&client, &api, n, c).await?;
+    let (warm, body_bytes) = raw_run(&client, &api, n, c).await?;
     eprintln!(
-        "warm-up (raw, untimed for the table): {:.0} items/s",
-        rate(n, t.elapsed())
+        "warm-up (raw, not in the table): {:.0} items/s",
+        rate(n, warm.elapsed)
     );
 
     let mut raws = Vec::new();
     let mut hws = Vec::new();
     for rep in 1..=args.repeat {
-        let raw = raw_run(&client, &api, n, c).await?;
+        let (raw, _) = raw_run(&client, &api, n, c).await?;
         eprintln!(
-            "rep {rep}: raw       {:>9.0} items/s ({:.2} s)",
-            rate(n, raw),
-            raw.as_secs_f64()
+            "rep {rep}: raw       {:>9.0} items/s ({:.2} s, {:.1} us CPU/item)",
+            rate(n, raw.elapsed),
+            raw.elapsed.as_secs_f64(),
+            us_per(raw.cpu, n)
         );
         let hw = highwater_run(
             &api,
@@ -421,22 +532,25 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
         )
         .await?;
         eprintln!(
-            "rep {rep}: highwater {:>9.0} items/s ({:.2} s), server calls {}",
+            "rep {rep}: highwater {:>9.0} items/s ({:.2} s, {:.1} us CPU/item), server calls {}",
             rate(n, hw.elapsed),
             hw.elapsed.as_secs_f64(),
+            us_per(hw.cpu, n),
             thousands(hw.calls)
         );
         raws.push(raw);
         hws.push(hw);
     }
 
-    let raw_rates: Vec<f64> = raws.iter().map(|d| rate(n, *d)).collect();
+    let raw_rates: Vec<f64> = raws.iter().map(|m: &Measured| rate(n, m.elapsed)).collect();
+    let raw_cpu: Vec<f64> = raws.iter().map(|m| us_per(m.cpu, n)).collect();
+    let hw_cpu: Vec<f64> = hws.iter().map(|h| us_per(h.cpu, n)).collect();
     let hw_rates: Vec<f64> = hws.iter().map(|h| rate(n, h.elapsed)).collect();
     let all_once = hws.iter().all(|h| h.calls == n);
     let mut out = String::new();
     writeln!(out, "\n## highwater throughput vs. a bare hyper client\n")?;
     writeln!(out, "- command: `{command}`")?;
-    out.push_str(&machine_facts(&tmp));
+    out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
     writeln!(
         out,
         "- {} distinct IDs per run, {c} requests in flight, one process: the fake API \
@@ -452,27 +566,32 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     writeln!(
         out,
         "- highwater: `engine::run` with a fresh sled state dir per run (open + plan + calls + \
-         group commit with fsync), timed from opening the store to the summary"
+         group commit: one sled flush per group of results), timed from opening the store \
+         to the summary"
     )?;
     writeln!(
         out,
-        "- runs alternate raw, highwater; {} pairs after one untimed raw warm-up\n",
+        "- runs alternate raw, highwater; {} pairs after one raw warm-up pass that is not in \
+         the table; \"CPU per item\" is user + system time of the whole process (fake API \
+         included) divided by the IDs\n",
         args.repeat
     )?;
     writeln!(
         out,
-        "| run | raw hyper (items/s) | highwater (items/s) | highwater / raw | highwater server calls | exactly once |"
+        "| run | raw hyper (items/s) | highwater (items/s) | highwater / raw | raw CPU per item | highwater CPU per item | highwater server calls | exactly once |"
     )?;
-    writeln!(out, "|---:|---:|---:|---:|---:|:---:|")?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|:---:|")?;
     for (i, (r, h)) in raw_rates.iter().zip(&hws).enumerate() {
         let hr = rate(n, h.elapsed);
         writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.1} µs | {:.1} µs | {} | {} |",
             i + 1,
             thousands(*r as u64),
             thousands(hr as u64),
             hr / r,
+            raw_cpu[i],
+            hw_cpu[i],
             thousands(h.calls),
             if h.calls == n { "yes" } else { "**NO**" }
         )?;
@@ -480,10 +599,12 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     let (mr, mh) = (median(&raw_rates), median(&hw_rates));
     writeln!(
         out,
-        "| **median** | **{}** | **{}** | **{:.2}** | | {} |",
+        "| **median** | **{}** | **{}** | **{:.2}** | **{:.1} µs** | **{:.1} µs** | | {} |",
         thousands(mr as u64),
         thousands(mh as u64),
         mh / mr,
+        median(&raw_cpu),
+        median(&hw_cpu),
         if all_once { "yes" } else { "**NO**" }
     )?;
     let state = median(&hws.iter().map(|h| h.state_bytes as f64).collect::<Vec<_>>()) as u64;
@@ -498,14 +619,15 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     )?;
     writeln!(
         out,
-        "State dir after a run: {} on disk ({:.0} bytes per ID; results hold the JSON bodies, \
-         ~80 bytes each).",
+        "State dir after a run: {} on disk ({:.0} bytes per ID; each result holds the API's \
+         {:.0}-byte JSON body).",
         mib(state),
-        state as f64 / n as f64
+        state as f64 / n as f64,
+        body_bytes as f64 / n as f64
     )?;
     print!("{out}");
     api.shutdown().await;
-    drop(guard);
+    finish_temp(guard, &tmp);
     if !all_once {
         bail!("the exactly-once check failed");
     }
@@ -522,23 +644,25 @@ fn raw_client(concurrency: usize) -> RawClient {
         .build(connector)
 }
 
-/// `concurrency` tasks pulling indices until `n` IDs were fetched; returns the wall time.
+/// `concurrency` tasks pulling indices until `n` IDs were fetched; returns the time taken
+/// and the body bytes read.
 async fn raw_run(
     client: &RawClient,
     api: &FakeApi,
     n: u64,
     concurrency: usize,
-) -> Result<Duration> {
+) -> Result<(Measured, u64)> {
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let base = format!("http://{}/items/", api.addr());
+    let cpu = process_cpu();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let (client, next, errors, base) =
             (client.clone(), next.clone(), errors.clone(), base.clone());
         tasks.spawn(async move {
-            let mut body_bytes = 0usize;
+            let mut body_bytes = 0u64;
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
@@ -555,7 +679,7 @@ async fn raw_run(
                     Ok(resp) => {
                         let ok = resp.status() == 200;
                         match resp.into_body().collect().await {
-                            Ok(b) if ok => body_bytes += b.to_bytes().len(),
+                            Ok(b) if ok => body_bytes += b.to_bytes().len() as u64,
                             _ => {
                                 errors.fetch_add(1, Ordering::Relaxed);
                             }
@@ -569,15 +693,19 @@ async fn raw_run(
             body_bytes
         });
     }
+    let mut body_bytes = 0;
     while let Some(done) = tasks.join_next().await {
-        done.map_err(|e| anyhow!("raw client task: {e}"))?;
+        body_bytes += done.map_err(|e| anyhow!("raw client task: {e}"))?;
     }
-    let elapsed = started.elapsed();
+    let measured = Measured {
+        elapsed: started.elapsed(),
+        cpu: process_cpu().saturating_sub(cpu),
+    };
     let errors = errors.load(Ordering::Relaxed);
     if errors > 0 {
         bail!("the raw client had {errors} failed requests");
     }
-    Ok(elapsed)
+    Ok((measured, body_bytes))
 }
 
 async fn highwater_run(
@@ -589,6 +717,7 @@ async fn highwater_run(
     keep: bool,
 ) -> Result<HwRun> {
     let calls_before = api.total_calls();
+    let cpu = process_cpu();
     let started = Instant::now();
     let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
         .with_context(|| format!("opening {}", state.display()))?;
@@ -619,6 +748,7 @@ async fn highwater_run(
     .await
     .context("highwater run")?;
     let elapsed = started.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu);
     let calls = api.total_calls() - calls_before;
     if !summary.job.finished() || summary.job.ok != n || summary.run.ok != n {
         bail!(
@@ -632,6 +762,7 @@ async fn highwater_run(
     }
     Ok(HwRun {
         elapsed,
+        cpu,
         calls,
         state_bytes,
     })
@@ -653,6 +784,8 @@ struct Exit {
     code: Option<i32>,
     signal: Option<i32>,
     max_rss_kib: u64,
+    /// User + system CPU time of the child.
+    cpu: Duration,
     at: Instant,
 }
 
@@ -671,7 +804,20 @@ impl Proc {
         let log =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let started = Instant::now();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        // If this benchmark dies (Ctrl-C), take the child with it instead of leaving it
+        // retrying against a server that is gone.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .args(args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -710,6 +856,7 @@ impl Proc {
             code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
             signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
             max_rss_kib: usage.ru_maxrss.max(0) as u64,
+            cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
             at: Instant::now(),
         };
         self.done = Some(exit);
@@ -784,11 +931,14 @@ struct FullRun {
     milestones: Vec<(u64, Duration, u64)>,
     calls: u64,
     distinct: usize,
+    server_cpu: Duration,
     state: (u64, u64),
     log: String,
 }
 
 fn rss(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
+    let baseline = Baseline::now();
+    let started = Instant::now();
     let bin = binary(args)?;
     let n = args.ids;
     let c = args.concurrency;
@@ -818,7 +968,7 @@ fn rss(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
         "\n## highwater memory and resume latency (real binary)\n"
     )?;
     writeln!(out, "- command: `{command}`")?;
-    out.push_str(&machine_facts(&tmp));
+    out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
     writeln!(
         out,
         "- input: {} distinct IDs (`id-000000000`...), {}; binary `{}`",
@@ -862,6 +1012,18 @@ fn rss(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
             out,
             "| largest sampled VmRSS (every 200 ms) | {} |",
             kib_mib(f.max_rss_sampled_kib)
+        )?;
+        writeln!(
+            out,
+            "| CPU time of the binary (user + sys) | {:.1} s ({:.1} µs per ID) |",
+            f.exit.cpu.as_secs_f64(),
+            us_per(f.exit.cpu, n)
+        )?;
+        writeln!(
+            out,
+            "| CPU time of the fake API (this process) | {:.1} s ({:.1} µs per ID) |",
+            f.server_cpu.as_secs_f64(),
+            us_per(f.server_cpu, n)
         )?;
         writeln!(out, "| exit | {} |", f.exit.describe())?;
         writeln!(
@@ -958,7 +1120,7 @@ fn rss(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
         writeln!(out, "\n{note}")?;
     }
     print!("{out}");
-    drop(guard);
+    finish_temp(guard, &tmp);
     if !failed.is_empty() {
         bail!("{}", failed.join("; "));
     }
@@ -998,10 +1160,12 @@ fn full_run(
     let log_path = tmp.join("full-run.stderr");
     let args = run_args(Some(input), &api.url_template(), &state, c);
     eprintln!("full run: {} {}", bin.display(), args.join(" "));
+    let cpu = process_cpu();
     let mut proc = Proc::spawn(bin, &args, &log_path)?;
     let mut hwm = 0;
     let mut max_rss = 0;
     let mut cur_rss = 0;
+    let mut last_sample = None;
     let mut milestones = Vec::new();
     let mut next_milestone = 1u64;
     let mut last_report = Instant::now();
@@ -1015,6 +1179,7 @@ fn full_run(
             max_rss = max_rss.max(rss);
             cur_rss = rss;
             let calls = api.total_calls();
+            last_sample = Some((calls, proc.started.elapsed(), rss));
             // One sample per 10% of the input.
             while next_milestone <= 10 && calls >= n * next_milestone / 10 {
                 milestones.push((calls, proc.started.elapsed(), rss));
@@ -1037,6 +1202,13 @@ fn full_run(
         std::thread::sleep(Duration::from_millis(200));
     };
     let elapsed = exit.at - proc.started;
+    // The last sample before the exit, unless it already is the last row.
+    if let Some(last) = last_sample {
+        if milestones.last().map(|m: &(u64, Duration, u64)| m.0) != Some(last.0) {
+            milestones.push(last);
+        }
+    }
+    let server_cpu = process_cpu().saturating_sub(cpu);
     let calls = api.total_calls();
     let distinct = api.distinct_ids();
     eprintln!(
@@ -1057,6 +1229,7 @@ fn full_run(
         milestones,
         calls,
         distinct,
+        server_cpu,
         state: state_size,
         log,
     })
