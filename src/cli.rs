@@ -16,11 +16,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::engine::{self, StopHandle};
 use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
-use crate::job::{open_job, JobRequest, JobSpec, RetryOverrides, RunOptions};
+use crate::job::{open_job, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions};
 use crate::progress::{Counters, RunSummary};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
 use crate::store::{Store, StoreStats};
+use crate::throttle::{Rate, ThrottleOptions};
 
 /// Print a line to standard error. A closed standard error (its reader went away) is no
 /// reason to fail or abandon a job, so write errors are ignored.
@@ -84,7 +85,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create a job and run it, or resume the job stored in --state.
-    #[command(after_help = EXIT_CODES)]
+    /// A flag given twice takes its last value.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
     Run(Box<RunArgs>),
     /// Show where a job stands.
     Status(StatusArgs),
@@ -156,9 +158,48 @@ struct RunArgs {
     /// How often to log a progress line (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     progress_interval: Duration,
+    /// Requests per second at most, retries and probes included: 50, 50/s, 3000/min, 0.5/s.
+    /// With adaptive control (the default) this is the ceiling.
+    #[arg(long, value_name = "RATE")]
+    rate: Option<Rate>,
+    /// Requests that may start at once above the rate.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: u32,
+    /// Follow the API's pushback (429, 503, timeouts, rising latency): the rate between
+    /// --min-rate and --rate, or, without --rate, the concurrency up to --concurrency.
+    #[arg(long, value_enum, default_value = "on")]
+    adaptive: OnOff,
+    /// Floor of the adaptive rate [default: --rate / 100, at least 0.1/s].
+    #[arg(long, value_name = "RATE")]
+    min_rate: Option<Rate>,
+    /// Starting rate [default: --rate].
+    #[arg(long, value_name = "RATE")]
+    initial_rate: Option<Rate>,
+    /// Control law, proportional gain (experts).
+    #[arg(long, default_value_t = 1.0, value_name = "K")]
+    kp: f64,
+    /// Control law, integral gain, applied to the share of pushback (experts).
+    #[arg(long, default_value_t = 0.2, value_name = "K")]
+    ki: f64,
+    /// Control law, derivative gain (experts).
+    #[arg(long, default_value_t = 0.0, value_name = "K")]
+    kd: f64,
+    /// How long the API may be unreachable (everything failing) before the run stops with
+    /// exit 1, progress durable.
+    #[arg(long, default_value = "30m", value_parser = duration, value_name = "DURATION")]
+    max_outage: Duration,
+    /// Stop the run once more IDs than this failed permanently in it: a count or N%.
+    #[arg(long, value_name = "N|N%")]
+    max_failures: Option<FailureLimit>,
     /// sled page cache size in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     store_cache_mb: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -327,6 +368,19 @@ impl RunArgs {
             skip_bad_lines: self.skip_bad_lines,
             shutdown_timeout: self.shutdown_timeout,
             progress_interval: self.progress_interval,
+            throttle: ThrottleOptions {
+                rate: self.rate,
+                burst: self.burst,
+                adaptive: self.adaptive == OnOff::On,
+                min_rate: self.min_rate,
+                initial_rate: self.initial_rate,
+                kp: self.kp,
+                ki: self.ki,
+                kd: self.kd,
+                max_outage: self.max_outage,
+                ..ThrottleOptions::default()
+            },
+            max_failures: self.max_failures,
         }
     }
 }
@@ -411,6 +465,15 @@ pub async fn run_job(
     signals.abort();
     let summary: RunSummary = outcome.context("the run stopped")?;
     say!("{}", summary.render());
+    if let Some(reason) = &summary.halted {
+        if !summary.job.finished() {
+            say!(
+                "stopped: {reason}\nresume with: highwater run --state {}",
+                state.display()
+            );
+            return Ok(exit::ERROR);
+        }
+    }
     if summary.interrupted && !summary.job.finished() {
         say!("resume with: highwater run --state {}", state.display());
         return Ok(exit::SIGNAL);

@@ -36,11 +36,12 @@ use tokio::task::JoinSet;
 
 use crate::handler::{millis, Handler};
 use crate::input::InputReader;
-use crate::job::{now_ms, JobSpec, RunOptions};
-use crate::plan::{PlanError, Planner};
+use crate::job::{now_ms, FailureLimit, JobSpec, RunOptions};
+use crate::plan::{PendingIds, PlanError, Planner};
 use crate::progress::{progress_line, Counters, RunSummary};
-use crate::retry::{self, ItemOutcome};
+use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
 use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
+use crate::throttle::{Observed, Throttle};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
 pub const PLAN_BATCH_ROWS: u64 = 1000;
@@ -57,8 +58,12 @@ pub enum EngineError {
 }
 
 /// The capacity of the queue of results waiting to be made durable.
+///
+/// While one group of results is being flushed the next one queues here, so this is also
+/// the largest group a flush covers: large enough that the flush's fixed cost is spread over
+/// hundreds of results at full speed, small enough that a kill -9 repeats few calls.
 fn writer_queue(concurrency: usize) -> usize {
-    (2 * concurrency).max(32)
+    (4 * concurrency).max(256)
 }
 
 /// The most items whose API call may be repeated after a kill -9: those in flight, plus
@@ -131,18 +136,61 @@ pub async fn run<S: Store>(
     stop: Stop,
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
-    let open = store.open_buckets()?;
+    // Everything that can fail comes before any task is spawned.
+    let pending = Arc::new(PendingIds::default());
+    let mut replay = Vec::new();
+    for offset in store.open_buckets()? {
+        let items = store.bucket_items(&offset)?;
+        for (id, record) in &items {
+            if !record.is_final() {
+                pending.insert(id);
+            }
+        }
+        replay.push((offset.bucket, items));
+    }
     let planner_state = store.planner()?;
+    let mut reader = if planner_state.exhausted {
+        None
+    } else {
+        Some(InputReader::open(&spec.input, planner_state.cursor).map_err(PlanError::from)?)
+    };
+    // The run's own stop: asked for from outside, or by the run itself (a halt).
+    let (own_stop, stop_inner) = stop_pair();
+    let halt = Arc::new(Halt {
+        stop: own_stop.clone(),
+        reason: std::sync::Mutex::new(None),
+    });
+    let forward = tokio::spawn({
+        let (outer, own) = (stop.clone(), own_stop);
+        async move {
+            outer.stopping().await;
+            own.stop();
+        }
+    });
+    let stop = stop_inner;
+    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let throttle = Arc::new(Throttle::new(
+        opts.throttle.clone(),
+        permits.clone(),
+        opts.concurrency.max(1),
+    ));
+    let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
-    let writer = tokio::spawn(write_results(store.clone(), writer_rx, counters.clone()));
+    let writer = tokio::spawn(write_results(
+        store.clone(),
+        writer_rx,
+        counters.clone(),
+        opts.max_failures,
+        halt.clone(),
+        pending.clone(),
+    ));
 
     let (plan_tx, mut plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
     let planner = if planner_state.exhausted {
         None
     } else {
-        let reader =
-            InputReader::open(&spec.input, planner_state.cursor).map_err(PlanError::from)?;
+        let reader = reader.take().expect("opened above when not exhausted");
         let planner = Planner::new(
             reader,
             planner_state,
@@ -153,6 +201,7 @@ pub async fn run<S: Store>(
         Some(tokio::task::spawn_blocking(plan_ahead(
             planner,
             store.clone(),
+            pending.clone(),
             plan_tx,
             stop.clone(),
         )))
@@ -160,6 +209,7 @@ pub async fn run<S: Store>(
 
     let reporter = tokio::spawn(report_progress(
         counters.clone(),
+        throttle.clone(),
         opts.progress_interval,
         started,
     ));
@@ -169,11 +219,12 @@ pub async fn run<S: Store>(
         handler,
         counters: counters.clone(),
         stop: stop.clone(),
-        permits: Arc::new(Semaphore::new(opts.concurrency.max(1))),
+        permits,
+        throttle: throttle.clone(),
         tasks: JoinSet::new(),
         writer: writer_tx,
     };
-    let mut result = dispatcher.replay(&*store, open).await;
+    let mut result = dispatcher.replay(replay).await;
     if result.is_ok() && planner.is_some() {
         while let Some(batch) = plan_rx.recv().await {
             if let Err(e) = dispatcher.dispatch_planned(batch).await {
@@ -192,6 +243,8 @@ pub async fn run<S: Store>(
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
     reporter.abort();
+    controller.abort();
+    forward.abort();
     let planned = match planner {
         Some(p) => p
             .await
@@ -206,6 +259,7 @@ pub async fn run<S: Store>(
         run: counters.snapshot(),
         elapsed_ms: millis(started.elapsed()),
         interrupted: stop.is_stopping(),
+        halted: halt.reason(),
     })
 }
 
@@ -214,6 +268,7 @@ pub async fn run<S: Store>(
 fn plan_ahead<S: Store>(
     mut planner: Planner,
     store: Arc<S>,
+    pending: Arc<PendingIds>,
     out: mpsc::Sender<Vec<PlannedBucket>>,
     stop: Stop,
 ) -> impl FnOnce() -> Result<(), PlanError> {
@@ -221,7 +276,7 @@ fn plan_ahead<S: Store>(
         let runtime = tokio::runtime::Handle::current();
         while !stop.is_stopping() {
             let before = planner.state();
-            let batch = planner.next_batch(&*store, PLAN_BATCH_ROWS)?;
+            let batch = planner.next_batch(&*store, &pending, PLAN_BATCH_ROWS)?;
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
@@ -241,6 +296,7 @@ struct Dispatcher {
     counters: Arc<Counters>,
     stop: Stop,
     permits: Arc<Semaphore>,
+    throttle: Arc<Throttle>,
     tasks: JoinSet<()>,
     writer: mpsc::Sender<WriterMsg>,
 }
@@ -249,8 +305,7 @@ impl Dispatcher {
     /// Replay buckets written ahead but never committed: only their unfinished items.
     async fn replay(
         &mut self,
-        store: &impl Store,
-        open: Vec<crate::store::OffsetRecord>,
+        open: Vec<(u64, Vec<(String, ItemRecord)>)>,
     ) -> Result<(), EngineError> {
         if !open.is_empty() {
             tracing::info!(
@@ -258,21 +313,20 @@ impl Dispatcher {
                 "replaying buckets that were not committed"
             );
         }
-        for offset in open {
-            let (mut ok, mut failed, mut pending) = (0, 0, Vec::new());
-            for (id, record) in store.bucket_items(&offset)? {
+        for (bucket, items) in open {
+            let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
+            for (id, record) in items {
                 match record.status {
                     ItemStatus::Ok => ok += 1,
                     ItemStatus::Failed => failed += 1,
-                    ItemStatus::Pending => pending.push(Item {
+                    ItemStatus::Pending => todo.push(Item {
                         id,
                         row: record.row,
-                        bucket: offset.bucket,
+                        bucket,
                     }),
                 }
             }
-            self.dispatch_bucket(offset.bucket, ok, failed, pending)
-                .await?;
+            self.dispatch_bucket(bucket, ok, failed, todo).await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -319,6 +373,7 @@ impl Dispatcher {
                 return Err(writer_gone());
             }
             let task = ItemTask {
+                throttle: self.throttle.clone(),
                 spec: self.spec.clone(),
                 handler: self.handler.clone(),
                 counters: self.counters.clone(),
@@ -326,8 +381,12 @@ impl Dispatcher {
                 writer: self.writer.clone(),
             };
             self.tasks.spawn(async move {
+                let throttle = task.throttle.clone();
                 task.process(item).await;
                 drop(permit);
+                if let Some(c) = throttle.concurrency() {
+                    c.settle();
+                }
             });
             while let Some(done) = self.tasks.try_join_next() {
                 done.map_err(|e| EngineError::Internal(format!("item task: {e}")))?;
@@ -370,6 +429,7 @@ fn writer_gone() -> EngineError {
 }
 
 struct ItemTask {
+    throttle: Arc<Throttle>,
     spec: Arc<JobSpec>,
     handler: Arc<Handler>,
     counters: Arc<Counters>,
@@ -381,15 +441,40 @@ impl ItemTask {
     async fn process(self, item: Item) {
         let handler = &self.handler;
         let counters = &self.counters;
+        let throttle = &*self.throttle;
+        let stop = &self.stop;
         let id = item.id.as_str();
         let outcome = retry::run(
             &self.spec.retry,
-            |attempt| {
+            |attempt| async move {
+                // Waiting for the rate limit or for the API to come back is given up on a
+                // stop; a request already sent is let finish.
+                let probe = tokio::select! {
+                    probe = throttle.before_attempt() => probe,
+                    _ = stop.stopping() => return None,
+                };
                 Counters::add(&counters.attempts, 1);
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
                 }
-                handler.attempt(id)
+                let result = handler.attempt(id).await;
+                let observed = observe(&result);
+                if let Err(AttemptError {
+                    http_status: Some(429),
+                    ..
+                }) = &result
+                {
+                    Counters::add(&throttle.throttled, 1);
+                }
+                let counts = throttle.after_attempt(observed, probe);
+                Some((
+                    result,
+                    if counts {
+                        Charge::Counted
+                    } else {
+                        Charge::Free
+                    },
+                ))
             },
             self.stop.stopping(),
         )
@@ -397,14 +482,24 @@ impl ItemTask {
         let mut record = ItemRecord::pending(item.row, item.bucket);
         record.finished_at_ms = Some(now_ms());
         match outcome {
-            ItemOutcome::Ok { success, attempts } => {
+            ItemOutcome::Ok {
+                success,
+                attempts,
+                errors,
+            } => {
+                record.attempt_errors = errors;
                 record.status = ItemStatus::Ok;
                 record.http_status = Some(success.http_status);
                 record.body = Some(success.body);
                 record.latency_ms = Some(millis(success.latency));
                 record.attempts = attempts;
             }
-            ItemOutcome::Failed { error, attempts } => {
+            ItemOutcome::Failed {
+                error,
+                attempts,
+                errors,
+            } => {
+                record.attempt_errors = errors;
                 tracing::debug!(id, class = %error.class, error = %error.message, "item failed");
                 record.status = ItemStatus::Failed;
                 record.http_status = error.http_status;
@@ -428,6 +523,64 @@ impl ItemTask {
     }
 }
 
+/// What an attempt's result tells the throttle.
+fn observe(result: &Result<Success, AttemptError>) -> Observed {
+    match result {
+        Ok(s) => Observed::Success(s.latency),
+        Err(e) => match (e.class, e.http_status) {
+            (ErrorClass::Http, Some(429)) => Observed::Pushback,
+            (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
+            (ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Connection, _) => {
+                Observed::Down
+            }
+            _ => Observed::Answered,
+        },
+    }
+}
+
+/// A run stopping itself, and why.
+struct Halt {
+    stop: StopHandle,
+    reason: std::sync::Mutex<Option<String>>,
+}
+
+impl Halt {
+    fn reason(&self) -> Option<String> {
+        self.reason.lock().expect("never poisoned").clone()
+    }
+
+    fn halt(&self, reason: String) {
+        let mut r = self.reason.lock().expect("never poisoned");
+        if r.is_none() {
+            tracing::error!("{reason}");
+            *r = Some(reason);
+        }
+        self.stop.stop();
+    }
+}
+
+/// The controller task: adapt at every tick; halt the run when the API is out too long.
+async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
+    let tick = throttle.tick_interval();
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let mut last = Instant::now();
+    loop {
+        ticker.tick().await;
+        throttle.on_tick(last.elapsed());
+        last = Instant::now();
+        if let Some(out) = throttle.outage() {
+            if out > throttle.max_outage() {
+                halt.halt(format!(
+                    "the API has been unreachable for {} (--max-outage {}); every result so far is durable",
+                    humantime::format_duration(Duration::from_secs(out.as_secs())),
+                    humantime::format_duration(throttle.max_outage()),
+                ));
+                return;
+            }
+        }
+    }
+}
+
 struct Tracked {
     remaining: u64,
     ok: u64,
@@ -439,6 +592,9 @@ async fn write_results<S: Store>(
     store: Arc<S>,
     mut rx: mpsc::Receiver<WriterMsg>,
     counters: Arc<Counters>,
+    max_failures: Option<FailureLimit>,
+    halt: Arc<Halt>,
+    pending: Arc<PendingIds>,
 ) -> Result<(), StoreError> {
     let mut open: HashMap<u64, Tracked> = HashMap::new();
     let mut msgs = Vec::new();
@@ -477,6 +633,8 @@ async fn write_results<S: Store>(
         }
         if !results.is_empty() {
             store.record(&results)?;
+            // Now in the store (visible, durable at the sync below): no longer pending.
+            pending.remove_all(results.iter().map(|(id, _)| id.as_str()));
             store.sync().await?;
             for (_, record) in &results {
                 let ok = record.status == ItemStatus::Ok;
@@ -509,11 +667,31 @@ async fn write_results<S: Store>(
             store.commit(&commits)?;
             Counters::add(&counters.buckets_committed, commits.len() as u64);
         }
+        if let Some(limit) = max_failures {
+            let now = counters.snapshot();
+            if limit.exceeded(now.failed, now.done()) {
+                let last = results
+                    .iter()
+                    .rev()
+                    .find_map(|(_, r)| r.error.clone())
+                    .unwrap_or_default();
+                halt.halt(format!(
+                    "{} of {} IDs failed permanently in this run, past --max-failures; the last error: {last}",
+                    now.failed,
+                    now.done()
+                ));
+            }
+        }
     }
     store.sync().await
 }
 
-async fn report_progress(counters: Arc<Counters>, interval: Duration, started: Instant) {
+async fn report_progress(
+    counters: Arc<Counters>,
+    throttle: Arc<Throttle>,
+    interval: Duration,
+    started: Instant,
+) {
     if interval.is_zero() {
         return;
     }
@@ -522,10 +700,23 @@ async fn report_progress(counters: Arc<Counters>, interval: Duration, started: I
     loop {
         ticker.tick().await;
         let now = counters.snapshot();
-        tracing::info!(
-            "{}",
-            progress_line(&now, &last, interval, started.elapsed())
-        );
+        let mut line = progress_line(&now, &last, interval, started.elapsed());
+        if let Some(rate) = throttle.rate() {
+            line.push_str(&format!(", rate limit {rate:.1}/s"));
+        }
+        if let Some(c) = throttle.concurrency() {
+            line.push_str(&format!(", concurrency {}", c.limit()));
+        }
+        let throttled = throttle
+            .throttled
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if throttled > 0 {
+            line.push_str(&format!(", {throttled} answers 429"));
+        }
+        if let Some(out) = throttle.outage() {
+            line.push_str(&format!(", API out for {:.0}s", out.as_secs_f64()));
+        }
+        tracing::info!("{line}");
         last = now;
     }
 }
@@ -616,7 +807,9 @@ mod tests {
         // Plan everything ahead as a crashed run would have, and finish some items of bucket 1.
         let reader = InputReader::open(&s.spec.input, Default::default()).unwrap();
         let mut planner = Planner::new(reader, Default::default(), 100, false, s.spec.fingerprint);
-        let batch = planner.next_batch(&*s.store, 1000).unwrap();
+        let batch = planner
+            .next_batch(&*s.store, &PendingIds::default(), 1000)
+            .unwrap();
         s.store.plan(&batch, &planner.state()).unwrap();
         let mut done = Vec::new();
         for (row, id) in batch[1].items.iter().take(60) {

@@ -125,6 +125,55 @@ pub struct RunOptions {
     pub shutdown_timeout: Duration,
     /// How often a progress line is logged (zero: never).
     pub progress_interval: Duration,
+    /// Rate limit, adaptive control and outage handling.
+    pub throttle: crate::throttle::ThrottleOptions,
+    /// Stop the run once more IDs than this failed permanently in it.
+    pub max_failures: Option<FailureLimit>,
+}
+
+/// `--max-failures`: a count, or a share of the IDs finished in the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailureLimit {
+    Count(u64),
+    /// Percent (0-100) of finished IDs, judged once at least [`FailureLimit::MIN_SAMPLE`] finished.
+    Percent(f64),
+}
+
+impl FailureLimit {
+    /// Finished IDs needed before a percentage is judged.
+    pub const MIN_SAMPLE: u64 = 100;
+
+    /// Whether `failed` of `finished` is past the limit.
+    pub fn exceeded(&self, failed: u64, finished: u64) -> bool {
+        match *self {
+            FailureLimit::Count(n) => failed > n,
+            FailureLimit::Percent(p) => {
+                finished >= Self::MIN_SAMPLE && failed as f64 > p / 100.0 * finished as f64
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for FailureLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some(p) = s.strip_suffix('%') {
+            let p: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a percentage"))?;
+            if !(0.0..=100.0).contains(&p) {
+                return Err(format!("{s:?}: a percentage is between 0% and 100%"));
+            }
+            Ok(FailureLimit::Percent(p))
+        } else {
+            s.parse()
+                .map(FailureLimit::Count)
+                .map_err(|_| format!("{s:?} is not a count or a percentage (write 100 or 5%)"))
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -134,6 +183,8 @@ impl Default for RunOptions {
             skip_bad_lines: false,
             shutdown_timeout: Duration::from_secs(30),
             progress_interval: Duration::from_secs(30),
+            throttle: crate::throttle::ThrottleOptions::default(),
+            max_failures: None,
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct RunSummary {
     pub elapsed_ms: u64,
     /// The run stopped on a signal before the job finished.
     pub interrupted: bool,
+    /// The run stopped itself (API out too long, too many failures): why.
+    pub halted: Option<String>,
 }
 
 impl RunSummary {
@@ -108,6 +110,8 @@ impl RunSummary {
         let j = &self.job;
         let state = if j.finished() {
             "finished"
+        } else if self.halted.is_some() {
+            "halted (resume with the same command once the cause is fixed)"
         } else if self.interrupted {
             "stopped (resume with the same command)"
         } else {

@@ -123,34 +123,56 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     }
 }
 
-/// How an item ended.
+/// How an item ended. `errors` lists every failed attempt's error, oldest first.
 #[derive(Debug)]
 pub enum ItemOutcome {
     Ok {
         success: Success,
         attempts: u32,
+        errors: Vec<AttemptNote>,
     },
     /// Out of attempts or permanently refused: the last error.
     Failed {
         error: AttemptError,
         attempts: u32,
+        errors: Vec<AttemptNote>,
     },
     /// Stopped before a final answer (shutdown): the item stays pending and is replayed.
     Abandoned,
 }
 
+/// One failed attempt, as kept in an item's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptNote {
+    pub class: ErrorClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// The attempt failed during an API outage and did not count against the item.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free: bool,
+}
+
+/// Whether an attempt counts against the item's attempts and retry time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    Counted,
+    /// The attempt failed because the whole API was out: it costs the item nothing.
+    Free,
+}
+
 /// Run `attempt` until it succeeds, fails permanently, or the policy runs out.
 ///
-/// `stopping` resolves when the run is shutting down: the loop then gives up instead of
-/// waiting for a backoff to pass, and the item is [`ItemOutcome::Abandoned`].
+/// `attempt` gets the 1-based number of the attempt and returns its result and whether it
+/// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping); free attempts (during an outage) neither use up attempts nor advance
+/// the backoff. `stopping` resolves when the run is shutting down: the loop then gives up
+/// instead of waiting for a backoff to pass, and the item is [`ItemOutcome::Abandoned`].
 pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
 where
     F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Result<Success, AttemptError>>,
+    Fut: Future<Output = Option<(Result<Success, AttemptError>, Charge)>>,
     S: Future<Output = ()>,
 {
     tokio::pin!(stopping);
-    let started = Instant::now();
     let mut backoff = backoff::ExponentialBackoffBuilder::new()
         .with_initial_interval(policy.initial)
         .with_max_interval(policy.max_interval)
@@ -159,22 +181,58 @@ where
         .with_max_elapsed_time(None)
         .build();
     let max_attempts = policy.max_attempts.max(1);
-    let mut attempts = 0;
+    let mut charged = 0;
+    let mut made = 0;
+    let mut charged_time = Duration::ZERO;
+    let mut errors = Vec::new();
     loop {
-        attempts += 1;
-        let error = match attempt(attempts).await {
-            Ok(success) => return ItemOutcome::Ok { success, attempts },
+        made += 1;
+        let started = Instant::now();
+        let Some((result, charge)) = attempt(made).await else {
+            return ItemOutcome::Abandoned;
+        };
+        let error = match result {
+            Ok(success) => {
+                return ItemOutcome::Ok {
+                    success,
+                    attempts: made,
+                    errors,
+                }
+            }
             Err(error) => error,
         };
-        let wait = match classify(&error) {
-            Verdict::Permanent => return ItemOutcome::Failed { error, attempts },
-            Verdict::Retry { after } => after
-                .or_else(|| backoff.next_backoff())
-                .unwrap_or(policy.max_interval),
+        errors.push(AttemptNote {
+            class: error.class,
+            http_status: error.http_status,
+            free: charge == Charge::Free,
+        });
+        let wait = match (classify(&error), charge) {
+            (Verdict::Permanent, _) => {
+                return ItemOutcome::Failed {
+                    error,
+                    attempts: made,
+                    errors,
+                }
+            }
+            // The outage gate holds the next attempt back; only avoid a hot loop here.
+            (Verdict::Retry { .. }, Charge::Free) => policy.initial.min(Duration::from_millis(100)),
+            (Verdict::Retry { after }, Charge::Counted) => {
+                charged += 1;
+                charged_time += started.elapsed();
+                let wait = after
+                    .or_else(|| backoff.next_backoff())
+                    .unwrap_or(policy.max_interval);
+                if charged >= max_attempts || charged_time + wait > policy.max_elapsed {
+                    return ItemOutcome::Failed {
+                        error,
+                        attempts: made,
+                        errors,
+                    };
+                }
+                charged_time += wait;
+                wait
+            }
         };
-        if attempts >= max_attempts || started.elapsed() + wait > policy.max_elapsed {
-            return ItemOutcome::Failed { error, attempts };
-        }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stopping => return ItemOutcome::Abandoned,
@@ -264,11 +322,8 @@ mod tests {
         let outcome = run(
             &policy(5),
             |n| async move {
-                if n < 3 {
-                    Err(http(503))
-                } else {
-                    Ok(ok())
-                }
+                let r = if n < 3 { Err(http(503)) } else { Ok(ok()) };
+                Some((r, Charge::Counted))
             },
             std::future::pending(),
         )
@@ -280,7 +335,7 @@ mod tests {
     async fn permanent_is_not_retried() {
         let outcome = run(
             &policy(5),
-            |_| async { Err(http(404)) },
+            |_| async { Some((Err(http(404)), Charge::Counted)) },
             std::future::pending(),
         )
         .await;
@@ -291,14 +346,44 @@ mod tests {
     async fn out_of_attempts_keeps_the_last_error() {
         let outcome = run(
             &policy(3),
-            |n| async move { Err(http(if n == 3 { 502 } else { 503 })) },
+            |n| async move { Some((Err(http(if n == 3 { 502 } else { 503 })), Charge::Counted)) },
             std::future::pending(),
         )
         .await;
         match outcome {
-            ItemOutcome::Failed { error, attempts } => {
+            ItemOutcome::Failed {
+                error,
+                attempts,
+                errors,
+            } => {
+                assert_eq!(errors.len(), 3);
                 assert_eq!(attempts, 3);
                 assert_eq!(error.http_status, Some(502));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn free_attempts_do_not_use_up_the_item() {
+        let outcome = run(
+            &policy(2),
+            |n| async move {
+                Some(match n {
+                    1..=6 => (Err(http(503)), Charge::Free),
+                    7 => (Err(http(503)), Charge::Counted),
+                    _ => (Ok(ok()), Charge::Counted),
+                })
+            },
+            std::future::pending(),
+        )
+        .await;
+        match outcome {
+            ItemOutcome::Ok {
+                attempts, errors, ..
+            } => {
+                assert_eq!(attempts, 8);
+                assert_eq!(errors.iter().filter(|e| e.free).count(), 6);
             }
             other => panic!("{other:?}"),
         }
@@ -310,7 +395,12 @@ mod tests {
         p.initial = Duration::from_secs(3600);
         p.max_interval = Duration::from_secs(3600);
         p.max_elapsed = Duration::from_secs(100_000);
-        let outcome = run(&p, |_| async { Err(http(503)) }, async {}).await;
+        let outcome = run(
+            &p,
+            |_| async { Some((Err(http(503)), Charge::Counted)) },
+            async {},
+        )
+        .await;
         assert!(matches!(outcome, ItemOutcome::Abandoned));
     }
 }

@@ -32,6 +32,8 @@ struct ExportRow<'a> {
     error_class: Option<String>,
     attempts: u32,
     bucket: u64,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    attempt_errors: &'a [crate::retry::AttemptNote],
 }
 
 /// Write every final result of `store` to `out`. Returns the number of records.
@@ -102,6 +104,7 @@ fn row<'a>(id: &'a str, r: &'a ItemRecord) -> ExportRow<'a> {
         error_class: r.class.map(|c| c.to_string()),
         attempts: r.attempts,
         bucket: r.bucket,
+        attempt_errors: &r.attempt_errors,
     }
 }
 

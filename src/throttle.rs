@@ -14,7 +14,7 @@
 //! Spark's PID rate estimator (proportional 1.0, integral 0.2, derivative 0.0) adjusts the
 //! rate from the batch processing rate. Here the "processing rate" is what the API accepted,
 //! and the integral term is driven by the API's pushback instead of scheduling delay. Every
-//! tick (default 1 s), with `rate` the current limit, `accepted` the answers per second that
+//! tick (200 ms), with `rate` the current limit, `accepted` the answers per second that
 //! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
 //!
 //! ```text
@@ -25,18 +25,21 @@
 //!     new_rate   = rate - kp*error - ki*historical - kd*d_error
 //!     new_rate   = max(new_rate, (1 - ki) * accepted)   (never far below what was accepted)
 //! otherwise (the API keeps up):
-//!     new_rate   = rate * (1 + increase)             (increase 0.05 per tick)
+//!     new_rate   = rate * (1 + increase)             (10% per second, compounded per tick)
 //! new_rate is clamped to [min_rate, ceiling]
 //! ```
 //!
 //! Against an API that accepts C requests/s and refuses the rest, a rate R > C drops in one
-//! tick to about `max(C - ki*(R - C), (1 - ki)*C)`, just under capacity, then climbs by 5% per tick until the
-//! next refusal: the rate saw-tooths just below C, refusals stay a few percent of attempts.
+//! tick to about `max(C - ki*(R - C), (1 - ki)*C)`, just under capacity, then climbs 10% per
+//! second until the next refusal: the rate saw-tooths just below C, refusals stay a few
+//! percent of attempts. Without `--rate` the ceiling is unlimited: the limiter binds only
+//! once the API pushes back; concurrency also adapts (x0.7 on pushback, +1 per calm tick).
 
 use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Jitter, Quota};
@@ -329,5 +332,416 @@ mod tests {
             swapped.elapsed() >= Duration::from_millis(45),
             "no free permit right after a swap"
         );
+    }
+}
+
+/// What the throttle is asked to do for a run.
+#[derive(Debug, Clone)]
+pub struct ThrottleOptions {
+    /// Requests per second at most (the ceiling when adaptive). `None`: no rate limit.
+    pub rate: Option<Rate>,
+    pub burst: u32,
+    /// Follow the API's pushback (rate when `rate` is set, concurrency otherwise).
+    pub adaptive: bool,
+    /// Floor of the adaptive rate (default: a hundredth of the ceiling, at least 0.1/s).
+    pub min_rate: Option<Rate>,
+    /// Starting rate (default: the ceiling).
+    pub initial_rate: Option<Rate>,
+    /// Control-law constants.
+    pub kp: f64,
+    pub ki: f64,
+    pub kd: f64,
+    /// Controller tick.
+    pub tick: Duration,
+    /// How long the API may be out before the run stops.
+    pub max_outage: Duration,
+}
+
+impl Default for ThrottleOptions {
+    fn default() -> Self {
+        ThrottleOptions {
+            rate: None,
+            burst: 1,
+            adaptive: true,
+            min_rate: None,
+            initial_rate: None,
+            kp: 1.0,
+            ki: 0.2,
+            kd: 0.0,
+            tick: Duration::from_millis(200),
+            max_outage: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// The ceiling of an adaptive rate when no `--rate` is given: no limit in practice.
+pub const UNLIMITED: f64 = 1e9;
+/// How fast the adaptive rate climbs while the API keeps up: 10% per second.
+pub const INCREASE_PER_SECOND: f64 = 0.10;
+
+/// Failures in a row, with no answer in between, that mean the API is out rather than
+/// failing some items.
+pub const OUTAGE_AFTER_FAILURES: u64 = 20;
+/// Failures in a row after which further ones no longer count against their items.
+pub const FREE_AFTER_FAILURES: u64 = 5;
+/// The first probe's delay after an outage starts; doubles up to [`MAX_PROBE_INTERVAL`].
+pub const FIRST_PROBE_AFTER: Duration = Duration::from_millis(500);
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// What an attempt's outcome tells the throttle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// A 2xx answer, with its latency.
+    Success(Duration),
+    /// 429, or 503 (the API pushes back), or a timeout.
+    Pushback,
+    /// Refused or dropped connection, 5xx other than 503: the API may be out.
+    Down,
+    /// Any other answer: the API works, the item does not.
+    Answered,
+}
+
+#[derive(Default)]
+struct TickCounters {
+    attempts: AtomicU64,
+    pushback: AtomicU64,
+    latency_us: AtomicU64,
+    successes: AtomicU64,
+}
+
+struct Outage {
+    /// When the current outage began (`None`: the API is up).
+    since: Option<std::time::Instant>,
+    /// When the next probe may go.
+    next_probe: std::time::Instant,
+    probe_interval: Duration,
+    /// A probe is in flight.
+    probing: bool,
+}
+
+/// Paces attempts for a whole run: the rate limit, the adaptive controller, and the outage
+/// gate that holds every attempt back while the API is out, letting one probe through at
+/// growing intervals.
+pub struct Throttle {
+    options: ThrottleOptions,
+    limiter: Option<RateLimiter>,
+    controller: Mutex<Option<RateController>>,
+    concurrency: Option<AdaptiveConcurrency>,
+    tick: TickCounters,
+    failures_in_a_row: AtomicU64,
+    outage: Mutex<Outage>,
+    outage_changed: tokio::sync::Notify,
+    /// Attempts answered 429 over the run, for reports.
+    pub throttled: AtomicU64,
+}
+
+/// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
+pub struct AdaptiveConcurrency {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: AtomicU64,
+    max: u64,
+    /// Permits to take away as they come back.
+    owed: AtomicU64,
+}
+
+impl AdaptiveConcurrency {
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    fn set(&self, new: u64) {
+        let new = new.clamp(1, self.max);
+        let old = self.limit.swap(new, Relaxed);
+        if new > old {
+            let mut grow = new - old;
+            // Cancel owed shrinkage first.
+            while grow > 0 {
+                let owed = self.owed.load(Relaxed);
+                if owed == 0 {
+                    break;
+                }
+                let take = owed.min(grow);
+                if self
+                    .owed
+                    .compare_exchange(owed, owed - take, Relaxed, Relaxed)
+                    .is_ok()
+                {
+                    grow -= take;
+                }
+            }
+            self.permits.add_permits(grow as usize);
+        } else if new < old {
+            let mut shrink = old - new;
+            while shrink > 0 {
+                match self.permits.try_acquire() {
+                    Ok(p) => {
+                        p.forget();
+                        shrink -= 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.owed.fetch_add(shrink, Relaxed);
+        }
+    }
+
+    /// Called when a permit is released: keep it if shrinkage is owed.
+    pub fn settle(&self) {
+        while self.owed.load(Relaxed) > 0 {
+            let Ok(p) = self.permits.try_acquire() else {
+                return;
+            };
+            let owed = self.owed.load(Relaxed);
+            if owed > 0
+                && self
+                    .owed
+                    .compare_exchange(owed, owed - 1, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                p.forget();
+            } else {
+                drop(p);
+                return;
+            }
+        }
+    }
+}
+
+impl Throttle {
+    /// A throttle for a run whose item concurrency is bounded by `permits` (holding
+    /// `max_concurrency` permits).
+    pub fn new(
+        options: ThrottleOptions,
+        permits: Arc<tokio::sync::Semaphore>,
+        max_concurrency: usize,
+    ) -> Throttle {
+        // Without --rate but adaptive, the ceiling is "unlimited": the limiter only starts to
+        // bind once the API pushes back and the controller brings the rate down.
+        let ceiling = match (options.rate, options.adaptive) {
+            (Some(r), _) => Some(r.0),
+            (None, true) => Some(UNLIMITED),
+            (None, false) => None,
+        };
+        let limiter = ceiling.map(|ceiling| {
+            let initial = options
+                .initial_rate
+                .map(|r| r.0.min(ceiling))
+                .unwrap_or(ceiling);
+            RateLimiter::new(Rate(initial), options.burst)
+        });
+        let controller = match (ceiling, options.adaptive) {
+            (Some(ceiling), true) => {
+                let default_floor = if ceiling >= UNLIMITED {
+                    1.0
+                } else {
+                    (ceiling / 100.0).max(0.1)
+                };
+                let floor = options
+                    .min_rate
+                    .map(|r| r.0)
+                    .unwrap_or(default_floor)
+                    .min(ceiling);
+                let mut settings = ControlSettings::new(floor, ceiling);
+                settings.kp = options.kp;
+                settings.ki = options.ki;
+                settings.kd = options.kd;
+                settings.increase =
+                    (1.0 + INCREASE_PER_SECOND).powf(options.tick.as_secs_f64()) - 1.0;
+                let initial = options.initial_rate.map(|r| r.0).unwrap_or(ceiling);
+                Some(RateController::new(settings, initial))
+            }
+            _ => None,
+        };
+        let concurrency =
+            (options.rate.is_none() && options.adaptive).then(|| AdaptiveConcurrency {
+                permits,
+                limit: AtomicU64::new(max_concurrency as u64),
+                max: max_concurrency as u64,
+                owed: AtomicU64::new(0),
+            });
+        let now = std::time::Instant::now();
+        Throttle {
+            options,
+            limiter,
+            controller: Mutex::new(controller),
+            concurrency,
+            tick: TickCounters::default(),
+            failures_in_a_row: AtomicU64::new(0),
+            outage: Mutex::new(Outage {
+                since: None,
+                next_probe: now,
+                probe_interval: FIRST_PROBE_AFTER,
+                probing: false,
+            }),
+            outage_changed: tokio::sync::Notify::new(),
+            throttled: AtomicU64::new(0),
+        }
+    }
+
+    /// The rate limit in force, if any (none while an adaptive limit is still unlimited).
+    pub fn rate(&self) -> Option<f64> {
+        self.limiter
+            .as_ref()
+            .map(RateLimiter::rate)
+            .filter(|r| *r < UNLIMITED)
+    }
+
+    /// The adaptive concurrency limit, when concurrency is what adapts.
+    pub fn concurrency(&self) -> Option<&AdaptiveConcurrency> {
+        self.concurrency.as_ref()
+    }
+
+    /// How long the API has been out, if it is.
+    pub fn outage(&self) -> Option<Duration> {
+        self.outage
+            .lock()
+            .expect("never poisoned")
+            .since
+            .map(|s| s.elapsed())
+    }
+
+    /// Wait until an attempt may start: the outage gate (one probe at a time while the API
+    /// is out), then the rate limit. Returns whether this attempt is a probe.
+    pub async fn before_attempt(&self) -> bool {
+        let probe = loop {
+            let notified = self.outage_changed.notified();
+            let wait = {
+                let mut o = self.outage.lock().expect("never poisoned");
+                match o.since {
+                    None => break false,
+                    Some(_) if !o.probing && std::time::Instant::now() >= o.next_probe => {
+                        o.probing = true;
+                        break true;
+                    }
+                    Some(_) => o
+                        .next_probe
+                        .saturating_duration_since(std::time::Instant::now()),
+                }
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
+            }
+        };
+        if let Some(l) = &self.limiter {
+            l.until_ready().await;
+        }
+        probe
+    }
+
+    /// Record what an attempt saw. Returns whether the attempt counts against its item:
+    /// failures while the API is out do not.
+    pub fn after_attempt(&self, observed: Observed, probe: bool) -> bool {
+        self.tick.attempts.fetch_add(1, Relaxed);
+        match observed {
+            Observed::Success(latency) => {
+                self.tick.successes.fetch_add(1, Relaxed);
+                self.tick
+                    .latency_us
+                    .fetch_add(latency.as_micros() as u64, Relaxed);
+            }
+            Observed::Pushback => {
+                self.tick.pushback.fetch_add(1, Relaxed);
+            }
+            Observed::Down | Observed::Answered => {}
+        }
+        if observed == Observed::Down {
+            let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
+            let mut o = self.outage.lock().expect("never poisoned");
+            if probe {
+                o.probing = false;
+                o.probe_interval = (o.probe_interval * 2).min(MAX_PROBE_INTERVAL);
+                o.next_probe = std::time::Instant::now() + o.probe_interval;
+            }
+            if o.since.is_none() && in_a_row >= OUTAGE_AFTER_FAILURES {
+                tracing::warn!("the API looks down ({in_a_row} failures in a row): pausing, probing with one request at growing intervals");
+                o.since = Some(std::time::Instant::now());
+                o.probe_interval = FIRST_PROBE_AFTER;
+                o.next_probe = std::time::Instant::now() + FIRST_PROBE_AFTER;
+                o.probing = false;
+            }
+            // A streak of failures across items is probably an outage starting: from the
+            // fifth on they cost their items nothing, so no item fails while it is detected.
+            return o.since.is_none() && in_a_row < FREE_AFTER_FAILURES;
+        }
+        self.failures_in_a_row.store(0, Relaxed);
+        let mut o = self.outage.lock().expect("never poisoned");
+        if let Some(since) = o.since.take() {
+            tracing::warn!(
+                "the API answers again after {:.1}s: resuming at a low rate",
+                since.elapsed().as_secs_f64()
+            );
+            o.probing = false;
+            drop(o);
+            self.restart_low();
+            self.outage_changed.notify_waiters();
+        } else if probe {
+            o.probing = false;
+        }
+        true
+    }
+
+    /// After an outage, start again gently: the rate floor (or a quarter of the concurrency).
+    fn restart_low(&self) {
+        if let (Some(l), Some(c)) = (
+            &self.limiter,
+            self.controller.lock().expect("never poisoned").as_mut(),
+        ) {
+            let low = (c.rate / 10.0).max(c.settings.min_rate);
+            c.rate = low;
+            l.set_rate(Rate(low));
+        }
+        if let Some(c) = &self.concurrency {
+            c.set((c.max / 4).max(1));
+        }
+    }
+
+    /// One controller tick: read and reset the tick's signals, adapt rate or concurrency.
+    pub fn on_tick(&self, elapsed: Duration) {
+        let attempts = self.tick.attempts.swap(0, Relaxed);
+        let pushback = self.tick.pushback.swap(0, Relaxed);
+        let successes = self.tick.successes.swap(0, Relaxed);
+        let latency_us = self.tick.latency_us.swap(0, Relaxed);
+        if self.outage.lock().expect("never poisoned").since.is_some() {
+            return;
+        }
+        let signals = TickSignals {
+            elapsed,
+            attempts,
+            pushback,
+            mean_latency: (successes > 0).then(|| Duration::from_micros(latency_us / successes)),
+        };
+        if let (Some(l), Some(c)) = (
+            &self.limiter,
+            self.controller.lock().expect("never poisoned").as_mut(),
+        ) {
+            let before = c.rate();
+            let after = c.update(&signals);
+            if (after - before).abs() > before * 0.001 {
+                tracing::debug!(rate = after, pushback, attempts, "rate adjusted");
+                l.set_rate(Rate(after));
+            }
+        }
+        if let Some(c) = &self.concurrency {
+            if attempts == 0 {
+                return;
+            }
+            let limit = c.limit();
+            if pushback > 0 {
+                c.set(((limit as f64) * 0.7).floor() as u64);
+            } else {
+                c.set(limit + 1);
+            }
+        }
+    }
+
+    /// The controller tick interval.
+    pub fn tick_interval(&self) -> Duration {
+        self.options.tick
+    }
+
+    /// The longest outage tolerated.
+    pub fn max_outage(&self) -> Duration {
+        self.options.max_outage
     }
 }

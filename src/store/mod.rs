@@ -4,10 +4,11 @@
 //!
 //! - the **offset log** ([`OffsetRecord`], one per bucket): the bucket's row range, the byte
 //!   positions to re-read it and the input fingerprint, written together with the bucket's
-//!   unique IDs (the *order index*, row → ID) and a pending [`ItemRecord`] per ID, atomically,
-//!   and made durable before any of its items is dispatched: a write-ahead record;
-//! - the **results** ([`ItemRecord`], one per unique ID, keyed by ID): pending, then ok or
-//!   failed once final; a replayed ID overwrites its own record, so output never duplicates;
+//!   unique IDs (in input order), atomically, and made durable before any of its items is
+//!   dispatched: a write-ahead record;
+//! - the **results** ([`ItemRecord`], one per unique ID, keyed by ID), written once the item
+//!   is final (ok or failed); a replayed ID overwrites its own record, so output never
+//!   duplicates; an ID of a planned bucket without a record is pending;
 //! - the **commit log** ([`CommitRecord`], one per bucket): written only after every result of
 //!   the bucket is durable;
 //! - the job's spec and the planner's position in the input.
@@ -110,6 +111,9 @@ pub struct ItemRecord {
     pub error: Option<String>,
     #[serde(default)]
     pub attempts: u32,
+    /// Every failed attempt's error class, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempt_errors: Vec<crate::retry::AttemptNote>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +131,7 @@ impl ItemRecord {
             class: None,
             error: None,
             attempts: 0,
+            attempt_errors: Vec::new(),
             latency_ms: None,
             finished_at_ms: None,
         }
@@ -204,10 +209,10 @@ pub trait Store: Send + Sync + 'static {
     fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError>;
     /// Where the planner stands.
     fn planner(&self) -> Result<PlannerState, StoreError>;
-    /// Whether an ID was already planned (its first occurrence is in an earlier row).
-    fn is_planned(&self, id: &str) -> Result<bool, StoreError>;
-    /// Atomically write planned buckets (offset records, order index, pending items, bad
-    /// lines) together with the planner's new position.
+    /// Whether an ID has a final result (its first occurrence was in an earlier bucket).
+    fn has_result(&self, id: &str) -> Result<bool, StoreError>;
+    /// Atomically write planned buckets (offset records, their unique IDs, bad lines)
+    /// together with the planner's new position.
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError>;
     /// Write final item records.
     fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError>;

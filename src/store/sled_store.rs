@@ -9,8 +9,9 @@
 //!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
 //!     offsets  bucket (u64 BE) → OffsetRecord JSON      (the offset log)
 //!     commits  bucket (u64 BE) → CommitRecord JSON      (the commit log)
-//!     order    row (u64 BE) → ID bytes, first occurrences only
-//!     items    ID bytes → ItemRecord JSON
+//!     ids      bucket (u64 BE) → the bucket's unique IDs with their rows, in input order
+//!              (binary: per ID, row u64 LE, length u32 LE, UTF-8 bytes)
+//!     items    ID bytes → ItemRecord JSON, written once the item is final
 //!     bad      row (u64 BE) → BadLine JSON
 //! ```
 //!
@@ -45,7 +46,7 @@ pub struct SledStore {
     meta: sled::Tree,
     offsets: sled::Tree,
     commits: sled::Tree,
-    order: sled::Tree,
+    ids: sled::Tree,
     items: sled::Tree,
     bad: sled::Tree,
     /// Highest buckets written to the offset and commit logs.
@@ -180,7 +181,7 @@ impl SledStore {
             meta: tree("meta")?,
             offsets: tree("offsets")?,
             commits: tree("commits")?,
-            order: tree("order")?,
+            ids: tree("ids")?,
             items: tree("items")?,
             bad: tree("bad")?,
             db,
@@ -340,29 +341,65 @@ impl SledStore {
         }
     }
 
-    fn item(&self, id: &[u8]) -> Result<ItemRecord, StoreError> {
-        self.get(&self.items, id, "item")?
-            .ok_or_else(|| StoreError::Corrupt {
-                path: self.path.clone(),
-                reason: format!(
-                    "the order index names ID {:?} but it has no item record",
-                    String::from_utf8_lossy(id)
-                ),
-            })
+    /// The unique IDs of a bucket with their rows, in input order.
+    fn bucket_ids(&self, bucket: u64) -> Result<Vec<(u64, String)>, StoreError> {
+        let blob = self
+            .ids
+            .get(bucket.to_be_bytes())
+            .map_err(|e| self.err(e))?;
+        let corrupt = |reason: &str| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason: format!("the IDs of bucket {bucket} {reason}"),
+        };
+        let blob = blob.ok_or_else(|| corrupt("are missing"))?;
+        decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))
     }
 
-    fn ids_in_rows(
-        &self,
-        start: u64,
-        end: u64,
-    ) -> impl Iterator<Item = Result<(u64, sled::IVec), StoreError>> + '_ {
-        self.order
-            .range(start.to_be_bytes()..end.to_be_bytes())
-            .map(move |entry| {
-                let (k, v) = entry.map_err(|e| self.err(e))?;
-                Ok((be_u64(&k), v))
-            })
+    /// A bucket's items: each ID with its final record, or a pending one.
+    fn items_of(&self, offset: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let ids = self.bucket_ids(offset.bucket)?;
+        if ids.len() as u64 != offset.items {
+            return Err(StoreError::Corrupt {
+                path: self.path.clone(),
+                reason: format!(
+                    "bucket {} should hold {} IDs, its ID list has {}",
+                    offset.bucket,
+                    offset.items,
+                    ids.len()
+                ),
+            });
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for (row, id) in ids {
+            let record = self
+                .get(&self.items, id.as_bytes(), "item")?
+                .unwrap_or_else(|| ItemRecord::pending(row, offset.bucket));
+            out.push((id, record));
+        }
+        Ok(out)
     }
+}
+
+fn encode_ids(items: &[(u64, String)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(items.iter().map(|(_, id)| 12 + id.len()).sum());
+    for (row, id) in items {
+        out.extend_from_slice(&row.to_le_bytes());
+        out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        out.extend_from_slice(id.as_bytes());
+    }
+    out
+}
+
+fn decode_ids(mut blob: &[u8]) -> Option<Vec<(u64, String)>> {
+    let mut out = Vec::new();
+    while !blob.is_empty() {
+        let row = u64::from_le_bytes(blob.get(..8)?.try_into().ok()?);
+        let len = u32::from_le_bytes(blob.get(8..12)?.try_into().ok()?) as usize;
+        let id = std::str::from_utf8(blob.get(12..12 + len)?).ok()?;
+        out.push((row, id.to_owned()));
+        blob = &blob[12 + len..];
+    }
+    Some(out)
 }
 
 fn backend(path: &Path, e: sled::Error) -> StoreError {
@@ -465,13 +502,6 @@ fn format_ms(ms: u64) -> String {
     httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
 }
 
-fn be_u64(bytes: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = bytes.len().min(8);
-    b[8 - n..].copy_from_slice(&bytes[..n]);
-    u64::from_be_bytes(b)
-}
-
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("store records always serialize")
 }
@@ -495,7 +525,7 @@ impl Store for SledStore {
             .unwrap_or_default())
     }
 
-    fn is_planned(&self, id: &str) -> Result<bool, StoreError> {
+    fn has_result(&self, id: &str) -> Result<bool, StoreError> {
         self.items
             .contains_key(id.as_bytes())
             .map_err(|e| self.err(e))
@@ -503,16 +533,12 @@ impl Store for SledStore {
 
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
         let mut offsets = sled::Batch::default();
-        let mut order = sled::Batch::default();
-        let mut items = sled::Batch::default();
+        let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
         for b in buckets {
-            let bucket = b.offset.bucket;
-            offsets.insert(&bucket.to_be_bytes(), json(&b.offset));
-            for (row, id) in &b.items {
-                order.insert(&row.to_be_bytes(), id.as_bytes());
-                items.insert(id.as_bytes(), json(&ItemRecord::pending(*row, bucket)));
-            }
+            let key = b.offset.bucket.to_be_bytes();
+            offsets.insert(&key, json(&b.offset));
+            ids.insert(&key, encode_ids(&b.items));
             for line in &b.bad_lines {
                 bad.insert(&line.row.to_be_bytes(), json(line));
             }
@@ -523,17 +549,10 @@ impl Store for SledStore {
             .map(|b| b.offset.bucket + 1)
             .max()
             .unwrap_or(0);
-        let result = (
-            &self.offsets,
-            &self.order,
-            &self.items,
-            &self.bad,
-            &self.meta,
-        )
-            .transaction(|(o, r, i, b, m)| {
+        let result = (&self.offsets, &self.ids, &self.bad, &self.meta)
+            .transaction(|(o, i, b, m)| {
                 o.apply_batch(&offsets)?;
-                r.apply_batch(&order)?;
-                i.apply_batch(&items)?;
+                i.apply_batch(&ids)?;
                 b.apply_batch(&bad)?;
                 m.insert("planner", planner.as_slice())?;
                 Ok::<(), ConflictableTransactionError<()>>(())
@@ -587,39 +606,20 @@ impl Store for SledStore {
     }
 
     fn bucket_items(&self, bucket: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let mut out = Vec::with_capacity(bucket.items as usize);
-        for entry in self.ids_in_rows(bucket.start.row, bucket.end.row) {
-            let (_, id) = entry?;
-            let record = self.item(&id)?;
-            let id = String::from_utf8(id.to_vec()).map_err(|_| StoreError::Corrupt {
-                path: self.path.clone(),
-                reason: "an ID is not UTF-8".into(),
-            })?;
-            out.push((id, record));
-        }
-        if out.len() as u64 != bucket.items {
-            return Err(StoreError::Corrupt {
-                path: self.path.clone(),
-                reason: format!(
-                    "bucket {} should hold {} IDs, the order index has {}",
-                    bucket.bucket,
-                    bucket.items,
-                    out.len()
-                ),
-            });
-        }
-        Ok(out)
+        self.items_of(bucket)
     }
 
     fn for_each_final(
         &self,
         f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
     ) -> Result<(), ExportError> {
-        for entry in self.ids_in_rows(0, u64::MAX) {
-            let (_, id) = entry?;
-            let record = self.item(&id)?;
-            if record.is_final() {
-                f(&String::from_utf8_lossy(&id), &record)?;
+        for entry in self.offsets.iter() {
+            let (_, value) = entry.map_err(|e| self.err(e))?;
+            let offset: OffsetRecord = self.decode("offset", &value)?;
+            for (id, record) in self.items_of(&offset)? {
+                if record.is_final() {
+                    f(&id, &record)?;
+                }
             }
         }
         Ok(())
@@ -658,9 +658,8 @@ impl Store for SledStore {
                 }
                 None => {
                     s.buckets_in_flight += 1;
-                    for entry in self.ids_in_rows(offset.start.row, offset.end.row) {
-                        let (_, id) = entry?;
-                        match self.item(&id)?.status {
+                    for (_, record) in self.items_of(&offset)? {
+                        match record.status {
                             ItemStatus::Ok => s.ok += 1,
                             ItemStatus::Failed => s.failed += 1,
                             ItemStatus::Pending => {}
@@ -748,14 +747,14 @@ mod tests {
             )
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.is_planned("c").unwrap());
-            assert!(!s.is_planned("z").unwrap());
+            assert!(!s.has_result("c").unwrap());
             s.record(&[
                 ("a".into(), done(0, 0, true)),
                 ("b".into(), done(1, 0, false)),
             ])
             .unwrap();
             s.sync().await.unwrap();
+            assert!(s.has_result("a").unwrap());
             s.commit(&[CommitRecord {
                 bucket: 0,
                 ok: 1,

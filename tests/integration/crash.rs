@@ -15,7 +15,7 @@ fn clean_calls(h: &Harness, id: &str) -> u64 {
     let transient = h.api.config().transient_attempts as u64;
     match h.api.fault(id) {
         Fault::None | Fault::NotFound => 1,
-        Fault::Unavailable | Fault::Drop | Fault::Slow => transient + 1,
+        Fault::Unavailable | Fault::Drop | Fault::Slow | Fault::Throttled => transient + 1,
     }
 }
 

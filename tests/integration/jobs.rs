@@ -401,6 +401,10 @@ fn transient_faults_fail_after_one_attempt_with_max_attempts_1() {
                 assert_eq!(r["status"], "failed", "{r}");
                 assert_eq!(r["error_class"], "timeout", "{r}");
             }
+            Fault::Throttled => {
+                assert_eq!(r["status"], "failed", "{r}");
+                assert_eq!(r["http_status"], 429, "{r}");
+            }
         }
     }
 }
@@ -421,7 +425,7 @@ fn transient_faults_heal_with_default_attempts() {
         let id = r["id"].as_str().unwrap();
         let expected = match h.api.fault(id) {
             Fault::None | Fault::NotFound => 1,
-            Fault::Unavailable | Fault::Drop | Fault::Slow => transient,
+            Fault::Unavailable | Fault::Drop | Fault::Slow | Fault::Throttled => transient,
         };
         assert_eq!(r["attempts"], expected, "{r}");
         assert_eq!(h.api.calls(id), u64::from(expected), "{r}");

@@ -8,3 +8,4 @@ mod harness;
 mod bad_input;
 mod crash;
 mod jobs;
+mod throttle;
