@@ -119,6 +119,11 @@ impl RateLimiter {
             let guard = self.current.read().expect("never poisoned");
             (guard.0, guard.1.clone())
         };
+        // Unlimited in practice, or a permit free now: no timer, no jitter (jitter only
+        // spreads the wake-ups of waiters).
+        if rate >= UNLIMITED || limiter.check().is_ok() {
+            return;
+        }
         let jitter = Duration::from_secs_f64((0.1 / rate).min(0.010));
         limiter.until_ready_with_jitter(Jitter::up_to(jitter)).await;
     }
