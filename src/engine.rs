@@ -66,6 +66,9 @@ fn writer_queue(concurrency: usize) -> usize {
     (4 * concurrency).max(256)
 }
 
+/// How long the writer gathers results before one flush makes them durable.
+pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
+
 /// The most items whose API call may be repeated after a kill -9: those in flight, plus
 /// those whose results were queued or being written but not yet durable.
 pub fn max_unsynced_items(concurrency: usize) -> usize {
@@ -598,8 +601,18 @@ async fn write_results<S: Store>(
 ) -> Result<(), StoreError> {
     let mut open: HashMap<u64, Tracked> = HashMap::new();
     let mut msgs = Vec::new();
-    let max_group = rx.max_capacity() * 2;
+    let max_group = rx.max_capacity();
     while rx.recv_many(&mut msgs, max_group).await > 0 {
+        // Group commit: gather what arrives within GROUP_COMMIT_DELAY (or a full group), so
+        // one flush covers many results. Nobody waits on it but the commit records.
+        let deadline = tokio::time::Instant::now() + GROUP_COMMIT_DELAY;
+        while msgs.len() < max_group {
+            let room = max_group - msgs.len();
+            tokio::select! {
+                n = rx.recv_many(&mut msgs, room) => if n == 0 { break },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
         let mut commits = Vec::new();
         let mut results = Vec::new();
         for msg in msgs.drain(..) {
