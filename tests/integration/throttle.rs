@@ -15,6 +15,30 @@ fn fast_with_latency(ms: u64) -> ApiConfig {
     }
 }
 
+/// Start a new job over `ids` in the background, with the harness's quick retries.
+fn start_new_job(
+    h: &Harness,
+    ids: &[String],
+    extra: &[&str],
+) -> (std::path::PathBuf, std::process::Child) {
+    let input = h.ids_file("ids.txt", ids);
+    let state = h.state();
+    let url = h.url();
+    let mut args = vec![
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+    ];
+    args.extend(QUICK);
+    args.extend_from_slice(extra);
+    let child = h.spawn(&args);
+    (state, child)
+}
+
 #[test]
 fn the_rate_limit_holds_in_every_window() {
     let h = Harness::new(ApiConfig::fast());
@@ -121,30 +145,20 @@ fn server_errors_are_retried_up_to_the_limit_and_not_found_is_not_retried() {
 fn a_two_minute_outage_fails_no_item_and_the_run_completes() {
     let h = Harness::new(fast_with_latency(1));
     let ids = ids(3000);
-    let input = h.ids_file("ids.txt", &ids);
-    let state = h.state();
-    let url = h.url();
-    let mut args = vec![
-        "run",
-        "--state",
-        p(&state),
-        "--input",
-        p(&input),
-        "--url",
-        &url,
-    ];
-    args.extend(QUICK);
-    args.extend([
-        "--rate",
-        "150/s",
-        "--concurrency",
-        "8",
-        "--max-attempts",
-        "3",
-        "--timeout",
-        "1s",
-    ]);
-    let mut child = h.spawn(&args);
+    let (state, mut child) = start_new_job(
+        &h,
+        &ids,
+        &[
+            "--rate",
+            "150/s",
+            "--concurrency",
+            "8",
+            "--max-attempts",
+            "3",
+            "--timeout",
+            "1s",
+        ],
+    );
     assert!(
         h.wait_for_calls(&mut child, 400),
         "the run ended before the outage"
@@ -170,28 +184,18 @@ fn a_two_minute_outage_fails_no_item_and_the_run_completes() {
 fn an_outage_longer_than_max_outage_stops_cleanly_and_resumes() {
     let h = Harness::new(fast_with_latency(1));
     let ids = ids(2000);
-    let input = h.ids_file("ids.txt", &ids);
-    let state = h.state();
-    let url = h.url();
-    let mut args = vec![
-        "run",
-        "--state",
-        p(&state),
-        "--input",
-        p(&input),
-        "--url",
-        &url,
-    ];
-    args.extend(QUICK);
-    args.extend([
-        "--rate",
-        "200/s",
-        "--concurrency",
-        "8",
-        "--max-outage",
-        "3s",
-    ]);
-    let mut child = h.spawn(&args);
+    let (state, mut child) = start_new_job(
+        &h,
+        &ids,
+        &[
+            "--rate",
+            "200/s",
+            "--concurrency",
+            "8",
+            "--max-outage",
+            "3s",
+        ],
+    );
     assert!(h.wait_for_calls(&mut child, 300));
     h.block_on(h.api.set_down(true));
     let run = finish(child);
