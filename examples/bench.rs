@@ -4,6 +4,8 @@
 //! cargo build --release                       # the `rss` mode runs the real binary
 //! cargo run --release --example bench -- throughput [--ids N] [--concurrency N] [--repeat K]
 //! cargo run --release --example bench -- rss [--ids N] [--concurrency N] [--skip-full]
+//! cargo run --release --example bench -- rate [--secs S] [--concurrency N]
+//! cargo run --release --example bench -- capacity [--phase-secs S] [--ids N] [--concurrency N]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -11,7 +13,12 @@
 //! flush per group of results).
 //! `rss` runs the real `highwater` binary as a subprocess over a large input and reports its
 //! peak memory, then SIGKILLs runs and measures how long a resume takes to make its first
-//! request. Everything talks to 127.0.0.1 only. Results end with Markdown tables.
+//! request.
+//! `rate` checks that a fixed `--rate` is what the API sees: achieved rate and the most calls
+//! in any 1 s and 100 ms window, at 20/s, 200/s and 2000/s (and 200/s adaptive).
+//! `capacity` steps a hidden server capacity (1000/s, 400/s, 1000/s) under a run with a
+//! 2000/s ceiling, adaptive and fixed: goodput, 429 share and settling time per phase.
+//! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 
 use std::fmt::Write as _;
 use std::io::{BufWriter, Write};
@@ -32,9 +39,10 @@ use highwater::demo::api::{ApiConfig, FakeApi};
 use highwater::engine;
 use highwater::handler::Handler;
 use highwater::input::{InputFormat, InputSpec};
-use highwater::job::{open_job, JobRequest, RunOptions};
-use highwater::progress::Counters;
+use highwater::job::{open_job, JobRequest, RetryOverrides, RunOptions};
+use highwater::progress::{Counters, RunSummary};
 use highwater::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+use highwater::throttle::{Rate, ThrottleOptions};
 
 const USAGE: &str = "\
 highwater benchmarks (all traffic goes to 127.0.0.1)
@@ -60,6 +68,21 @@ modes:
     --skip-full       only the resume-latency part
     --bin PATH        the highwater binary [default: next to this example's target dir]
 
+  rate         rate accuracy of a fixed --rate: for R in 20/s, 200/s, 2000/s (and 200/s
+               adaptive) one in-process run over 10*R IDs against a fresh fast fake API;
+               achieved rate and the most calls in any 1 s / 100 ms window vs. R*t + burst
+    --secs S          seconds each run should take at R (IDs = S*R) [default: 10]
+    --concurrency N   items in flight [default: 64]
+
+  capacity     adaptive control against a hidden capacity: the fake API (2 ms latency)
+               accepts C/s and answers 429 beyond; C = 1000/s, 400/s, 1000/s, one phase
+               each; one run with a 2000/s adaptive ceiling, one fixed at 2000/s; per
+               phase goodput, 429 share and time to settle (sampled every 100 ms)
+    --phase-secs S    seconds per phase [default: 20]
+    --ids N           IDs in the input (enough never to finish) [default: 200000]
+    --concurrency N   items in flight [default: 64]
+    RUST_LOG=...      also print highwater's log (e.g. highwater=debug: every rate change)
+
 common:
   --keep      keep the temporary directory (input, state dirs, logs)
   -h, --help  this text
@@ -72,6 +95,8 @@ common:
 enum Mode {
     Throughput,
     Rss,
+    Rate,
+    Capacity,
 }
 
 #[derive(Debug)]
@@ -83,6 +108,10 @@ struct Args {
     keep: bool,
     skip_full: bool,
     bin: Option<PathBuf>,
+    /// `rate`: seconds per run at the target rate.
+    secs: u64,
+    /// `capacity`: seconds per capacity phase.
+    phase_secs: u64,
 }
 
 enum Parsed {
@@ -101,11 +130,20 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             it.next();
             Mode::Rss
         }
+        Some("rate") => {
+            it.next();
+            Mode::Rate
+        }
+        Some("capacity") => {
+            it.next();
+            Mode::Capacity
+        }
         Some(s) if !s.starts_with('-') => return Err(format!("unknown mode {s:?}")),
         _ => Mode::Throughput,
     };
     let (mut ids, mut concurrency, mut repeat) = (None, None, None);
     let (mut keep, mut skip_full, mut bin) = (false, false, None);
+    let (mut secs, mut phase_secs) = (None, None);
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
@@ -129,7 +167,15 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         };
         match name {
             "-h" | "--help" => return Ok(Parsed::Help),
-            "--ids" => ids = Some(number(name, value(name)?)?),
+            "--ids" if mode != Mode::Rate => ids = Some(number(name, value(name)?)?),
+            "--secs" if mode == Mode::Rate => secs = Some(number(name, value(name)?)?),
+            "--phase-secs" if mode == Mode::Capacity => {
+                let s = number(name, value(name)?)?;
+                if s < 2 {
+                    return Err("--phase-secs must be at least 2".into());
+                }
+                phase_secs = Some(s)
+            }
             "--concurrency" => concurrency = Some(number(name, value(name)?)? as usize),
             "--repeat" if mode == Mode::Throughput => {
                 repeat = Some(number(name, value(name)?)? as usize)
@@ -149,6 +195,8 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             keep,
             skip_full,
             bin,
+            secs: 0,
+            phase_secs: 0,
         },
         Mode::Rss => Args {
             mode,
@@ -158,6 +206,30 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             keep,
             skip_full,
             bin,
+            secs: 0,
+            phase_secs: 0,
+        },
+        Mode::Rate => Args {
+            mode,
+            ids: 0,
+            concurrency: concurrency.unwrap_or(64),
+            repeat: 1,
+            keep,
+            skip_full,
+            bin,
+            secs: secs.unwrap_or(10),
+            phase_secs: 0,
+        },
+        Mode::Capacity => Args {
+            mode,
+            ids: ids.unwrap_or(200_000),
+            concurrency: concurrency.unwrap_or(64),
+            repeat: 1,
+            keep,
+            skip_full,
+            bin,
+            secs: 0,
+            phase_secs: phase_secs.unwrap_or(20),
         },
     };
     if args.concurrency > 100_000 {
@@ -186,6 +258,7 @@ fn main() -> ExitCode {
             s
         })
     );
+    install_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -199,6 +272,8 @@ fn main() -> ExitCode {
     let result = match args.mode {
         Mode::Throughput => runtime.block_on(throughput(&args, &command)),
         Mode::Rss => rss(&runtime, &args, &command),
+        Mode::Rate => runtime.block_on(rate_accuracy(&args, &command)),
+        Mode::Capacity => runtime.block_on(capacity(&args, &command)),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -1357,4 +1432,889 @@ fn resume_runs(
         rows,
         note,
     })
+}
+
+// ---------------------------------------------------------------------------
+// Controller trace (rate, capacity)
+
+/// Every rate the adaptive controller set, with when: captured from the throttle's
+/// `rate adjusted` debug events (the controller lives inside `engine::run`).
+static RATE_TRACE: std::sync::Mutex<Vec<(Instant, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// A `tracing` layer that records the `rate` field of `highwater::throttle` events.
+struct RateCapture;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RateCapture {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Find(Option<f64>);
+        impl tracing::field::Visit for Find {
+            fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+                if field.name() == "rate" {
+                    self.0 = Some(value);
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        let mut find = Find(None);
+        event.record(&mut find);
+        if let Some(rate) = find.0 {
+            RATE_TRACE
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((Instant::now(), rate));
+        }
+    }
+}
+
+/// The controller capture (always), and highwater's log on stderr as `RUST_LOG` says
+/// (default: warnings only).
+fn install_tracing() {
+    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("highwater=warn")),
+        );
+    let capture = RateCapture.with_filter(filter_fn(|m| {
+        m.is_event() && m.target().starts_with("highwater::throttle")
+    }));
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(capture)
+        .try_init();
+}
+
+/// The controller's rate changes between `from` and `to`.
+fn rate_trace_between(from: Instant, to: Instant) -> Vec<(Instant, f64)> {
+    RATE_TRACE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|(at, _)| *at >= from && *at <= to)
+        .copied()
+        .collect()
+}
+
+/// The controller's rate at `t`: the last change at or before it, else `initial`.
+fn limit_at(trace: &[(Instant, f64)], t: Instant, initial: f64) -> f64 {
+    let i = trace.partition_point(|(at, _)| *at <= t);
+    if i == 0 {
+        initial
+    } else {
+        trace[i - 1].1
+    }
+}
+
+/// A fresh sled state dir holding a new job over `input` against `api`.
+fn new_job(
+    api: &FakeApi,
+    input: &Path,
+    state: &Path,
+    retry: RetryOverrides,
+) -> Result<(SledStore, highwater::job::JobSpec, Handler)> {
+    let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
+        .with_context(|| format!("opening {}", state.display()))?;
+    let request = JobRequest {
+        input: Some(InputSpec {
+            path: input.to_path_buf(),
+            format: InputFormat::Text,
+        }),
+        url: Some(api.url_template()),
+        retry,
+        ..JobRequest::default()
+    };
+    let spec = open_job(&store, &request).context("creating the job")?;
+    let handler = Handler::new(&spec.request).context("building the request handler")?;
+    Ok((store, spec, handler))
+}
+
+fn fmt_rate(r: f64) -> String {
+    if r >= 100.0 {
+        format!("{r:.0}/s")
+    } else {
+        format!("{r:.1}/s")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// rate
+
+/// The GCRA burst of every run here (`ThrottleOptions::default().burst`).
+const BURST: f64 = 1.0;
+
+struct RateCase {
+    rate: f64,
+    adaptive: bool,
+    ids: u64,
+    calls: u64,
+    elapsed: Duration,
+    /// First to last call, at the server.
+    span: Duration,
+    max_1s: usize,
+    max_100ms: usize,
+    /// (min, max) of the adaptive controller's rate during the run.
+    limit_range: Option<(f64, f64)>,
+    limit_changes: usize,
+    ok: u64,
+}
+
+impl RateCase {
+    fn bound(&self, window: f64) -> f64 {
+        self.rate * window + BURST
+    }
+
+    fn within(&self) -> bool {
+        self.max_1s as f64 <= self.bound(1.0) + 1e-9
+            && self.max_100ms as f64 <= self.bound(0.1) + 1e-9
+    }
+}
+
+async fn rate_accuracy(args: &Args, command: &str) -> Result<()> {
+    let baseline = Baseline::now();
+    let started = Instant::now();
+    let (guard, tmp) = temp_dir(args.keep)?;
+    let c = args.concurrency;
+    let cases = [
+        (20.0, false),
+        (200.0, false),
+        (2000.0, false),
+        (200.0, true),
+    ];
+    let mut rows = Vec::new();
+    for (r, adaptive) in cases {
+        let row = rate_case(&tmp, r, adaptive, args.secs, c, args.keep).await?;
+        eprintln!(
+            "rate {}{}: {} calls over {:.2} s: {:.2}/s; max {} in 1 s, {} in 100 ms",
+            fmt_rate(r),
+            if adaptive { " adaptive" } else { "" },
+            row.calls,
+            row.span.as_secs_f64(),
+            rate(row.calls, row.span),
+            row.max_1s,
+            row.max_100ms
+        );
+        rows.push(row);
+    }
+
+    let mut out = String::new();
+    writeln!(out, "\n## highwater rate accuracy (fixed `--rate`)\n")?;
+    writeln!(out, "- command: `{command}`")?;
+    out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
+    writeln!(
+        out,
+        "- per row: a fresh fake API (`ApiConfig::fast()`: no latency, no faults), a fresh \
+         sled state dir, {}·R distinct IDs, `engine::run` in this process with concurrency \
+         {c}, `ThrottleOptions {{ rate: Some(R), adaptive, burst: {BURST}, .. }}`",
+        args.secs
+    )?;
+    writeln!(
+        out,
+        "- the server timestamps every call when it is routed; \"achieved\" is calls / (last \
+         call − first call) as asked (n calls span n−1 intervals, so it reads R·n/(n−1) for \
+         a perfect limiter; the (n−1)/span column is the exact one); windows are half-open \
+         `[t, t+w)` over every start t; bound = R·w + burst\n"
+    )?;
+    writeln!(
+        out,
+        "| R | adaptive | IDs | run time | server calls | first → last call | achieved (calls / span) | achieved / R | (calls − 1) / span / R | max calls in 1 s (bound) | max calls in 100 ms (bound) | controller limit during the run | within bounds |"
+    )?;
+    writeln!(
+        out,
+        "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"
+    )?;
+    let mut failed = Vec::new();
+    for r in &rows {
+        let achieved = rate(r.calls, r.span);
+        let exact = rate(r.calls.saturating_sub(1), r.span);
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.2} s | {} | {:.3} s | {:.2}/s | {:.4} | {:.4} | {} ({:.0}) | {} ({:.0}) | {} | {} |",
+            fmt_rate(r.rate),
+            if r.adaptive { "on" } else { "off" },
+            thousands(r.ids),
+            r.elapsed.as_secs_f64(),
+            thousands(r.calls),
+            r.span.as_secs_f64(),
+            achieved,
+            achieved / r.rate,
+            exact / r.rate,
+            r.max_1s,
+            r.bound(1.0),
+            r.max_100ms,
+            r.bound(0.1),
+            match r.limit_range {
+                None => "fixed".to_string(),
+                Some((lo, hi)) if r.limit_changes == 0 => {
+                    format!("{} throughout (no change)", fmt_rate(hi.max(lo)))
+                }
+                Some((lo, hi)) => format!(
+                    "{} – {} ({} changes)",
+                    fmt_rate(lo),
+                    fmt_rate(hi),
+                    r.limit_changes
+                ),
+            },
+            if r.within() { "yes" } else { "**NO**" }
+        )?;
+        if !r.within() {
+            failed.push(format!(
+                "{}{}: window counts above R·t + burst",
+                fmt_rate(r.rate),
+                if r.adaptive { " adaptive" } else { "" }
+            ));
+        }
+        if r.ok != r.ids || r.calls != r.ids {
+            failed.push(format!(
+                "{}: {} ok and {} calls for {} IDs",
+                fmt_rate(r.rate),
+                r.ok,
+                r.calls,
+                r.ids
+            ));
+        }
+        if r.adaptive && r.limit_range.is_some_and(|(lo, _)| lo < r.rate * 0.999) {
+            failed.push(format!(
+                "{} adaptive: the controller went below its ceiling against an API that never \
+                 pushed back",
+                fmt_rate(r.rate)
+            ));
+        }
+    }
+    let short: Vec<String> = rows
+        .iter()
+        .filter(|r| rate(r.calls.saturating_sub(1), r.span) < 0.95 * r.rate)
+        .map(|r| {
+            format!(
+                "{}{} ({:.3})",
+                fmt_rate(r.rate),
+                if r.adaptive { " adaptive" } else { "" },
+                rate(r.calls.saturating_sub(1), r.span) / r.rate
+            )
+        })
+        .collect();
+    if !short.is_empty() {
+        writeln!(
+            out,
+            "\nAchieved below 0.95·R (not a bound violation, reported as a finding): {}.",
+            short.join(", ")
+        )?;
+    }
+    print!("{out}");
+    finish_temp(guard, &tmp);
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(())
+}
+
+async fn rate_case(
+    tmp: &Path,
+    r: f64,
+    adaptive: bool,
+    secs: u64,
+    concurrency: usize,
+    keep: bool,
+) -> Result<RateCase> {
+    let n = ((secs as f64 * r).round() as u64).max(2);
+    let dir = tmp.join(format!(
+        "rate-{r}-{}",
+        if adaptive { "adaptive" } else { "fixed" }
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let input = dir.join("ids.txt");
+    write_input(&input, n)?;
+    let api = FakeApi::start(ApiConfig::fast())
+        .await
+        .context("starting the fake API")?;
+    let (store, spec, handler) = new_job(&api, &input, &dir.join("state"), Default::default())?;
+    let options = RunOptions {
+        concurrency,
+        progress_interval: Duration::ZERO,
+        throttle: ThrottleOptions {
+            rate: Some(Rate::new(r).ok_or_else(|| anyhow!("bad rate {r}"))?),
+            adaptive,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (_stop_handle, stop) = engine::stop_pair();
+    let started = Instant::now();
+    let summary = engine::run(
+        Arc::new(store),
+        Arc::new(spec),
+        Arc::new(handler),
+        &options,
+        Arc::new(Counters::default()),
+        stop,
+    )
+    .await
+    .context("highwater run")?;
+    let elapsed = started.elapsed();
+    let trace = rate_trace_between(started, Instant::now());
+    let times = api.call_times();
+    let span = match (times.first(), times.last()) {
+        (Some(a), Some(b)) => *b - *a,
+        _ => Duration::ZERO,
+    };
+    let row = RateCase {
+        rate: r,
+        adaptive,
+        ids: n,
+        calls: api.total_calls(),
+        elapsed,
+        span,
+        max_1s: api.max_calls_in_window(Duration::from_secs(1)),
+        max_100ms: api.max_calls_in_window(Duration::from_millis(100)),
+        limit_range: adaptive.then(|| {
+            trace
+                .iter()
+                .fold((r, r), |(lo, hi), &(_, v)| (lo.min(v), hi.max(v)))
+        }),
+        limit_changes: trace.len(),
+        ok: summary.job.ok,
+    };
+    if !summary.job.finished() {
+        bail!(
+            "the run at {} did not finish:\n{}",
+            fmt_rate(r),
+            summary.render()
+        );
+    }
+    api.shutdown().await;
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(row)
+}
+
+// ---------------------------------------------------------------------------
+// capacity
+
+/// The capacity steps, one phase each.
+const CAPACITY_PHASES: [f64; 3] = [1000.0, 400.0, 1000.0];
+/// The rate ceiling of both runs (above every capacity).
+const CAPACITY_CEILING: f64 = 2000.0;
+/// Sampling interval of the server's counters.
+const BIN: Duration = Duration::from_millis(100);
+/// Bins in the rolling window that judges settling (1 s).
+const WINDOW_BINS: usize = 10;
+/// Targets.
+const TARGET_GOODPUT: f64 = 0.9;
+const TARGET_429: f64 = 0.05;
+const TARGET_SETTLE: Duration = Duration::from_secs(10);
+
+/// The server's counters at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    accepted: u64,
+    rejected: u64,
+}
+
+struct CapacityRun {
+    adaptive: bool,
+    /// `samples[0]` is the start of the run; phase `i` ends at sample `(i+1) * bins`.
+    samples: Vec<Sample>,
+    /// The controller's rate changes (adaptive only).
+    trace: Vec<(Instant, f64)>,
+    summary: RunSummary,
+    stop_wait: Duration,
+    calls: u64,
+}
+
+/// Counts over samples `a..b` (indices).
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    accepted: u64,
+    rejected: u64,
+    secs: f64,
+}
+
+impl Span {
+    fn of(s: &[Sample], a: usize, b: usize) -> Span {
+        Span {
+            accepted: s[b].accepted - s[a].accepted,
+            rejected: s[b].rejected - s[a].rejected,
+            secs: (s[b].at - s[a].at).as_secs_f64(),
+        }
+    }
+
+    fn goodput(&self) -> f64 {
+        self.accepted as f64 / self.secs.max(1e-9)
+    }
+
+    fn attempts(&self) -> f64 {
+        (self.accepted + self.rejected) as f64 / self.secs.max(1e-9)
+    }
+
+    fn share_429(&self) -> f64 {
+        let all = self.accepted + self.rejected;
+        if all == 0 {
+            0.0
+        } else {
+            self.rejected as f64 / all as f64
+        }
+    }
+}
+
+struct PhaseStats {
+    capacity: f64,
+    whole: Span,
+    /// Time from the step to the start of the stable suffix, and the figures after it.
+    settled: Option<(Duration, Span)>,
+    /// Time-averaged controller limit over the phase and over its settled part.
+    mean_limit: f64,
+    mean_limit_settled: Option<f64>,
+    /// 1-s windows failing a target (of all 1-s windows in the phase).
+    bad_windows: usize,
+    windows: usize,
+    /// The last window off target: its start after the step and its figures.
+    last_bad: Option<(Duration, Span)>,
+}
+
+impl PhaseStats {
+    fn meets_targets(&self) -> bool {
+        match self.settled {
+            Some((t, s)) => {
+                t < TARGET_SETTLE
+                    && s.goodput() >= TARGET_GOODPUT * self.capacity
+                    && s.share_429() <= TARGET_429
+            }
+            None => false,
+        }
+    }
+}
+
+fn window_good(s: &[Sample], a: usize, capacity: f64) -> bool {
+    let w = Span::of(s, a, a + WINDOW_BINS);
+    w.share_429() <= TARGET_429 && w.goodput() >= TARGET_GOODPUT * capacity
+}
+
+fn phase_stats(run: &CapacityRun, phase: usize, bins: usize) -> PhaseStats {
+    let s = &run.samples;
+    let capacity = CAPACITY_PHASES[phase];
+    let (first, last) = (phase * bins, (phase + 1) * bins);
+    // Windows [a, a + 1 s) inside the phase; the stable suffix is the longest run of good
+    // windows that ends with the phase's last window.
+    let last_start = last - WINDOW_BINS;
+    let mut a = last_start + 1;
+    while a > first && window_good(s, a - 1, capacity) {
+        a -= 1;
+    }
+    let settled = (a <= last_start).then(|| (s[a].at - s[first].at, Span::of(s, a, last)));
+    let bad: Vec<usize> = (first..=last_start)
+        .filter(|&w| !window_good(s, w, capacity))
+        .collect();
+    let bad_windows = bad.len();
+    let last_bad = bad
+        .last()
+        .map(|&w| (s[w].at - s[first].at, Span::of(s, w, w + WINDOW_BINS)));
+    let initial = CAPACITY_CEILING;
+    let limit = |i: usize| {
+        if run.adaptive {
+            // The limit in force during bin i (ending at sample i): at its middle.
+            let mid = s[i - 1].at + (s[i].at - s[i - 1].at) / 2;
+            limit_at(&run.trace, mid, initial)
+        } else {
+            CAPACITY_CEILING
+        }
+    };
+    let mean = |from: usize| {
+        let v: Vec<f64> = (from + 1..=last).map(limit).collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    PhaseStats {
+        capacity,
+        whole: Span::of(s, first, last),
+        settled,
+        mean_limit: mean(first),
+        mean_limit_settled: (a <= last_start && a < last).then(|| mean(a)),
+        bad_windows,
+        windows: last_start + 1 - first,
+        last_bad,
+    }
+}
+
+async fn capacity(args: &Args, command: &str) -> Result<()> {
+    let baseline = Baseline::now();
+    let started = Instant::now();
+    let (guard, tmp) = temp_dir(args.keep)?;
+    let n = args.ids;
+    let c = args.concurrency;
+    let bins = (args.phase_secs as usize)
+        * (Duration::from_secs(1).as_millis() / BIN.as_millis()) as usize;
+    let input = tmp.join("ids.txt");
+    let input_bytes = write_input(&input, n)?;
+    eprintln!(
+        "{} IDs in {} ({}); phases {:?}/s of {} s each; concurrency {c}",
+        thousands(n),
+        input.display(),
+        mib(input_bytes),
+        CAPACITY_PHASES,
+        args.phase_secs
+    );
+    let mut runs = Vec::new();
+    for adaptive in [true, false] {
+        let run = capacity_run(
+            &input,
+            &tmp.join(format!(
+                "state-{}",
+                if adaptive { "adaptive" } else { "fixed" }
+            )),
+            adaptive,
+            bins,
+            c,
+        )
+        .await?;
+        runs.push(run);
+    }
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\n## highwater adaptive rate control against a hidden capacity\n"
+    )?;
+    writeln!(out, "- command: `{command}`")?;
+    out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
+    writeln!(
+        out,
+        "- per run: a fresh fake API (`ApiConfig {{ latency_min: 2ms, latency_max: 2ms, \
+         ..fast() }}`) whose hidden capacity (`set_capacity`: token bucket, burst C/10, \
+         429 at once beyond it, no Retry-After) steps {} at {} s phases, measured from the \
+         start of `engine::run`; {} IDs (never finished), concurrency {c}, retries: 10 \
+         attempts, backoff 200 ms doubling to 5 s (±50% jitter); after the last phase the run \
+         is stopped with its `StopHandle`",
+        CAPACITY_PHASES
+            .iter()
+            .map(|c| fmt_rate(*c))
+            .collect::<Vec<_>>()
+            .join(" → "),
+        args.phase_secs,
+        thousands(n)
+    )?;
+    writeln!(
+        out,
+        "- adaptive: `ThrottleOptions {{ rate: Some({0}), adaptive: true, .. }}` (ceiling \
+         above every C; controller tick 200 ms); fixed: `rate: Some({0}), adaptive: false`",
+        fmt_rate(CAPACITY_CEILING)
+    )?;
+    writeln!(
+        out,
+        "- the server's `accepted()` (200s) and `rejected_429()` are sampled every 100 ms; \
+         the step to the next capacity is made right after a sample, so phases are whole \
+         bins. Goodput = accepted/s; 429 share = 429s / (200s + 429s)"
+    )?;
+    writeln!(
+        out,
+        "- settling: the earliest moment T after the step such that every 1-s window \
+         `[t, t+1 s)` with T ≤ t and t+1 s ≤ the end of the phase has 429 share ≤ {:.0}% and \
+         goodput ≥ {:.1}·C (\"never\" if the phase's last window fails); \"settled\" figures \
+         are over [T, end of phase]\n",
+        TARGET_429 * 100.0,
+        TARGET_GOODPUT
+    )?;
+    writeln!(
+        out,
+        "**Targets:** goodput ≥ {:.1}·C, ≤ {:.0}% 429s once settled, settling < {} s.\n",
+        TARGET_GOODPUT,
+        TARGET_429 * 100.0,
+        TARGET_SETTLE.as_secs()
+    )?;
+    writeln!(
+        out,
+        "| run | phase | C | time to settle (< {} s) | goodput settled (≥ {:.1}·C) | 429 share settled (≤ {:.0}%) | goodput whole phase | 429 share whole phase | attempts/s whole phase (÷ mean limit) | 1-s windows off target | last one off target: start, 429 share, goodput | mean rate limit (whole / settled) | targets met |",
+        TARGET_SETTLE.as_secs(),
+        TARGET_GOODPUT,
+        TARGET_429 * 100.0
+    )?;
+    writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"
+    )?;
+    let mut missed = Vec::new();
+    for run in &runs {
+        let label = if run.adaptive { "adaptive" } else { "fixed" };
+        for phase in 0..CAPACITY_PHASES.len() {
+            let p = phase_stats(run, phase, bins);
+            let (settle, sg, s429) = match p.settled {
+                Some((t, s)) => (
+                    format!("{:.1} s", t.as_secs_f64()),
+                    format!("{:.0}/s = {:.3}·C", s.goodput(), s.goodput() / p.capacity),
+                    format!("{:.2}%", s.share_429() * 100.0),
+                ),
+                None => ("never".into(), "n/a".into(), "n/a".into()),
+            };
+            let met = p.meets_targets();
+            if run.adaptive && !met {
+                missed.push(format!(
+                    "adaptive phase {} (C = {})",
+                    phase + 1,
+                    fmt_rate(p.capacity)
+                ));
+            }
+            writeln!(
+                out,
+                "| {label} | {} | {} | {settle} | {sg} | {s429} | {:.0}/s = {:.3}·C | {:.2}% | {:.0}/s ({:.2}) | {} of {} | {} | {} / {} | {} |",
+                phase + 1,
+                fmt_rate(p.capacity),
+                p.whole.goodput(),
+                p.whole.goodput() / p.capacity,
+                p.whole.share_429() * 100.0,
+                p.whole.attempts(),
+                p.whole.attempts() / p.mean_limit,
+                p.bad_windows,
+                p.windows,
+                match p.last_bad {
+                    Some((t, w)) => format!(
+                        "{:.1} s: {:.1}%, {:.2}·C",
+                        t.as_secs_f64(),
+                        w.share_429() * 100.0,
+                        w.goodput() / p.capacity
+                    ),
+                    None => "none".into(),
+                },
+                fmt_rate(p.mean_limit),
+                p.mean_limit_settled
+                    .map(fmt_rate)
+                    .unwrap_or_else(|| "n/a".into()),
+                if met { "yes" } else { "**no**" }
+            )?;
+        }
+    }
+    writeln!(out, "\nRuns:\n")?;
+    writeln!(
+        out,
+        "| run | server calls | 200s | capacity 429s | items ok | items failed | items left pending at the stop | client attempts (retries) | stop → run returned | controller rate changes |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for run in &runs {
+        let last = run.samples.last().expect("at least one sample");
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.2} s | {} |",
+            if run.adaptive { "adaptive" } else { "fixed" },
+            thousands(run.calls),
+            thousands(last.accepted),
+            thousands(last.rejected),
+            thousands(run.summary.run.ok),
+            thousands(run.summary.run.failed),
+            thousands(run.summary.job.pending),
+            thousands(run.summary.run.attempts),
+            thousands(run.summary.run.retries),
+            run.stop_wait.as_secs_f64(),
+            if run.adaptive {
+                run.trace.len().to_string()
+            } else {
+                "n/a".into()
+            }
+        )?;
+        if let Some(h) = &run.summary.halted {
+            writeln!(
+                out,
+                "\n(the {} run halted itself: {h})",
+                if run.adaptive { "adaptive" } else { "fixed" }
+            )?;
+        }
+    }
+
+    writeln!(
+        out,
+        "\nTimeline, per second (rates from the server's counters; \"limit\" is the adaptive \
+         controller's rate at the end of the second, min–max within it):\n"
+    )?;
+    writeln!(
+        out,
+        "| t (s) | C | adaptive: limit | adaptive: attempts/s | adaptive: 200s/s | adaptive: 429 share | fixed: attempts/s | fixed: 200s/s | fixed: 429 share |"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let per_sec = (Duration::from_secs(1).as_millis() / BIN.as_millis()) as usize;
+    let seconds = bins * CAPACITY_PHASES.len() / per_sec;
+    let adaptive = runs.iter().find(|r| r.adaptive);
+    let fixed = runs.iter().find(|r| !r.adaptive);
+    for sec in 0..seconds {
+        let (a, b) = (sec * per_sec, (sec + 1) * per_sec);
+        let cap = CAPACITY_PHASES[(a / bins).min(CAPACITY_PHASES.len() - 1)];
+        let mut line = format!("| {} | {} |", sec + 1, cap);
+        if let Some(r) = adaptive {
+            let w = Span::of(&r.samples, a, b);
+            let limits: Vec<f64> = (a + 1..=b)
+                .map(|i| limit_at(&r.trace, r.samples[i].at, CAPACITY_CEILING))
+                .chain(
+                    r.trace
+                        .iter()
+                        .filter(|(t, _)| *t > r.samples[a].at && *t <= r.samples[b].at)
+                        .map(|(_, v)| *v),
+                )
+                .collect();
+            let lo = limits.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = limits.iter().copied().fold(0.0, f64::max);
+            let end = limit_at(&r.trace, r.samples[b].at, CAPACITY_CEILING);
+            let _ = write!(
+                line,
+                " {:.0} ({:.0}–{:.0}) | {:.0} | {:.0} | {:.1}% |",
+                end,
+                lo,
+                hi,
+                w.attempts(),
+                w.goodput(),
+                w.share_429() * 100.0
+            );
+        } else {
+            line.push_str(" | | | |");
+        }
+        if let Some(r) = fixed {
+            let w = Span::of(&r.samples, a, b);
+            let _ = write!(
+                line,
+                " {:.0} | {:.0} | {:.1}% |",
+                w.attempts(),
+                w.goodput(),
+                w.share_429() * 100.0
+            );
+        } else {
+            line.push_str(" | | |");
+        }
+        writeln!(out, "{line}")?;
+    }
+    if missed.is_empty() {
+        writeln!(out, "\nThe adaptive run met every target in every phase.")?;
+    } else {
+        writeln!(
+            out,
+            "\nThe adaptive run missed a target in: {}.",
+            missed.join(", ")
+        )?;
+    }
+    print!("{out}");
+    finish_temp(guard, &tmp);
+    Ok(())
+}
+
+async fn capacity_run(
+    input: &Path,
+    state: &Path,
+    adaptive: bool,
+    bins: usize,
+    concurrency: usize,
+) -> Result<CapacityRun> {
+    let label = if adaptive { "adaptive" } else { "fixed" };
+    let api = FakeApi::start(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(2),
+        ..ApiConfig::fast()
+    })
+    .await
+    .context("starting the fake API")?;
+    api.set_capacity(Some(CAPACITY_PHASES[0]));
+    let retry = RetryOverrides {
+        max_attempts: Some(10),
+        initial: Some(Duration::from_millis(200)),
+        max_interval: Some(Duration::from_secs(5)),
+        ..RetryOverrides::default()
+    };
+    let (store, spec, handler) = new_job(&api, input, state, retry)?;
+    let options = RunOptions {
+        concurrency,
+        progress_interval: Duration::ZERO,
+        shutdown_timeout: Duration::from_secs(5),
+        throttle: ThrottleOptions {
+            rate: Rate::new(CAPACITY_CEILING),
+            adaptive,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (stop_handle, stop) = engine::stop_pair();
+    let t0 = Instant::now();
+    let sampler = tokio::spawn(sample_and_step(api.clone(), stop_handle, bins, t0));
+    let summary = engine::run(
+        Arc::new(store),
+        Arc::new(spec),
+        Arc::new(handler),
+        &options,
+        Arc::new(Counters::default()),
+        stop,
+    )
+    .await
+    .with_context(|| format!("the {label} run"))?;
+    let returned = Instant::now();
+    let (samples, stopped_at) = sampler.await.map_err(|e| anyhow!("sampler task: {e}"))?;
+    let stop_wait = returned.saturating_duration_since(stopped_at);
+    let trace = rate_trace_between(t0, returned);
+    let calls = api.total_calls();
+    api.shutdown().await;
+    let last = samples.last().expect("at least one sample");
+    eprintln!(
+        "{label}: {} accepted, {} answered 429 in {:.1} s; run returned {:.2} s after the stop; {} rate changes",
+        thousands(last.accepted),
+        thousands(last.rejected),
+        (last.at - t0).as_secs_f64(),
+        stop_wait.as_secs_f64(),
+        trace.len()
+    );
+    if samples.len() != bins * CAPACITY_PHASES.len() + 1 {
+        bail!(
+            "the {label} run ended before its phases did ({} of {} samples):\n{}",
+            samples.len() - 1,
+            bins * CAPACITY_PHASES.len(),
+            summary.render()
+        );
+    }
+    Ok(CapacityRun {
+        adaptive,
+        samples,
+        trace,
+        summary,
+        stop_wait,
+        calls,
+    })
+}
+
+/// Samples the server's counters every [`BIN`] from `t0`, steps the capacity after each
+/// phase's last sample, and stops the run after the last phase. Returns the samples and
+/// when the stop was asked for.
+async fn sample_and_step(
+    api: FakeApi,
+    stop: engine::StopHandle,
+    bins: usize,
+    t0: Instant,
+) -> (Vec<Sample>, Instant) {
+    let sample = |api: &FakeApi| Sample {
+        at: Instant::now(),
+        accepted: api.accepted(),
+        rejected: api.rejected_429(),
+    };
+    let total = bins * CAPACITY_PHASES.len();
+    let mut samples = Vec::with_capacity(total + 1);
+    samples.push(Sample {
+        at: t0,
+        ..sample(&api)
+    });
+    let start = tokio::time::Instant::from_std(t0);
+    let mut ticker = tokio::time::interval_at(start + BIN, BIN);
+    for k in 1..=total {
+        ticker.tick().await;
+        samples.push(sample(&api));
+        if k % bins == 0 {
+            let phase = k / bins;
+            if let Some(&c) = CAPACITY_PHASES.get(phase) {
+                api.set_capacity(Some(c));
+                eprintln!(
+                    "  {:.1} s: capacity now {}",
+                    (Instant::now() - t0).as_secs_f64(),
+                    fmt_rate(c)
+                );
+            }
+        }
+    }
+    let stopped = Instant::now();
+    stop.stop();
+    (samples, stopped)
 }

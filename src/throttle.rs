@@ -25,7 +25,8 @@
 //!     new_rate   = rate - kp*error - ki*historical - kd*d_error
 //!     new_rate   = max(new_rate, (1 - ki) * accepted)   (never far below what was accepted)
 //! otherwise (the API keeps up):
-//!     new_rate   = rate * (1 + increase)             (10% per second, compounded per tick)
+//!     new_rate   = rate * (1 + increase * boost)     (10% per second, compounded per tick;
+//!                                                    boost doubles per calm second, max 5)
 //! new_rate is clamped to [min_rate, ceiling]
 //! ```
 //!
@@ -87,6 +88,7 @@ impl FromStr for Rate {
 pub struct RateLimiter {
     current: RwLock<(f64, Arc<DefaultDirectRateLimiter>)>,
     burst: NonZeroU32,
+    changed: tokio::sync::Notify,
 }
 
 impl RateLimiter {
@@ -97,6 +99,7 @@ impl RateLimiter {
         RateLimiter {
             current: RwLock::new((rate.0, limiter)),
             burst,
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -110,22 +113,30 @@ impl RateLimiter {
         let limiter = DefaultDirectRateLimiter::direct(quota(rate.0, self.burst));
         let _ = limiter.check_n(self.burst);
         *self.current.write().expect("never poisoned") = (rate.0, Arc::new(limiter));
+        self.changed.notify_waiters();
     }
 
     /// Wait until one request may start. Waits are jittered by up to a tenth of the interval
     /// (at most 10 ms) so waiting workers do not wake in lockstep.
     pub async fn until_ready(&self) {
-        let (rate, limiter) = {
-            let guard = self.current.read().expect("never poisoned");
-            (guard.0, guard.1.clone())
-        };
-        // Unlimited in practice, or a permit free now: no timer, no jitter (jitter only
-        // spreads the wake-ups of waiters).
-        if rate >= UNLIMITED || limiter.check().is_ok() {
-            return;
+        loop {
+            // Registered before the limiter is read: a swap after this wakes us.
+            let changed = self.changed.notified();
+            let (rate, limiter) = {
+                let guard = self.current.read().expect("never poisoned");
+                (guard.0, guard.1.clone())
+            };
+            if rate >= UNLIMITED || limiter.check().is_ok() {
+                return;
+            }
+            let jitter = Duration::from_secs_f64((0.1 / rate).min(0.010));
+            // A waiter on a retired limiter would keep drawing permits at the old rate,
+            // beside the new limiter: on a swap, wait again on the new one.
+            tokio::select! {
+                _ = limiter.until_ready_with_jitter(Jitter::up_to(jitter)) => return,
+                _ = changed => {}
+            }
         }
-        let jitter = Duration::from_secs_f64((0.1 / rate).min(0.010));
-        limiter.until_ready_with_jitter(Jitter::up_to(jitter)).await;
     }
 }
 
@@ -183,6 +194,8 @@ pub struct RateController {
     rate: f64,
     last_error: Option<f64>,
     baseline_latency: Option<Duration>,
+    /// How long the API has kept up since the last pushback.
+    calm: Duration,
 }
 
 impl RateController {
@@ -192,6 +205,7 @@ impl RateController {
             rate: initial.clamp(settings.min_rate, settings.ceiling),
             last_error: None,
             baseline_latency: None,
+            calm: Duration::ZERO,
         }
     }
 
@@ -221,6 +235,7 @@ impl RateController {
         }
         let p = s.pushback as f64 / s.attempts as f64;
         let new_rate = if s.pushback > 0 || slow {
+            self.calm = Duration::ZERO;
             let accepted = (s.attempts - s.pushback) as f64 / secs;
             let error = self.rate - accepted;
             let historical = if slow { self.rate * 0.1 } else { p * self.rate };
@@ -235,7 +250,11 @@ impl RateController {
             pid.max(accepted * (1.0 - c.ki))
         } else {
             self.last_error = None;
-            self.rate * (1.0 + c.increase)
+            // Climb faster the longer the API keeps up (doubling each calm second, up to
+            // 5x the base step), back to the base step at the first pushback.
+            self.calm += s.elapsed;
+            let boost = 2f64.powf(self.calm.as_secs_f64().floor()).min(5.0);
+            self.rate * (1.0 + c.increase * boost)
         };
         self.rate = new_rate.clamp(c.min_rate, c.ceiling);
         self.rate
@@ -383,6 +402,9 @@ impl Default for ThrottleOptions {
 pub const UNLIMITED: f64 = 1e9;
 /// How fast the adaptive rate climbs while the API keeps up: 10% per second.
 pub const INCREASE_PER_SECOND: f64 = 0.10;
+
+/// Relative change of the adaptive rate below which the limiter is not swapped.
+pub const SWAP_THRESHOLD: f64 = 0.03;
 
 /// Failures in a row, with no answer in between, that mean the API is out rather than
 /// failing some items.
@@ -720,9 +742,10 @@ impl Throttle {
             &self.limiter,
             self.controller.lock().expect("never poisoned").as_mut(),
         ) {
-            let before = c.rate();
             let after = c.update(&signals);
-            if (after - before).abs() > before * 0.001 {
+            // Every swap restarts the limiter's schedule: swap on changes that matter only.
+            let current = l.rate();
+            if (after - current).abs() > current * SWAP_THRESHOLD {
                 tracing::debug!(rate = after, pushback, attempts, "rate adjusted");
                 l.set_rate(Rate(after));
             }
