@@ -469,7 +469,7 @@ impl ItemTask {
                 {
                     Counters::add(&throttle.throttled, 1);
                 }
-                let counts = throttle.after_attempt(observed, probe);
+                let counts = throttle.charge(observed, probe).await;
                 Some((
                     result,
                     if counts {

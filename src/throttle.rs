@@ -39,7 +39,10 @@
 use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -409,8 +412,16 @@ pub const SWAP_THRESHOLD: f64 = 0.03;
 /// Failures in a row, with no answer in between, that mean the API is out rather than
 /// failing some items.
 pub const OUTAGE_AFTER_FAILURES: u64 = 20;
-/// Failures in a row after which further ones no longer count against their items.
-pub const FREE_AFTER_FAILURES: u64 = 5;
+/// How long a possible-outage failure waits for evidence before it counts anyway.
+pub const PROVISIONAL_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether an attempt counts, as first recorded.
+enum Verdict {
+    Counted,
+    Free,
+    /// Decided by what happens next; the number of answers seen so far.
+    Provisional(u64),
+}
 /// The first probe's delay after an outage starts; doubles up to [`MAX_PROBE_INTERVAL`].
 pub const FIRST_PROBE_AFTER: Duration = Duration::from_millis(500);
 pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
@@ -456,6 +467,11 @@ pub struct Throttle {
     concurrency: Option<AdaptiveConcurrency>,
     tick: TickCounters,
     failures_in_a_row: AtomicU64,
+    /// Attempts that got an answer (any status), over the run.
+    answers: AtomicU64,
+    /// Failures waiting for a verdict, and their wake-up.
+    provisional: AtomicU64,
+    answered: tokio::sync::Notify,
     outage: Mutex<Outage>,
     outage_changed: tokio::sync::Notify,
     /// Attempts answered 429 over the run, for reports.
@@ -594,6 +610,9 @@ impl Throttle {
             concurrency,
             tick: TickCounters::default(),
             failures_in_a_row: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
+            provisional: AtomicU64::new(0),
+            answered: tokio::sync::Notify::new(),
             outage: Mutex::new(Outage {
                 since: None,
                 next_probe: now,
@@ -656,9 +675,22 @@ impl Throttle {
         probe
     }
 
-    /// Record what an attempt saw. Returns whether the attempt counts against its item:
-    /// failures while the API is out do not.
-    pub fn after_attempt(&self, observed: Observed, probe: bool) -> bool {
+    /// Record what an attempt saw, and decide whether it counts against its item.
+    ///
+    /// An answer (any status) counts. A failure that may be the API going down (refused or
+    /// dropped connection, 5xx, timeout) is free while an outage is declared; otherwise its
+    /// verdict waits (at most [`PROVISIONAL_WAIT`]) for evidence: another answer from the API
+    /// (it counts: the API is up, this item failed) or an outage being declared (it is free).
+    /// So no item runs out of attempts while an outage is being detected.
+    pub async fn charge(&self, observed: Observed, probe: bool) -> bool {
+        match self.record(observed, probe) {
+            Verdict::Counted => true,
+            Verdict::Free => false,
+            Verdict::Provisional(seen) => self.settle(seen).await,
+        }
+    }
+
+    fn record(&self, observed: Observed, probe: bool) -> Verdict {
         self.tick.attempts.fetch_add(1, Relaxed);
         match observed {
             Observed::Success(latency) => {
@@ -674,6 +706,7 @@ impl Throttle {
         }
         if observed == Observed::Down {
             let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
+            let seen = self.answers.load(Acquire);
             let mut o = self.outage.lock().expect("never poisoned");
             if probe {
                 o.probing = false;
@@ -686,12 +719,22 @@ impl Throttle {
                 o.probe_interval = FIRST_PROBE_AFTER;
                 o.next_probe = std::time::Instant::now() + FIRST_PROBE_AFTER;
                 o.probing = false;
+                drop(o);
+                // Provisional verdicts are waiting for exactly this.
+                self.answered.notify_waiters();
+                return Verdict::Free;
             }
-            // A streak of failures across items is probably an outage starting: from the
-            // fifth on they cost their items nothing, so no item fails while it is detected.
-            return o.since.is_none() && in_a_row < FREE_AFTER_FAILURES;
+            return if o.since.is_some() {
+                Verdict::Free
+            } else {
+                Verdict::Provisional(seen)
+            };
         }
         self.failures_in_a_row.store(0, Relaxed);
+        self.answers.fetch_add(1, Release);
+        if self.provisional.load(Acquire) > 0 {
+            self.answered.notify_waiters();
+        }
         let mut o = self.outage.lock().expect("never poisoned");
         if let Some(since) = o.since.take() {
             tracing::warn!(
@@ -705,7 +748,28 @@ impl Throttle {
         } else if probe {
             o.probing = false;
         }
-        true
+        Verdict::Counted
+    }
+
+    /// Wait for evidence about a failure that may be an outage starting (see [`Self::charge`]).
+    async fn settle(&self, seen: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + PROVISIONAL_WAIT;
+        self.provisional.fetch_add(1, AcqRel);
+        let counts = loop {
+            let notified = self.answered.notified();
+            if self.outage.lock().expect("never poisoned").since.is_some() {
+                break false;
+            }
+            if self.answers.load(Acquire) > seen || tokio::time::Instant::now() >= deadline {
+                break true;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        };
+        self.provisional.fetch_sub(1, AcqRel);
+        counts
     }
 
     /// After an outage, start again gently: the rate floor (or a quarter of the concurrency).

@@ -108,7 +108,7 @@ fn retry_after_is_honoured() {
 #[test]
 fn server_errors_are_retried_up_to_the_limit_and_not_found_is_not_retried() {
     let h = Harness::new(ApiConfig {
-        // Few enough that five 503s in a row (an outage starting) do not happen by chance.
+        // Few enough that twenty 503s in a row (an outage) do not happen by chance.
         not_found_per_mille: 100,
         unavailable_per_mille: 40,
         transient_attempts: 1000,
