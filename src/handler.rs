@@ -167,19 +167,13 @@ impl Template {
 /// Makes one attempt for an ID. Cheap to share behind an `Arc`.
 pub struct Handler {
     client: reqwest::Client,
-    method: Method,
-    url: Template,
-    headers: Vec<(HeaderName, Template)>,
-    body: Option<Template>,
-    json_body: bool,
-    /// `{id}` stands as a whole path segment, where `.` and `..` would change the path.
-    id_is_path_segment: bool,
+    request: Compiled,
 }
 
 impl fmt::Debug for Handler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Handler")
-            .field("method", &self.method)
+            .field("method", &self.request.method)
             .finish_non_exhaustive()
     }
 }
@@ -195,14 +189,7 @@ impl Handler {
         spec: &RequestSpec,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Handler, HandlerError> {
-        let Compiled {
-            method,
-            url,
-            headers,
-            body,
-            json_body,
-            id_is_path_segment,
-        } = Compiled::new(spec, env)?;
+        let request = Compiled::new(spec, env)?;
         let client = reqwest::Client::builder()
             .connect_timeout(spec.connect_timeout)
             .timeout(spec.timeout)
@@ -213,20 +200,13 @@ impl Handler {
             .user_agent(concat!("highwater/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| HandlerError::Client(e.to_string()))?;
-        Ok(Handler {
-            client,
-            method,
-            url,
-            headers,
-            body,
-            json_body,
-            id_is_path_segment,
-        })
+        Ok(Handler { client, request })
     }
 
     /// One attempt for `id`.
     pub async fn attempt(&self, id: &str) -> Result<Success, AttemptError> {
-        if self.id_is_path_segment && (id == "." || id == "..") {
+        let r = &self.request;
+        if r.id_is_path_segment && (id == "." || id == "..") {
             return Err(AttemptError {
                 class: ErrorClass::Request,
                 http_status: None,
@@ -237,10 +217,8 @@ impl Handler {
             });
         }
         let started = Instant::now();
-        let mut request = self
-            .client
-            .request(self.method.clone(), self.url.render(id));
-        for (name, value) in &self.headers {
+        let mut request = self.client.request(r.method.clone(), r.url.render(id));
+        for (name, value) in &r.headers {
             let value = HeaderValue::from_str(&value.render(id)).map_err(|_| AttemptError {
                 class: ErrorClass::Request,
                 http_status: None,
@@ -249,8 +227,8 @@ impl Handler {
             })?;
             request = request.header(name.clone(), value);
         }
-        if let Some(body) = &self.body {
-            if self.json_body {
+        if let Some(body) = &r.body {
+            if r.json_body {
                 request = request.header(CONTENT_TYPE, "application/json");
             }
             request = request.body(body.render(id));
@@ -304,6 +282,7 @@ struct Compiled {
     headers: Vec<(HeaderName, Template)>,
     body: Option<Template>,
     json_body: bool,
+    /// `{id}` stands as a whole path segment, where `.` and `..` would change the path.
     id_is_path_segment: bool,
 }
 

@@ -51,14 +51,6 @@ impl PendingIds {
             set.remove(id);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().expect("never poisoned").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Reads the input from the planner's position and cuts buckets.
