@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- rss [--ids N] [--concurrency N] [--skip-full]
 //! cargo run --release --example bench -- rate [--secs S] [--concurrency N]
 //! cargo run --release --example bench -- capacity [--phase-secs S] [--ids N] [--concurrency N]
+//! cargo run --release --example bench -- durability [--ids N] [--concurrency N] [--repeat K]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -18,6 +19,8 @@
 //! in any 1 s and 100 ms window, at 20/s, 200/s and 2000/s (and 200/s adaptive).
 //! `capacity` steps a hidden server capacity (1000/s, 400/s, 1000/s) under a run with a
 //! 2000/s ceiling, adaptive and fixed: goodput, 429 share and settling time per phase.
+//! `durability` runs synchronous and `--async-progress` runs at bucket sizes 1, 100 and
+//! 1000 in one process against the same fast fake API: items/s and the ratios to size 1000.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 
 use std::fmt::Write as _;
@@ -39,7 +42,7 @@ use highwater::demo::api::{ApiConfig, FakeApi};
 use highwater::engine;
 use highwater::handler::Handler;
 use highwater::input::{InputFormat, InputSpec};
-use highwater::job::{open_job, JobRequest, RetryOverrides, RunOptions};
+use highwater::job::{open_job, Durability, JobRequest, RetryOverrides, RunOptions};
 use highwater::progress::{Counters, RunSummary};
 use highwater::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use highwater::throttle::{Rate, ThrottleOptions};
@@ -83,6 +86,12 @@ modes:
     --concurrency N   items in flight [default: 64]
     RUST_LOG=...      also print highwater's log (e.g. highwater=debug: every rate change)
 
+  durability   sync (group commit) and async progress (1 s checkpoints) at bucket sizes
+               1, 100 and 1000, one process, one fast fake API, runs interleaved
+    --ids N           IDs per run [default: 100000]
+    --concurrency N   requests in flight [default: 16]
+    --repeat K        rounds of the six runs [default: 2]
+
 common:
   --keep      keep the temporary directory (input, state dirs, logs)
   -h, --help  this text
@@ -97,6 +106,7 @@ enum Mode {
     Rss,
     Rate,
     Capacity,
+    Durability,
 }
 
 #[derive(Debug)]
@@ -138,6 +148,10 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             it.next();
             Mode::Capacity
         }
+        Some("durability") => {
+            it.next();
+            Mode::Durability
+        }
         Some(s) if !s.starts_with('-') => return Err(format!("unknown mode {s:?}")),
         _ => Mode::Throughput,
     };
@@ -177,7 +191,7 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                 phase_secs = Some(s)
             }
             "--concurrency" => concurrency = Some(number(name, value(name)?)? as usize),
-            "--repeat" if mode == Mode::Throughput => {
+            "--repeat" if matches!(mode, Mode::Throughput | Mode::Durability) => {
                 repeat = Some(number(name, value(name)?)? as usize)
             }
             "--skip-full" if mode == Mode::Rss => skip_full = true,
@@ -192,6 +206,17 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             ids: ids.unwrap_or(200_000),
             concurrency: concurrency.unwrap_or(16),
             repeat: repeat.unwrap_or(3),
+            keep,
+            skip_full,
+            bin,
+            secs: 0,
+            phase_secs: 0,
+        },
+        Mode::Durability => Args {
+            mode,
+            ids: ids.unwrap_or(100_000),
+            concurrency: concurrency.unwrap_or(16),
+            repeat: repeat.unwrap_or(2),
             keep,
             skip_full,
             bin,
@@ -274,6 +299,7 @@ fn main() -> ExitCode {
         Mode::Rss => rss(&runtime, &args, &command),
         Mode::Rate => runtime.block_on(rate_accuracy(&args, &command)),
         Mode::Capacity => runtime.block_on(capacity(&args, &command)),
+        Mode::Durability => runtime.block_on(durability(&args, &command)),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -556,6 +582,7 @@ struct HwRun {
     cpu: Duration,
     calls: u64,
     state_bytes: u64,
+    counters: highwater::progress::CounterSnapshot,
 }
 
 async fn throughput(args: &Args, command: &str) -> Result<()> {
@@ -709,6 +736,131 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------
+// durability
+
+async fn durability(args: &Args, command: &str) -> Result<()> {
+    let baseline = Baseline::now();
+    let started = Instant::now();
+    let n = args.ids;
+    let c = args.concurrency;
+    let (guard, tmp) = temp_dir(args.keep)?;
+    let input = tmp.join("ids.txt");
+    write_input(&input, n)?;
+    let api = FakeApi::start(ApiConfig::fast())
+        .await
+        .context("starting the fake API")?;
+    let modes = [
+        ("sync", Durability::Sync),
+        (
+            "async",
+            Durability::Async {
+                interval: Duration::from_secs(1),
+            },
+        ),
+    ];
+    let sizes = [1u64, 100, 1000];
+    // Warm the server's per-ID counters so every timed run meets the same server.
+    let client = raw_client(c);
+    raw_run(&client, &api, n, c).await?;
+    // results[mode][size] = runs
+    let mut results: Vec<Vec<Vec<HwRun>>> = (0..modes.len())
+        .map(|_| (0..sizes.len()).map(|_| Vec::new()).collect())
+        .collect();
+    for rep in 1..=args.repeat {
+        for (m, (name, durability)) in modes.iter().enumerate() {
+            for (k, size) in sizes.iter().enumerate() {
+                let state = tmp.join(format!("state-{name}-{size}-{rep}"));
+                let run = highwater_run_with(
+                    &api,
+                    &input,
+                    &state,
+                    n,
+                    c,
+                    args.keep,
+                    Some(*size),
+                    *durability,
+                )
+                .await?;
+                eprintln!(
+                    "rep {rep}: {name:>5} bucket size {size:>4}: {:>8.0} items/s, {:.1} us CPU/item, \
+                     {} writer waits, {} checkpoints, {} calls",
+                    rate(n, run.elapsed),
+                    us_per(run.cpu, n),
+                    run.counters.writer_full,
+                    run.counters.checkpoints,
+                    run.calls
+                );
+                results[m][k].push(run);
+            }
+        }
+    }
+    let med = |runs: &[HwRun]| median(&runs.iter().map(|r| rate(n, r.elapsed)).collect::<Vec<_>>());
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\n## sync and async progress at bucket sizes 1, 100, 1000\n"
+    )?;
+    writeln!(out, "- command: `{command}`")?;
+    out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
+    writeln!(
+        out,
+        "- {} distinct IDs per run, {c} in flight, `ApiConfig::fast()` fake API in the same \
+         process; a fresh state dir per run; {} rounds of the six runs, interleaved; medians",
+        thousands(n),
+        args.repeat
+    )?;
+    writeln!(
+        out,
+        "- sync: group commit (a bucket's commit record after the flush covering its last \
+         result); async: `--async-progress --checkpoint-interval 1s`\n"
+    )?;
+    writeln!(
+        out,
+        "| mode | bucket size | items/s (median) | vs. same mode at 1000 | CPU per item | writer waits | state dir | exactly once |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|:---:|")?;
+    let mut all_once = true;
+    for (m, (name, _)) in modes.iter().enumerate() {
+        let at_1000 = med(&results[m][sizes.len() - 1]);
+        for (k, size) in sizes.iter().enumerate() {
+            let runs = &results[m][k];
+            let once = runs.iter().all(|r| r.calls == n);
+            all_once &= once;
+            let r = med(runs);
+            writeln!(
+                out,
+                "| {name} | {size} | {} | {:.2} | {:.1} µs | {} | {} | {} |",
+                thousands(r as u64),
+                r / at_1000,
+                median(&runs.iter().map(|r| us_per(r.cpu, n)).collect::<Vec<_>>()),
+                runs.iter().map(|r| r.counters.writer_full).sum::<u64>() / runs.len() as u64,
+                mib(median(
+                    &runs
+                        .iter()
+                        .map(|r| r.state_bytes as f64)
+                        .collect::<Vec<_>>()
+                ) as u64),
+                if once { "yes" } else { "**NO**" }
+            )?;
+        }
+    }
+    let a1 = med(&results[1][0]);
+    let a1000 = med(&results[1][sizes.len() - 1]);
+    writeln!(
+        out,
+        "\nasync at bucket size 1 / async at bucket size 1000: **{:.2}** (target at least 0.8)",
+        a1 / a1000
+    )?;
+    print!("{out}");
+    api.shutdown().await;
+    finish_temp(guard, &tmp);
+    if !all_once {
+        bail!("the exactly-once check failed");
+    }
+    Ok(())
+}
+
 type RawClient = Client<HttpConnector, Empty<Bytes>>;
 
 fn raw_client(concurrency: usize) -> RawClient {
@@ -791,6 +943,30 @@ async fn highwater_run(
     concurrency: usize,
     keep: bool,
 ) -> Result<HwRun> {
+    highwater_run_with(
+        api,
+        input,
+        state,
+        n,
+        concurrency,
+        keep,
+        None,
+        Durability::Sync,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn highwater_run_with(
+    api: &FakeApi,
+    input: &Path,
+    state: &Path,
+    n: u64,
+    concurrency: usize,
+    keep: bool,
+    bucket_size: Option<u64>,
+    durability: Durability,
+) -> Result<HwRun> {
     let calls_before = api.total_calls();
     let cpu = process_cpu();
     let started = Instant::now();
@@ -802,6 +978,7 @@ async fn highwater_run(
             format: InputFormat::Text,
         }),
         url: Some(api.url_template()),
+        bucket_size,
         ..JobRequest::default()
     };
     let spec = open_job(&store, &request).context("creating the job")?;
@@ -810,6 +987,7 @@ async fn highwater_run(
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,
+        durability,
         ..RunOptions::default()
     };
     let summary = engine::run(
@@ -840,6 +1018,7 @@ async fn highwater_run(
         cpu,
         calls,
         state_bytes,
+        counters: summary.run,
     })
 }
 

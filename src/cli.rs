@@ -16,7 +16,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::engine::{self, StopHandle};
 use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
-use crate::job::{open_job, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions};
+use crate::job::{
+    open_job, Durability, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions,
+};
 use crate::progress::{Counters, RunSummary};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
@@ -158,6 +160,14 @@ struct RunArgs {
     /// How often to log a progress line (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     progress_interval: Duration,
+    /// Make results and commit records durable in the background every
+    /// --checkpoint-interval instead of before each bucket's commit (a crash then repeats
+    /// up to one interval of calls). May be switched on or off between runs.
+    #[arg(long)]
+    async_progress: bool,
+    /// With --async-progress: how often results and commits are made durable.
+    #[arg(long, default_value = "1s", value_parser = positive_duration, value_name = "DURATION", requires = "async_progress")]
+    checkpoint_interval: Duration,
     /// Requests per second at most, retries and probes included: 50, 50/s, 3000/min, 0.5/s.
     /// With adaptive control (the default) this is the ceiling.
     #[arg(long, value_name = "RATE")]
@@ -244,6 +254,13 @@ fn duration(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d.is_zero() => Err("must be more than 0 (write e.g. 500ms, 1s)".into()),
+        d => Ok(d),
+    }
 }
 
 /// Parse the command line, run, and return the process exit code.
@@ -381,6 +398,13 @@ impl RunArgs {
                 ..ThrottleOptions::default()
             },
             max_failures: self.max_failures,
+            durability: if self.async_progress {
+                Durability::Async {
+                    interval: self.checkpoint_interval,
+                }
+            } else {
+                Durability::Sync
+            },
         }
     }
 }

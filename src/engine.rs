@@ -9,9 +9,14 @@
 //!   record, calling only their IDs that have no final result, then dispatches new buckets;
 //!   it starts one task per item, at most `concurrency` at once, so workers never wait at a
 //!   bucket boundary and buckets may commit out of order;
-//! - the **writer** receives final results, writes them in groups, makes each group durable
-//!   with one sync (group commit), and only then writes the commit records of the buckets
-//!   whose last result was in the group.
+//! - the **writer** receives final results and writes them in groups. By default
+//!   ([`Durability::Sync`]) it makes each group durable with one sync (group commit) before
+//!   taking the next, and only then writes the commit records of the buckets whose last
+//!   result was in the group. With `--async-progress` ([`Durability::Async`]) it writes
+//!   results as they come and a background sync every checkpoint interval makes them
+//!   durable; the commit records of the buckets completed before that sync started are
+//!   written once it returns (and are durable at the next one). Either way a bucket of one
+//!   row costs no sync of its own.
 //!
 //! Invariants (the crash tests check them):
 //!
@@ -21,7 +26,12 @@
 //! 4. Results are keyed by ID: a replayed item overwrites its own record, never adds one.
 //! 5. A replay calls only items without a durable final result: after a kill -9 the repeated
 //!    calls are the items that were in flight, that is, at most
-//!    [`max_unsynced_items`]`(concurrency)` of them.
+//!    [`max_unsynced_items`]`(concurrency)` of them in sync mode; in async mode, those plus
+//!    the results finished since the last completed background sync started (about one
+//!    checkpoint interval of work).
+//!
+//! The unit tests run the engine over a store that logs every write and sync and check 1
+//! and 2 on the log, in both modes.
 //!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
@@ -36,7 +46,7 @@ use tokio::task::JoinSet;
 
 use crate::handler::{millis, Handler};
 use crate::input::InputReader;
-use crate::job::{now_ms, FailureLimit, JobSpec, RunOptions};
+use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
 use crate::progress::{progress_line, Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
@@ -180,14 +190,21 @@ pub async fn run<S: Store>(
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
-    let writer = tokio::spawn(write_results(
-        store.clone(),
-        writer_rx,
-        counters.clone(),
-        opts.max_failures,
-        halt.clone(),
-        pending.clone(),
-    ));
+    let durability = opts.durability;
+    let writer = Writer {
+        store: store.clone(),
+        counters: counters.clone(),
+        max_failures: opts.max_failures,
+        halt: halt.clone(),
+        pending: pending.clone(),
+        open: HashMap::new(),
+    };
+    let writer = tokio::spawn(async move {
+        match durability {
+            Durability::Sync => writer.run_sync(writer_rx).await,
+            Durability::Async { interval } => writer.run_async(writer_rx, interval).await,
+        }
+    });
 
     let (plan_tx, mut plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
     let planner = if planner_state.exhausted {
@@ -516,13 +533,15 @@ impl ItemTask {
             }
         }
         // A closed writer means the run is failing; the item stays pending and is replayed.
-        let _ = self
-            .writer
-            .send(WriterMsg::Done {
-                id: item.id,
-                record,
-            })
-            .await;
+        let msg = WriterMsg::Done {
+            id: item.id,
+            record,
+        };
+        if let Err(mpsc::error::TrySendError::Full(msg)) = self.writer.try_send(msg) {
+            // The writer is behind: this item (and so dispatch) waits for room.
+            Counters::add(&counters.writer_full, 1);
+            let _ = self.writer.send(msg).await;
+        }
     }
 }
 
@@ -590,31 +609,26 @@ struct Tracked {
     failed: u64,
 }
 
-/// The writer task: group results, make them durable, then commit finished buckets.
-async fn write_results<S: Store>(
+/// The writer task's bookkeeping: which buckets wait for how many results, and the run's
+/// failure limit.
+struct Writer<S> {
     store: Arc<S>,
-    mut rx: mpsc::Receiver<WriterMsg>,
     counters: Arc<Counters>,
     max_failures: Option<FailureLimit>,
     halt: Arc<Halt>,
     pending: Arc<PendingIds>,
-) -> Result<(), StoreError> {
-    let mut open: HashMap<u64, Tracked> = HashMap::new();
-    let mut msgs = Vec::new();
-    let max_group = rx.max_capacity();
-    while rx.recv_many(&mut msgs, max_group).await > 0 {
-        // Group commit: gather what arrives within GROUP_COMMIT_DELAY (or a full group), so
-        // one flush covers many results. Nobody waits on it but the commit records.
-        let deadline = tokio::time::Instant::now() + GROUP_COMMIT_DELAY;
-        while msgs.len() < max_group {
-            let room = max_group - msgs.len();
-            tokio::select! {
-                n = rx.recv_many(&mut msgs, room) => if n == 0 { break },
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
-        }
-        let mut commits = Vec::new();
-        let mut results = Vec::new();
+    open: HashMap<u64, Tracked>,
+}
+
+impl<S: Store> Writer<S> {
+    /// Sort messages: start tracking buckets (those with nothing left to wait for go
+    /// straight to `ready`), collect results.
+    fn sort(
+        &mut self,
+        msgs: &mut Vec<WriterMsg>,
+        results: &mut Vec<(String, ItemRecord)>,
+        ready: &mut Vec<CommitRecord>,
+    ) {
         for msg in msgs.drain(..) {
             match msg {
                 WriterMsg::Track {
@@ -624,14 +638,9 @@ async fn write_results<S: Store>(
                     failed,
                 } => {
                     if remaining == 0 {
-                        commits.push(CommitRecord {
-                            bucket,
-                            ok,
-                            failed,
-                            committed_at_ms: now_ms(),
-                        });
+                        ready.push(commit_record(bucket, ok, failed));
                     } else {
-                        open.insert(
+                        self.open.insert(
                             bucket,
                             Tracked {
                                 remaining,
@@ -644,59 +653,182 @@ async fn write_results<S: Store>(
                 WriterMsg::Done { id, record } => results.push((id, record)),
             }
         }
-        if !results.is_empty() {
-            store.record(&results)?;
-            // Now in the store (visible, durable at the sync below): no longer pending.
-            pending.remove_all(results.iter().map(|(id, _)| id.as_str()));
-            store.sync().await?;
-            for (_, record) in &results {
-                let ok = record.status == ItemStatus::Ok;
-                Counters::add(if ok { &counters.ok } else { &counters.failed }, 1);
-                let Some(t) = open.get_mut(&record.bucket) else {
-                    tracing::error!(
-                        bucket = record.bucket,
-                        "a result for a bucket that is not tracked"
-                    );
-                    continue;
-                };
+    }
+
+    /// Write results to the store (durable at the next sync) and count them; the buckets
+    /// whose last result this was go to `done`.
+    fn record(
+        &mut self,
+        results: &[(String, ItemRecord)],
+        done: &mut Vec<CommitRecord>,
+    ) -> Result<(), StoreError> {
+        if results.is_empty() {
+            return Ok(());
+        }
+        self.store.record(results)?;
+        // Now in the store (visible to the planner's duplicate check): no longer pending.
+        self.pending
+            .remove_all(results.iter().map(|(id, _)| id.as_str()));
+        for (_, record) in results {
+            let ok = record.status == ItemStatus::Ok;
+            Counters::add(
                 if ok {
-                    t.ok += 1;
+                    &self.counters.ok
                 } else {
-                    t.failed += 1;
-                }
-                t.remaining = t.remaining.saturating_sub(1);
-                if t.remaining == 0 {
-                    let t = open.remove(&record.bucket).expect("just seen");
-                    commits.push(CommitRecord {
-                        bucket: record.bucket,
-                        ok: t.ok,
-                        failed: t.failed,
-                        committed_at_ms: now_ms(),
-                    });
-                }
+                    &self.counters.failed
+                },
+                1,
+            );
+            let Some(t) = self.open.get_mut(&record.bucket) else {
+                tracing::error!(
+                    bucket = record.bucket,
+                    "a result for a bucket that is not tracked"
+                );
+                continue;
+            };
+            if ok {
+                t.ok += 1;
+            } else {
+                t.failed += 1;
+            }
+            t.remaining = t.remaining.saturating_sub(1);
+            if t.remaining == 0 {
+                let t = self.open.remove(&record.bucket).expect("just seen");
+                done.push(commit_record(record.bucket, t.ok, t.failed));
             }
         }
+        self.check_failures(results);
+        Ok(())
+    }
+
+    /// Write commit records; callers made the buckets' results durable first.
+    fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
         if !commits.is_empty() {
-            store.commit(&commits)?;
-            Counters::add(&counters.buckets_committed, commits.len() as u64);
+            self.store.commit(commits)?;
+            Counters::add(&self.counters.buckets_committed, commits.len() as u64);
+            commits.clear();
         }
-        if let Some(limit) = max_failures {
-            let now = counters.snapshot();
-            if limit.exceeded(now.failed, now.done()) {
-                let last = results
-                    .iter()
-                    .rev()
-                    .find_map(|(_, r)| r.error.clone())
-                    .unwrap_or_default();
-                halt.halt(format!(
-                    "{} of {} IDs failed permanently in this run, past --max-failures; the last error: {last}",
-                    now.failed,
-                    now.done()
-                ));
-            }
+        Ok(())
+    }
+
+    fn check_failures(&self, results: &[(String, ItemRecord)]) {
+        let Some(limit) = self.max_failures else {
+            return;
+        };
+        let now = self.counters.snapshot();
+        if limit.exceeded(now.failed, now.done()) {
+            let last = results
+                .iter()
+                .rev()
+                .find_map(|(_, r)| r.error.clone())
+                .unwrap_or_default();
+            self.halt.halt(format!(
+                "{} of {} IDs failed permanently in this run, past --max-failures; the last error: {last}",
+                now.failed,
+                now.done()
+            ));
         }
     }
-    store.sync().await
+
+    /// Synchronous progress: gather a group, write it, make it durable with one sync, then
+    /// write the commit records of the buckets it completed (group commit).
+    async fn run_sync(mut self, mut rx: mpsc::Receiver<WriterMsg>) -> Result<(), EngineError> {
+        let (mut msgs, mut results, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+        let max_group = rx.max_capacity();
+        while rx.recv_many(&mut msgs, max_group).await > 0 {
+            // One flush covers the whole group. Nobody waits on it but the commit records.
+            gather(&mut rx, &mut msgs).await;
+            self.sort(&mut msgs, &mut results, &mut ready);
+            if !results.is_empty() {
+                let mut done = Vec::new();
+                self.record(&results, &mut done)?;
+                results.clear();
+                self.store.sync().await?;
+                ready.append(&mut done);
+            }
+            self.commit(&mut ready)?;
+        }
+        Ok(self.store.sync().await?)
+    }
+
+    /// Asynchronous progress: write results as they come; every `interval` a background
+    /// sync makes everything written so far durable, and once it returns the commit records
+    /// of the buckets completed before it started are written (durable at the next one).
+    async fn run_async(
+        mut self,
+        mut rx: mpsc::Receiver<WriterMsg>,
+        interval: Duration,
+    ) -> Result<(), EngineError> {
+        let (mut msgs, mut results) = (Vec::new(), Vec::new());
+        // Buckets whose results are all written but not yet covered by a finished sync.
+        let mut unsynced: Vec<CommitRecord> = Vec::new();
+        // The sync in progress and the buckets it covers.
+        let mut syncing: Option<(Vec<CommitRecord>, tokio::task::JoinHandle<_>)> = None;
+        let mut dirty = false;
+        let max_group = rx.max_capacity();
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut msgs, max_group) => {
+                    if n == 0 {
+                        break;
+                    }
+                    // Fewer, larger store writes.
+                    gather(&mut rx, &mut msgs).await;
+                    self.sort(&mut msgs, &mut results, &mut unsynced);
+                    self.record(&results, &mut unsynced)?;
+                    dirty |= !results.is_empty() || !unsynced.is_empty();
+                    results.clear();
+                }
+                _ = ticker.tick(), if syncing.is_none() && dirty => {
+                    let store = self.store.clone();
+                    let covered = std::mem::take(&mut unsynced);
+                    syncing = Some((covered, tokio::spawn(async move { store.sync().await })));
+                    dirty = false;
+                }
+                synced = async { (&mut syncing.as_mut().expect("guarded").1).await }, if syncing.is_some() => {
+                    let (mut covered, _) = syncing.take().expect("guarded");
+                    synced.map_err(|e| EngineError::Internal(format!("background sync: {e}")))??;
+                    Counters::add(&self.counters.checkpoints, 1);
+                    dirty |= !covered.is_empty();
+                    self.commit(&mut covered)?;
+                }
+            }
+        }
+        // The run is over: make everything durable, then commit what is left.
+        if let Some((mut covered, handle)) = syncing.take() {
+            handle
+                .await
+                .map_err(|e| EngineError::Internal(format!("background sync: {e}")))??;
+            self.commit(&mut covered)?;
+        }
+        self.store.sync().await?;
+        self.commit(&mut unsynced)?;
+        Ok(self.store.sync().await?)
+    }
+}
+
+/// Add to `msgs` what arrives within [`GROUP_COMMIT_DELAY`], up to a full group.
+async fn gather(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>) {
+    let max_group = rx.max_capacity();
+    let deadline = tokio::time::Instant::now() + GROUP_COMMIT_DELAY;
+    while msgs.len() < max_group {
+        let room = max_group - msgs.len();
+        tokio::select! {
+            n = rx.recv_many(msgs, room) => if n == 0 { break },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+}
+
+fn commit_record(bucket: u64, ok: u64, failed: u64) -> CommitRecord {
+    CommitRecord {
+        bucket,
+        ok,
+        failed,
+        committed_at_ms: now_ms(),
+    }
 }
 
 async fn report_progress(
@@ -779,14 +911,24 @@ mod tests {
     }
 
     async fn run_once(s: &Setup, stop: Stop) -> RunSummary {
+        run_with(s.store.clone(), s, stop, Durability::Sync).await
+    }
+
+    async fn run_with<T: Store>(
+        store: Arc<T>,
+        s: &Setup,
+        stop: Stop,
+        durability: Durability,
+    ) -> RunSummary {
         let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
         let opts = RunOptions {
             concurrency: 4,
             progress_interval: Duration::ZERO,
+            durability,
             ..RunOptions::default()
         };
         run(
-            s.store.clone(),
+            store,
             s.spec.clone(),
             handler,
             &opts,
@@ -903,5 +1045,239 @@ mod tests {
         assert_eq!(summary.job.failed, not_found);
         assert_eq!(summary.job.ok + summary.job.failed, 1000);
         assert!(summary.job.finished());
+    }
+
+    /// A store that logs the order of writes and syncs, to check the engine's invariants.
+    struct Audit {
+        inner: Arc<SledStore>,
+        log: std::sync::Mutex<Vec<Event>>,
+        syncs: std::sync::atomic::AtomicU64,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        Plan(Vec<(u64, Vec<String>)>),
+        Record(Vec<String>),
+        /// A sync began: it covers every write before it.
+        SyncStart(u64),
+        SyncEnd(u64),
+        Commit(Vec<u64>),
+    }
+
+    impl Audit {
+        fn push(&self, e: Event) {
+            self.log.lock().unwrap().push(e);
+        }
+
+        /// Check invariants 1 and 2 over the log: results are only recorded for planned
+        /// buckets whose offset records a finished sync covered, and a commit record only
+        /// follows a finished sync that covered every result of its bucket.
+        fn check(&self) -> (usize, usize) {
+            let log = self.log.lock().unwrap().clone();
+            let mut members: HashMap<u64, Vec<String>> = HashMap::new();
+            // Writes in order; a finished sync makes a prefix of them durable (syncs may
+            // overlap: the planner's and the writer's).
+            let (mut planned, mut recorded) = (Vec::new(), Vec::new());
+            let mut started: HashMap<u64, (usize, usize)> = HashMap::new();
+            let (mut durable_planned, mut durable_recorded) = (0, 0);
+            let mut durable = std::collections::HashSet::new();
+            let mut bucket_of: HashMap<String, u64> = HashMap::new();
+            let (mut commits, mut syncs) = (0, 0);
+            for e in log {
+                match e {
+                    Event::Plan(buckets) => {
+                        for (b, ids) in buckets {
+                            for id in &ids {
+                                bucket_of.insert(id.clone(), b);
+                            }
+                            members.insert(b, ids);
+                            planned.push(b);
+                        }
+                    }
+                    Event::Record(ids) => {
+                        for id in ids {
+                            let b = bucket_of[&id];
+                            assert!(
+                                planned[..durable_planned].contains(&b),
+                                "{id} was called before bucket {b}'s offset record was durable"
+                            );
+                            recorded.push(id);
+                        }
+                    }
+                    Event::SyncStart(n) => {
+                        started.insert(n, (planned.len(), recorded.len()));
+                    }
+                    Event::SyncEnd(n) => {
+                        syncs += 1;
+                        let (p, r) = started[&n];
+                        durable_planned = durable_planned.max(p);
+                        if r > durable_recorded {
+                            durable.extend(recorded[durable_recorded..r].iter().cloned());
+                            durable_recorded = r;
+                        }
+                    }
+                    Event::Commit(buckets) => {
+                        for b in buckets {
+                            commits += 1;
+                            for id in &members[&b] {
+                                assert!(
+                                    durable.contains(id),
+                                    "bucket {b} committed before the result of {id} was durable"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            (commits, syncs)
+        }
+    }
+
+    impl Store for Audit {
+        fn job(&self) -> Result<Option<JobSpec>, StoreError> {
+            self.inner.job()
+        }
+        fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
+            self.inner.put_job(spec)
+        }
+        fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
+            self.inner.planner()
+        }
+        fn has_result(&self, id: &str) -> Result<bool, StoreError> {
+            self.inner.has_result(id)
+        }
+        fn plan(
+            &self,
+            buckets: &[PlannedBucket],
+            planner: &crate::store::PlannerState,
+        ) -> Result<(), StoreError> {
+            self.push(Event::Plan(
+                buckets
+                    .iter()
+                    .map(|b| {
+                        let ids = b.items.iter().map(|(_, id)| id.clone()).collect();
+                        (b.offset.bucket, ids)
+                    })
+                    .collect(),
+            ));
+            self.inner.plan(buckets, planner)
+        }
+        fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+            self.push(Event::Record(
+                results.iter().map(|(id, _)| id.clone()).collect(),
+            ));
+            self.inner.record(results)
+        }
+        fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+            self.push(Event::Commit(commits.iter().map(|c| c.bucket).collect()));
+            self.inner.commit(commits)
+        }
+        async fn sync(&self) -> Result<(), StoreError> {
+            let n = self
+                .syncs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.push(Event::SyncStart(n));
+            self.inner.sync().await?;
+            self.push(Event::SyncEnd(n));
+            Ok(())
+        }
+        fn open_buckets(&self) -> Result<Vec<crate::store::OffsetRecord>, StoreError> {
+            self.inner.open_buckets()
+        }
+        fn bucket_items(
+            &self,
+            bucket: &crate::store::OffsetRecord,
+        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+            self.inner.bucket_items(bucket)
+        }
+        fn for_each_final(
+            &self,
+            f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+        ) -> Result<(), crate::store::ExportError> {
+            self.inner.for_each_final(f)
+        }
+        fn bad_lines(&self, limit: usize) -> Result<Vec<crate::store::BadLine>, StoreError> {
+            self.inner.bad_lines(limit)
+        }
+        fn stats(&self) -> Result<crate::store::StoreStats, StoreError> {
+            self.inner.stats()
+        }
+    }
+
+    async fn audited_run(bucket_size: u64, durability: Durability) {
+        let ids = ids(3000);
+        let config = ApiConfig {
+            latency_min: Duration::from_micros(200),
+            latency_max: Duration::from_millis(2),
+            not_found_per_mille: 20,
+            ..ApiConfig::fast()
+        };
+        let s = setup(&ids, bucket_size, config).await;
+        let audit = Arc::new(Audit {
+            inner: s.store.clone(),
+            log: Default::default(),
+            syncs: Default::default(),
+        });
+        let summary = run_with(audit.clone(), &s, stop_pair().1, durability).await;
+        assert!(summary.job.finished());
+        assert_eq!(summary.job.ok + summary.job.failed, 3000);
+        assert_eq!(s.api.total_calls(), 3000);
+        let (commits, syncs) = audit.check();
+        assert_eq!(commits as u64, 3000_u64.div_ceil(bucket_size));
+        assert!(syncs >= 2, "{syncs} syncs");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sync_progress_keeps_the_write_ahead_and_commit_order() {
+        audited_run(1, Durability::Sync).await;
+        audited_run(100, Durability::Sync).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_progress_keeps_the_write_ahead_and_commit_order() {
+        let durability = Durability::Async {
+            interval: Duration::from_millis(20),
+        };
+        audited_run(1, durability).await;
+        audited_run(100, durability).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn async_progress_stopped_midway_resumes_in_sync_mode() {
+        let ids = ids(3000);
+        let config = ApiConfig {
+            latency_min: Duration::from_millis(2),
+            latency_max: Duration::from_millis(2),
+            ..ApiConfig::fast()
+        };
+        let s = setup(&ids, 10, config).await;
+        let (handle, stop) = stop_pair();
+        let api = s.api.clone();
+        let stopper = tokio::spawn(async move {
+            while api.total_calls() < 700 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let durability = Durability::Async {
+            interval: Duration::from_secs(3600),
+        };
+        let first = run_with(s.store.clone(), &s, stop, durability).await;
+        stopper.await.unwrap();
+        assert!(first.interrupted && !first.job.finished());
+        assert_eq!(
+            first.job.ok, first.run.ok,
+            "a stop makes every result durable"
+        );
+        assert!(
+            first.job.buckets_committed >= first.run.ok / 10 - 4,
+            "a stop commits the finished buckets even before the first checkpoint: {:?}",
+            first.job
+        );
+        let second = run_once(&s, stop_pair().1).await;
+        assert!(second.job.finished());
+        assert_eq!(second.job.ok, 3000);
+        assert_eq!(s.api.distinct_ids(), 3000);
+        assert!(s.api.total_calls() <= 3000 + max_unsynced_items(4) as u64);
     }
 }

@@ -129,6 +129,27 @@ pub struct RunOptions {
     pub throttle: crate::throttle::ThrottleOptions,
     /// Stop the run once more IDs than this failed permanently in it.
     pub max_failures: Option<FailureLimit>,
+    /// When results and commit records are made durable.
+    pub durability: Durability,
+}
+
+/// When a run makes its results and commit records durable. Offset records are made durable
+/// before their items are dispatched in both modes (the planner thread does it ahead of the
+/// work, one flush per batch of buckets). Nothing of it is stored: a job may switch between
+/// runs, and a run in one mode resumes what a crashed run in the other left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Group commit: each group of results is flushed before the next is taken, and a
+    /// bucket's commit record follows the flush that covered its last result. A kill -9
+    /// repeats at most [`crate::engine::max_unsynced_items`] calls.
+    #[default]
+    Sync,
+    /// `--async-progress`: results are written as they come and flushed in the background
+    /// every `interval`; a bucket's commit record is written after the flush that covered its
+    /// last result and is durable at the next one. A kill -9 repeats the calls of the results
+    /// finished since the start of the last completed flush (about one interval) plus those
+    /// in flight.
+    Async { interval: Duration },
 }
 
 /// `--max-failures`: a count, or a share of the IDs finished in the run.
@@ -185,6 +206,7 @@ impl Default for RunOptions {
             progress_interval: Duration::from_secs(30),
             throttle: crate::throttle::ThrottleOptions::default(),
             max_failures: None,
+            durability: Durability::Sync,
         }
     }
 }

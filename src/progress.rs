@@ -25,6 +25,10 @@ pub struct Counters {
     pub buckets_committed: AtomicU64,
     /// Items left pending because the run stopped.
     pub abandoned: AtomicU64,
+    /// Results that waited for room in the writer's queue (the store was behind).
+    pub writer_full: AtomicU64,
+    /// Background flushes finished (`--async-progress`).
+    pub checkpoints: AtomicU64,
 }
 
 /// A copy of [`Counters`] at one moment.
@@ -36,6 +40,8 @@ pub struct CounterSnapshot {
     pub failed: u64,
     pub buckets_committed: u64,
     pub abandoned: u64,
+    pub writer_full: u64,
+    pub checkpoints: u64,
 }
 
 impl Counters {
@@ -47,6 +53,8 @@ impl Counters {
             failed: self.failed.load(Relaxed),
             buckets_committed: self.buckets_committed.load(Relaxed),
             abandoned: self.abandoned.load(Relaxed),
+            writer_full: self.writer_full.load(Relaxed),
+            checkpoints: self.checkpoints.load(Relaxed),
         }
     }
 
@@ -80,7 +88,7 @@ pub fn progress_line(
     elapsed: Duration,
 ) -> String {
     format!(
-        "progress: {} done this run ({} ok, {} failed), {} retries, {} buckets committed, {:.1} items/s now, {:.1} items/s overall",
+        "progress: {} done this run ({} ok, {} failed), {} retries, {} buckets committed, {:.1} items/s now, {:.1} items/s overall{}",
         now.done(),
         now.ok,
         now.failed,
@@ -88,6 +96,14 @@ pub fn progress_line(
         now.buckets_committed,
         per_second(now.done() - last.done(), interval),
         per_second(now.done(), elapsed),
+        if now.writer_full > last.writer_full {
+            format!(
+                ", the store was behind {} times",
+                now.writer_full - last.writer_full
+            )
+        } else {
+            String::new()
+        },
     )
 }
 

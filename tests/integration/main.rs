@@ -7,5 +7,6 @@ mod harness;
 
 mod bad_input;
 mod crash;
+mod durability;
 mod jobs;
 mod throttle;
