@@ -615,6 +615,7 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     );
 
     let mut raws = Vec::new();
+    let mut reqs = Vec::new();
     let mut hws = Vec::new();
     for rep in 1..=args.repeat {
         let (raw, _) = raw_run(&client, &api, n, c).await?;
@@ -624,6 +625,14 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
             raw.elapsed.as_secs_f64(),
             us_per(raw.cpu, n)
         );
+        let rq = reqwest_run(&api, n, c).await?;
+        eprintln!(
+            "rep {rep}: reqwest   {:>9.0} items/s ({:.2} s, {:.1} us CPU/item)",
+            rate(n, rq.elapsed),
+            rq.elapsed.as_secs_f64(),
+            us_per(rq.cpu, n)
+        );
+        reqs.push(rq);
         let hw = highwater_run(
             &api,
             &input,
@@ -673,39 +682,55 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     )?;
     writeln!(
         out,
-        "- runs alternate raw, highwater; {} pairs after one raw warm-up pass that is not in \
-         the table; \"CPU per item\" is user + system time of the whole process (fake API \
-         included) divided by the IDs\n",
-        args.repeat
+        "- reqwest: highwater's own HTTP client (`Handler::attempt`: reqwest with rustls, \
+         timeouts, the URL template, the body parsed as JSON) in the same bare loop, nothing \
+         stored: the most any engine on this client could do"
     )?;
     writeln!(
         out,
-        "| run | raw hyper (items/s) | highwater (items/s) | highwater / raw | raw CPU per item | highwater CPU per item | highwater server calls | exactly once |"
+        "- runs alternate raw, reqwest, highwater; {} rounds after one raw warm-up pass that is \
+         not in the table; \"CPU per item\" is user + system time of the whole process (fake \
+         API included) divided by the IDs\n",
+        args.repeat
     )?;
-    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|:---:|")?;
+    let rq_rates: Vec<f64> = reqs.iter().map(|m: &Measured| rate(n, m.elapsed)).collect();
+    let rq_cpu: Vec<f64> = reqs.iter().map(|m| us_per(m.cpu, n)).collect();
+    writeln!(
+        out,
+        "| run | raw hyper (items/s) | reqwest loop (items/s) | highwater (items/s) | reqwest / raw | highwater / raw | highwater / reqwest | CPU per item: raw, reqwest, highwater | exactly once |"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")?;
     for (i, (r, h)) in raw_rates.iter().zip(&hws).enumerate() {
         let hr = rate(n, h.elapsed);
+        let q = rq_rates[i];
         writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.1} µs | {:.1} µs | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} µs | {} |",
             i + 1,
             thousands(*r as u64),
+            thousands(q as u64),
             thousands(hr as u64),
+            q / r,
             hr / r,
+            hr / q,
             raw_cpu[i],
+            rq_cpu[i],
             hw_cpu[i],
-            thousands(h.calls),
             if h.calls == n { "yes" } else { "**NO**" }
         )?;
     }
-    let (mr, mh) = (median(&raw_rates), median(&hw_rates));
+    let (mr, mq, mh) = (median(&raw_rates), median(&rq_rates), median(&hw_rates));
     writeln!(
         out,
-        "| **median** | **{}** | **{}** | **{:.2}** | **{:.1} µs** | **{:.1} µs** | | {} |",
+        "| **median** | **{}** | **{}** | **{}** | **{:.2}** | **{:.2}** | **{:.2}** | **{:.1} / {:.1} / {:.1} µs** | {} |",
         thousands(mr as u64),
+        thousands(mq as u64),
         thousands(mh as u64),
+        mq / mr,
         mh / mr,
+        mh / mq,
         median(&raw_cpu),
+        median(&rq_cpu),
         median(&hw_cpu),
         if all_once { "yes" } else { "**NO**" }
     )?;
@@ -859,6 +884,53 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
         bail!("the exactly-once check failed");
     }
     Ok(())
+}
+
+/// highwater's own HTTP client (`Handler::attempt`: reqwest, the URL template, the body
+/// parse) in a bare loop of `concurrency` tasks, nothing stored: the ceiling any engine built
+/// on this client could reach.
+async fn reqwest_run(api: &FakeApi, n: u64, concurrency: usize) -> Result<Measured> {
+    // The request a job over this API stores (open_job's defaults: GET, 10 s connect, 30 s).
+    let spec = highwater::job::RequestSpec {
+        method: "GET".into(),
+        url: api.url_template(),
+        headers: Vec::new(),
+        body: None,
+        connect_timeout: Duration::from_secs(10),
+        timeout: Duration::from_secs(30),
+    };
+    let handler = Arc::new(Handler::new(&spec).context("building the handler")?);
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let cpu = process_cpu();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (handler, next, errors) = (handler.clone(), next.clone(), errors.clone());
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                if handler.attempt(&id_of(i)).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| anyhow!("reqwest client task: {e}"))?;
+    }
+    let measured = Measured {
+        elapsed: started.elapsed(),
+        cpu: process_cpu().saturating_sub(cpu),
+    };
+    let errors = errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        bail!("the reqwest loop had {errors} failed requests");
+    }
+    Ok(measured)
 }
 
 type RawClient = Client<HttpConnector, Empty<Bytes>>;
@@ -1661,9 +1733,13 @@ fn install_tracing() {
         .with_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("highwater=warn")),
         );
-    let capture = RateCapture.with_filter(filter_fn(|m| {
-        m.is_event() && m.target().starts_with("highwater::throttle")
-    }));
+    // The level hint matters: it sets the `log` crate's max level (sled logs through `log` at
+    // trace level), so that, as in the CLI at its default level, sled's trace records are
+    // dropped by one atomic load instead of each going through tracing's dispatch.
+    let capture = RateCapture.with_filter(
+        filter_fn(|m| m.is_event() && m.target().starts_with("highwater::throttle"))
+            .with_max_level_hint(tracing::Level::DEBUG),
+    );
     let _ = tracing_subscriber::registry()
         .with(log)
         .with(capture)

@@ -217,7 +217,13 @@ impl Handler {
             });
         }
         let started = Instant::now();
-        let mut request = self.client.request(r.method.clone(), r.url.render(id));
+        let url = r.url.url(id).map_err(|e| AttemptError {
+            class: ErrorClass::Request,
+            http_status: None,
+            message: format!("the ID makes an invalid URL ({e})"),
+            retry_after: None,
+        })?;
+        let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
             let value = HeaderValue::from_str(&value.render(id)).map_err(|_| AttemptError {
                 class: ErrorClass::Request,
@@ -275,10 +281,64 @@ impl Handler {
     }
 }
 
+/// The URL template, with its constant part before the path parsed once.
+///
+/// Parsing a whole URL (scheme, host, port) is the costliest step of building a request, and
+/// the part before the path never depends on the ID when `{id}` stands only after it: then a
+/// request's URL is the parsed base with its path, query and fragment set. The unit tests
+/// check it gives the same URL as parsing the whole rendered text.
+struct UrlTemplate {
+    template: Template,
+    /// The parsed `scheme://authority` and its length in every rendered URL.
+    base: Option<(reqwest::Url, usize)>,
+}
+
+impl UrlTemplate {
+    fn new(template: Template) -> UrlTemplate {
+        let base = match template.pieces.first() {
+            Some(Piece::Text(head)) => head.find("://").and_then(|scheme_end| {
+                let after = scheme_end + 3;
+                let end = head[after..]
+                    .find(['/', '\\', '?', '#'])
+                    .map(|i| after + i)?;
+                let url = reqwest::Url::parse(&head[..end]).ok()?;
+                // Only a base that keeps the parser's behaviour: http(s), nothing after the
+                // authority that the parser would have moved.
+                (matches!(url.scheme(), "http" | "https") && url.path() == "/")
+                    .then_some((url, end))
+            }),
+            _ => None,
+        };
+        UrlTemplate { template, base }
+    }
+
+    /// The URL for `id`; an error says why the rendered text is not a URL.
+    fn url(&self, id: &str) -> Result<reqwest::Url, String> {
+        let full = self.template.render(id);
+        let Some((base, len)) = &self.base else {
+            return reqwest::Url::parse(&full).map_err(|e| e.to_string());
+        };
+        let rest = &full[*len..];
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((r, f)) => (r, Some(f)),
+            None => (rest, None),
+        };
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        let mut url = base.clone();
+        url.set_path(path);
+        url.set_query(query);
+        url.set_fragment(fragment);
+        Ok(url)
+    }
+}
+
 /// The request templates, parsed and checked, without a client.
 struct Compiled {
     method: Method,
-    url: Template,
+    url: UrlTemplate,
     headers: Vec<(HeaderName, Template)>,
     body: Option<Template>,
     json_body: bool,
@@ -344,7 +404,8 @@ impl Compiled {
             .as_deref()
             .map(|b| Template::parse(b, "--body", IdEncoding::Json, env))
             .transpose()?;
-        let anywhere = url.has_id()
+        let url = UrlTemplate::new(url);
+        let anywhere = url.template.has_id()
             || body.as_ref().is_some_and(Template::has_id)
             || headers.iter().any(|(_, v)| v.has_id());
         if !anywhere {
@@ -353,7 +414,7 @@ impl Compiled {
                 reason: "{id} appears nowhere (not in --url, --body or a --header): every request would be the same".into(),
             });
         }
-        let id_is_path_segment = url.id_is_path_segment();
+        let id_is_path_segment = url.template.id_is_path_segment();
         Ok(Compiled {
             method,
             url,
@@ -588,5 +649,39 @@ mod tests {
         let err = h.attempt("x").await.unwrap_err();
         assert_eq!(err.class, ErrorClass::Connect);
         assert!(!err.message.contains("s3cret"), "{}", err.message);
+    }
+
+    #[test]
+    fn urls_from_the_parsed_base_equal_parsing_the_whole_text() {
+        let templates = [
+            "http://h/items/{id}",
+            "http://127.0.0.1:8080/items/{id}",
+            "http://h:81/a/{id}?x={id}&y=1#f{id}",
+            "https://user:pw@h/{id}/x/../y",
+            "http://h?q={id}",
+            "http://h#{id}",
+            "http://h/{id}\\x",
+            "http://H.example/%7E/{id}/./z",
+            "http://h/a b/{id}",
+            "http://h/é/{id}?é={id}",
+            "HTTP://h:80/{id}",
+            "http://h/{id}?",
+            "http://h/{id}#",
+            "http://[::1]:9/{id}",
+            "{id}",
+            "http://{id}.example/x",
+        ];
+        let ids = ["a", ".", "..", "x y", "é", "a/b?c#d%", "", "%2e", "\\"];
+        for t in templates {
+            let template = Template::parse(t, "--url", IdEncoding::Url, &|_| None).unwrap();
+            let url = UrlTemplate::new(template);
+            let expect_base = !t.starts_with("{id}") && !t.contains("://{id}");
+            assert_eq!(url.base.is_some(), expect_base, "{t}");
+            for id in ids {
+                let whole =
+                    reqwest::Url::parse(&url.template.render(id)).map_err(|e| e.to_string());
+                assert_eq!(url.url(id), whole, "template {t:?}, id {id:?}");
+            }
+        }
     }
 }

@@ -18,7 +18,7 @@
 //! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
 //!
 //! ```text
-//! pushback (p > 0) or latency above 3x its baseline:
+//! pushback (p > 0) or latency above 3x its baseline and at least 10 ms above it:
 //!     error      = rate - accepted
 //!     historical = p * rate
 //!     d_error    = (error - last_error) / tick
@@ -158,8 +158,12 @@ pub struct ControlSettings {
     pub kd: f64,
     /// Relative increase per tick while the API keeps up.
     pub increase: f64,
-    /// Latency above this multiple of its baseline counts as pushback.
+    /// Latency above this multiple of its baseline counts as pushback...
     pub latency_factor: f64,
+    /// ...when it is also at least this much above the baseline: on a fast API (a loopback
+    /// server answers in 0.2 ms) three times the baseline is scheduling noise of the client's
+    /// own machine, not the API slowing down.
+    pub latency_min_rise: Duration,
     pub min_rate: f64,
     pub ceiling: f64,
 }
@@ -172,6 +176,7 @@ impl ControlSettings {
             kd: 0.0,
             increase: 0.05,
             latency_factor: 3.0,
+            latency_min_rise: Duration::from_millis(10),
             min_rate,
             ceiling,
         }
@@ -224,7 +229,10 @@ impl RateController {
         }
         let c = &self.settings;
         let slow = match (s.mean_latency, self.baseline_latency) {
-            (Some(now), Some(base)) => now.as_secs_f64() > base.as_secs_f64() * c.latency_factor,
+            (Some(now), Some(base)) => {
+                now.as_secs_f64() > base.as_secs_f64() * c.latency_factor
+                    && now.saturating_sub(base) >= c.latency_min_rise
+            }
             _ => false,
         };
         if let Some(now) = s.mean_latency {
@@ -329,6 +337,23 @@ mod tests {
         };
         let before = c.rate();
         assert!(c.update(&slow) < before);
+        // Jitter far below a millisecond on a fast API is not the API slowing down.
+        let mut c = RateController::new(ControlSettings::new(5.0, 200.0), 100.0);
+        let quick = |us| TickSignals {
+            mean_latency: Some(Duration::from_micros(us)),
+            ..fast
+        };
+        c.update(&quick(200));
+        let before = c.rate();
+        assert!(
+            c.update(&quick(2_000)) > before,
+            "2 ms after 0.2 ms still climbs"
+        );
+        let before = c.rate();
+        assert!(
+            c.update(&quick(20_000)) < before,
+            "20 ms after 0.2 ms brakes"
+        );
         for _ in 0..200 {
             c.update(&TickSignals {
                 pushback: 100,
