@@ -92,6 +92,8 @@ modes:
     --concurrency N   requests in flight [default: 16]
     --repeat K        rounds of the six runs [default: 2]
 
+  --burst N     (rate, capacity) GCRA burst of the runs [default: 1, as the CLI]
+
 common:
   --keep      keep the temporary directory (input, state dirs, logs)
   -h, --help  this text
@@ -196,6 +198,12 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             }
             "--skip-full" if mode == Mode::Rss => skip_full = true,
             "--bin" if mode == Mode::Rss => bin = Some(PathBuf::from(value(name)?)),
+            "--burst" if matches!(mode, Mode::Rate | Mode::Capacity) => {
+                let b = number(name, value(name)?)?;
+                BURST
+                    .set(u32::try_from(b).map_err(|_| "--burst is too large".to_string())?)
+                    .map_err(|_| "--burst given twice".to_string())?;
+            }
             "--keep" => keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
         }
@@ -1801,8 +1809,12 @@ fn fmt_rate(r: f64) -> String {
 // ---------------------------------------------------------------------------
 // rate
 
-/// The GCRA burst of every run here (`ThrottleOptions::default().burst`).
-const BURST: f64 = 1.0;
+/// The GCRA burst of the `rate` and `capacity` runs (`--burst`, default 1 as the CLI's).
+static BURST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+fn burst() -> u32 {
+    *BURST.get().unwrap_or(&1)
+}
 
 struct RateCase {
     rate: f64,
@@ -1822,7 +1834,7 @@ struct RateCase {
 
 impl RateCase {
     fn bound(&self, window: f64) -> f64 {
-        self.rate * window + BURST
+        self.rate * window + burst() as f64
     }
 
     fn within(&self) -> bool {
@@ -1866,8 +1878,9 @@ async fn rate_accuracy(args: &Args, command: &str) -> Result<()> {
         out,
         "- per row: a fresh fake API (`ApiConfig::fast()`: no latency, no faults), a fresh \
          sled state dir, {}·R distinct IDs, `engine::run` in this process with concurrency \
-         {c}, `ThrottleOptions {{ rate: Some(R), adaptive, burst: {BURST}, .. }}`",
-        args.secs
+         {c}, `ThrottleOptions {{ rate: Some(R), adaptive, burst: {}, .. }}`",
+        args.secs,
+        burst()
     )?;
     writeln!(
         out,
@@ -1995,6 +2008,7 @@ async fn rate_case(
         throttle: ThrottleOptions {
             rate: Some(Rate::new(r).ok_or_else(|| anyhow!("bad rate {r}"))?),
             adaptive,
+            burst: burst(),
             ..Default::default()
         },
         ..Default::default()
@@ -2256,9 +2270,11 @@ async fn capacity(args: &Args, command: &str) -> Result<()> {
     )?;
     writeln!(
         out,
-        "- adaptive: `ThrottleOptions {{ rate: Some({0}), adaptive: true, .. }}` (ceiling \
-         above every C; controller tick 200 ms); fixed: `rate: Some({0}), adaptive: false`",
-        fmt_rate(CAPACITY_CEILING)
+        "- adaptive: `ThrottleOptions {{ rate: Some({0}), adaptive: true, burst: {1}, .. }}` \
+         (ceiling above every C; controller tick 200 ms); fixed: `rate: Some({0}), adaptive: \
+         false, burst: {1}`",
+        fmt_rate(CAPACITY_CEILING),
+        burst()
     )?;
     writeln!(
         out,
@@ -2482,6 +2498,7 @@ async fn capacity_run(
         throttle: ThrottleOptions {
             rate: Rate::new(CAPACITY_CEILING),
             adaptive,
+            burst: burst(),
             ..Default::default()
         },
         ..Default::default()

@@ -114,7 +114,7 @@ impl RateLimiter {
     /// Change the rate. The new limiter starts with its burst spent: no burst at the swap.
     pub fn set_rate(&self, rate: Rate) {
         let limiter = DefaultDirectRateLimiter::direct(quota(rate.0, self.burst));
-        let _ = limiter.check_n(self.burst);
+        let _ = limiter.check_n(granted_burst(rate.0, self.burst));
         *self.current.write().expect("never poisoned") = (rate.0, Arc::new(limiter));
         self.changed.notify_waiters();
     }
@@ -143,11 +143,25 @@ impl RateLimiter {
     }
 }
 
+/// How much of `--burst` the limiter grants at once: the burst less what [`SEND_JITTER`]
+/// at `rate` could add. The API counts arrivals, not grants: requests granted `T` apart can
+/// arrive closer together when the first is delayed on its way (scheduling, the connection
+/// pool), so in any window the API could see `R·SEND_JITTER` more than were granted in it.
+/// Holding that much of the burst back keeps what the API sees within `R·t + burst`.
+fn granted_burst(rate: f64, burst: NonZeroU32) -> NonZeroU32 {
+    let jitter = (rate * SEND_JITTER.as_secs_f64()).ceil() as u32;
+    NonZeroU32::new(burst.get().saturating_sub(jitter)).unwrap_or(NonZeroU32::MIN)
+}
+
+/// The spread of the delay between a grant and the request reaching the API that the
+/// limiter leaves room for (see [`granted_burst`]).
+pub const SEND_JITTER: Duration = Duration::from_millis(2);
+
 fn quota(rate: f64, burst: NonZeroU32) -> Quota {
     let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
     Quota::with_period(period)
         .expect("period is above zero")
-        .allow_burst(burst)
+        .allow_burst(granted_burst(rate, burst))
 }
 
 /// Constants of the control law (see the module documentation).
