@@ -17,6 +17,7 @@ use crate::engine::{self, StopHandle};
 use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::{open_job, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions};
+use crate::monitor::{EventFormat, Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
@@ -28,24 +29,8 @@ use crate::throttle::{Rate, ThrottleOptions};
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::console::line(&format!($($arg)*));
     }};
-}
-
-/// Standard error for logs, ignoring write errors (see [`say!`]).
-struct QuietStderr;
-
-impl Write for QuietStderr {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let _ = io::stderr().write_all(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        let _ = io::stderr().flush();
-        Ok(())
-    }
 }
 
 /// Exit codes, as documented in `--help` and README.
@@ -78,6 +63,9 @@ pub struct Cli {
     /// Less log output (warnings and errors only).
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Log lines and progress events as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -155,7 +143,8 @@ struct RunArgs {
     /// After SIGINT/SIGTERM, how long in-flight items may take to finish.
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     shutdown_timeout: Duration,
-    /// How often to log a progress line (0 = never).
+    /// How often to report progress when standard error is not a terminal, and whether to
+    /// report at the end (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     progress_interval: Duration,
     /// Requests per second at most, retries and probes included: 50, 50/s, 3000/min, 0.5/s.
@@ -194,12 +183,21 @@ struct RunArgs {
     /// sled page cache size in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     store_cache_mb: u64,
+    /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum OnOff {
     On,
     Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -216,6 +214,9 @@ struct StatusArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Refresh every second until the run ends (Ctrl-C to leave).
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -249,7 +250,7 @@ fn duration(s: &str) -> Result<Duration, String> {
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.quiet);
+    init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -269,7 +270,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, json: bool) {
+    crate::console::set_mode(json, quiet);
     let default = match (quiet, verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
@@ -278,11 +280,15 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| QuietStderr)
-        .with_target(false)
-        .init();
+        .with_writer(|| crate::console::LogWriter)
+        .with_target(false);
+    if json {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
 }
 
 async fn dispatch(command: Command) -> Result<u8> {
@@ -431,7 +437,19 @@ async fn run(args: RunArgs) -> Result<u8> {
         });
     }
     let handler = Handler::new(&spec.request)?;
-    run_job(Arc::new(store), spec, handler, &args.options(), &args.state).await
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
+    run_job(
+        Arc::new(store),
+        spec,
+        handler,
+        &args.options(),
+        &args.state,
+        metrics,
+    )
+    .await
 }
 
 /// Run a prepared job with signal handling, print the summary, and return the exit code.
@@ -441,6 +459,7 @@ pub async fn run_job(
     handler: Handler,
     options: &RunOptions,
     state: &Path,
+    metrics: Option<tokio::net::TcpListener>,
 ) -> Result<u8> {
     tracing::info!(
         job = %spec.job_id,
@@ -453,6 +472,35 @@ pub async fn run_job(
     let (stop_handle, stop) = engine::stop_pair();
     let signals = tokio::spawn(watch_signals(stop_handle));
     let counters = Arc::new(Counters::default());
+    let view = Arc::new(RunView::new(
+        counters.clone(),
+        store.stats()?,
+        spec.job_id.to_string(),
+    ));
+    let metrics = metrics.map(|listener| {
+        tracing::info!(
+            "metrics on http://{}/metrics",
+            listener.local_addr().map_or("?".into(), |a| a.to_string())
+        );
+        tokio::spawn(crate::metrics::serve(listener, view.clone()))
+    });
+    let monitor = Monitor::start(
+        view,
+        MonitorConfig {
+            job_id: spec.job_id.to_string(),
+            input: spec.input.clone(),
+            state: state.to_path_buf(),
+            interval: options.progress_interval,
+            format: if crate::console::json() {
+                EventFormat::Json
+            } else {
+                EventFormat::Text
+            },
+            bar: crate::console::stderr_is_terminal() && !crate::console::quiet(),
+            concurrency: options.concurrency,
+            configured_rate: options.throttle.rate.map(|r| r.per_second()),
+        },
+    );
     let outcome = engine::run(
         store,
         Arc::new(spec),
@@ -462,6 +510,17 @@ pub async fn run_job(
         stop,
     )
     .await;
+    let ending = match &outcome {
+        Ok(s) if s.job.finished() => "finished",
+        Ok(s) if s.halted.is_some() => "halted",
+        Ok(s) if s.interrupted => "stopped",
+        Ok(_) => "not finished",
+        Err(_) => "failed",
+    };
+    monitor.finish(ending).await;
+    if let Some(m) = metrics {
+        m.abort();
+    }
     signals.abort();
     let summary: RunSummary = outcome.context("the run stopped")?;
     say!("{}", summary.render());

@@ -38,7 +38,7 @@ use crate::handler::{millis, Handler};
 use crate::input::InputReader;
 use crate::job::{now_ms, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
-use crate::progress::{progress_line, Counters, RunSummary};
+use crate::progress::{Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
 use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
 use crate::throttle::{Observed, Throttle};
@@ -177,6 +177,7 @@ pub async fn run<S: Store>(
         permits.clone(),
         opts.concurrency.max(1),
     ));
+    counters.attach_throttle(throttle.clone());
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
@@ -207,15 +208,9 @@ pub async fn run<S: Store>(
             pending.clone(),
             plan_tx,
             stop.clone(),
+            counters.clone(),
         )))
     };
-
-    let reporter = tokio::spawn(report_progress(
-        counters.clone(),
-        throttle.clone(),
-        opts.progress_interval,
-        started,
-    ));
 
     let mut dispatcher = Dispatcher {
         spec: spec.clone(),
@@ -245,7 +240,6 @@ pub async fn run<S: Store>(
     let written = writer
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
-    reporter.abort();
     controller.abort();
     forward.abort();
     let planned = match planner {
@@ -274,6 +268,7 @@ fn plan_ahead<S: Store>(
     pending: Arc<PendingIds>,
     out: mpsc::Sender<Vec<PlannedBucket>>,
     stop: Stop,
+    counters: Arc<Counters>,
 ) -> impl FnOnce() -> Result<(), PlanError> {
     move || {
         let runtime = tokio::runtime::Handle::current();
@@ -283,8 +278,18 @@ fn plan_ahead<S: Store>(
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
+            let start = Instant::now();
             store.plan(&batch, &planner.state())?;
+            Counters::add_elapsed(&counters.plan_write_ns, start);
+            let start = Instant::now();
             runtime.block_on(store.sync())?;
+            Counters::add_elapsed(&counters.plan_sync_ns, start);
+            Counters::add(&counters.store_syncs, 1);
+            Counters::add(&counters.buckets_planned, batch.len() as u64);
+            for b in &batch {
+                Counters::add(&counters.rows_planned, b.offset.end.row - b.offset.start.row);
+                Counters::add(&counters.ids_planned, b.offset.items);
+            }
             if batch.is_empty() || out.blocking_send(batch).is_err() {
                 return Ok(());
             }
@@ -460,7 +465,12 @@ impl ItemTask {
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
                 }
+                Counters::add(&counters.in_flight, 1);
+                let start = Instant::now();
                 let result = handler.attempt(id).await;
+                counters.in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                Counters::add_elapsed(&counters.api_ns, start);
+                counters.http.observe(&result, start.elapsed());
                 let observed = observe(&result);
                 if let Err(AttemptError {
                     http_status: Some(429),
@@ -516,13 +526,14 @@ impl ItemTask {
             }
         }
         // A closed writer means the run is failing; the item stays pending and is replayed.
-        let _ = self
-            .writer
-            .send(WriterMsg::Done {
-                id: item.id,
-                record,
-            })
-            .await;
+        let msg = WriterMsg::Done {
+            id: item.id,
+            record,
+        };
+        if let Err(mpsc::error::TrySendError::Full(msg)) = self.writer.try_send(msg) {
+            Counters::add(&counters.writer_backpressure, 1);
+            let _ = self.writer.send(msg).await;
+        }
     }
 }
 
@@ -645,10 +656,15 @@ async fn write_results<S: Store>(
             }
         }
         if !results.is_empty() {
+            let start = Instant::now();
             store.record(&results)?;
+            Counters::add_elapsed(&counters.record_write_ns, start);
             // Now in the store (visible, durable at the sync below): no longer pending.
             pending.remove_all(results.iter().map(|(id, _)| id.as_str()));
+            let start = Instant::now();
             store.sync().await?;
+            Counters::add_elapsed(&counters.result_sync_ns, start);
+            Counters::add(&counters.store_syncs, 1);
             for (_, record) in &results {
                 let ok = record.status == ItemStatus::Ok;
                 Counters::add(if ok { &counters.ok } else { &counters.failed }, 1);
@@ -677,7 +693,9 @@ async fn write_results<S: Store>(
             }
         }
         if !commits.is_empty() {
+            let start = Instant::now();
             store.commit(&commits)?;
+            Counters::add_elapsed(&counters.commit_write_ns, start);
             Counters::add(&counters.buckets_committed, commits.len() as u64);
         }
         if let Some(limit) = max_failures {
@@ -697,41 +715,6 @@ async fn write_results<S: Store>(
         }
     }
     store.sync().await
-}
-
-async fn report_progress(
-    counters: Arc<Counters>,
-    throttle: Arc<Throttle>,
-    interval: Duration,
-    started: Instant,
-) {
-    if interval.is_zero() {
-        return;
-    }
-    let mut last = counters.snapshot();
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    loop {
-        ticker.tick().await;
-        let now = counters.snapshot();
-        let mut line = progress_line(&now, &last, interval, started.elapsed());
-        if let Some(rate) = throttle.rate() {
-            line.push_str(&format!(", rate limit {rate:.1}/s"));
-        }
-        if let Some(c) = throttle.concurrency() {
-            line.push_str(&format!(", concurrency {}", c.limit()));
-        }
-        let throttled = throttle
-            .throttled
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if throttled > 0 {
-            line.push_str(&format!(", {throttled} answers 429"));
-        }
-        if let Some(out) = throttle.outage() {
-            line.push_str(&format!(", API out for {:.0}s", out.as_secs_f64()));
-        }
-        tracing::info!("{line}");
-        last = now;
-    }
 }
 
 #[cfg(test)]
