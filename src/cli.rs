@@ -294,7 +294,7 @@ fn init_logging(verbose: u8, quiet: bool, json: bool) {
 async fn dispatch(command: Command) -> Result<u8> {
     match command {
         Command::Run(args) => run(*args).await,
-        Command::Status(args) => status(args),
+        Command::Status(args) => status(args).await,
         Command::Export(args) => export(args),
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
     }
@@ -583,12 +583,89 @@ fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
     Ok((store, spec))
 }
 
-fn status(args: StatusArgs) -> Result<u8> {
-    let (store, spec) = open_existing(&args.state)?;
+async fn status(args: StatusArgs) -> Result<u8> {
+    if !args.watch {
+        let (text, _) = status_once(&args)?;
+        let _ = io::stdout().lock().write_all(text.as_bytes());
+        return Ok(exit::OK);
+    }
+    let clear = std::io::IsTerminal::is_terminal(&io::stdout()) && !args.json;
+    loop {
+        let (text, live) = status_once(&args)?;
+        let mut out = io::stdout().lock();
+        if clear {
+            // Home the cursor and clear the screen: refresh in place.
+            let _ = out.write_all(b"\x1b[H\x1b[2J");
+        }
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        drop(out);
+        if !live {
+            return Ok(exit::OK);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The status text (or JSON line), and whether a run is live.
+fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
+    use crate::live::{self, Runner};
+    let snapshot = live::read(&args.state);
+    let now = crate::job::now_ms();
+    let (store, spec) = match open_existing(&args.state) {
+        Ok(opened) => opened,
+        Err(e) => {
+            let Some(crate::store::StoreError::Busy { pid, .. }) = e.downcast_ref() else {
+                return Err(e);
+            };
+            // A run holds the store: show what it publishes.
+            let live = snapshot.filter(|s| Some(s.pid) == *pid && !s.finished);
+            let Some(s) = live else {
+                return Ok((
+                    if args.json {
+                        format!(
+                            "{}\n",
+                            serde_json::json!({"state": args.state, "runner": "starting", "pid": pid, "finished": false})
+                        )
+                    } else {
+                        format!(
+                            "{} is in use by a run (pid {}) that has not published a live snapshot yet\n",
+                            args.state.display(),
+                            pid.map_or("?".into(), |p| p.to_string())
+                        )
+                    },
+                    true,
+                ));
+            };
+            let runner = s.runner(now);
+            let text = if args.json {
+                format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "state": args.state,
+                        "job_id": s.job_id,
+                        "runner": runner,
+                        "live": s,
+                        "stats": s.stats_json(),
+                        "finished": false,
+                    })
+                )
+            } else {
+                s.render(&args.state, runner, now)
+            };
+            return Ok((text, true));
+        }
+    };
     let stats = store.stats()?;
     let bad = store.bad_lines(5)?;
-    let mut out = io::stdout().lock();
-    if args.json {
+    // The store is free: no run is active. A snapshot not marked finished means the last
+    // runner died (kill -9, crash, power loss).
+    let died = snapshot.filter(|s| s.runner(now) == Runner::Died);
+    let runner = match &died {
+        Some(_) => "died",
+        None => "none",
+    };
+    let text = if args.json {
         let value = serde_json::json!({
             "state": args.state,
             "job_id": spec.job_id,
@@ -598,15 +675,30 @@ fn status(args: StatusArgs) -> Result<u8> {
             "url": spec.request.url,
             "method": spec.request.method,
             "bucket_size": spec.bucket_size,
+            "runner": runner,
+            "last_run": died,
             "stats": stats,
             "finished": stats.finished(),
             "bad_line_examples": bad,
         });
-        writeln!(out, "{value}")?;
+        format!("{value}\n")
     } else {
-        write!(out, "{}", render_status(&args.state, &spec, &stats, &bad))?;
-    }
-    Ok(exit::OK)
+        let mut text = String::new();
+        if let Some(s) = &died {
+            text.push_str(&format!(
+                "the last run (pid {}, run {}, started {}) died without finishing; its last snapshot was at {}. \
+                 The figures below are the store's: resume with `highwater run --state {}`\n",
+                s.pid,
+                s.run_id,
+                live::format_ms(s.started_ms),
+                live::format_ms(s.updated_ms),
+                args.state.display()
+            ));
+        }
+        text.push_str(&render_status(&args.state, &spec, &stats, &bad));
+        text
+    };
+    Ok((text, false))
 }
 
 fn render_status(

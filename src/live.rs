@@ -79,7 +79,20 @@ pub fn pid_alive(pid: u32) -> bool {
     };
     // SAFETY: signal 0 only checks that the process exists; nothing is sent.
     let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (dead, not yet reaped by its parent) still answers signal 0.
+    exists && !is_zombie(pid)
+}
+
+/// Linux: the process's state in /proc is Z (or X). Elsewhere: never known to be.
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
 }
 
 /// How a snapshot's runner stands, seen from another process.
@@ -114,6 +127,70 @@ impl LiveSnapshot {
 pub fn format_ms(ms: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
         .to_string()
+}
+
+impl LiveSnapshot {
+    /// The job-wide figures in the shape of the store's `stats` (what a live run knows).
+    pub fn stats_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "buckets_planned": self.buckets_planned,
+            "buckets_committed": self.buckets_committed,
+            "buckets_in_flight": self.buckets_planned.saturating_sub(self.buckets_committed),
+            "rows_read": self.rows_read,
+            "ok": self.ok,
+            "failed": self.failed,
+            "pending": self.pending,
+        })
+    }
+
+    /// Human text for `status` while the run is live.
+    pub fn render(&self, state: &Path, runner: Runner, now_ms: u64) -> String {
+        let age = Duration::from_secs(now_ms.saturating_sub(self.updated_ms) / 1000);
+        let how = match runner {
+            Runner::Live => "running".to_string(),
+            Runner::Stale => format!(
+                "running, but its snapshot was last updated {} ago (is it stuck?)",
+                humantime::format_duration(age)
+            ),
+            Runner::Died => "died".to_string(),
+            Runner::Finished => "ended".to_string(),
+        };
+        let input = match self.input_rows {
+            Some(total) => format!("{} of {total} rows read", self.rows_read),
+            None => format!("{} rows read (the input's size is being counted)", self.rows_read),
+        };
+        let rate = self
+            .effective_rate
+            .map_or("no rate limit".to_string(), |r| format!("rate limit {r:.1}/s"));
+        let eta = match self.eta_seconds {
+            Some(s) => humantime::format_duration(Duration::from_secs(s)).to_string(),
+            None => "unknown yet".to_string(),
+        };
+        format!(
+            "state:      {}\njob:        {}\nrunner:     {how}: pid {}, run {}, started {}, updated {}\n\
+             IDs:        {} ok, {} failed, {} pending so far\n\
+             buckets:    {} planned, {} committed\ninput:      {input}\n\
+             speed:      {:.1} items/s, {rate}\nETA:        {eta}\n\
+             this run:   {} ok, {} failed, {} retries, {} answers 429, {} in flight\n",
+            state.display(),
+            self.job_id,
+            self.pid,
+            self.run_id,
+            format_ms(self.started_ms),
+            format_ms(self.updated_ms),
+            self.ok,
+            self.failed,
+            self.pending,
+            self.buckets_planned,
+            self.buckets_committed,
+            self.items_per_second,
+            self.run_ok,
+            self.run_failed,
+            self.retries,
+            self.throttled,
+            self.in_flight,
+        )
+    }
 }
 
 #[cfg(test)]
