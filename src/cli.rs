@@ -399,6 +399,11 @@ async fn run(args: RunArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     };
+    // Listen first: a bad --metrics-addr stops the run before anything is created.
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
     // A new job needs --input and --url: say so before creating anything.
     let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
     if fresh && request.input.is_some() && request.url.is_none() {
@@ -437,10 +442,6 @@ async fn run(args: RunArgs) -> Result<u8> {
         });
     }
     let handler = Handler::new(&spec.request)?;
-    let metrics = match args.metrics_addr {
-        Some(addr) => Some(crate::metrics::bind(addr).await?),
-        None => None,
-    };
     run_job(
         Arc::new(store),
         spec,

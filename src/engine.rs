@@ -287,7 +287,10 @@ fn plan_ahead<S: Store>(
             Counters::add(&counters.store_syncs, 1);
             Counters::add(&counters.buckets_planned, batch.len() as u64);
             for b in &batch {
-                Counters::add(&counters.rows_planned, b.offset.end.row - b.offset.start.row);
+                Counters::add(
+                    &counters.rows_planned,
+                    b.offset.end.row - b.offset.start.row,
+                );
                 Counters::add(&counters.ids_planned, b.offset.items);
             }
             if batch.is_empty() || out.blocking_send(batch).is_err() {
@@ -468,7 +471,9 @@ impl ItemTask {
                 Counters::add(&counters.in_flight, 1);
                 let start = Instant::now();
                 let result = handler.attempt(id).await;
-                counters.in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                counters
+                    .in_flight
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, start.elapsed());
                 let observed = observe(&result);

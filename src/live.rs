@@ -125,8 +125,7 @@ impl LiveSnapshot {
 
 /// Unix milliseconds as an RFC 3339 UTC time.
 pub fn format_ms(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
-        .to_string()
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 impl LiveSnapshot {
@@ -157,11 +156,16 @@ impl LiveSnapshot {
         };
         let input = match self.input_rows {
             Some(total) => format!("{} of {total} rows read", self.rows_read),
-            None => format!("{} rows read (the input's size is being counted)", self.rows_read),
+            None => format!(
+                "{} rows read (the input's size is being counted)",
+                self.rows_read
+            ),
         };
         let rate = self
             .effective_rate
-            .map_or("no rate limit".to_string(), |r| format!("rate limit {r:.1}/s"));
+            .map_or("no rate limit".to_string(), |r| {
+                format!("rate limit {r:.1}/s")
+            });
         let eta = match self.eta_seconds {
             Some(s) => humantime::format_duration(Duration::from_secs(s)).to_string(),
             None => "unknown yet".to_string(),

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hyper::body::Bytes;
 use http_body_util::Full;
+use hyper::body::Bytes;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};

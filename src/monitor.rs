@@ -195,7 +195,10 @@ async fn watch(
     mut state: State,
     stop: Arc<tokio::sync::Notify>,
 ) -> State {
-    let tick = if config.interval.is_zero() {
+    // The bar moves four times a second; the snapshot is published about once a second.
+    let tick = if state.bar.is_some() {
+        Duration::from_millis(250)
+    } else if config.interval.is_zero() {
         Duration::from_secs(1)
     } else {
         config.interval.min(Duration::from_secs(1))

@@ -204,9 +204,7 @@ impl Counters {
             ids_planned: self.ids_planned.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
             writer_backpressure: self.writer_backpressure.load(Relaxed),
-            throttled: self
-                .throttle()
-                .map_or(0, |t| t.throttled.load(Relaxed)),
+            throttled: self.throttle().map_or(0, |t| t.throttled.load(Relaxed)),
             plan_write_ns: self.plan_write_ns.load(Relaxed),
             plan_sync_ns: self.plan_sync_ns.load(Relaxed),
             api_ns: self.api_ns.load(Relaxed),
@@ -474,9 +472,7 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
         )
     } else if let Some(rate) = effective.filter(|r| *r < 0.8 * configured) {
         format!("the adaptive rate is down to {rate:.1}/s after API pushback (503s, timeouts or rising latency)")
-    } else if latency_ms > 0.0
-        && configured * latency_ms / 1e3 > 0.8 * load.concurrency as f64
-    {
+    } else if latency_ms > 0.0 && configured * latency_ms / 1e3 > 0.8 * load.concurrency as f64 {
         format!(
             "API latency: {latency_ms:.0} ms per call with --concurrency {} allows about {:.1}/s",
             load.concurrency,
@@ -537,5 +533,99 @@ impl RunSummary {
             self.run.attempts,
             self.run.retries,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(attempts: u64) -> IntervalLoad {
+        IntervalLoad {
+            seconds: 10.0,
+            attempts,
+            concurrency: 16,
+            ..IntervalLoad::default()
+        }
+    }
+
+    #[test]
+    fn a_run_at_its_rate_is_not_behind() {
+        assert_eq!(behind(100.0, Some(100.0), &load(900)), None);
+    }
+
+    #[test]
+    fn falling_behind_names_the_cause() {
+        let why = |l: &IntervalLoad, eff: Option<f64>| behind(100.0, eff, l).unwrap();
+        let outage = IntervalLoad {
+            outage: true,
+            ..load(10)
+        };
+        assert!(why(&outage, Some(100.0)).contains("the API is out"));
+        let throttled = IntervalLoad {
+            throttled: 40,
+            ..load(300)
+        };
+        let w = why(&throttled, Some(30.0));
+        assert!(w.contains("429 40 times") && w.contains("30.0/s"), "{w}");
+        assert!(why(&load(300), Some(30.0)).contains("adaptive rate is down to 30.0/s"));
+        // 16 in flight at 400 ms each: 40/s at most.
+        let slow = IntervalLoad {
+            durations: Durations {
+                api_ms: 400.0 * 400.0,
+                ..Durations::default()
+            },
+            ..load(400)
+        };
+        let w = why(&slow, Some(100.0));
+        assert!(
+            w.contains("API latency: 400 ms") && w.contains("--concurrency 16"),
+            "{w}"
+        );
+        let store = IntervalLoad {
+            durations: Durations {
+                api_ms: 400.0,
+                result_sync_ms: 8000.0,
+                ..Durations::default()
+            },
+            backpressure: 12,
+            ..load(400)
+        };
+        let w = why(&store, Some(100.0));
+        assert!(
+            w.contains("store writes") && w.contains("full 12 times"),
+            "{w}"
+        );
+        assert!(why(&load(0), Some(100.0)).contains("the input"));
+    }
+
+    #[test]
+    fn job_figures_add_the_runs_work_to_the_stores_and_give_an_eta() {
+        let start = StoreStats {
+            ok: 100,
+            failed: 10,
+            ids_planned: 150,
+            rows_read: 160,
+            buckets_planned: 2,
+            buckets_committed: 1,
+            ..StoreStats::default()
+        };
+        let run = CounterSnapshot {
+            ok: 40,
+            failed: 5,
+            ids_planned: 50,
+            rows_planned: 50,
+            buckets_planned: 1,
+            buckets_committed: 2,
+            ..CounterSnapshot::default()
+        };
+        let f = JobFigures::new(&start, &run);
+        assert_eq!((f.ok, f.failed, f.pending), (140, 15, 45));
+        assert_eq!((f.rows_read, f.rows_done), (210, 165));
+        assert_eq!((f.buckets_planned, f.buckets_committed), (3, 3));
+        assert_eq!(f.eta(Some(265), 10.0), Some(10));
+        assert_eq!(f.eta(None, 10.0), None);
+        assert_eq!(f.eta(Some(265), 0.0), None);
+        assert_eq!(f.eta(Some(165), 0.0), Some(0));
     }
 }
