@@ -526,3 +526,23 @@ fn under_a_terminal_a_bar_shows_and_log_lines_print_whole_above_it() {
     }
     assert!(screen.contains("job finished:"), "{screen}");
 }
+
+#[test]
+fn a_run_behind_its_rate_is_warned_about_with_the_cause() {
+    let h = slow_api();
+    let extra = ["--rate", "500", "--adaptive", "off"];
+    let mut child = spawn_long_run(
+        &h,
+        &[&extra[..], &["--progress-interval", "300ms"]].concat(),
+    );
+    // 20 ms calls one at a time: about 50/s of the 500/s asked for.
+    let line = stderr_line_with(&mut child, "falling behind");
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("--rate is 500.0/s"), "{line}");
+    assert!(
+        line.contains("API latency: 2") && line.contains("--concurrency 1"),
+        "{line}"
+    );
+    signal(&child, libc::SIGTERM);
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+}
