@@ -29,7 +29,7 @@ use crate::throttle::{Rate, ThrottleOptions};
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
-        $crate::console::line(&format!($($arg)*));
+        $crate::console::say(&format!($($arg)*));
     }};
 }
 

@@ -36,6 +36,21 @@ pub fn line(text: &str) {
     write_stderr(&bytes);
 }
 
+/// A message for the user (the `say!` macro): the line itself, or with `--log-format json`
+/// a JSON object shaped like the log lines, so every line on standard error parses.
+pub fn say(text: &str) {
+    if json() {
+        let value = serde_json::json!({
+            "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            "level": "INFO",
+            "fields": {"message": text},
+        });
+        line(&value.to_string());
+    } else {
+        line(text);
+    }
+}
+
 /// Standard error for the log subscriber: each event arrives as one write of a whole line.
 pub struct LogWriter;
 

@@ -54,7 +54,7 @@ fn wait_for_live_results(state: &Path, child: &mut Child) -> Value {
 /// The progress events among stderr's lines: every line must be a JSON object.
 fn json_events(stderr: &str) -> Vec<Value> {
     let mut events = Vec::new();
-    for line in stderr.lines().filter(|l| l.starts_with('{')) {
+    for line in stderr.lines() {
         let v: Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("a JSON line does not parse ({e}): {line}"));
         if v["event"] == "progress" {
@@ -94,15 +94,22 @@ fn json_progress_events_parse_carry_the_fields_and_name_the_job_and_each_run() {
     signal(&child, libc::SIGTERM);
     let first = finish(child);
     first.expect_no_panic().expect_code(130);
-    // Log lines are JSON too.
-    for line in first
+    // Log lines and messages are JSON too (json_events below parses every line).
+    let lines: Vec<Value> = first
         .stderr
         .lines()
-        .filter(|l| l.contains("stop requested"))
-    {
-        let v: Value = serde_json::from_str(line).expect("logs are JSON with --log-format json");
-        assert_eq!(v["level"], "WARN", "{v}");
-    }
+        .map(|l| serde_json::from_str(l).expect("stderr lines are JSON with --log-format json"))
+        .collect();
+    let message = |v: &Value| v["fields"]["message"].as_str().unwrap_or("").to_string();
+    let stop = lines.iter().find(|v| message(v).contains("stop requested"));
+    assert_eq!(stop.expect("the stop is logged")["level"], "WARN");
+    assert!(
+        lines
+            .iter()
+            .any(|v| message(v).contains("resume with: highwater run --state")),
+        "{}",
+        first.stderr
+    );
     let mut resume = vec!["--log-format", "json", "run", "--state", p(&state)];
     resume.extend(QUICK);
     resume.extend([
