@@ -37,7 +37,11 @@ pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
         tokio::select! {
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors and the like: give other tasks time to free some.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
                 let view = view.clone();
                 conns.spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
