@@ -820,7 +820,7 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
                      {} writer waits, {} checkpoints, {} calls",
                     rate(n, run.elapsed),
                     us_per(run.cpu, n),
-                    run.counters.writer_full,
+                    run.counters.writer_backpressure,
                     run.counters.checkpoints,
                     run.calls
                 );
@@ -867,7 +867,10 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
                 thousands(r as u64),
                 r / at_1000,
                 median(&runs.iter().map(|r| us_per(r.cpu, n)).collect::<Vec<_>>()),
-                runs.iter().map(|r| r.counters.writer_full).sum::<u64>() / runs.len() as u64,
+                runs.iter()
+                    .map(|r| r.counters.writer_backpressure)
+                    .sum::<u64>()
+                    / runs.len() as u64,
                 mib(median(
                     &runs
                         .iter()

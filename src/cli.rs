@@ -19,6 +19,7 @@ use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::{
     open_job, Durability, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions,
 };
+use crate::monitor::{EventFormat, Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
@@ -30,24 +31,8 @@ use crate::throttle::{Rate, ThrottleOptions};
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::console::say(&format!($($arg)*));
     }};
-}
-
-/// Standard error for logs, ignoring write errors (see [`say!`]).
-struct QuietStderr;
-
-impl Write for QuietStderr {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let _ = io::stderr().write_all(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        let _ = io::stderr().flush();
-        Ok(())
-    }
 }
 
 /// Exit codes, as documented in `--help` and README.
@@ -80,6 +65,9 @@ pub struct Cli {
     /// Less log output (warnings and errors only).
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
+    /// Log lines and progress events as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -157,7 +145,8 @@ struct RunArgs {
     /// After SIGINT/SIGTERM, how long in-flight items may take to finish.
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     shutdown_timeout: Duration,
-    /// How often to log a progress line (0 = never).
+    /// How often to report progress when standard error is not a terminal, and whether to
+    /// report at the end (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     progress_interval: Duration,
     /// Make results and commit records durable in the background every
@@ -206,12 +195,21 @@ struct RunArgs {
     /// sled page cache size in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     store_cache_mb: u64,
+    /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum OnOff {
     On,
     Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -228,6 +226,9 @@ struct StatusArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Refresh every second until the run ends (Ctrl-C to leave).
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -268,7 +269,7 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.quiet);
+    init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -288,7 +289,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, json: bool) {
+    crate::console::set_mode(json, quiet);
     let default = match (quiet, verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
@@ -297,17 +299,21 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| QuietStderr)
-        .with_target(false)
-        .init();
+        .with_writer(|| crate::console::LogWriter)
+        .with_target(false);
+    if json {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
 }
 
 async fn dispatch(command: Command) -> Result<u8> {
     match command {
         Command::Run(args) => run(*args).await,
-        Command::Status(args) => status(args),
+        Command::Status(args) => status(args).await,
         Command::Export(args) => export(args),
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
     }
@@ -419,6 +425,11 @@ async fn run(args: RunArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     };
+    // Listen first: a bad --metrics-addr stops the run before anything is created.
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
     // A new job needs --input and --url: say so before creating anything.
     let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
     if fresh && request.input.is_some() && request.url.is_none() {
@@ -457,7 +468,15 @@ async fn run(args: RunArgs) -> Result<u8> {
         });
     }
     let handler = Handler::new(&spec.request)?;
-    run_job(Arc::new(store), spec, handler, &args.options(), &args.state).await
+    run_job(
+        Arc::new(store),
+        spec,
+        handler,
+        &args.options(),
+        &args.state,
+        metrics,
+    )
+    .await
 }
 
 /// Run a prepared job with signal handling, print the summary, and return the exit code.
@@ -467,6 +486,7 @@ pub async fn run_job(
     handler: Handler,
     options: &RunOptions,
     state: &Path,
+    metrics: Option<tokio::net::TcpListener>,
 ) -> Result<u8> {
     tracing::info!(
         job = %spec.job_id,
@@ -479,6 +499,35 @@ pub async fn run_job(
     let (stop_handle, stop) = engine::stop_pair();
     let signals = tokio::spawn(watch_signals(stop_handle));
     let counters = Arc::new(Counters::default());
+    let view = Arc::new(RunView::new(
+        counters.clone(),
+        store.stats()?,
+        spec.job_id.to_string(),
+    ));
+    let metrics = metrics.map(|listener| {
+        tracing::info!(
+            "metrics on http://{}/metrics",
+            listener.local_addr().map_or("?".into(), |a| a.to_string())
+        );
+        tokio::spawn(crate::metrics::serve(listener, view.clone()))
+    });
+    let monitor = Monitor::start(
+        view,
+        MonitorConfig {
+            job_id: spec.job_id.to_string(),
+            input: spec.input.clone(),
+            state: state.to_path_buf(),
+            interval: options.progress_interval,
+            format: if crate::console::json() {
+                EventFormat::Json
+            } else {
+                EventFormat::Text
+            },
+            bar: crate::console::stderr_is_terminal() && !crate::console::quiet(),
+            concurrency: options.concurrency,
+            configured_rate: options.throttle.rate.map(|r| r.per_second()),
+        },
+    );
     let outcome = engine::run(
         store,
         Arc::new(spec),
@@ -488,6 +537,17 @@ pub async fn run_job(
         stop,
     )
     .await;
+    let ending = match &outcome {
+        Ok(s) if s.job.finished() => "finished",
+        Ok(s) if s.halted.is_some() => "halted",
+        Ok(s) if s.interrupted => "stopped",
+        Ok(_) => "not finished",
+        Err(_) => "failed",
+    };
+    monitor.finish(ending).await;
+    if let Some(m) = metrics {
+        m.abort();
+    }
     signals.abort();
     let summary: RunSummary = outcome.context("the run stopped")?;
     say!("{}", summary.render());
@@ -550,12 +610,89 @@ fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
     Ok((store, spec))
 }
 
-fn status(args: StatusArgs) -> Result<u8> {
-    let (store, spec) = open_existing(&args.state)?;
+async fn status(args: StatusArgs) -> Result<u8> {
+    if !args.watch {
+        let (text, _) = status_once(&args)?;
+        let _ = io::stdout().lock().write_all(text.as_bytes());
+        return Ok(exit::OK);
+    }
+    let clear = std::io::IsTerminal::is_terminal(&io::stdout()) && !args.json;
+    loop {
+        let (text, live) = status_once(&args)?;
+        let mut out = io::stdout().lock();
+        if clear {
+            // Home the cursor and clear the screen: refresh in place.
+            let _ = out.write_all(b"\x1b[H\x1b[2J");
+        }
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        drop(out);
+        if !live {
+            return Ok(exit::OK);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The status text (or JSON line), and whether a run is live.
+fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
+    use crate::live::{self, Runner};
+    let snapshot = live::read(&args.state);
+    let now = crate::job::now_ms();
+    let (store, spec) = match open_existing(&args.state) {
+        Ok(opened) => opened,
+        Err(e) => {
+            let Some(crate::store::StoreError::Busy { pid, .. }) = e.downcast_ref() else {
+                return Err(e);
+            };
+            // A run holds the store: show what it publishes.
+            let live = snapshot.filter(|s| Some(s.pid) == *pid && !s.finished);
+            let Some(s) = live else {
+                return Ok((
+                    if args.json {
+                        format!(
+                            "{}\n",
+                            serde_json::json!({"state": args.state, "runner": "starting", "pid": pid, "finished": false})
+                        )
+                    } else {
+                        format!(
+                            "{} is in use by a run (pid {}) that has not published a live snapshot yet\n",
+                            args.state.display(),
+                            pid.map_or("?".into(), |p| p.to_string())
+                        )
+                    },
+                    true,
+                ));
+            };
+            let runner = s.runner(now);
+            let text = if args.json {
+                format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "state": args.state,
+                        "job_id": s.job_id,
+                        "runner": runner,
+                        "live": s,
+                        "stats": s.stats_json(),
+                        "finished": false,
+                    })
+                )
+            } else {
+                s.render(&args.state, runner, now)
+            };
+            return Ok((text, true));
+        }
+    };
     let stats = store.stats()?;
     let bad = store.bad_lines(5)?;
-    let mut out = io::stdout().lock();
-    if args.json {
+    // The store is free: no run is active. A snapshot not marked finished means the last
+    // runner died (kill -9, crash, power loss).
+    let died = snapshot.filter(|s| s.runner(now) == Runner::Died);
+    let runner = match &died {
+        Some(_) => "died",
+        None => "none",
+    };
+    let text = if args.json {
         let value = serde_json::json!({
             "state": args.state,
             "job_id": spec.job_id,
@@ -565,15 +702,30 @@ fn status(args: StatusArgs) -> Result<u8> {
             "url": spec.request.url,
             "method": spec.request.method,
             "bucket_size": spec.bucket_size,
+            "runner": runner,
+            "last_run": died,
             "stats": stats,
             "finished": stats.finished(),
             "bad_line_examples": bad,
         });
-        writeln!(out, "{value}")?;
+        format!("{value}\n")
     } else {
-        write!(out, "{}", render_status(&args.state, &spec, &stats, &bad))?;
-    }
-    Ok(exit::OK)
+        let mut text = String::new();
+        if let Some(s) = &died {
+            text.push_str(&format!(
+                "the last run (pid {}, run {}, started {}) died without finishing; its last snapshot was at {}. \
+                 The figures below are the store's: resume with `highwater run --state {}`\n",
+                s.pid,
+                s.run_id,
+                live::format_ms(s.started_ms),
+                live::format_ms(s.updated_ms),
+                args.state.display()
+            ));
+        }
+        text.push_str(&render_status(&args.state, &spec, &stats, &bad));
+        text
+    };
+    Ok((text, false))
 }
 
 fn render_status(

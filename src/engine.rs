@@ -48,7 +48,7 @@ use crate::handler::{millis, Handler};
 use crate::input::InputReader;
 use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
-use crate::progress::{progress_line, Counters, RunSummary};
+use crate::progress::{Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
 use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
 use crate::throttle::{Observed, Throttle};
@@ -187,6 +187,7 @@ pub async fn run<S: Store>(
         permits.clone(),
         opts.concurrency.max(1),
     ));
+    counters.attach_throttle(throttle.clone());
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
@@ -224,15 +225,9 @@ pub async fn run<S: Store>(
             pending.clone(),
             plan_tx,
             stop.clone(),
+            counters.clone(),
         )))
     };
-
-    let reporter = tokio::spawn(report_progress(
-        counters.clone(),
-        throttle.clone(),
-        opts.progress_interval,
-        started,
-    ));
 
     let mut dispatcher = Dispatcher {
         spec: spec.clone(),
@@ -262,7 +257,6 @@ pub async fn run<S: Store>(
     let written = writer
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
-    reporter.abort();
     controller.abort();
     forward.abort();
     let planned = match planner {
@@ -291,6 +285,7 @@ fn plan_ahead<S: Store>(
     pending: Arc<PendingIds>,
     out: mpsc::Sender<Vec<PlannedBucket>>,
     stop: Stop,
+    counters: Arc<Counters>,
 ) -> impl FnOnce() -> Result<(), PlanError> {
     move || {
         let runtime = tokio::runtime::Handle::current();
@@ -300,8 +295,21 @@ fn plan_ahead<S: Store>(
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
+            let start = Instant::now();
             store.plan(&batch, &planner.state())?;
+            Counters::add_elapsed(&counters.plan_write_ns, start);
+            let start = Instant::now();
             runtime.block_on(store.sync())?;
+            Counters::add_elapsed(&counters.plan_sync_ns, start);
+            Counters::add(&counters.store_syncs, 1);
+            Counters::add(&counters.buckets_planned, batch.len() as u64);
+            for b in &batch {
+                Counters::add(
+                    &counters.rows_planned,
+                    b.offset.end.row - b.offset.start.row,
+                );
+                Counters::add(&counters.ids_planned, b.offset.items);
+            }
             if batch.is_empty() || out.blocking_send(batch).is_err() {
                 return Ok(());
             }
@@ -477,7 +485,14 @@ impl ItemTask {
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
                 }
+                Counters::add(&counters.in_flight, 1);
+                let start = Instant::now();
                 let result = handler.attempt(id).await;
+                counters
+                    .in_flight
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                Counters::add_elapsed(&counters.api_ns, start);
+                counters.http.observe(&result, start.elapsed());
                 let observed = observe(&result);
                 if let Err(AttemptError {
                     http_status: Some(429),
@@ -539,7 +554,7 @@ impl ItemTask {
         };
         if let Err(mpsc::error::TrySendError::Full(msg)) = self.writer.try_send(msg) {
             // The writer is behind: this item (and so dispatch) waits for room.
-            Counters::add(&counters.writer_full, 1);
+            Counters::add(&counters.writer_backpressure, 1);
             let _ = self.writer.send(msg).await;
         }
     }
@@ -665,7 +680,9 @@ impl<S: Store> Writer<S> {
         if results.is_empty() {
             return Ok(());
         }
+        let start = Instant::now();
         self.store.record(results)?;
+        Counters::add_elapsed(&self.counters.record_write_ns, start);
         // Now in the store (visible to the planner's duplicate check): no longer pending.
         self.pending
             .remove_all(results.iter().map(|(id, _)| id.as_str()));
@@ -704,7 +721,9 @@ impl<S: Store> Writer<S> {
     /// Write commit records; callers made the buckets' results durable first.
     fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
         if !commits.is_empty() {
+            let start = Instant::now();
             self.store.commit(commits)?;
+            Counters::add_elapsed(&self.counters.commit_write_ns, start);
             Counters::add(&self.counters.buckets_committed, commits.len() as u64);
             commits.clear();
         }
@@ -743,12 +762,12 @@ impl<S: Store> Writer<S> {
                 let mut done = Vec::new();
                 self.record(&results, &mut done)?;
                 results.clear();
-                self.store.sync().await?;
+                timed_sync(&*self.store, &self.counters).await?;
                 ready.append(&mut done);
             }
             self.commit(&mut ready)?;
         }
-        Ok(self.store.sync().await?)
+        Ok(timed_sync(&*self.store, &self.counters).await?)
     }
 
     /// Asynchronous progress: write results as they come; every `interval` a background
@@ -782,9 +801,10 @@ impl<S: Store> Writer<S> {
                     results.clear();
                 }
                 _ = ticker.tick(), if syncing.is_none() && dirty => {
-                    let store = self.store.clone();
+                    let (store, counters) = (self.store.clone(), self.counters.clone());
                     let covered = std::mem::take(&mut unsynced);
-                    syncing = Some((covered, tokio::spawn(async move { store.sync().await })));
+                    let sync = async move { timed_sync(&*store, &counters).await };
+                    syncing = Some((covered, tokio::spawn(sync)));
                     dirty = false;
                 }
                 synced = async { (&mut syncing.as_mut().expect("guarded").1).await }, if syncing.is_some() => {
@@ -803,10 +823,19 @@ impl<S: Store> Writer<S> {
                 .map_err(|e| EngineError::Internal(format!("background sync: {e}")))??;
             self.commit(&mut covered)?;
         }
-        self.store.sync().await?;
+        timed_sync(&*self.store, &self.counters).await?;
         self.commit(&mut unsynced)?;
-        Ok(self.store.sync().await?)
+        Ok(timed_sync(&*self.store, &self.counters).await?)
     }
+}
+
+/// The writer's sync, timed and counted for progress reports.
+async fn timed_sync<S: Store>(store: &S, counters: &Counters) -> Result<(), StoreError> {
+    let start = Instant::now();
+    store.sync().await?;
+    Counters::add_elapsed(&counters.result_sync_ns, start);
+    Counters::add(&counters.store_syncs, 1);
+    Ok(())
 }
 
 /// Add to `msgs` what arrives within [`GROUP_COMMIT_DELAY`], up to a full group.
@@ -828,41 +857,6 @@ fn commit_record(bucket: u64, ok: u64, failed: u64) -> CommitRecord {
         ok,
         failed,
         committed_at_ms: now_ms(),
-    }
-}
-
-async fn report_progress(
-    counters: Arc<Counters>,
-    throttle: Arc<Throttle>,
-    interval: Duration,
-    started: Instant,
-) {
-    if interval.is_zero() {
-        return;
-    }
-    let mut last = counters.snapshot();
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    loop {
-        ticker.tick().await;
-        let now = counters.snapshot();
-        let mut line = progress_line(&now, &last, interval, started.elapsed());
-        if let Some(rate) = throttle.rate() {
-            line.push_str(&format!(", rate limit {rate:.1}/s"));
-        }
-        if let Some(c) = throttle.concurrency() {
-            line.push_str(&format!(", concurrency {}", c.limit()));
-        }
-        let throttled = throttle
-            .throttled
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if throttled > 0 {
-            line.push_str(&format!(", {throttled} answers 429"));
-        }
-        if let Some(out) = throttle.outage() {
-            line.push_str(&format!(", API out for {:.0}s", out.as_secs_f64()));
-        }
-        tracing::info!("{line}");
-        last = now;
     }
 }
 

@@ -7,15 +7,19 @@
 //! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt; [`retry`]
-//! decides about the next; [`progress`] counts; [`sink`] exports; [`cli`] is the command line;
+//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`sink`] exports; [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 
 pub mod cli;
+pub mod console;
 pub mod demo;
 pub mod engine;
 pub mod handler;
 pub mod input;
 pub mod job;
+pub mod live;
+pub mod metrics;
+pub mod monitor;
 pub mod plan;
 pub mod progress;
 pub mod retry;

@@ -95,7 +95,7 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         progress_interval: Duration::from_secs(5),
         ..RunOptions::default()
     };
-    let code = crate::cli::run_job(Arc::new(store), spec, handler, &options, &state).await?;
+    let code = crate::cli::run_job(Arc::new(store), spec, handler, &options, &state, None).await?;
     api.shutdown().await;
     let me = std::env::current_exe()
         .ok()

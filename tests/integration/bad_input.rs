@@ -454,11 +454,10 @@ fn a_busy_state_directory_is_refused_naming_the_pid() {
     let second = h.run(&create);
     second.expect_refused(1, &["in use", &pid]);
     h.resume(&state, &[]).expect_refused(1, &["in use", &pid]);
-    // Reading commands say so too, rather than failing oddly.
-    h.run(&["status", "--state", p(&state)])
-        .expect_refused(1, &["in use", &pid]);
-    h.run(&["status", "--state", p(&state), "--json"])
-        .expect_refused(1, &["in use"]);
+    // `status` shows the live run (tests/integration/progress.rs); export says it is busy.
+    let status = h.run(&["status", "--state", p(&state)]);
+    status.expect_no_panic().expect_code(0);
+    assert!(status.stdout.contains(&pid), "{}", status.stdout);
     h.run(&["export", "--state", p(&state)])
         .expect_refused(1, &["in use"]);
 

@@ -9,4 +9,5 @@ mod bad_input;
 mod crash;
 mod durability;
 mod jobs;
+mod progress;
 mod throttle;

@@ -1,0 +1,255 @@
+//! Live status: the snapshot a running process publishes for other processes to read.
+//!
+//! Owns `DIR/live.json`: written by the runner once a second (a temp file renamed over the
+//! old one, so a reader never sees half a file) and marked finished when the run ends
+//! cleanly. The store itself is locked while a run is active, so `status` reads this file
+//! instead, and decides from it, the pid and its age whether the runner is alive.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The file's name in the state directory.
+pub const LIVE_FILE: &str = "live.json";
+
+/// A snapshot older than this, from a process that no longer updates it, is stale.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// What a running process says about itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LiveSnapshot {
+    pub pid: u32,
+    pub job_id: String,
+    pub run_id: String,
+    /// Unix milliseconds.
+    pub started_ms: u64,
+    pub updated_ms: u64,
+    /// The run ended (cleanly: finished, stopped or halted); `outcome` says how.
+    pub finished: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Items finished per second over this run.
+    pub items_per_second: f64,
+    /// The rate limit in force, requests per second (none: no limit).
+    pub effective_rate: Option<f64>,
+    /// Seconds left at the current speed, once the input's size is known.
+    pub eta_seconds: Option<u64>,
+    /// Job-wide figures: the store's at the start plus this run's.
+    pub ok: u64,
+    pub failed: u64,
+    pub pending: u64,
+    pub buckets_committed: u64,
+    pub buckets_planned: u64,
+    pub rows_read: u64,
+    /// Rows in the whole input, once counted.
+    pub input_rows: Option<u64>,
+    /// This run's figures.
+    pub run_ok: u64,
+    pub run_failed: u64,
+    pub retries: u64,
+    pub throttled: u64,
+    pub in_flight: u64,
+}
+
+pub fn path(state: &Path) -> PathBuf {
+    state.join(LIVE_FILE)
+}
+
+/// Replace the snapshot atomically.
+pub fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(snapshot).expect("snapshots serialize");
+    let target = path(state);
+    let mut tmp = tempfile::NamedTempFile::new_in(state)?;
+    std::io::Write::write_all(&mut tmp, &bytes)?;
+    tmp.persist(&target).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// The last snapshot, if there is a readable one.
+pub fn read(state: &Path) -> Option<LiveSnapshot> {
+    let bytes = std::fs::read(path(state)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Whether a process with this pid exists.
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let rc = unsafe { libc::kill(pid, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A zombie (dead, not yet reaped by its parent) still answers signal 0.
+    exists && !is_zombie(pid)
+}
+
+/// Linux: the process's state in /proc is Z (or X). Elsewhere: never known to be.
+fn is_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
+/// How a snapshot's runner stands, seen from another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// Running and publishing.
+    Live,
+    /// The process exists but the snapshot stopped being updated.
+    Stale,
+    /// The process is gone without marking the snapshot finished.
+    Died,
+    /// The run ended cleanly.
+    Finished,
+}
+
+impl LiveSnapshot {
+    pub fn runner(&self, now_ms: u64) -> Runner {
+        if self.finished {
+            Runner::Finished
+        } else if !pid_alive(self.pid) || self.pid == std::process::id() {
+            Runner::Died
+        } else if now_ms.saturating_sub(self.updated_ms) > STALE_AFTER.as_millis() as u64 {
+            Runner::Stale
+        } else {
+            Runner::Live
+        }
+    }
+}
+
+/// Unix milliseconds as an RFC 3339 UTC time.
+pub fn format_ms(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+impl LiveSnapshot {
+    /// The job-wide figures in the shape of the store's `stats` (what a live run knows).
+    pub fn stats_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "buckets_planned": self.buckets_planned,
+            "buckets_committed": self.buckets_committed,
+            "buckets_in_flight": self.buckets_planned.saturating_sub(self.buckets_committed),
+            "rows_read": self.rows_read,
+            "ok": self.ok,
+            "failed": self.failed,
+            "pending": self.pending,
+        })
+    }
+
+    /// Human text for `status` while the run is live.
+    pub fn render(&self, state: &Path, runner: Runner, now_ms: u64) -> String {
+        let age = Duration::from_secs(now_ms.saturating_sub(self.updated_ms) / 1000);
+        let how = match runner {
+            Runner::Live => "running".to_string(),
+            Runner::Stale => format!(
+                "running, but its snapshot was last updated {} ago (is it stuck?)",
+                humantime::format_duration(age)
+            ),
+            Runner::Died => "died".to_string(),
+            Runner::Finished => "ended".to_string(),
+        };
+        let input = match self.input_rows {
+            Some(total) => format!("{} of {total} rows read", self.rows_read),
+            None => format!(
+                "{} rows read (the input's size is being counted)",
+                self.rows_read
+            ),
+        };
+        let rate = self
+            .effective_rate
+            .map_or("no rate limit".to_string(), |r| {
+                format!("rate limit {r:.1}/s")
+            });
+        let eta = match self.eta_seconds {
+            Some(s) => humantime::format_duration(Duration::from_secs(s)).to_string(),
+            None => "unknown yet".to_string(),
+        };
+        format!(
+            "state:      {}\njob:        {}\nrunner:     {how}: pid {}, run {}, started {}, updated {}\n\
+             IDs:        {} ok, {} failed, {} pending so far\n\
+             buckets:    {} planned, {} committed\ninput:      {input}\n\
+             speed:      {:.1} items/s, {rate}\nETA:        {eta}\n\
+             this run:   {} ok, {} failed, {} retries, {} answers 429, {} in flight\n",
+            state.display(),
+            self.job_id,
+            self.pid,
+            self.run_id,
+            format_ms(self.started_ms),
+            format_ms(self.updated_ms),
+            self.ok,
+            self.failed,
+            self.pending,
+            self.buckets_planned,
+            self.buckets_committed,
+            self.items_per_second,
+            self.run_ok,
+            self.run_failed,
+            self.retries,
+            self.throttled,
+            self.in_flight,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(pid: u32) -> LiveSnapshot {
+        LiveSnapshot {
+            pid,
+            job_id: "j".into(),
+            run_id: "r".into(),
+            started_ms: 1,
+            updated_ms: 1_000,
+            finished: false,
+            outcome: None,
+            items_per_second: 1.0,
+            effective_rate: None,
+            eta_seconds: None,
+            ok: 1,
+            failed: 0,
+            pending: 2,
+            buckets_committed: 0,
+            buckets_planned: 1,
+            rows_read: 3,
+            input_rows: Some(3),
+            run_ok: 1,
+            run_failed: 0,
+            retries: 0,
+            throttled: 0,
+            in_flight: 0,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_through_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = snapshot(1);
+        publish(dir.path(), &s).unwrap();
+        assert_eq!(read(dir.path()), Some(s));
+        // Only the file itself is left: the temp file was renamed.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn runners_are_judged_by_pid_and_age() {
+        // Our parent exists and is not us.
+        let parent = std::os::unix::process::parent_id();
+        let s = snapshot(parent);
+        assert_eq!(s.runner(1_000 + 500), Runner::Live);
+        assert_eq!(s.runner(1_000 + 60_000), Runner::Stale);
+        assert_eq!(snapshot(i32::MAX as u32).runner(1_000), Runner::Died);
+        let done = LiveSnapshot {
+            finished: true,
+            ..snapshot(i32::MAX as u32)
+        };
+        assert_eq!(done.runner(1_000), Runner::Finished);
+    }
+}

@@ -1,0 +1,226 @@
+//! Metrics: a run's figures in the Prometheus text format, served over HTTP.
+//!
+//! Owns `--metrics-addr`: a small HTTP/1 server answering every GET with the text
+//! exposition format (version 0.0.4), rendered on each scrape from [`Counters`] and the
+//! store's figures at the start of the run ([`RunView`]); nothing is kept between scrapes.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::monitor::RunView;
+use crate::progress::LATENCY_BUCKETS;
+
+/// The content type of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Listen on `addr`; the error names the flag.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))
+}
+
+/// Serve scrapes until the task is aborted.
+pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors and the like: give other tasks time to free some.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
+                let view = view.clone();
+                conns.spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let view = view.clone();
+                        async move { Ok::<_, Infallible>(answer(&req, &view)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+fn answer(req: &Request<Incoming>, view: &RunView) -> Response<Full<Bytes>> {
+    let response = Response::builder();
+    if req.method() != hyper::Method::GET {
+        return response
+            .status(405)
+            .body(Full::new(Bytes::from_static(b"GET only\n")))
+            .expect("a valid response");
+    }
+    response
+        .header("content-type", CONTENT_TYPE)
+        .body(Full::new(Bytes::from(render(view))))
+        .expect("a valid response")
+}
+
+/// The whole exposition.
+pub fn render(view: &RunView) -> String {
+    let counters = &view.counters;
+    let run = counters.snapshot();
+    let job = view.figures(&run);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let one = |v: u64| vec![(String::new(), v as f64)];
+    metric(
+        "highwater_items",
+        "gauge",
+        "Unique IDs of the job by status (pending: planned, no final result yet).",
+        &[
+            (r#"{status="ok"}"#.into(), job.ok as f64),
+            (r#"{status="failed"}"#.into(), job.failed as f64),
+            (r#"{status="pending"}"#.into(), job.pending as f64),
+        ],
+    );
+    metric(
+        "highwater_run_items_total",
+        "counter",
+        "Items finished by this run, by status.",
+        &[
+            (r#"{status="ok"}"#.into(), run.ok as f64),
+            (r#"{status="failed"}"#.into(), run.failed as f64),
+        ],
+    );
+    let mut by_status: Vec<(String, f64)> = counters
+        .http
+        .statuses()
+        .into_iter()
+        .map(|(code, n)| (format!(r#"{{code="{code}"}}"#), n as f64))
+        .collect();
+    by_status.extend(
+        counters
+            .http
+            .classes()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(class, n)| (format!(r#"{{code="none",class="{class}"}}"#), n as f64)),
+    );
+    metric(
+        "highwater_requests_total",
+        "counter",
+        "API attempts by HTTP status; attempts without an answer by error class.",
+        &by_status,
+    );
+    let (cumulative, count, sum) = counters.http.latency();
+    let mut samples: Vec<(String, f64)> = LATENCY_BUCKETS
+        .iter()
+        .zip(&cumulative)
+        .map(|(le, n)| (format!(r#"_bucket{{le="{le}"}}"#), *n as f64))
+        .collect();
+    samples.push((r#"_bucket{le="+Inf"}"#.into(), count as f64));
+    samples.push(("_sum".into(), sum));
+    samples.push(("_count".into(), count as f64));
+    metric(
+        "highwater_request_duration_seconds",
+        "histogram",
+        "API attempt latency.",
+        &samples,
+    );
+    metric(
+        "highwater_retries_total",
+        "counter",
+        "Attempts after an item's first.",
+        &one(run.retries),
+    );
+    metric(
+        "highwater_throttled_total",
+        "counter",
+        "Answers 429.",
+        &one(run.throttled),
+    );
+    if let Some(rate) = counters.effective_rate() {
+        metric(
+            "highwater_rate_limit",
+            "gauge",
+            "The rate limit in force, requests per second (absent: no limit).",
+            &[(String::new(), rate)],
+        );
+    }
+    metric(
+        "highwater_in_flight",
+        "gauge",
+        "API calls under way.",
+        &one(run.in_flight),
+    );
+    metric(
+        "highwater_buckets_committed",
+        "gauge",
+        "Buckets of the job with a commit record.",
+        &one(job.buckets_committed),
+    );
+    metric(
+        "highwater_buckets_planned",
+        "gauge",
+        "Buckets of the job with an offset record.",
+        &one(job.buckets_planned),
+    );
+    metric(
+        "highwater_input_rows_read",
+        "gauge",
+        "Input rows read so far (bad and duplicate rows included).",
+        &one(job.rows_read),
+    );
+    if let Some(total) = view.total_rows() {
+        metric(
+            "highwater_input_rows",
+            "gauge",
+            "Rows in the whole input.",
+            &one(total),
+        );
+    }
+    let secs = |ns: u64| ns as f64 / 1e9;
+    metric(
+        "highwater_store_seconds_total",
+        "counter",
+        "Time spent writing to and syncing the store, by step.",
+        &[
+            (r#"{op="offset_write"}"#.into(), secs(run.plan_write_ns)),
+            (r#"{op="offset_sync"}"#.into(), secs(run.plan_sync_ns)),
+            (r#"{op="result_write"}"#.into(), secs(run.record_write_ns)),
+            (r#"{op="result_sync"}"#.into(), secs(run.result_sync_ns)),
+            (r#"{op="commit_write"}"#.into(), secs(run.commit_write_ns)),
+        ],
+    );
+    metric(
+        "highwater_store_syncs_total",
+        "counter",
+        "Store syncs (planner batches and result groups).",
+        &one(run.store_syncs),
+    );
+    metric(
+        "highwater_writer_backpressure_total",
+        "counter",
+        "Times a finished item found the result writer's queue full.",
+        &one(run.writer_backpressure),
+    );
+    metric(
+        "highwater_run_start_time_seconds",
+        "gauge",
+        "When this run started, Unix seconds.",
+        &[(String::new(), view.started_ms as f64 / 1e3)],
+    );
+    out
+}

@@ -1,0 +1,377 @@
+//! Monitor: the watcher beside a running job, reporting on it everywhere users look.
+//!
+//! Owns the task that, from [`Counters`] and the store's figures taken once at the start
+//! (never a store scan during the run), drives the terminal bar, the progress events every
+//! `--progress-interval` and at the end (human lines or JSON), the falling-behind warning,
+//! and the live snapshot (`DIR/live.json`) once a second; and the background count of the
+//! input's rows that gives the bar its total and the ETA.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::console::{self, Bar};
+use crate::input::{Cursor, InputReader, InputSpec};
+use crate::job::now_ms;
+use crate::live::{self, LiveSnapshot};
+use crate::progress::{
+    behind, per_second, CounterSnapshot, Counters, Durations, IntervalLoad, JobFigures,
+    ProgressEvent,
+};
+use crate::store::StoreStats;
+
+/// How progress events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventFormat {
+    /// A human line through the log.
+    #[default]
+    Text,
+    /// One JSON object per line on standard error.
+    Json,
+}
+
+/// What the monitor of a run is told at the start.
+pub struct MonitorConfig {
+    pub job_id: String,
+    pub input: InputSpec,
+    pub state: PathBuf,
+    pub interval: Duration,
+    pub format: EventFormat,
+    /// Show the terminal bar (standard error is a terminal and not `-q`).
+    pub bar: bool,
+    pub concurrency: usize,
+    /// `--rate`, if given.
+    pub configured_rate: Option<f64>,
+}
+
+/// What the monitor, the metrics endpoint and the end of the run share.
+pub struct RunView {
+    pub counters: Arc<Counters>,
+    /// The store's figures when the run started.
+    pub start: StoreStats,
+    pub job_id: String,
+    pub run_id: String,
+    pub started: Instant,
+    pub started_ms: u64,
+    /// Rows in the whole input, once counted (`u64::MAX` until then).
+    total_rows: AtomicU64,
+}
+
+impl RunView {
+    pub fn new(counters: Arc<Counters>, start: StoreStats, job_id: String) -> RunView {
+        let total = if start.input_exhausted {
+            start.rows_read
+        } else {
+            u64::MAX
+        };
+        RunView {
+            counters,
+            start,
+            job_id,
+            run_id: new_run_id(),
+            started: Instant::now(),
+            started_ms: now_ms(),
+            total_rows: AtomicU64::new(total),
+        }
+    }
+
+    pub fn total_rows(&self) -> Option<u64> {
+        Some(self.total_rows.load(Relaxed)).filter(|n| *n != u64::MAX)
+    }
+
+    pub fn figures(&self, run: &CounterSnapshot) -> JobFigures {
+        JobFigures::new(&self.start, run)
+    }
+
+    /// Rows settled per second over this run.
+    fn rows_per_second(&self, figures: &JobFigures) -> f64 {
+        let start = JobFigures::new(&self.start, &CounterSnapshot::default());
+        per_second(
+            figures.rows_done.saturating_sub(start.rows_done),
+            self.started.elapsed(),
+        )
+    }
+
+    pub fn snapshot(&self, finished: Option<&str>) -> LiveSnapshot {
+        let run = self.counters.snapshot();
+        let f = self.figures(&run);
+        LiveSnapshot {
+            pid: std::process::id(),
+            job_id: self.job_id.clone(),
+            run_id: self.run_id.clone(),
+            started_ms: self.started_ms,
+            updated_ms: now_ms(),
+            finished: finished.is_some(),
+            outcome: finished.map(str::to_string),
+            items_per_second: per_second(run.done(), self.started.elapsed()),
+            effective_rate: self.counters.effective_rate(),
+            eta_seconds: f.eta(self.total_rows(), self.rows_per_second(&f)),
+            ok: f.ok,
+            failed: f.failed,
+            pending: f.pending,
+            buckets_committed: f.buckets_committed,
+            buckets_planned: f.buckets_planned,
+            rows_read: f.rows_read,
+            input_rows: self.total_rows(),
+            run_ok: run.ok,
+            run_failed: run.failed,
+            retries: run.retries,
+            throttled: run.throttled,
+            in_flight: run.in_flight,
+        }
+    }
+}
+
+/// A run id: the start time and some randomness, in hex.
+fn new_run_id() -> String {
+    format!("{:x}-{:08x}", now_ms(), rand::random::<u32>())
+}
+
+/// The running monitor; [`Monitor::finish`] writes the last event and snapshot.
+pub struct Monitor {
+    view: Arc<RunView>,
+    config: Arc<MonitorConfig>,
+    task: tokio::task::JoinHandle<State>,
+    stop: Arc<tokio::sync::Notify>,
+    counting: Arc<AtomicBool>,
+}
+
+/// The monitor task's memory between ticks.
+struct State {
+    last: CounterSnapshot,
+    last_at: Instant,
+    bar: Option<Bar>,
+}
+
+impl Monitor {
+    pub fn start(view: Arc<RunView>, config: MonitorConfig) -> Monitor {
+        let config = Arc::new(config);
+        let counting = Arc::new(AtomicBool::new(true));
+        if view.total_rows().is_none() {
+            count_rows(view.clone(), config.input.clone(), counting.clone());
+        }
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let state = State {
+            last: view.counters.snapshot(),
+            last_at: Instant::now(),
+            bar: config.bar.then(Bar::show),
+        };
+        let task = tokio::spawn(watch(view.clone(), config.clone(), state, stop.clone()));
+        Monitor {
+            view,
+            config,
+            task,
+            stop,
+            counting,
+        }
+    }
+
+    /// The run ended: the last progress event, and the snapshot marked finished with
+    /// `outcome`. The bar is cleared.
+    pub async fn finish(self, outcome: &str) {
+        self.counting.store(false, Relaxed);
+        self.stop.notify_one();
+        let Ok(mut state) = self.task.await else {
+            return;
+        };
+        state.bar = None;
+        if !self.config.interval.is_zero() {
+            report(&self.view, &self.config, &mut state, true);
+        }
+        publish(&self.view, &self.config, Some(outcome));
+    }
+}
+
+fn publish(view: &RunView, config: &MonitorConfig, finished: Option<&str>) {
+    if let Err(e) = live::publish(&config.state, &view.snapshot(finished)) {
+        tracing::debug!("cannot write {}: {e}", live::path(&config.state).display());
+    }
+}
+
+async fn watch(
+    view: Arc<RunView>,
+    config: Arc<MonitorConfig>,
+    mut state: State,
+    stop: Arc<tokio::sync::Notify>,
+) -> State {
+    // The bar moves four times a second; the snapshot is published about once a second.
+    let tick = if state.bar.is_some() {
+        Duration::from_millis(250)
+    } else if config.interval.is_zero() {
+        Duration::from_secs(1)
+    } else {
+        config.interval.min(Duration::from_secs(1))
+    };
+    let mut ticker = tokio::time::interval(tick);
+    let mut last_publish: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.notified() => return state,
+        }
+        if last_publish.is_none_or(|t| t.elapsed() >= Duration::from_millis(900)) {
+            publish(&view, &config, None);
+            last_publish = Some(Instant::now());
+        }
+        if let Some(bar) = &state.bar {
+            draw(&view, bar);
+        }
+        let events = config.format == EventFormat::Json || state.bar.is_none();
+        if !config.interval.is_zero() && state.last_at.elapsed() >= config.interval {
+            if events {
+                report(&view, &config, &mut state, false);
+            } else {
+                warn_if_behind(&view, &config, &mut state);
+            }
+        }
+    }
+}
+
+fn draw(view: &RunView, bar: &Bar) {
+    let run = view.counters.snapshot();
+    let f = view.figures(&run);
+    if let Some(total) = view.total_rows() {
+        bar.set_total(total);
+    }
+    let mut msg = format!(
+        "| {} ok {} failed | {:.1} items/s",
+        f.ok,
+        f.failed,
+        per_second(run.done(), view.started.elapsed())
+    );
+    if let Some(rate) = view.counters.effective_rate() {
+        msg.push_str(&format!(" | limit {rate:.0}/s"));
+    }
+    if let Some(eta) = f.eta(view.total_rows(), view.rows_per_second(&f)) {
+        msg.push_str(&format!(
+            " | ETA {}",
+            humantime::format_duration(Duration::from_secs(eta))
+        ));
+    }
+    bar.update(f.rows_done, msg);
+}
+
+/// The interval's load, and the warning if the run fell behind its `--rate`.
+fn warn_if_behind(view: &RunView, config: &MonitorConfig, state: &mut State) -> CounterSnapshot {
+    let now = view.counters.snapshot();
+    let seconds = state.last_at.elapsed().as_secs_f64();
+    if let Some(configured) = config.configured_rate {
+        let load = IntervalLoad {
+            seconds,
+            attempts: now.attempts - state.last.attempts,
+            throttled: now.throttled - state.last.throttled,
+            durations: Durations::between(&now, &state.last),
+            backpressure: now.writer_backpressure - state.last.writer_backpressure,
+            concurrency: config.concurrency,
+            outage: view
+                .counters
+                .throttle()
+                .is_some_and(|t| t.outage().is_some()),
+        };
+        // Not at the tail of a job: there too few items are left to keep the rate.
+        let f = view.figures(&now);
+        let tail = view.total_rows().is_some_and(|t| t == f.rows_read)
+            && (f.pending as usize) < 2 * config.concurrency;
+        if !tail {
+            if let Some(warning) = behind(configured, view.counters.effective_rate(), &load) {
+                tracing::warn!("{warning}");
+            }
+        }
+    }
+    let last = state.last;
+    state.last = now;
+    state.last_at = Instant::now();
+    last
+}
+
+fn report(view: &RunView, config: &MonitorConfig, state: &mut State, last_event: bool) {
+    let now = view.counters.snapshot();
+    // The last event covers the whole run; the others the interval since the one before.
+    let (last, interval) = if last_event {
+        (CounterSnapshot::default(), view.started.elapsed())
+    } else {
+        let interval = state.last_at.elapsed();
+        (warn_if_behind(view, config, state), interval)
+    };
+    let f = view.figures(&now);
+    let event = ProgressEvent {
+        event: "progress",
+        job_id: view.job_id.clone(),
+        run_id: view.run_id.clone(),
+        timestamp: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        last: last_event,
+        elapsed_s: round3(view.started.elapsed().as_secs_f64()),
+        interval_s: round3(interval.as_secs_f64()),
+        buckets_committed: f.buckets_committed,
+        buckets_planned: f.buckets_planned,
+        ok: f.ok,
+        failed: f.failed,
+        pending: f.pending,
+        rows_read: f.rows_read,
+        input_rows: view.total_rows(),
+        eta_s: f.eta(view.total_rows(), view.rows_per_second(&f)),
+        run_ok: now.ok,
+        run_failed: now.failed,
+        input_rows_per_second: round3(per_second(now.rows_planned - last.rows_planned, interval)),
+        processed_items_per_second: round3(per_second(now.done() - last.done(), interval)),
+        attempts_per_second: round3(per_second(now.attempts - last.attempts, interval)),
+        effective_rate: view.counters.effective_rate().map(round3),
+        configured_rate: config.configured_rate,
+        in_flight: now.in_flight,
+        retries: now.retries,
+        throttled: now.throttled,
+        writer_backpressure: now.writer_backpressure,
+        store_syncs: now.store_syncs,
+        checkpoints: now.checkpoints,
+        duration_ms: Durations::between(&now, &last),
+    };
+    match config.format {
+        EventFormat::Json => {
+            console::line(&serde_json::to_string(&event).expect("events serialize"))
+        }
+        EventFormat::Text => tracing::info!("{}", event.render()),
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Count the input's rows in a background thread, at low priority, with the readers' own
+/// definition of a row (CSV records, blank lines skipped), so the bar's total and the ETA are
+/// known early. A read error leaves the total unknown; the planner reports its own errors.
+fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
+    let spawned = std::thread::Builder::new()
+        .name("count-rows".into())
+        .spawn(move || {
+            lower_priority();
+            let Ok(mut reader) = InputReader::open(&input, Cursor::default()) else {
+                return;
+            };
+            let mut rows = 0u64;
+            loop {
+                if rows % 4096 == 0 && !counting.load(Relaxed) {
+                    return;
+                }
+                match reader.next_row() {
+                    Ok(Some(_)) => rows += 1,
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+            view.total_rows.store(rows, Relaxed);
+        });
+    if let Err(e) = spawned {
+        tracing::debug!("cannot count the input's rows: {e}");
+    }
+}
+
+/// Give the calling thread a lower CPU priority, so counting yields to the run.
+fn lower_priority() {
+    // SAFETY: gettid and setpriority on the calling thread; no memory is involved.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
