@@ -528,6 +528,9 @@ pub async fn run_job(
             configured_rate: options.throttle.rate.map(|r| r.per_second()),
         },
     );
+    // The store's lock is held until the finished snapshot is written: `status` takes a
+    // free lock as proof that no runner is active, so the snapshot must be final by then.
+    let lock = store.clone();
     let outcome = engine::run(
         store,
         Arc::new(spec),
@@ -545,6 +548,7 @@ pub async fn run_job(
         Err(_) => "failed",
     };
     monitor.finish(ending).await;
+    drop(lock);
     if let Some(m) = metrics {
         m.abort();
     }
@@ -620,14 +624,15 @@ async fn status(args: StatusArgs) -> Result<u8> {
     loop {
         let (text, live) = status_once(&args)?;
         let mut out = io::stdout().lock();
-        if clear {
-            // Home the cursor and clear the screen: refresh in place.
-            let _ = out.write_all(b"\x1b[H\x1b[2J");
-        }
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        // Home the cursor and clear the screen: refresh in place.
+        let home: &[u8] = if clear { b"\x1b[H\x1b[2J" } else { b"" };
+        let written = out
+            .write_all(home)
+            .and_then(|()| out.write_all(text.as_bytes()))
+            .and_then(|()| out.flush());
         drop(out);
-        if !live {
+        // Nobody reads any more (a closed pipe, `| head`): stop watching.
+        if !live || written.is_err() {
             return Ok(exit::OK);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -636,23 +641,24 @@ async fn status(args: StatusArgs) -> Result<u8> {
 
 /// The status text (or JSON line), and whether a run is live.
 fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
-    use crate::live::{self, Runner};
-    let snapshot = live::read(&args.state);
+    use crate::live;
     let now = crate::job::now_ms();
+    let state_text = args.state.display().to_string();
     let (store, spec) = match open_existing(&args.state) {
         Ok(opened) => opened,
         Err(e) => {
             let Some(crate::store::StoreError::Busy { pid, .. }) = e.downcast_ref() else {
                 return Err(e);
             };
-            // A run holds the store: show what it publishes.
-            let live = snapshot.filter(|s| Some(s.pid) == *pid && !s.finished);
+            // A run holds the store: show what it publishes. The snapshot is read after the
+            // lock was found held, and judged by its pid and age.
+            let live = live::read(&args.state).filter(|s| Some(s.pid) == *pid && !s.finished);
             let Some(s) = live else {
                 return Ok((
                     if args.json {
                         format!(
                             "{}\n",
-                            serde_json::json!({"state": args.state, "runner": "starting", "pid": pid, "finished": false})
+                            serde_json::json!({"state": state_text, "runner": "starting", "pid": pid, "finished": false})
                         )
                     } else {
                         format!(
@@ -669,7 +675,7 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                 format!(
                     "{}\n",
                     serde_json::json!({
-                        "state": args.state,
+                        "state": state_text,
                         "job_id": s.job_id,
                         "runner": runner,
                         "live": s,
@@ -685,18 +691,20 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
     };
     let stats = store.stats()?;
     let bad = store.bad_lines(5)?;
-    // The store is free: no run is active. A snapshot not marked finished means the last
-    // runner died (kill -9, crash, power loss).
-    let died = snapshot.filter(|s| s.runner(now) == Runner::Died);
+    // The store is free and we hold its lock: no run is active, and none can start until we
+    // let go. A runner marks its snapshot finished before it lets go of the lock, so a
+    // snapshot read now that is not marked finished means the last runner died (kill -9,
+    // crash, power loss), whatever process has its pid now.
+    let died = live::read(&args.state).filter(|s| !s.finished);
     let runner = match &died {
         Some(_) => "died",
         None => "none",
     };
     let text = if args.json {
         let value = serde_json::json!({
-            "state": args.state,
+            "state": state_text,
             "job_id": spec.job_id,
-            "input": spec.input.path,
+            "input": spec.input.path.display().to_string(),
             "input_format": spec.input.format.to_string(),
             "input_bytes": spec.fingerprint.len,
             "url": spec.request.url,

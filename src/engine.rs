@@ -485,12 +485,12 @@ impl ItemTask {
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
                 }
-                Counters::add(&counters.in_flight, 1);
+                // Counted down when the call ends, or when its task is aborted mid-call
+                // (a stop past --shutdown-timeout).
+                let in_flight = counters.in_flight_guard();
                 let start = Instant::now();
                 let result = handler.attempt(id).await;
-                counters
-                    .in_flight
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                drop(in_flight);
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, start.elapsed());
                 let observed = observe(&result);

@@ -239,9 +239,26 @@ impl Counters {
         self.throttle.get().map(|t| &t.0)
     }
 
+    /// Count one API call in flight until the guard is dropped (also when the call's task
+    /// is aborted).
+    pub fn in_flight_guard(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Relaxed);
+        InFlight(&self.in_flight)
+    }
+
     /// The rate limit in force (requests/s), if any.
     pub fn effective_rate(&self) -> Option<f64> {
         self.throttle().and_then(|t| t.rate())
+    }
+}
+
+/// One API call counted in [`Counters::in_flight`] while it lives.
+#[must_use = "the call is counted in flight only while the guard lives"]
+pub struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 

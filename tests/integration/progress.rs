@@ -553,3 +553,59 @@ fn a_run_behind_its_rate_is_warned_about_with_the_cause() {
     signal(&child, libc::SIGTERM);
     assert_eq!(child.wait().unwrap().code(), Some(130));
 }
+
+#[test]
+fn calls_cut_off_at_the_shutdown_timeout_leave_nothing_in_flight() {
+    // Answers take 20 s: the four calls under way when the stop comes are cut off at once.
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_secs(20),
+        latency_max: Duration::from_secs(20),
+        ..ApiConfig::fast()
+    });
+    let input = h.ids_file("ids.txt", &ids(100));
+    let state = h.state();
+    let url = h.url();
+    let mut args = vec!["run", "--state", p(&state), "--input", p(&input)];
+    args.extend([
+        "--url",
+        &url,
+        "--concurrency",
+        "4",
+        "--shutdown-timeout",
+        "0s",
+    ]);
+    args.extend(QUICK);
+    let mut child = h.spawn(&args);
+    assert!(h.wait_for_calls(&mut child, 4), "the run ended early");
+    signal(&child, libc::SIGTERM);
+    finish(child).expect_no_panic().expect_code(130);
+    let live: Value = serde_json::from_slice(&std::fs::read(state.join("live.json")).unwrap())
+        .expect("live.json is JSON");
+    assert_eq!(live["outcome"], "stopped", "{live}");
+    assert_eq!(live["in_flight"], 0, "{live}");
+    assert_eq!(live["run_ok"], 0, "{live}");
+}
+
+#[test]
+fn status_judges_the_last_run_by_its_snapshot_once_the_store_is_free() {
+    let h = Harness::new(ApiConfig::fast());
+    let (_, state) = h.finished_job(&ids(50), &[]);
+    // A clean run marks its snapshot finished before it lets go of the store.
+    let live: Value = serde_json::from_slice(&std::fs::read(state.join("live.json")).unwrap())
+        .expect("live.json is JSON");
+    assert_eq!(live["finished"], true, "{live}");
+    let status = h.status(&state);
+    assert_eq!(status["runner"], "none", "{status}");
+    assert_eq!(status["last_run"], Value::Null, "{status}");
+
+    // A run that died without marking its snapshot, whose pid another process (this
+    // test) has now: the free store proves no runner is active, so it died.
+    let mut died = live.clone();
+    died["finished"] = Value::Bool(false);
+    died["outcome"] = Value::Null;
+    died["pid"] = std::process::id().into();
+    std::fs::write(state.join("live.json"), died.to_string()).unwrap();
+    let status = h.status(&state);
+    assert_eq!(status["runner"], "died", "{status}");
+    assert_eq!(status["last_run"]["pid"], std::process::id(), "{status}");
+}
