@@ -514,7 +514,6 @@ pub async fn run_job(
     let monitor = Monitor::start(
         view,
         MonitorConfig {
-            job_id: spec.job_id.to_string(),
             input: spec.input.clone(),
             state: state.to_path_buf(),
             interval: options.progress_interval,
@@ -523,7 +522,10 @@ pub async fn run_job(
             } else {
                 EventFormat::Text
             },
-            bar: crate::console::stderr_is_terminal() && !crate::console::quiet(),
+            // No bar in JSON mode: every line on standard error is a JSON object.
+            bar: crate::console::stderr_is_terminal()
+                && !crate::console::quiet()
+                && !crate::console::json(),
             concurrency: options.concurrency,
             configured_rate: options.throttle.rate.map(|r| r.per_second()),
         },
@@ -679,7 +681,7 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                         "job_id": s.job_id,
                         "runner": runner,
                         "live": s,
-                        "stats": s.stats_json(),
+                        "stats": s.stats(),
                         "finished": false,
                     })
                 )

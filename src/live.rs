@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::StoreStats;
+
 /// The file's name in the state directory.
 pub const LIVE_FILE: &str = "live.json";
 
@@ -29,11 +31,14 @@ pub struct LiveSnapshot {
     pub finished: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
-    /// Items finished per second over this run.
+    /// Items finished per second over the last minute (less early in the run).
     pub items_per_second: f64,
+    /// Items finished per second over the whole run.
+    #[serde(default)]
+    pub average_items_per_second: f64,
     /// The rate limit in force, requests per second (none: no limit).
     pub effective_rate: Option<f64>,
-    /// Seconds left at the current speed, once the input's size is known.
+    /// Seconds left at the last minute's speed, once the input's size is known.
     pub eta_seconds: Option<u64>,
     /// Job-wide figures: the store's at the start plus this run's.
     pub ok: u64,
@@ -56,14 +61,17 @@ pub fn path(state: &Path) -> PathBuf {
     state.join(LIVE_FILE)
 }
 
+/// The temporary file a snapshot is written to before it is renamed over [`LIVE_FILE`].
+/// A fixed name: the only writer is the run holding the store's lock, and a file left by a
+/// crash is simply overwritten by the next run.
+pub const LIVE_TMP: &str = "live.json.tmp";
+
 /// Replace the snapshot atomically.
 pub fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(snapshot).expect("snapshots serialize");
-    let target = path(state);
-    let mut tmp = tempfile::NamedTempFile::new_in(state)?;
-    std::io::Write::write_all(&mut tmp, &bytes)?;
-    tmp.persist(&target).map_err(|e| e.error)?;
-    Ok(())
+    let tmp = state.join(LIVE_TMP);
+    std::fs::write(&tmp, &bytes)?;
+    std::fs::rename(&tmp, path(state))
 }
 
 /// The last snapshot, if there is a readable one.
@@ -129,17 +137,25 @@ pub fn format_ms(ms: u64) -> String {
 }
 
 impl LiveSnapshot {
-    /// The job-wide figures in the shape of the store's `stats` (what a live run knows).
-    pub fn stats_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "buckets_planned": self.buckets_planned,
-            "buckets_committed": self.buckets_committed,
-            "buckets_in_flight": self.buckets_planned.saturating_sub(self.buckets_committed),
-            "rows_read": self.rows_read,
-            "ok": self.ok,
-            "failed": self.failed,
-            "pending": self.pending,
-        })
+    /// The job-wide figures as the store's [`StoreStats`], with the same keys as `status`
+    /// of a free store gives. What a live run does not track (IDs planned are ok + failed +
+    /// pending; duplicates, bad lines and input bytes read are left at 0; the input is read
+    /// to its end once every row of a counted input is read).
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            buckets_planned: self.buckets_planned,
+            buckets_committed: self.buckets_committed,
+            buckets_in_flight: self.buckets_planned.saturating_sub(self.buckets_committed),
+            rows_read: self.rows_read,
+            ids_planned: self.ok + self.failed + self.pending,
+            ok: self.ok,
+            failed: self.failed,
+            pending: self.pending,
+            duplicates: 0,
+            bad_lines: 0,
+            input_exhausted: self.input_rows == Some(self.rows_read),
+            input_bytes_read: 0,
+        }
     }
 
     /// Human text for `status` while the run is live.
@@ -174,7 +190,7 @@ impl LiveSnapshot {
             "state:      {}\njob:        {}\nrunner:     {how}: pid {}, run {}, started {}, updated {}\n\
              IDs:        {} ok, {} failed, {} pending so far\n\
              buckets:    {} planned, {} committed\ninput:      {input}\n\
-             speed:      {:.1} items/s, {rate}\nETA:        {eta}\n\
+             speed:      {:.1} items/s over the last minute, {:.1} on average, {rate}\nETA:        {eta}\n\
              this run:   {} ok, {} failed, {} retries, {} answers 429, {} in flight\n",
             state.display(),
             self.job_id,
@@ -188,6 +204,7 @@ impl LiveSnapshot {
             self.buckets_planned,
             self.buckets_committed,
             self.items_per_second,
+            self.average_items_per_second,
             self.run_ok,
             self.run_failed,
             self.retries,
@@ -211,6 +228,7 @@ mod tests {
             finished: false,
             outcome: None,
             items_per_second: 1.0,
+            average_items_per_second: 1.0,
             effective_rate: None,
             eta_seconds: None,
             ok: 1,

@@ -30,7 +30,12 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))
 }
 
-/// Serve scrapes until the task is aborted.
+/// Connections served at once; more are closed at once (a scraper needs one or two).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// Serve scrapes until the task is aborted. Headers must arrive within hyper's header-read
+/// timeout (30 s), so a client that opens a connection and sends nothing cannot hold it
+/// forever; beyond [`MAX_CONNECTIONS`] new connections are closed unanswered.
 pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -42,6 +47,10 @@ pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 };
+                if conns.len() >= MAX_CONNECTIONS {
+                    drop(stream);
+                    continue;
+                }
                 let view = view.clone();
                 conns.spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
@@ -49,6 +58,7 @@ pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
                         async move { Ok::<_, Infallible>(answer(&req, &view)) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });

@@ -3,9 +3,11 @@
 //! Owns the task that, from [`Counters`] and the store's figures taken once at the start
 //! (never a store scan during the run), drives the terminal bar, the progress events every
 //! `--progress-interval` and at the end (human lines or JSON), the falling-behind warning,
-//! and the live snapshot (`DIR/live.json`) once a second; and the background count of the
-//! input's rows that gives the bar its total and the ETA.
+//! and the live snapshot (`DIR/live.json`) once a second; the live speed and the ETA over
+//! the last minute (beside the run's average); and the background count of the input's rows
+//! that gives the bar its total and the ETA.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -16,8 +18,7 @@ use crate::input::{Cursor, InputReader, InputSpec};
 use crate::job::now_ms;
 use crate::live::{self, LiveSnapshot};
 use crate::progress::{
-    behind, per_second, CounterSnapshot, Counters, Durations, IntervalLoad, JobFigures,
-    ProgressEvent,
+    self, per_second, CounterSnapshot, Counters, Durations, IntervalLoad, JobFigures, ProgressEvent,
 };
 use crate::store::StoreStats;
 
@@ -33,7 +34,6 @@ pub enum EventFormat {
 
 /// What the monitor of a run is told at the start.
 pub struct MonitorConfig {
-    pub job_id: String,
     pub input: InputSpec,
     pub state: PathBuf,
     pub interval: Duration,
@@ -84,18 +84,38 @@ impl RunView {
         JobFigures::new(&self.start, run)
     }
 
-    /// Rows settled per second over this run.
-    fn rows_per_second(&self, figures: &JobFigures) -> f64 {
-        let start = JobFigures::new(&self.start, &CounterSnapshot::default());
-        per_second(
-            figures.rows_done.saturating_sub(start.rows_done),
-            self.started.elapsed(),
-        )
+    /// Where the run stood when it started, as a [`Sample`].
+    fn start_sample(&self) -> Sample {
+        Sample {
+            at: self.started,
+            done: 0,
+            rows_done: self.figures(&CounterSnapshot::default()).rows_done,
+        }
     }
 
-    pub fn snapshot(&self, finished: Option<&str>) -> LiveSnapshot {
-        let run = self.counters.snapshot();
-        let f = self.figures(&run);
+    /// The speed at `run` (its figures `f`): over the window since `since` (the run's
+    /// start when `None`) and over the whole run, and the ETA at the window's speed.
+    fn speed(&self, run: &CounterSnapshot, f: &JobFigures, since: Option<&Sample>) -> Speed {
+        let start = self.start_sample();
+        let since = since.unwrap_or(&start);
+        let window = since.at.elapsed();
+        let rows_per_second = per_second(f.rows_done.saturating_sub(since.rows_done), window);
+        Speed {
+            items_per_second: per_second(run.done().saturating_sub(since.done), window),
+            average_items_per_second: per_second(run.done(), self.started.elapsed()),
+            eta_seconds: f.eta(self.total_rows(), rows_per_second),
+        }
+    }
+
+    /// The live snapshot now, with the speed over the window since `since`.
+    fn snapshot(
+        &self,
+        run: &CounterSnapshot,
+        since: Option<&Sample>,
+        finished: Option<&str>,
+    ) -> LiveSnapshot {
+        let f = self.figures(run);
+        let speed = self.speed(run, &f, since);
         LiveSnapshot {
             pid: std::process::id(),
             job_id: self.job_id.clone(),
@@ -104,9 +124,10 @@ impl RunView {
             updated_ms: now_ms(),
             finished: finished.is_some(),
             outcome: finished.map(str::to_string),
-            items_per_second: per_second(run.done(), self.started.elapsed()),
+            items_per_second: speed.items_per_second,
+            average_items_per_second: speed.average_items_per_second,
             effective_rate: self.counters.effective_rate(),
-            eta_seconds: f.eta(self.total_rows(), self.rows_per_second(&f)),
+            eta_seconds: speed.eta_seconds,
             ok: f.ok,
             failed: f.failed,
             pending: f.pending,
@@ -121,6 +142,29 @@ impl RunView {
             in_flight: run.in_flight,
         }
     }
+}
+
+/// How fast a run goes.
+struct Speed {
+    /// Items finished per second over the last [`WINDOW`] (less early in the run).
+    items_per_second: f64,
+    /// Items finished per second over the whole run.
+    average_items_per_second: f64,
+    /// Seconds until the input's rows are all settled, at the window's speed.
+    eta_seconds: Option<u64>,
+}
+
+/// The span the live speed and the ETA are measured over.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// How far a run had come at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    /// Items this run finished.
+    done: u64,
+    /// Job-wide rows settled.
+    rows_done: u64,
 }
 
 /// A run id: the start time and some randomness, in hex.
@@ -142,6 +186,37 @@ struct State {
     last: CounterSnapshot,
     last_at: Instant,
     bar: Option<Bar>,
+    /// Samples about a second apart; the first is the newest at least [`WINDOW`] old (or the
+    /// run's start): the live speed is measured from it.
+    window: VecDeque<Sample>,
+    /// Intervals in a row below the `--rate` (idle intervals not counted).
+    behind: progress::Sustained,
+}
+
+impl State {
+    /// Note where the run stands, at most once a second.
+    fn sample(&mut self, view: &RunView, run: &CounterSnapshot) {
+        if self
+            .window
+            .back()
+            .is_some_and(|s| s.at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.window.push_back(Sample {
+            at: Instant::now(),
+            done: run.done(),
+            rows_done: view.figures(run).rows_done,
+        });
+        while self.window.get(1).is_some_and(|s| s.at.elapsed() >= WINDOW) {
+            self.window.pop_front();
+        }
+    }
+
+    /// Where the window starts.
+    fn since(&self) -> Option<&Sample> {
+        self.window.front()
+    }
 }
 
 impl Monitor {
@@ -156,6 +231,8 @@ impl Monitor {
             last: view.counters.snapshot(),
             last_at: Instant::now(),
             bar: config.bar.then(Bar::show),
+            window: VecDeque::from([view.start_sample()]),
+            behind: progress::Sustained::default(),
         };
         let task = tokio::spawn(watch(view.clone(), config.clone(), state, stop.clone()));
         Monitor {
@@ -172,19 +249,33 @@ impl Monitor {
     pub async fn finish(self, outcome: &str) {
         self.counting.store(false, Relaxed);
         self.stop.notify_one();
-        let Ok(mut state) = self.task.await else {
-            return;
-        };
-        state.bar = None;
-        if !self.config.interval.is_zero() {
-            report(&self.view, &self.config, &mut state, true);
+        let run = self.view.counters.snapshot();
+        match self.task.await {
+            Ok(mut state) => {
+                state.bar = None;
+                if !self.config.interval.is_zero() {
+                    report(&self.view, &self.config, &mut state, &run, true);
+                }
+                publish(&self.view, &self.config, &run, state.since(), Some(outcome));
+            }
+            // The task panicked (its bar is gone with it): the snapshot must still say the
+            // run ended, or `status` would take the run for dead.
+            Err(e) => {
+                tracing::debug!("the monitor task failed: {e}");
+                publish(&self.view, &self.config, &run, None, Some(outcome));
+            }
         }
-        publish(&self.view, &self.config, Some(outcome));
     }
 }
 
-fn publish(view: &RunView, config: &MonitorConfig, finished: Option<&str>) {
-    if let Err(e) = live::publish(&config.state, &view.snapshot(finished)) {
+fn publish(
+    view: &RunView,
+    config: &MonitorConfig,
+    run: &CounterSnapshot,
+    since: Option<&Sample>,
+    finished: Option<&str>,
+) {
+    if let Err(e) = live::publish(&config.state, &view.snapshot(run, since, finished)) {
         tracing::debug!("cannot write {}: {e}", live::path(&config.state).display());
     }
 }
@@ -210,40 +301,41 @@ async fn watch(
             _ = ticker.tick() => {}
             _ = stop.notified() => return state,
         }
+        // One copy of the counters per tick: every figure shown agrees with the others.
+        let run = view.counters.snapshot();
+        state.sample(&view, &run);
         if last_publish.is_none_or(|t| t.elapsed() >= Duration::from_millis(900)) {
-            publish(&view, &config, None);
+            publish(&view, &config, &run, state.since(), None);
             last_publish = Some(Instant::now());
         }
         if let Some(bar) = &state.bar {
-            draw(&view, bar);
+            draw(&view, bar, &run, state.since());
         }
         let events = config.format == EventFormat::Json || state.bar.is_none();
         if !config.interval.is_zero() && state.last_at.elapsed() >= config.interval {
             if events {
-                report(&view, &config, &mut state, false);
+                report(&view, &config, &mut state, &run, false);
             } else {
-                warn_if_behind(&view, &config, &mut state);
+                warn_if_behind(&view, &config, &mut state, &run);
             }
         }
     }
 }
 
-fn draw(view: &RunView, bar: &Bar) {
-    let run = view.counters.snapshot();
-    let f = view.figures(&run);
+fn draw(view: &RunView, bar: &Bar, run: &CounterSnapshot, since: Option<&Sample>) {
+    let f = view.figures(run);
     if let Some(total) = view.total_rows() {
         bar.set_total(total);
     }
+    let speed = view.speed(run, &f, since);
     let mut msg = format!(
         "| {} ok {} failed | {:.1} items/s",
-        f.ok,
-        f.failed,
-        per_second(run.done(), view.started.elapsed())
+        f.ok, f.failed, speed.items_per_second
     );
     if let Some(rate) = view.counters.effective_rate() {
         msg.push_str(&format!(" | limit {rate:.0}/s"));
     }
-    if let Some(eta) = f.eta(view.total_rows(), view.rows_per_second(&f)) {
+    if let Some(eta) = speed.eta_seconds {
         msg.push_str(&format!(
             " | ETA {}",
             humantime::format_duration(Duration::from_secs(eta))
@@ -252,16 +344,22 @@ fn draw(view: &RunView, bar: &Bar) {
     bar.update(f.rows_done, msg);
 }
 
-/// The interval's load, and the warning if the run fell behind its `--rate`.
-fn warn_if_behind(view: &RunView, config: &MonitorConfig, state: &mut State) -> CounterSnapshot {
-    let now = view.counters.snapshot();
+/// The interval's load, and the warning if the run stays behind its `--rate`. Returns the
+/// counters at the interval's start.
+fn warn_if_behind(
+    view: &RunView,
+    config: &MonitorConfig,
+    state: &mut State,
+    now: &CounterSnapshot,
+) -> CounterSnapshot {
     let seconds = state.last_at.elapsed().as_secs_f64();
     if let Some(configured) = config.configured_rate {
         let load = IntervalLoad {
             seconds,
             attempts: now.attempts - state.last.attempts,
+            in_flight: now.in_flight,
             throttled: now.throttled - state.last.throttled,
-            durations: Durations::between(&now, &state.last),
+            durations: Durations::between(now, &state.last),
             backpressure: now.writer_backpressure - state.last.writer_backpressure,
             concurrency: config.concurrency,
             outage: view
@@ -270,31 +368,37 @@ fn warn_if_behind(view: &RunView, config: &MonitorConfig, state: &mut State) -> 
                 .is_some_and(|t| t.outage().is_some()),
         };
         // Not at the tail of a job: there too few items are left to keep the rate.
-        let f = view.figures(&now);
+        let f = view.figures(now);
         let tail = view.total_rows().is_some_and(|t| t == f.rows_read)
             && (f.pending as usize) < 2 * config.concurrency;
-        if !tail {
-            if let Some(warning) = behind(configured, view.counters.effective_rate(), &load) {
-                tracing::warn!("{warning}");
-            }
+        let effective = view.counters.effective_rate();
+        if let Some(warning) = state.behind.check(configured, effective, &load, tail) {
+            tracing::warn!("{warning}");
         }
     }
     let last = state.last;
-    state.last = now;
+    state.last = *now;
     state.last_at = Instant::now();
     last
 }
 
-fn report(view: &RunView, config: &MonitorConfig, state: &mut State, last_event: bool) {
-    let now = view.counters.snapshot();
+fn report(
+    view: &RunView,
+    config: &MonitorConfig,
+    state: &mut State,
+    now: &CounterSnapshot,
+    last_event: bool,
+) {
+    let now = *now;
     // The last event covers the whole run; the others the interval since the one before.
     let (last, interval) = if last_event {
         (CounterSnapshot::default(), view.started.elapsed())
     } else {
         let interval = state.last_at.elapsed();
-        (warn_if_behind(view, config, state), interval)
+        (warn_if_behind(view, config, state, &now), interval)
     };
     let f = view.figures(&now);
+    let speed = view.speed(&now, &f, state.since());
     let event = ProgressEvent {
         event: "progress",
         job_id: view.job_id.clone(),
@@ -310,7 +414,7 @@ fn report(view: &RunView, config: &MonitorConfig, state: &mut State, last_event:
         pending: f.pending,
         rows_read: f.rows_read,
         input_rows: view.total_rows(),
-        eta_s: f.eta(view.total_rows(), view.rows_per_second(&f)),
+        eta_s: speed.eta_seconds,
         run_ok: now.ok,
         run_failed: now.failed,
         input_rows_per_second: round3(per_second(now.rows_planned - last.rows_planned, interval)),
@@ -373,5 +477,69 @@ fn lower_priority() {
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_speed_and_the_eta_come_from_the_last_minute_the_average_from_the_run() {
+        let counters = Arc::new(Counters::default());
+        let mut view = RunView::new(counters.clone(), StoreStats::default(), "j".into());
+        let now = Instant::now();
+        view.started = now - Duration::from_secs(600);
+        view.total_rows.store(1000, Relaxed);
+        Counters::add(&counters.ok, 500);
+        Counters::add(&counters.rows_planned, 500);
+        Counters::add(&counters.ids_planned, 500);
+        let run = counters.snapshot();
+        let f = view.figures(&run);
+        // 300 items and rows in the last minute: 5/s, 500 rows left take 100 s.
+        let minute_ago = Sample {
+            at: now - Duration::from_secs(60),
+            done: 200,
+            rows_done: 200,
+        };
+        let speed = view.speed(&run, &f, Some(&minute_ago));
+        assert!(
+            (speed.items_per_second - 5.0).abs() < 0.1,
+            "{}",
+            speed.items_per_second
+        );
+        let average = speed.average_items_per_second;
+        assert!((average - 500.0 / 600.0).abs() < 0.01, "{average}");
+        assert!(
+            matches!(speed.eta_seconds, Some(100..=101)),
+            "{:?}",
+            speed.eta_seconds
+        );
+        // No window yet: the run's start.
+        let speed = view.speed(&run, &f, None);
+        assert!((speed.items_per_second - average).abs() < 0.01);
+
+        // The window keeps the newest sample at least a minute old, and no older one.
+        let at = |secs: u64| Sample {
+            at: now - Duration::from_secs(secs),
+            done: 0,
+            rows_done: 0,
+        };
+        let mut state = State {
+            last: run,
+            last_at: now,
+            bar: None,
+            window: VecDeque::from([view.start_sample(), at(120), at(61), at(30)]),
+            behind: progress::Sustained::default(),
+        };
+        state.sample(&view, &run);
+        let ages: Vec<u64> = state
+            .window
+            .iter()
+            .map(|s| s.at.elapsed().as_secs())
+            .collect();
+        assert_eq!(ages.len(), 3, "{ages:?}");
+        assert!(ages[0] >= 61 && ages[1] >= 30 && ages[2] < 30, "{ages:?}");
+        assert_eq!(state.window.back().unwrap().done, 500);
     }
 }

@@ -14,14 +14,15 @@ use crate::retry::{AttemptError, ErrorClass, Success};
 use crate::store::StoreStats;
 use crate::throttle::Throttle;
 
-/// What this run has done so far. All fields only grow.
+/// What this run has done so far. Every field only grows except `in_flight`, a gauge.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// HTTP attempts made (first tries and retries).
     pub attempts: AtomicU64,
     /// Attempts after an item's first.
     pub retries: AtomicU64,
-    /// Items whose final result is durable, by outcome.
+    /// Items whose final result was written to the store, by outcome: counted when written,
+    /// durable at the next sync (sync mode) or the next checkpoint (`--async-progress`).
     pub ok: AtomicU64,
     pub failed: AtomicU64,
     /// Buckets committed by this run.
@@ -89,8 +90,8 @@ pub struct HttpStats {
     by_status: Vec<AtomicU64>,
     /// Attempts without an answer, or with an unreadable one, by [`ERROR_CLASSES`] index.
     by_class: [AtomicU64; 6],
-    /// Cumulative counts per [`LATENCY_BUCKETS`] bound (non-cumulative here, summed on
-    /// rendering), then the overflow bucket.
+    /// Attempts per latency bucket: one count per [`LATENCY_BUCKETS`] bound (each bucket
+    /// on its own, not cumulative; [`HttpStats::latency`] sums them), then the overflow.
     latency: [AtomicU64; 13],
     latency_sum_us: AtomicU64,
 }
@@ -456,6 +457,8 @@ pub struct IntervalLoad {
     pub seconds: f64,
     /// Attempts started over the interval.
     pub attempts: u64,
+    /// API calls under way at its end.
+    pub in_flight: u64,
     /// Answers 429 over the interval.
     pub throttled: u64,
     pub durations: Durations,
@@ -511,6 +514,42 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
         "the input: the planner hands over fewer items than the rate allows".to_string()
     };
     Some(format!("{head}: {cause}"))
+}
+
+/// The falling-behind warning for a sustained shortfall only: two intervals in a row below
+/// the rate. An idle interval (no attempt made, none in flight, the API not out: the run
+/// starting up, or nothing to do) is neither behind nor on time and resets the count; so
+/// does the tail of a job, where too few items are left to keep the rate.
+#[derive(Debug, Default)]
+pub struct Sustained {
+    /// Intervals in a row below the rate.
+    behind: u32,
+}
+
+impl Sustained {
+    /// The warning for this interval, if the run has now been behind for two in a row.
+    pub fn check(
+        &mut self,
+        configured: f64,
+        effective: Option<f64>,
+        load: &IntervalLoad,
+        tail: bool,
+    ) -> Option<String> {
+        let idle = load.attempts == 0 && load.in_flight == 0 && !load.outage;
+        let warning = (!idle && !tail)
+            .then(|| behind(configured, effective, load))
+            .flatten();
+        match warning {
+            Some(w) => {
+                self.behind += 1;
+                (self.behind >= 2).then_some(w)
+            }
+            None => {
+                self.behind = 0;
+                None
+            }
+        }
+    }
 }
 
 /// The end-of-run summary, job-wide figures first, then this run's.
@@ -621,6 +660,38 @@ mod tests {
             "{w}"
         );
         assert!(why(&load(0), Some(100.0)).contains("the input"));
+    }
+
+    #[test]
+    fn only_a_sustained_shortfall_is_warned_about_and_idle_intervals_never() {
+        let mut s = Sustained::default();
+        let idle = load(0);
+        let slow = load(100);
+        let busy_idle = IntervalLoad {
+            in_flight: 16,
+            ..load(0)
+        };
+        // Start-up: nothing sent yet, over and over: never a warning.
+        for _ in 0..3 {
+            assert_eq!(s.check(100.0, Some(100.0), &idle, false), None);
+        }
+        // One slow interval is not sustained; the second in a row is.
+        assert_eq!(s.check(100.0, Some(100.0), &slow, false), None);
+        let w = s.check(100.0, Some(100.0), &slow, false).unwrap();
+        assert!(w.contains("falling behind"), "{w}");
+        assert!(s.check(100.0, Some(100.0), &slow, false).is_some());
+        // An interval on time, an idle one or the tail resets the count.
+        for reset in [load(900), idle] {
+            assert_eq!(s.check(100.0, Some(100.0), &reset, false), None);
+            assert_eq!(s.check(100.0, Some(100.0), &slow, false), None);
+            assert!(s.check(100.0, Some(100.0), &slow, false).is_some());
+        }
+        assert_eq!(s.check(100.0, Some(100.0), &slow, true), None);
+        assert_eq!(s.check(100.0, Some(100.0), &slow, false), None);
+        // Calls stuck in flight with none started is not idle.
+        assert_eq!(s.check(100.0, Some(100.0), &load(900), false), None);
+        assert_eq!(s.check(100.0, Some(100.0), &busy_idle, false), None);
+        assert!(s.check(100.0, Some(100.0), &busy_idle, false).is_some());
     }
 
     #[test]
