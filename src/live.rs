@@ -2,8 +2,10 @@
 //!
 //! Owns `DIR/live.json`: written by the runner once a second (a temp file renamed over the
 //! old one, so a reader never sees half a file) and marked finished when the run ends
-//! cleanly. The store itself is locked while a run is active, so `status` reads this file
-//! instead, and decides from it, the pid and its age whether the runner is alive.
+//! cleanly, before the run lets go of the store's lock. The store itself is locked while a
+//! run is active, so `status` reads this file instead, and decides from it, the pid and its
+//! age how the runner stands; once the store is free, a snapshot not marked finished alone
+//! says the last runner died.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,13 +113,15 @@ pub enum Runner {
     Live,
     /// The process exists but the snapshot stopped being updated.
     Stale,
-    /// The process is gone without marking the snapshot finished.
+    /// The process is gone without marking the snapshot finished (judged by the pid while
+    /// the store is locked; `status` of a free store needs no pid).
     Died,
     /// The run ended cleanly.
     Finished,
 }
 
 impl LiveSnapshot {
+    /// How the runner of a snapshot read while the store is locked stands.
     pub fn runner(&self, now_ms: u64) -> Runner {
         if self.finished {
             Runner::Finished
