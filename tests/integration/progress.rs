@@ -641,3 +641,31 @@ fn status_judges_the_last_run_by_its_snapshot_once_the_store_is_free() {
     assert_eq!(status["runner"], "died", "{status}");
     assert_eq!(status["last_run"]["pid"], std::process::id(), "{status}");
 }
+
+#[test]
+fn status_watch_ends_when_its_reader_goes_away() {
+    let h = slow_api();
+    let state = h.state();
+    let mut child = spawn_long_run(&h, &[]);
+    wait_for_live_results(&state, &mut child);
+    let mut watch = h.spawn(&["status", "--state", p(&state), "--watch"]);
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    assert!(lines.next().is_some(), "no watch output");
+    // The reader goes away while the run goes on: the next refresh fails and ends the watch.
+    drop(lines);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = watch.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watch goes on without a reader"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+    signal(&child, libc::SIGTERM);
+    finish(child).expect_code(130);
+}
