@@ -18,9 +18,10 @@ use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::{open_job, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions};
 use crate::progress::{Counters, RunSummary};
+use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{Store, StoreStats};
+use crate::store::{ItemStatus, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
 /// Print a line to standard error. A closed standard error (its reader went away) is no
@@ -92,6 +93,12 @@ enum Command {
     Status(StatusArgs),
     /// Write one record per unique ID, in input order.
     Export(ExportArgs),
+    /// List the IDs that failed permanently (the error table), in input order.
+    Failures(FailuresArgs),
+    /// Call chosen IDs of a job again: the failed ones, those of some buckets, or a list.
+    /// Crash-safe like a run: after a kill, the same command resumes it.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
+    Rerun(Box<RerunArgs>),
     /// Run a complete job against a local fake API with injected faults.
     Demo(DemoArgs),
 }
@@ -194,6 +201,43 @@ struct RunArgs {
     /// sled page cache size in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     store_cache_mb: u64,
+    /// Accept a changed --url, --method or --body for an existing job (recorded in the
+    /// job's spec history, shown by `status`).
+    #[arg(long)]
+    allow_spec_change: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["failed", "buckets", "ids"])))]
+struct RerunArgs {
+    /// Call again every failed ID of the job.
+    #[arg(long)]
+    failed: bool,
+    /// Call again the failed IDs of these buckets: 10,20,21.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    buckets: Vec<u64>,
+    /// With --buckets: call every ID of those buckets, the ones that succeeded too.
+    #[arg(long, requires = "buckets")]
+    all_items: bool,
+    /// Call again exactly the IDs in FILE (one per line); each must belong to the job.
+    #[arg(long, value_name = "FILE")]
+    ids: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+struct FailuresArgs {
+    #[arg(long, value_name = "DIR")]
+    state: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    format: sink::FailuresFormat,
+    /// Only the failures of this bucket.
+    #[arg(long, value_name = "N")]
+    bucket: Option<u64>,
+    /// Only failures of this error class: http, timeout, connect, connection, body, request.
+    #[arg(long, value_name = "CLASS")]
+    class: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -227,6 +271,15 @@ struct ExportArgs {
     /// Write here (atomically) instead of standard output.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Only the records with this status.
+    #[arg(long, value_enum)]
+    status: Option<StatusArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StatusArg {
+    Ok,
+    Failed,
 }
 
 #[derive(Debug, Args)]
@@ -290,6 +343,8 @@ async fn dispatch(command: Command) -> Result<u8> {
         Command::Run(args) => run(*args).await,
         Command::Status(args) => status(args),
         Command::Export(args) => export(args),
+        Command::Failures(args) => failures(args),
+        Command::Rerun(args) => rerun(*args).await,
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
     }
 }
@@ -359,6 +414,8 @@ impl RunArgs {
                 max_interval: self.retry_max,
                 max_elapsed: self.max_retry_time,
             },
+            allow_spec_change: self.allow_spec_change,
+            command: "run".into(),
         })
     }
 
@@ -416,6 +473,15 @@ async fn run(args: RunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(open) = crate::rerun::unfinished(&store)? {
+        say!(
+            "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
+            open.number,
+            open.selection,
+            args.state.display(),
+            open.selection
+        );
+    }
     let done = store.stats()?;
     if done.finished() {
         say!(
@@ -450,20 +516,7 @@ pub async fn run_job(
         concurrency = options.concurrency,
         "running"
     );
-    let (stop_handle, stop) = engine::stop_pair();
-    let signals = tokio::spawn(watch_signals(stop_handle));
-    let counters = Arc::new(Counters::default());
-    let outcome = engine::run(
-        store,
-        Arc::new(spec),
-        Arc::new(handler),
-        options,
-        counters,
-        stop,
-    )
-    .await;
-    signals.abort();
-    let summary: RunSummary = outcome.context("the run stopped")?;
+    let summary = run_log(store, spec, handler, options, Log::Job).await?;
     say!("{}", summary.render());
     if let Some(reason) = &summary.halted {
         if !summary.job.finished() {
@@ -483,6 +536,167 @@ pub async fn run_job(
     } else {
         exit::OK
     })
+}
+
+/// Run the job's log or a rerun's with signal handling, and return its summary.
+async fn run_log(
+    store: Arc<SledStore>,
+    spec: JobSpec,
+    handler: Handler,
+    options: &RunOptions,
+    log: Log,
+) -> Result<RunSummary> {
+    let (stop_handle, stop) = engine::stop_pair();
+    let signals = tokio::spawn(watch_signals(stop_handle));
+    let counters = Arc::new(Counters::default());
+    let outcome = engine::run_log(
+        store,
+        Arc::new(spec),
+        Arc::new(handler),
+        options,
+        counters,
+        stop,
+        log,
+    )
+    .await;
+    signals.abort();
+    outcome.context("the run stopped")
+}
+
+async fn rerun(args: RerunArgs) -> Result<u8> {
+    let state = args.run.state.clone();
+    let mut request = match args.run.request() {
+        Ok(r) => r,
+        Err(message) => {
+            say!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+    };
+    request.command = "rerun".into();
+    let ask = if args.failed {
+        RerunAsk::Failed
+    } else if let Some(file) = &args.ids {
+        RerunAsk::Ids(file.clone())
+    } else {
+        RerunAsk::Buckets {
+            buckets: args.buckets.clone(),
+            all_items: args.all_items,
+        }
+    };
+    let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
+    if store.job()?.is_none() {
+        say!("error: {} holds no job to rerun", state.display());
+        return Ok(exit::USAGE);
+    }
+    let spec = match open_job(&store, &request) {
+        Ok(spec) => spec,
+        Err(crate::job::JobError::Usage(message)) => {
+            say!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let rerun = match crate::rerun::prepare(&store, &spec, &ask, &state).await {
+        Ok(Prepared::Ready { rerun, resumed }) => {
+            say!(
+                "{} rerun {} ({}): {} IDs in {} rerun buckets",
+                if resumed { "resuming" } else { "starting" },
+                rerun.number,
+                rerun.selection,
+                rerun.ids,
+                rerun.buckets
+            );
+            rerun
+        }
+        Ok(Prepared::Nothing(why)) => {
+            say!("nothing to rerun: {why}");
+            return Ok(exit::OK);
+        }
+        Err(e @ (RerunError::Usage(_) | RerunError::Unfinished { .. })) => {
+            say!("error: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let handler = Handler::new(&spec.request)?;
+    let store = Arc::new(store);
+    let summary = run_log(
+        store.clone(),
+        spec,
+        handler,
+        &args.run.options(),
+        Log::Rerun(rerun.number),
+    )
+    .await?;
+    say!("{}", summary.render());
+    let r = store.rerun_stats(rerun.number)?;
+    say!(
+        "rerun {} ({}): {} ok, {} failed, {} pending of {} IDs",
+        r.number,
+        rerun.selection,
+        r.ok,
+        r.failed,
+        r.pending,
+        r.ids
+    );
+    if !r.finished() {
+        if let Some(reason) = &summary.halted {
+            say!(
+                "stopped: {reason}\nresume with: highwater rerun --state {} {}",
+                state.display(),
+                rerun.selection
+            );
+            return Ok(exit::ERROR);
+        }
+        say!(
+            "resume with: highwater rerun --state {} {}",
+            state.display(),
+            rerun.selection
+        );
+        return Ok(if summary.interrupted {
+            exit::SIGNAL
+        } else {
+            exit::ERROR
+        });
+    }
+    Ok(if r.failed > 0 {
+        exit::FAILURES
+    } else {
+        exit::OK
+    })
+}
+
+fn failures(args: FailuresArgs) -> Result<u8> {
+    if let Some(class) = &args.class {
+        if !sink::ERROR_CLASSES.contains(&class.as_str()) {
+            say!(
+                "error: --class {class:?} is not an error class (one of: {})",
+                sink::ERROR_CLASSES.join(", ")
+            );
+            return Ok(exit::USAGE);
+        }
+    }
+    let (store, _) = open_existing(&args.state)?;
+    if let Some(b) = args.bucket {
+        if store.offset(b)?.is_none() {
+            say!(
+                "error: --bucket {b}: the job has no bucket {b} ({} planned)",
+                store.stats()?.buckets_planned
+            );
+            return Ok(exit::USAGE);
+        }
+    }
+    let filter = sink::FailureFilter {
+        bucket: args.bucket,
+        class: args.class.clone(),
+    };
+    let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
+    match sink::failures(&store, args.format, &filter, &mut out) {
+        Ok(_) => {}
+        Err(crate::store::ExportError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(e).context("listing failures to standard output"),
+    }
+    Ok(exit::OK)
 }
 
 /// First SIGINT/SIGTERM: stop gracefully. Second: exit at once (the store stays consistent).
@@ -528,6 +742,11 @@ fn status(args: StatusArgs) -> Result<u8> {
     let (store, spec) = open_existing(&args.state)?;
     let stats = store.stats()?;
     let bad = store.bad_lines(5)?;
+    let failures = sink::FailureSummary::of(&store, FAILED_BUCKETS_SHOWN)?;
+    let mut reruns = Vec::new();
+    for r in store.reruns()? {
+        reruns.push((store.rerun_stats(r.number)?, r));
+    }
     let mut out = io::stdout().lock();
     if args.json {
         let value = serde_json::json!({
@@ -542,13 +761,45 @@ fn status(args: StatusArgs) -> Result<u8> {
             "stats": stats,
             "finished": stats.finished(),
             "bad_line_examples": bad,
+            "failures": failures,
+            "reruns": reruns.iter().map(|(s, r)| serde_json::json!({
+                "number": r.number,
+                "selection": r.selection.to_string(),
+                "created_at_ms": r.created_at_ms,
+                "ids": r.ids,
+                "ok": s.ok,
+                "failed": s.failed,
+                "pending": s.pending,
+                "finished": s.finished(),
+            })).collect::<Vec<_>>(),
+            "spec_history": spec.history,
         });
         writeln!(out, "{value}")?;
     } else {
         write!(out, "{}", render_status(&args.state, &spec, &stats, &bad))?;
+        write!(out, "{}", failures.render())?;
+        for (s, r) in &reruns {
+            writeln!(
+                out,
+                "rerun {}:    {}: {} ok, {} failed, {} pending of {} IDs{}",
+                r.number,
+                r.selection,
+                s.ok,
+                s.failed,
+                s.pending,
+                r.ids,
+                if s.finished() { "" } else { " (not finished)" }
+            )?;
+        }
+        for change in &spec.history {
+            writeln!(out, "spec change: {change}")?;
+        }
     }
     Ok(exit::OK)
 }
+
+/// How many buckets committed with failures `status` lists (it counts them all).
+const FAILED_BUCKETS_SHOWN: usize = 100;
 
 fn render_status(
     state: &Path,
@@ -599,15 +850,19 @@ fn render_status(
 
 fn export(args: ExportArgs) -> Result<u8> {
     let (store, _) = open_existing(&args.state)?;
+    let only = args.status.map(|s| match s {
+        StatusArg::Ok => ItemStatus::Ok,
+        StatusArg::Failed => ItemStatus::Failed,
+    });
     match &args.output {
         Some(path) => {
-            let n = sink::export_to_file(&store, args.format, path)
+            let n = sink::export_to_file(&store, args.format, only, path)
                 .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(&store, args.format, &mut out) {
+            match sink::export(&store, args.format, only, &mut out) {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

@@ -23,11 +23,17 @@
 //!    calls are the items that were in flight, that is, at most
 //!    [`max_unsynced_items`]`(concurrency)` of them.
 //!
+//! The same dispatcher and writer run a rerun ([`run_log`] with [`Log::Rerun`]): its work
+//! is the rerun's open buckets (written ahead when the rerun was created), each item carries
+//! the record it replaces (whose history the new record keeps), and the writer commits to
+//! the rerun's commit log instead of the job's.
+//!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
 //! writer makes everything it received durable and the run returns.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,7 +46,7 @@ use crate::job::{now_ms, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
 use crate::progress::{progress_line, Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
-use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
+use crate::store::{CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::{Observed, Throttle};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
@@ -110,8 +116,16 @@ impl Stop {
 struct Item {
     id: String,
     row: u64,
+    /// The job bucket the ID belongs to.
     bucket: u64,
+    /// The bucket whose commit waits for this item: the job bucket, or a rerun bucket.
+    track: u64,
+    /// In a rerun: the record the result replaces.
+    prior: Option<Box<ItemRecord>>,
 }
+
+/// A bucket to replay: its number, results already final, and the items to call.
+type Replay = (u64, u64, u64, Vec<Item>);
 
 enum WriterMsg {
     /// A bucket about to be dispatched: `remaining` items to wait for.
@@ -123,6 +137,7 @@ enum WriterMsg {
     },
     Done {
         id: String,
+        track: u64,
         record: ItemRecord,
     },
 }
@@ -138,20 +153,75 @@ pub async fn run<S: Store>(
     counters: Arc<Counters>,
     stop: Stop,
 ) -> Result<RunSummary, EngineError> {
+    run_log(store, spec, handler, opts, counters, stop, Log::Job).await
+}
+
+/// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
+/// buckets, planned when the rerun was created).
+pub async fn run_log<S: Store>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    handler: Arc<Handler>,
+    opts: &RunOptions,
+    counters: Arc<Counters>,
+    stop: Stop,
+    log: Log,
+) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     // Everything that can fail comes before any task is spawned.
     let pending = Arc::new(PendingIds::default());
-    let mut replay = Vec::new();
-    for offset in store.open_buckets()? {
-        let items = store.bucket_items(&offset)?;
-        for (id, record) in &items {
-            if !record.is_final() {
-                pending.insert(id);
+    let mut replay: Vec<Replay> = Vec::new();
+    match log {
+        Log::Job => {
+            for offset in store.open_buckets()? {
+                let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
+                for (id, record) in store.bucket_items(&offset)? {
+                    match record.status {
+                        ItemStatus::Ok => ok += 1,
+                        ItemStatus::Failed => failed += 1,
+                        ItemStatus::Pending => {
+                            pending.insert(&id);
+                            todo.push(Item {
+                                id,
+                                row: record.row,
+                                bucket: offset.bucket,
+                                track: offset.bucket,
+                                prior: None,
+                            });
+                        }
+                    }
+                }
+                replay.push((offset.bucket, ok, failed, todo));
             }
         }
-        replay.push((offset.bucket, items));
+        Log::Rerun(k) => {
+            for (offset, items) in store.rerun_open_buckets(k)? {
+                let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
+                for (id, record) in items {
+                    match (record.rerun == Some(k), record.status) {
+                        (true, ItemStatus::Ok) => ok += 1,
+                        (true, ItemStatus::Failed) => failed += 1,
+                        _ => todo.push(Item {
+                            id,
+                            row: record.row,
+                            bucket: record.bucket,
+                            track: offset.bucket,
+                            prior: Some(Box::new(record)),
+                        }),
+                    }
+                }
+                replay.push((offset.bucket, ok, failed, todo));
+            }
+        }
     }
-    let planner_state = store.planner()?;
+    let planner_state = match log {
+        Log::Job => store.planner()?,
+        // A rerun plans nothing: its buckets were all written ahead at its creation.
+        Log::Rerun(_) => crate::store::PlannerState {
+            exhausted: true,
+            ..Default::default()
+        },
+    };
     let mut reader = if planner_state.exhausted {
         None
     } else {
@@ -187,6 +257,7 @@ pub async fn run<S: Store>(
         opts.max_failures,
         halt.clone(),
         pending.clone(),
+        log,
     ));
 
     let (plan_tx, mut plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
@@ -226,6 +297,10 @@ pub async fn run<S: Store>(
         throttle: throttle.clone(),
         tasks: JoinSet::new(),
         writer: writer_tx,
+        rerun: match log {
+            Log::Job => None,
+            Log::Rerun(k) => Some(k),
+        },
     };
     let mut result = dispatcher.replay(replay).await;
     if result.is_ok() && planner.is_some() {
@@ -302,33 +377,20 @@ struct Dispatcher {
     throttle: Arc<Throttle>,
     tasks: JoinSet<()>,
     writer: mpsc::Sender<WriterMsg>,
+    /// The rerun being run, if any: its number is stamped on each new record.
+    rerun: Option<u32>,
 }
 
 impl Dispatcher {
     /// Replay buckets written ahead but never committed: only their unfinished items.
-    async fn replay(
-        &mut self,
-        open: Vec<(u64, Vec<(String, ItemRecord)>)>,
-    ) -> Result<(), EngineError> {
-        if !open.is_empty() {
+    async fn replay(&mut self, open: Vec<Replay>) -> Result<(), EngineError> {
+        if !open.is_empty() && self.rerun.is_none() {
             tracing::info!(
                 buckets = open.len(),
                 "replaying buckets that were not committed"
             );
         }
-        for (bucket, items) in open {
-            let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
-            for (id, record) in items {
-                match record.status {
-                    ItemStatus::Ok => ok += 1,
-                    ItemStatus::Failed => failed += 1,
-                    ItemStatus::Pending => todo.push(Item {
-                        id,
-                        row: record.row,
-                        bucket,
-                    }),
-                }
-            }
+        for (bucket, ok, failed, todo) in open {
             self.dispatch_bucket(bucket, ok, failed, todo).await?;
             if self.stop.is_stopping() {
                 break;
@@ -343,7 +405,13 @@ impl Dispatcher {
             let items = b
                 .items
                 .into_iter()
-                .map(|(row, id)| Item { id, row, bucket })
+                .map(|(row, id)| Item {
+                    id,
+                    row,
+                    bucket,
+                    track: bucket,
+                    prior: None,
+                })
                 .collect();
             self.dispatch_bucket(bucket, 0, 0, items).await?;
             if self.stop.is_stopping() {
@@ -382,6 +450,7 @@ impl Dispatcher {
                 counters: self.counters.clone(),
                 stop: self.stop.clone(),
                 writer: self.writer.clone(),
+                rerun: self.rerun,
             };
             self.tasks.spawn(async move {
                 let throttle = task.throttle.clone();
@@ -438,6 +507,7 @@ struct ItemTask {
     counters: Arc<Counters>,
     stop: Stop,
     writer: mpsc::Sender<WriterMsg>,
+    rerun: Option<u32>,
 }
 
 impl ItemTask {
@@ -447,6 +517,8 @@ impl ItemTask {
         let throttle = &*self.throttle;
         let stop = &self.stop;
         let id = item.id.as_str();
+        // When the first and the last attempt started.
+        let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
         let outcome = retry::run(
             &self.spec.retry,
             |attempt| async move {
@@ -456,6 +528,9 @@ impl ItemTask {
                     probe = throttle.before_attempt() => probe,
                     _ = stop.stopping() => return None,
                 };
+                let at = now_ms();
+                let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
+                last_at.store(at, Relaxed);
                 Counters::add(&counters.attempts, 1);
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
@@ -484,6 +559,8 @@ impl ItemTask {
         .await;
         let mut record = ItemRecord::pending(item.row, item.bucket);
         record.finished_at_ms = Some(now_ms());
+        record.first_attempt_ms = Some(first_at.load(Relaxed)).filter(|&t| t > 0);
+        record.last_attempt_ms = Some(last_at.load(Relaxed)).filter(|&t| t > 0);
         match outcome {
             ItemOutcome::Ok {
                 success,
@@ -515,11 +592,16 @@ impl ItemTask {
                 return;
             }
         }
+        if let Some(prior) = &item.prior {
+            record.continue_from(prior);
+        }
+        record.rerun = self.rerun;
         // A closed writer means the run is failing; the item stays pending and is replayed.
         let _ = self
             .writer
             .send(WriterMsg::Done {
                 id: item.id,
+                track: item.track,
                 record,
             })
             .await;
@@ -598,6 +680,7 @@ async fn write_results<S: Store>(
     max_failures: Option<FailureLimit>,
     halt: Arc<Halt>,
     pending: Arc<PendingIds>,
+    log: Log,
 ) -> Result<(), StoreError> {
     let mut open: HashMap<u64, Tracked> = HashMap::new();
     let mut msgs = Vec::new();
@@ -615,6 +698,7 @@ async fn write_results<S: Store>(
         }
         let mut commits = Vec::new();
         let mut results = Vec::new();
+        let mut tracks = Vec::new();
         for msg in msgs.drain(..) {
             match msg {
                 WriterMsg::Track {
@@ -641,7 +725,10 @@ async fn write_results<S: Store>(
                         );
                     }
                 }
-                WriterMsg::Done { id, record } => results.push((id, record)),
+                WriterMsg::Done { id, track, record } => {
+                    tracks.push(track);
+                    results.push((id, record))
+                }
             }
         }
         if !results.is_empty() {
@@ -649,14 +736,11 @@ async fn write_results<S: Store>(
             // Now in the store (visible, durable at the sync below): no longer pending.
             pending.remove_all(results.iter().map(|(id, _)| id.as_str()));
             store.sync().await?;
-            for (_, record) in &results {
+            for ((_, record), &track) in results.iter().zip(&tracks) {
                 let ok = record.status == ItemStatus::Ok;
                 Counters::add(if ok { &counters.ok } else { &counters.failed }, 1);
-                let Some(t) = open.get_mut(&record.bucket) else {
-                    tracing::error!(
-                        bucket = record.bucket,
-                        "a result for a bucket that is not tracked"
-                    );
+                let Some(t) = open.get_mut(&track) else {
+                    tracing::error!(bucket = track, "a result for a bucket that is not tracked");
                     continue;
                 };
                 if ok {
@@ -666,9 +750,9 @@ async fn write_results<S: Store>(
                 }
                 t.remaining = t.remaining.saturating_sub(1);
                 if t.remaining == 0 {
-                    let t = open.remove(&record.bucket).expect("just seen");
+                    let t = open.remove(&track).expect("just seen");
                     commits.push(CommitRecord {
-                        bucket: record.bucket,
+                        bucket: track,
                         ok: t.ok,
                         failed: t.failed,
                         committed_at_ms: now_ms(),
@@ -677,7 +761,10 @@ async fn write_results<S: Store>(
             }
         }
         if !commits.is_empty() {
-            store.commit(&commits)?;
+            match log {
+                Log::Job => store.commit(&commits)?,
+                Log::Rerun(k) => store.commit_rerun(k, &commits)?,
+            }
             Counters::add(&counters.buckets_committed, commits.len() as u64);
         }
         if let Some(limit) = max_failures {

@@ -2,7 +2,9 @@
 //!
 //! Owns the export formats (JSONL and CSV) and their fields, and writing them either to
 //! standard output or to a file replaced atomically (a temp file in the same directory,
-//! synced, then renamed), so a reader never sees half an export.
+//! synced, then renamed), so a reader never sees half an export. Also owns the error table
+//! (`highwater failures`): every failed ID with its class, message, attempts and times, as a
+//! table, JSONL or CSV, in input order.
 
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -36,15 +38,36 @@ struct ExportRow<'a> {
     attempt_errors: &'a [crate::retry::AttemptNote],
 }
 
-/// Write every final result of `store` to `out`. Returns the number of records.
+/// Every final record, or only those with status `only` (failed ones are found without
+/// reading the buckets that have none).
+fn for_each(
+    store: &impl Store,
+    only: Option<ItemStatus>,
+    f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
+) -> Result<(), ExportError> {
+    match only {
+        Some(ItemStatus::Failed) => store.for_each_failure(None, f),
+        Some(status) => store.for_each_final(&mut |id, r| {
+            if r.status == status {
+                f(id, r)?;
+            }
+            Ok(())
+        }),
+        None => store.for_each_final(f),
+    }
+}
+
+/// Write every final result of `store` (with status `only`, if given) to `out`. Returns the
+/// number of records.
 pub fn export(
     store: &impl Store,
     format: ExportFormat,
+    only: Option<ItemStatus>,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
     let mut count = 0;
     match format {
-        ExportFormat::Jsonl => store.for_each_final(&mut |id, r| {
+        ExportFormat::Jsonl => for_each(store, only, &mut |id, r| {
             serde_json::to_writer(&mut *out, &row(id, r)).map_err(io::Error::from)?;
             out.write_all(b"\n")?;
             count += 1;
@@ -63,7 +86,7 @@ pub fn export(
                 "bucket",
             ])
             .map_err(csv_io)?;
-            store.for_each_final(&mut |id, r| {
+            for_each(store, only, &mut |id, r| {
                 let status = match r.status {
                     ItemStatus::Ok => "ok",
                     ItemStatus::Failed => "failed",
@@ -119,6 +142,7 @@ fn csv_io(e: csv::Error) -> io::Error {
 pub fn export_to_file(
     store: &impl Store,
     format: ExportFormat,
+    only: Option<ItemStatus>,
     path: &Path,
 ) -> Result<u64, ExportError> {
     let dir = match path.parent() {
@@ -127,9 +151,215 @@ pub fn export_to_file(
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
-    let count = export(store, format, &mut out)?;
+    let count = export(store, format, only, &mut out)?;
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(count)
+}
+
+/// Formats of the error table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailuresFormat {
+    Table,
+    Jsonl,
+    Csv,
+}
+
+/// The error classes an item can fail with, as `--class` names them.
+pub const ERROR_CLASSES: [&str; 6] = [
+    "http",
+    "timeout",
+    "connect",
+    "connection",
+    "body",
+    "request",
+];
+
+/// Which failures to list.
+#[derive(Debug, Clone, Default)]
+pub struct FailureFilter {
+    pub bucket: Option<u64>,
+    /// An error class name (one of [`ERROR_CLASSES`]).
+    pub class: Option<String>,
+}
+
+#[derive(Serialize)]
+struct FailureRow<'a> {
+    id: &'a str,
+    bucket: u64,
+    row: u64,
+    error_class: Option<String>,
+    http_status: Option<u16>,
+    error: Option<&'a str>,
+    attempts: u32,
+    first_attempt: Option<String>,
+    last_attempt: Option<String>,
+    /// Each failed attempt's class (and HTTP status), oldest first.
+    attempt_classes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rerun: Option<u32>,
+}
+
+fn rfc3339(ms: Option<u64>) -> Option<String> {
+    ms.map(|ms| {
+        humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+        )
+        .to_string()
+    })
+}
+
+fn failure_row<'a>(id: &'a str, r: &'a ItemRecord) -> FailureRow<'a> {
+    FailureRow {
+        id,
+        bucket: r.bucket,
+        row: r.row,
+        error_class: r.class.map(|c| c.to_string()),
+        http_status: r.http_status,
+        error: r.error.as_deref(),
+        attempts: r.attempts,
+        first_attempt: rfc3339(r.first_attempt_ms),
+        last_attempt: rfc3339(r.last_attempt_ms),
+        attempt_classes: r
+            .attempt_errors
+            .iter()
+            .map(|n| match n.http_status {
+                Some(s) => format!("{} {s}", n.class),
+                None => n.class.to_string(),
+            })
+            .collect(),
+        rerun: r.rerun,
+    }
+}
+
+/// Write the failed IDs matching `filter` to `out`, in input order. Returns how many.
+pub fn failures(
+    store: &impl Store,
+    format: FailuresFormat,
+    filter: &FailureFilter,
+    out: &mut dyn Write,
+) -> Result<u64, ExportError> {
+    let mut count = 0;
+    let columns = [
+        "id",
+        "bucket",
+        "row",
+        "error_class",
+        "http_status",
+        "error",
+        "attempts",
+        "first_attempt",
+        "last_attempt",
+        "attempt_classes",
+    ];
+    match format {
+        FailuresFormat::Table => writeln!(
+            out,
+            "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} ERROR",
+            "ID", "BUCKET", "CLASS", "HTTP", "ATTEMPTS", "FIRST ATTEMPT", "LAST ATTEMPT"
+        )?,
+        FailuresFormat::Csv => {
+            out.write_all((columns.join(",") + "\n").as_bytes())?;
+        }
+        FailuresFormat::Jsonl => {}
+    }
+    store.for_each_failure(filter.bucket, &mut |id, r| {
+        if let Some(class) = &filter.class {
+            if r.class.map(|c| c.to_string()).as_deref() != Some(class.as_str()) {
+                return Ok(());
+            }
+        }
+        let row = failure_row(id, r);
+        match format {
+            FailuresFormat::Jsonl => {
+                serde_json::to_writer(&mut *out, &row).map_err(io::Error::from)?;
+                out.write_all(b"\n")?;
+            }
+            FailuresFormat::Csv => {
+                let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+                w.write_record([
+                    row.id,
+                    &row.bucket.to_string(),
+                    &row.row.to_string(),
+                    row.error_class.as_deref().unwrap_or_default(),
+                    &row.http_status.map(|s| s.to_string()).unwrap_or_default(),
+                    row.error.unwrap_or_default(),
+                    &row.attempts.to_string(),
+                    row.first_attempt.as_deref().unwrap_or_default(),
+                    row.last_attempt.as_deref().unwrap_or_default(),
+                    &row.attempt_classes.join(";"),
+                ])
+                .map_err(csv_io)?;
+                out.write_all(&w.into_inner().map_err(|e| e.into_error())?)?;
+            }
+            FailuresFormat::Table => writeln!(
+                out,
+                "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
+                row.id,
+                row.bucket,
+                row.error_class.as_deref().unwrap_or("-"),
+                row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
+                row.attempts,
+                row.first_attempt.as_deref().unwrap_or("-"),
+                row.last_attempt.as_deref().unwrap_or("-"),
+                row.error.unwrap_or("-"),
+            )?,
+        }
+        count += 1;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(count)
+}
+
+/// What `status` says about failures: the buckets committed with failures (the first
+/// `cap`, with the total) and the failed IDs by error class.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FailureSummary {
+    pub buckets: Vec<u64>,
+    pub buckets_total: u64,
+    pub by_class: std::collections::BTreeMap<String, u64>,
+}
+
+impl FailureSummary {
+    pub fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
+        let failed = store.failed_buckets()?;
+        let mut s = FailureSummary {
+            buckets: failed.iter().take(cap).map(|c| c.bucket).collect(),
+            buckets_total: failed.len() as u64,
+            by_class: Default::default(),
+        };
+        store.for_each_failure(None, &mut |_, r| {
+            let class = r.class.map_or("unknown".into(), |c| c.to_string());
+            *s.by_class.entry(class).or_default() += 1;
+            Ok(())
+        })?;
+        Ok(s)
+    }
+
+    /// Human lines for `status`.
+    pub fn render(&self) -> String {
+        if self.buckets_total == 0 {
+            return String::new();
+        }
+        let list: Vec<String> = self.buckets.iter().map(u64::to_string).collect();
+        let more = self.buckets_total - self.buckets.len() as u64;
+        let classes: Vec<String> = self
+            .by_class
+            .iter()
+            .map(|(c, n)| format!("{c} {n}"))
+            .collect();
+        format!(
+            "committed with failures: {} bucket(s): {}{}\nfailed by class: {}\n",
+            self.buckets_total,
+            list.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
+            classes.join(", ")
+        )
+    }
 }

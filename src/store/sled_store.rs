@@ -13,7 +13,14 @@
 //!              (binary: per ID, row u64 LE, length u32 LE, UTF-8 bytes)
 //!     items    ID bytes → ItemRecord JSON, written once the item is final
 //!     bad      row (u64 BE) → BadLine JSON
+//!     reruns         rerun (u32 BE) → RerunRecord JSON
+//!     rerun_offsets  rerun (u32 BE) ++ bucket (u64 BE) → RerunOffset JSON (a rerun's offset log)
+//!     rerun_ids      same key → the rerun bucket's IDs with their rows (as in `ids`)
+//!     rerun_commits  same key → CommitRecord JSON                (a rerun's commit log)
 //! ```
+//!
+//! Stores written before reruns existed simply have these trees empty; item records without
+//! the newer fields (attempt times, rerun) read with those fields unset.
 //!
 //! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
 //! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
@@ -49,6 +56,10 @@ pub struct SledStore {
     ids: sled::Tree,
     items: sled::Tree,
     bad: sled::Tree,
+    reruns: sled::Tree,
+    rerun_offsets: sled::Tree,
+    rerun_ids: sled::Tree,
+    rerun_commits: sled::Tree,
     /// Highest buckets written to the offset and commit logs.
     written: Watermarks,
     marker: std::sync::Mutex<MarkerState>,
@@ -184,6 +195,10 @@ impl SledStore {
             ids: tree("ids")?,
             items: tree("items")?,
             bad: tree("bad")?,
+            reruns: tree("reruns")?,
+            rerun_offsets: tree("rerun_offsets")?,
+            rerun_ids: tree("rerun_ids")?,
+            rerun_commits: tree("rerun_commits")?,
             db,
             written: Watermarks::default(),
             marker: std::sync::Mutex::new(MarkerState {
@@ -375,6 +390,54 @@ impl SledStore {
                 .get(&self.items, id.as_bytes(), "item")?
                 .unwrap_or_else(|| ItemRecord::pending(row, offset.bucket));
             out.push((id, record));
+        }
+        Ok(out)
+    }
+}
+
+fn rerun_key(rerun: u32, bucket: u64) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..4].copy_from_slice(&rerun.to_be_bytes());
+    key[4..].copy_from_slice(&bucket.to_be_bytes());
+    key
+}
+
+impl SledStore {
+    /// A rerun bucket's IDs with their current records (every ID of a rerun has one).
+    fn rerun_items(&self, offset: &RerunOffset) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let corrupt = |reason: &str| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason: format!(
+                "the IDs of bucket {} of rerun {} {reason}",
+                offset.bucket, offset.rerun
+            ),
+        };
+        let blob = self
+            .rerun_ids
+            .get(rerun_key(offset.rerun, offset.bucket))
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| corrupt("are missing"))?;
+        let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (row, id) in ids {
+            let record: ItemRecord = self
+                .get(&self.items, id.as_bytes(), "item")?
+                .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
+            debug_assert_eq!(record.row, row);
+            out.push((id, record));
+        }
+        Ok(out)
+    }
+
+    fn decode_all<T: DeserializeOwned>(
+        &self,
+        iter: sled::Iter,
+        what: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for entry in iter {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            out.push(self.decode(what, &v)?);
         }
         Ok(out)
     }
@@ -670,6 +733,203 @@ impl Store for SledStore {
         }
         s.pending = s.ids_planned - s.ok - s.failed;
         Ok(s)
+    }
+
+    fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+        self.get(&self.items, id.as_bytes(), "item")
+    }
+
+    fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
+        self.get(&self.offsets, &bucket.to_be_bytes(), "offset")
+    }
+
+    fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
+        self.get(&self.commits, &bucket.to_be_bytes(), "commit")
+    }
+
+    fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
+        let all: Vec<CommitRecord> = self.decode_all(self.commits.iter(), "commit")?;
+        Ok(all.into_iter().filter(|c| c.failed > 0).collect())
+    }
+
+    fn for_each_failure(
+        &self,
+        bucket: Option<u64>,
+        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+    ) -> Result<(), ExportError> {
+        let offsets: Vec<OffsetRecord> = match bucket {
+            Some(b) => self.offset(b)?.into_iter().collect(),
+            None => self.decode_all(self.offsets.iter(), "offset")?,
+        };
+        for offset in offsets {
+            if let Some(c) = self.commit_record(offset.bucket)? {
+                if c.failed == 0 {
+                    continue;
+                }
+            }
+            for (id, record) in self.items_of(&offset)? {
+                if record.status == ItemStatus::Failed {
+                    f(&id, &record)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_planner(&self, planner: &PlannerState) -> Result<(), StoreError> {
+        self.plan(&[], planner)
+    }
+
+    fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
+        self.decode_all(self.reruns.iter(), "rerun")
+    }
+
+    fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError> {
+        let mut offsets = sled::Batch::default();
+        let mut ids = sled::Batch::default();
+        for b in buckets {
+            let key = rerun_key(b.offset.rerun, b.offset.bucket);
+            offsets.insert(&key, json(&b.offset));
+            ids.insert(&key, encode_ids(&b.items));
+        }
+        let record = json(rerun);
+        (&self.reruns, &self.rerun_offsets, &self.rerun_ids)
+            .transaction(|(r, o, i)| {
+                o.apply_batch(&offsets)?;
+                i.apply_batch(&ids)?;
+                r.insert(&rerun.number.to_be_bytes(), record.as_slice())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e, "rerun creation aborted"))
+    }
+
+    fn rerun_open_buckets(
+        &self,
+        rerun: u32,
+    ) -> Result<Vec<(RerunOffset, Vec<(String, ItemRecord)>)>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            if self
+                .rerun_commits
+                .contains_key(&key)
+                .map_err(|e| self.err(e))?
+            {
+                continue;
+            }
+            let offset: RerunOffset = self.decode("rerun offset", &value)?;
+            let items = self.rerun_items(&offset)?;
+            out.push((offset, items));
+        }
+        Ok(out)
+    }
+
+    fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        // What each commit moves in the job's commit log: per job bucket, the statuses of the
+        // rerun bucket's IDs now against before the rerun.
+        let mut moved: std::collections::BTreeMap<u64, (i64, i64)> = Default::default();
+        let mut batch = sled::Batch::default();
+        for c in commits {
+            let key = rerun_key(rerun, c.bucket);
+            if self
+                .rerun_commits
+                .contains_key(key)
+                .map_err(|e| self.err(e))?
+            {
+                continue; // already committed: its move is already applied
+            }
+            let offset: RerunOffset = self
+                .get(&self.rerun_offsets, &key, "rerun offset")?
+                .ok_or_else(|| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    reason: format!("rerun {rerun} commits bucket {} it never planned", c.bucket),
+                })?;
+            for share in &offset.before {
+                let m = moved.entry(share.bucket).or_default();
+                m.0 -= share.ok as i64;
+                m.1 -= share.failed as i64;
+            }
+            for (_, record) in self.rerun_items(&offset)? {
+                let m = moved.entry(record.bucket).or_default();
+                match record.status {
+                    ItemStatus::Ok => m.0 += 1,
+                    ItemStatus::Failed => m.1 += 1,
+                    ItemStatus::Pending => {}
+                }
+            }
+            batch.insert(&key, json(c));
+        }
+        let mut job = sled::Batch::default();
+        for (bucket, (ok, failed)) in moved {
+            if ok == 0 && failed == 0 {
+                continue;
+            }
+            if let Some(mut c) = self.commit_record(bucket)? {
+                c.ok = (c.ok as i64 + ok).max(0) as u64;
+                c.failed = (c.failed as i64 + failed).max(0) as u64;
+                job.insert(&bucket.to_be_bytes(), json(&c));
+            }
+        }
+        (&self.rerun_commits, &self.commits)
+            .transaction(|(r, c)| {
+                r.apply_batch(&batch)?;
+                c.apply_batch(&job)?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e, "rerun commit aborted"))
+    }
+
+    fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError> {
+        let record: Option<RerunRecord> = self.get(&self.reruns, &rerun.to_be_bytes(), "rerun")?;
+        let Some(record) = record else {
+            return Ok(RerunStats {
+                number: rerun,
+                ..RerunStats::default()
+            });
+        };
+        let mut s = RerunStats {
+            number: rerun,
+            buckets: record.buckets,
+            ids: record.ids,
+            ..RerunStats::default()
+        };
+        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            match self.rerun_commits.get(&key).map_err(|e| self.err(e))? {
+                Some(c) => {
+                    let c: CommitRecord = self.decode("rerun commit", &c)?;
+                    s.buckets_committed += 1;
+                    s.ok += c.ok;
+                    s.failed += c.failed;
+                }
+                None => {
+                    let offset: RerunOffset = self.decode("rerun offset", &value)?;
+                    for (_, r) in self.rerun_items(&offset)? {
+                        if r.rerun == Some(rerun) {
+                            match r.status {
+                                ItemStatus::Ok => s.ok += 1,
+                                ItemStatus::Failed => s.failed += 1,
+                                ItemStatus::Pending => {}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        s.pending = s.ids.saturating_sub(s.ok + s.failed);
+        Ok(s)
+    }
+}
+
+impl SledStore {
+    fn tx_err(&self, e: TransactionError<()>, what: &str) -> StoreError {
+        match e {
+            TransactionError::Storage(e) => self.err(e),
+            TransactionError::Abort(()) => StoreError::Backend {
+                path: self.path.clone(),
+                reason: what.into(),
+            },
+        }
     }
 }
 

@@ -8,4 +8,5 @@ mod harness;
 mod bad_input;
 mod crash;
 mod jobs;
+mod reruns;
 mod throttle;
