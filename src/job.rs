@@ -652,4 +652,103 @@ mod tests {
             Err(JobError::Usage(_))
         ));
     }
+
+    #[test]
+    fn request_changes_need_allow_spec_change_and_are_recorded() {
+        let (_d, store, request) = setup();
+        open_job(&store, &request).unwrap();
+        let change = JobRequest {
+            url: Some("http://127.0.0.1:9/v2/{id}".into()),
+            command: "rerun".into(),
+            ..JobRequest::default()
+        };
+        assert!(matches!(
+            open_job(&store, &change),
+            Err(JobError::MeaningChanged(_))
+        ));
+        let allowed = JobRequest {
+            allow_spec_change: true,
+            ..change.clone()
+        };
+        let spec = open_job(&store, &allowed).unwrap();
+        assert_eq!(spec.request.url, "http://127.0.0.1:9/v2/{id}");
+        assert_eq!(spec.history.len(), 1);
+        assert_eq!(spec.history[0].command, "rerun");
+        assert!(
+            spec.history[0].changes[0].contains("--url"),
+            "{:?}",
+            spec.history
+        );
+        assert_eq!(store.job().unwrap().unwrap(), spec);
+        // A bucket size change stays refused, allowed or not.
+        let bucket = JobRequest {
+            bucket_size: Some(3),
+            allow_spec_change: true,
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &bucket).unwrap_err().to_string();
+        assert!(err.contains("--bucket-size"), "{err}");
+    }
+
+    #[test]
+    fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
+        let (_d, store, request) = setup();
+        let created = open_job(&store, &request).unwrap();
+        let exhausted = crate::store::PlannerState {
+            next_bucket: 1,
+            cursor: crate::input::Cursor {
+                byte: 4,
+                line: 3,
+                row: 2,
+            },
+            exhausted: true,
+        };
+        store.set_planner(&exhausted).unwrap();
+        let path = &request.input.as_ref().unwrap().path;
+        std::fs::write(path, "a\nb\nc\n").unwrap();
+        let spec = open_job(&store, &JobRequest::default()).unwrap();
+        assert_eq!(spec.fingerprint, Fingerprint::of_file(path).unwrap());
+        assert_eq!(spec.history[0].previous_input, Some(created.fingerprint));
+        let planner = store.planner().unwrap();
+        assert!(!planner.exhausted);
+        assert_eq!(planner.cursor, exhausted.cursor);
+    }
+
+    #[test]
+    fn growth_edges_are_judged_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.txt");
+        let spec = InputSpec {
+            path: path.clone(),
+            format: InputFormat::Text,
+        };
+        let check = |old: &str, new: &str| {
+            std::fs::write(&path, old).unwrap();
+            let then = Fingerprint::of_file(&path).unwrap();
+            std::fs::write(&path, new).unwrap();
+            let now = Fingerprint::of_file(&path).unwrap();
+            appended(&spec, &then, now).map_err(|e| e.to_string())
+        };
+        assert_eq!(check("a\nb\n", "a\nb\nc\n"), Ok(0));
+        assert_eq!(check("a\nb", "a\nb\nc\n"), Ok(1));
+        assert_eq!(check("a\r\nb", "a\r\nb\r\nc\r\n"), Ok(2));
+        let err = check("a\nb", "a\nbc\n").unwrap_err();
+        assert!(err.contains("had no newline"), "{err}");
+        let err = check("a\nb\n", "a\nx\nc\n").unwrap_err();
+        assert!(err.contains("first 4 bytes"), "{err}");
+        let err = check("a\nb\n", "a\n").unwrap_err();
+        assert!(err.contains("shorter"), "{err}");
+        let err = check("a\nb\n", "a\nc\n").unwrap_err();
+        assert!(err.contains("same length"), "{err}");
+    }
+
+    #[test]
+    fn specs_stored_before_the_history_existed_still_load() {
+        let (_d, store, request) = setup();
+        let spec = open_job(&store, &request).unwrap();
+        let mut value = serde_json::to_value(&spec).unwrap();
+        value.as_object_mut().unwrap().remove("history");
+        let old: JobSpec = serde_json::from_value(value).unwrap();
+        assert_eq!(old, spec);
+    }
 }

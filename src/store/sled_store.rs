@@ -1117,4 +1117,119 @@ mod tests {
             "{err}"
         );
     }
+
+    #[tokio::test]
+    async fn a_rerun_commit_moves_the_job_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        s.plan(
+            &[
+                planned(0, &[(0, "a"), (1, "b")], 2),
+                planned(1, &[(2, "c"), (3, "d")], 4),
+            ],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        s.record(&[
+            ("a".into(), done(0, 0, true)),
+            ("b".into(), done(1, 0, false)),
+            ("c".into(), done(2, 1, false)),
+            ("d".into(), done(3, 1, false)),
+        ])
+        .unwrap();
+        s.commit(&[
+            CommitRecord {
+                bucket: 0,
+                ok: 1,
+                failed: 1,
+                committed_at_ms: 0,
+            },
+            CommitRecord {
+                bucket: 1,
+                ok: 0,
+                failed: 2,
+                committed_at_ms: 0,
+            },
+        ])
+        .unwrap();
+        let mut failed = vec![];
+        s.for_each_failure(None, &mut |id, _| {
+            failed.push(id.to_string());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(failed, ["b", "c", "d"]);
+        assert_eq!(s.failed_buckets().unwrap().len(), 2);
+
+        let rerun = RerunRecord {
+            number: 1,
+            selection: RerunSelection::Failed,
+            buckets: 1,
+            ids: 2,
+            created_at_ms: 0,
+        };
+        let bucket = RerunBucket {
+            offset: RerunOffset {
+                rerun: 1,
+                bucket: 0,
+                items: 2,
+                before: vec![
+                    JobBucketShare {
+                        bucket: 0,
+                        ok: 0,
+                        failed: 1,
+                    },
+                    JobBucketShare {
+                        bucket: 1,
+                        ok: 0,
+                        failed: 1,
+                    },
+                ],
+                planned_at_ms: 0,
+            },
+            items: vec![(1, "b".into()), (2, "c".into())],
+        };
+        s.create_rerun(&rerun, &[bucket]).unwrap();
+        assert_eq!(s.reruns().unwrap(), vec![rerun]);
+        let open = s.rerun_open_buckets(1).unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].1.len(), 2);
+        assert!(!s.rerun_stats(1).unwrap().finished());
+
+        // b heals, c fails again.
+        let mut b = done(1, 0, true);
+        b.rerun = Some(1);
+        let mut c = done(2, 1, false);
+        c.rerun = Some(1);
+        s.record(&[("b".into(), b), ("c".into(), c)]).unwrap();
+        let commit = CommitRecord {
+            bucket: 0,
+            ok: 1,
+            failed: 1,
+            committed_at_ms: 0,
+        };
+        s.commit_rerun(1, &[commit.clone()]).unwrap();
+        s.commit_rerun(1, &[commit]).unwrap(); // a repeat moves nothing
+        let stats = s.stats().unwrap();
+        assert_eq!((stats.ok, stats.failed), (2, 2));
+        assert_eq!(s.commit_record(0).unwrap().unwrap().failed, 0);
+        assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 2);
+        assert_eq!(s.failed_buckets().unwrap().len(), 1);
+        let r = s.rerun_stats(1).unwrap();
+        assert!(r.finished());
+        assert_eq!((r.ok, r.failed, r.pending), (1, 1, 0));
+        assert!(s.rerun_open_buckets(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn item_records_written_before_the_newer_fields_still_load() {
+        let old = r#"{"row":3,"bucket":0,"status":"failed","http_status":404,"class":"http","error":"HTTP 404","attempts":1}"#;
+        let r: ItemRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.status, ItemStatus::Failed);
+        assert_eq!(
+            (r.first_attempt_ms, r.last_attempt_ms, r.rerun),
+            (None, None, None)
+        );
+    }
 }

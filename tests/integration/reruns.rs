@@ -407,3 +407,183 @@ fn a_killed_rerun_resumes_with_the_same_command_and_finishes_exactly_once() {
     assert_eq!(status["stats"]["failed"], 0, "{status}");
     assert_eq!(status["reruns"][0]["finished"], true);
 }
+
+// ---------------------------------------------------------------------------
+// Grown input
+
+/// The IDs called since `before`, as a sorted set.
+fn called_set(h: &Harness, before: &HashMap<String, u64>) -> BTreeSet<String> {
+    let called = called_since(before, &h.api.calls_snapshot());
+    assert!(called.values().all(|n| *n == 1), "each once: {called:?}");
+    called.into_keys().collect()
+}
+
+fn append(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+}
+
+#[test]
+fn appended_input_processes_only_the_new_ids_as_new_buckets() {
+    let h = Harness::new(ApiConfig::fast());
+    let all = ids(200);
+    let input = h.ids_file("ids.txt", &all[..120]);
+    let state = h.state();
+    h.run_new(&state, &input, &h.url(), &["--bucket-size", "50"])
+        .expect_code(0);
+    assert_eq!(h.status(&state)["stats"]["buckets_planned"], 3);
+
+    // New rows, and one of them repeats an old ID.
+    let mut grown: Vec<String> = all[120..].to_vec();
+    grown.insert(10, all[3].clone());
+    append(&input, &(grown.join("\n") + "\n"));
+    let before = h.api.calls_snapshot();
+    h.resume(&state, &[]).expect_code(0);
+    let want: BTreeSet<String> = all[120..].iter().cloned().collect();
+    assert_eq!(called_set(&h, &before), want, "only the new IDs, once each");
+
+    let status = h.status(&state);
+    assert_eq!(status["stats"]["buckets_planned"], 5, "{status}");
+    assert_eq!(status["stats"]["duplicates"], 1);
+    assert_eq!(status["finished"], true);
+    let history = status["spec_history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{status}");
+    assert!(history[0]["changes"][0]
+        .as_str()
+        .unwrap()
+        .contains("input grew"));
+    assert!(history[0]["previous_input"]["len"].is_u64());
+    let mut rows = all[..120].to_vec();
+    rows.extend(grown);
+    h.check_export_exactly_once(&h.export(&state), &rows);
+    // New rows start a new bucket after the last one.
+    let export = h.export(&state);
+    assert_eq!(export[119]["bucket"], 2);
+    assert_eq!(export[120]["bucket"], 3);
+
+    // Unchanged again: nothing to do.
+    let calls = h.api.total_calls();
+    h.resume(&state, &[]).expect_code(0);
+    assert_eq!(h.api.total_calls(), calls);
+}
+
+#[test]
+fn appending_to_an_input_without_a_final_newline() {
+    let h = Harness::new(ApiConfig::fast());
+    // The appended part starts with the newline the old last line lacked: accepted.
+    let input = h.file("ids.txt", "a1\na2\na3");
+    let state = h.state();
+    h.run_new(&state, &input, &h.url(), &["--bucket-size", "2"])
+        .expect_code(0);
+    append(&input, "\na4\na5\n");
+    let before = h.api.calls_snapshot();
+    h.resume(&state, &[]).expect_code(0);
+    let want: BTreeSet<String> = ["a4".to_string(), "a5".to_string()].into();
+    assert_eq!(called_set(&h, &before), want);
+    let ids: Vec<String> = (1..=5).map(|i| format!("a{i}")).collect();
+    h.check_export_exactly_once(&h.export(&state), &ids);
+
+    // Appended text that continues the old last line would change its ID: refused.
+    let other = h.file("other.txt", "b1\nb2");
+    let state2 = h.path("state2");
+    h.run_new(&state2, &other, &h.url(), &[]).expect_code(0);
+    append(&other, "b3\n");
+    let calls = h.api.total_calls();
+    h.resume(&state2, &[])
+        .expect_refused(1, &["had no newline", "other.txt"]);
+    assert_eq!(h.api.total_calls(), calls);
+}
+
+#[test]
+fn appended_csv_rows_are_planned_after_the_old_ones() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.file("ids.csv", "name,id\nx,c1\ny,c2\n");
+    let state = h.state();
+    h.run_new(&state, &input, &h.url(), &["--id-column", "id"])
+        .expect_code(0);
+    append(&input, "z,c3\n");
+    let before = h.api.calls_snapshot();
+    h.resume(&state, &[]).expect_code(0);
+    assert_eq!(called_set(&h, &before), BTreeSet::from(["c3".to_string()]));
+    assert_eq!(h.export(&state).len(), 3);
+}
+
+#[test]
+fn an_input_changed_in_the_middle_or_truncated_is_refused_saying_what_differs() {
+    let h = Harness::new(ApiConfig::fast());
+    let ids = ids(60);
+    let (input, state) = h.finished_job(&ids, &[]);
+    let original = std::fs::read_to_string(&input).unwrap();
+    let calls = h.api.total_calls();
+
+    // Same length, one byte changed.
+    h.file("ids.txt", original.replacen("id-000010", "id-000011", 1));
+    h.resume(&state, &[])
+        .expect_refused(1, &["has changed", "differs at the same length"]);
+    // Grown, but the old part changed too.
+    h.file(
+        "ids.txt",
+        original.replacen("id-000010", "id-000011", 1) + "new-1\n",
+    );
+    h.resume(&state, &[])
+        .expect_refused(1, &["has changed", "first", "bytes", "changed"]);
+    // Truncated.
+    h.file("ids.txt", &original[..original.len() / 2]);
+    h.resume(&state, &[])
+        .expect_refused(1, &["has changed", "shorter than at creation"]);
+    assert_eq!(h.api.total_calls(), calls, "nothing called");
+    assert_eq!(h.status(&state)["spec_history"], serde_json::json!([]));
+}
+
+// ---------------------------------------------------------------------------
+// Spec changes
+
+#[test]
+fn a_changed_url_needs_allow_spec_change_and_is_recorded() {
+    let h = Harness::new(healing());
+    let (ids, state) = failed_job(&h, 200);
+    let new_url = h.api.query_url_template();
+    let calls = h.api.total_calls();
+    rerun(&h, &state, &["--failed", "--url", &new_url])
+        .expect_refused(1, &["--url", "--allow-spec-change"]);
+    assert_eq!(h.api.total_calls(), calls, "nothing called");
+    assert_eq!(h.status(&state)["url"], h.url());
+
+    // A fresh token in a header is an operational change; the URL change is allowed.
+    let secret = format!("hw-s3cret-{:016x}", rand::random::<u64>());
+    let mut args = vec!["rerun", "--state", p(&state), "--failed"];
+    args.extend(QUICK);
+    args.extend([
+        "--adaptive",
+        "off",
+        "--url",
+        &new_url,
+        "--allow-spec-change",
+        "-H",
+        "Authorization: Bearer ${HW_RERUN_TOKEN}",
+    ]);
+    h.run_env(&args, &[("HW_RERUN_TOKEN", secret.as_str())], &[])
+        .expect_code(0);
+    let status = h.status(&state);
+    assert_eq!(status["url"], new_url);
+    let history = status["spec_history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{status}");
+    assert_eq!(history[0]["command"], "rerun");
+    assert!(history[0]["changes"][0].as_str().unwrap().contains("--url"));
+    let text = h.run(&["status", "--state", p(&state)]);
+    assert!(text.stdout.contains("spec change:"), "{}", text.stdout);
+    assert_eq!(check_once_in_order(&h, &h.export(&state), &ids), 0);
+    for file in files_under(&state) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{} holds the expanded secret",
+            file.display()
+        );
+    }
+}
