@@ -1209,7 +1209,7 @@ mod tests {
             failed: 1,
             committed_at_ms: 0,
         };
-        s.commit_rerun(1, &[commit.clone()]).unwrap();
+        s.commit_rerun(1, std::slice::from_ref(&commit)).unwrap();
         s.commit_rerun(1, &[commit]).unwrap(); // a repeat moves nothing
         let stats = s.stats().unwrap();
         assert_eq!((stats.ok, stats.failed), (2, 2));
