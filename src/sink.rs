@@ -36,6 +36,9 @@ struct ExportRow<'a> {
     bucket: u64,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     attempt_errors: &'a [crate::retry::AttemptNote],
+    /// The rerun that wrote the record, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rerun: Option<u32>,
 }
 
 /// Every final record, or only those with status `only` (failed ones are found without
@@ -128,6 +131,7 @@ fn row<'a>(id: &'a str, r: &'a ItemRecord) -> ExportRow<'a> {
         attempts: r.attempts,
         bucket: r.bucket,
         attempt_errors: &r.attempt_errors,
+        rerun: r.rerun,
     }
 }
 

@@ -587,3 +587,51 @@ fn a_changed_url_needs_allow_spec_change_and_is_recorded() {
         );
     }
 }
+
+#[test]
+fn a_rerun_stopped_by_sigint_exits_130_and_resumes() {
+    let h = Harness::new(ApiConfig {
+        unavailable_per_mille: 400,
+        latency_min: std::time::Duration::from_millis(3),
+        latency_max: std::time::Duration::from_millis(3),
+        ..healing()
+    });
+    let (ids, state) = failed_job(&h, 600);
+    let failed = expected_failures(&h, &ids).len() as u64;
+    let mut args = vec!["rerun", "--state", p(&state), "--ids"];
+    let list = h.ids_file("again.txt", &ids[..300]);
+    args.push(p(&list));
+    args.extend(["--concurrency", "2"]);
+    args.extend(QUICK);
+    let mut child = h.spawn(&args);
+    let start = h.api.total_calls();
+    assert!(
+        h.wait_for_calls(&mut child, start + 30),
+        "ended before the signal"
+    );
+    signal(&child, libc::SIGINT);
+    let run = finish(child);
+    run.expect_code(130)
+        .expect_stderr("resume with: highwater rerun --state");
+    let status = h.status(&state);
+    assert_eq!(status["reruns"][0]["finished"], false, "{status}");
+    assert!(status["reruns"][0]["pending"].as_u64().unwrap() > 0);
+
+    let mut again = vec!["rerun", "--state", p(&state), "--ids", p(&list)];
+    again.extend(QUICK);
+    h.run(&again).expect_code(0);
+    let export = h.export(&state);
+    assert_eq!(check_once_in_order(&h, &export, &ids) as u64, {
+        // Failures left: those outside the rerun's 300 IDs.
+        let outside = expected_failures(&h, &ids[300..]).len() as u64;
+        assert!(outside < failed);
+        outside
+    });
+    for r in &export[..300] {
+        assert_eq!(
+            r["rerun"], 1,
+            "the rerun wrote every record it selected: {r}"
+        );
+    }
+    assert!(export[300..].iter().all(|r| r["rerun"].is_null()));
+}
