@@ -217,7 +217,7 @@ struct RerunArgs {
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     buckets: Vec<u64>,
     /// With --buckets: call every ID of those buckets, the ones that succeeded too.
-    #[arg(long, requires = "buckets")]
+    #[arg(long)]
     all_items: bool,
     /// Call again exactly the IDs in FILE (one per line); each must belong to the job.
     #[arg(long, value_name = "FILE")]
@@ -573,6 +573,10 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         }
     };
     request.command = "rerun".into();
+    if args.all_items && args.buckets.is_empty() {
+        say!("error: --all-items goes with --buckets (it redoes every ID of those buckets)");
+        return Ok(exit::USAGE);
+    }
     let ask = if args.failed {
         RerunAsk::Failed
     } else if let Some(file) = &args.ids {

@@ -317,6 +317,9 @@ pub fn failures(
     Ok(count)
 }
 
+/// How many buckets with failures the human `status` names (`--json` has more).
+const HUMAN_BUCKETS_SHOWN: usize = 20;
+
 /// What `status` says about failures: the buckets committed with failures (the first
 /// `cap`, with the total) and the failed IDs by error class.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -347,8 +350,13 @@ impl FailureSummary {
         if self.buckets_total == 0 {
             return String::new();
         }
-        let list: Vec<String> = self.buckets.iter().map(u64::to_string).collect();
-        let more = self.buckets_total - self.buckets.len() as u64;
+        let list: Vec<String> = self
+            .buckets
+            .iter()
+            .take(HUMAN_BUCKETS_SHOWN)
+            .map(u64::to_string)
+            .collect();
+        let more = self.buckets_total - list.len() as u64;
         let classes: Vec<String> = self
             .by_class
             .iter()
@@ -365,5 +373,24 @@ impl FailureSummary {
             },
             classes.join(", ")
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_failure_summary_names_a_few_buckets_and_counts_the_rest() {
+        let s = FailureSummary {
+            buckets: (0..100).collect(),
+            buckets_total: 250,
+            by_class: [("http".to_string(), 7), ("timeout".to_string(), 2)].into(),
+        };
+        let text = s.render();
+        assert!(text.contains("250 bucket(s): 0, 1,"), "{text}");
+        assert!(text.contains("19 and 230 more"), "{text}");
+        assert!(text.contains("http 7, timeout 2"), "{text}");
+        assert_eq!(FailureSummary::default().render(), "");
     }
 }

@@ -311,6 +311,7 @@ fn bucket_scoped_reruns_touch_only_those_buckets() {
     // A bucket the job does not have is refused before any call.
     let calls = h.api.total_calls();
     rerun(&h, &state, &["--buckets", "99"]).expect_refused(2, &["no bucket 99"]);
+    rerun(&h, &state, &["--failed", "--all-items"]).expect_refused(2, &["--all-items"]);
     assert_eq!(h.api.total_calls(), calls);
 }
 
