@@ -206,7 +206,11 @@ pub async fn run_log<S: Store>(
                             row: record.row,
                             bucket: record.bucket,
                             track: offset.bucket,
-                            prior: Some(Box::new(record)),
+                            // Only its history is kept: not its body.
+                            prior: Some(Box::new(ItemRecord {
+                                body: None,
+                                ..record
+                            })),
                         }),
                     }
                 }
