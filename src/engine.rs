@@ -46,7 +46,9 @@ use crate::job::{now_ms, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
 use crate::progress::{progress_line, Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
-use crate::store::{CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError};
+use crate::store::{
+    CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError, Tally,
+};
 use crate::throttle::{Observed, Throttle};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
@@ -125,15 +127,14 @@ struct Item {
 }
 
 /// A bucket to replay: its number, results already final, and the items to call.
-type Replay = (u64, u64, u64, Vec<Item>);
+type Replay = (u64, Tally, Vec<Item>);
 
 enum WriterMsg {
     /// A bucket about to be dispatched: `remaining` items to wait for.
     Track {
         bucket: u64,
         remaining: u64,
-        ok: u64,
-        failed: u64,
+        done: Tally,
     },
     Done {
         id: String,
@@ -174,11 +175,10 @@ pub async fn run_log<S: Store>(
     match log {
         Log::Job => {
             for offset in store.open_buckets()? {
-                let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
+                let (mut done, mut todo) = (Tally::default(), Vec::new());
                 for (id, record) in store.bucket_items(&offset)? {
                     match record.status {
-                        ItemStatus::Ok => ok += 1,
-                        ItemStatus::Failed => failed += 1,
+                        ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
                         ItemStatus::Pending => {
                             pending.insert(&id);
                             todo.push(Item {
@@ -191,16 +191,15 @@ pub async fn run_log<S: Store>(
                         }
                     }
                 }
-                replay.push((offset.bucket, ok, failed, todo));
+                replay.push((offset.bucket, done, todo));
             }
         }
         Log::Rerun(k) => {
             for (offset, items) in store.rerun_open_buckets(k)? {
-                let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
+                let (mut done, mut todo) = (Tally::default(), Vec::new());
                 for (id, record) in items {
                     match (record.rerun == Some(k), record.status) {
-                        (true, ItemStatus::Ok) => ok += 1,
-                        (true, ItemStatus::Failed) => failed += 1,
+                        (true, ItemStatus::Ok | ItemStatus::Failed) => done.add(&record),
                         _ => todo.push(Item {
                             id,
                             row: record.row,
@@ -214,7 +213,7 @@ pub async fn run_log<S: Store>(
                         }),
                     }
                 }
-                replay.push((offset.bucket, ok, failed, todo));
+                replay.push((offset.bucket, done, todo));
             }
         }
     }
@@ -394,8 +393,8 @@ impl Dispatcher {
                 "replaying buckets that were not committed"
             );
         }
-        for (bucket, ok, failed, todo) in open {
-            self.dispatch_bucket(bucket, ok, failed, todo).await?;
+        for (bucket, done, todo) in open {
+            self.dispatch_bucket(bucket, done, todo).await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -417,7 +416,8 @@ impl Dispatcher {
                     prior: None,
                 })
                 .collect();
-            self.dispatch_bucket(bucket, 0, 0, items).await?;
+            self.dispatch_bucket(bucket, Tally::default(), items)
+                .await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -428,15 +428,13 @@ impl Dispatcher {
     async fn dispatch_bucket(
         &mut self,
         bucket: u64,
-        ok: u64,
-        failed: u64,
+        done: Tally,
         items: Vec<Item>,
     ) -> Result<(), EngineError> {
         let track = WriterMsg::Track {
             bucket,
             remaining: items.len() as u64,
-            ok,
-            failed,
+            done,
         };
         self.writer.send(track).await.map_err(|_| writer_gone())?;
         for item in items {
@@ -672,8 +670,7 @@ async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
 
 struct Tracked {
     remaining: u64,
-    ok: u64,
-    failed: u64,
+    done: Tally,
 }
 
 /// The writer task: group results, make them durable, then commit finished buckets.
@@ -708,25 +705,12 @@ async fn write_results<S: Store>(
                 WriterMsg::Track {
                     bucket,
                     remaining,
-                    ok,
-                    failed,
+                    done,
                 } => {
                     if remaining == 0 {
-                        commits.push(CommitRecord {
-                            bucket,
-                            ok,
-                            failed,
-                            committed_at_ms: now_ms(),
-                        });
+                        commits.push(CommitRecord::new(bucket, done));
                     } else {
-                        open.insert(
-                            bucket,
-                            Tracked {
-                                remaining,
-                                ok,
-                                failed,
-                            },
-                        );
+                        open.insert(bucket, Tracked { remaining, done });
                     }
                 }
                 WriterMsg::Done { id, track, record } => {
@@ -747,20 +731,11 @@ async fn write_results<S: Store>(
                     tracing::error!(bucket = track, "a result for a bucket that is not tracked");
                     continue;
                 };
-                if ok {
-                    t.ok += 1;
-                } else {
-                    t.failed += 1;
-                }
+                t.done.add(record);
                 t.remaining = t.remaining.saturating_sub(1);
                 if t.remaining == 0 {
                     let t = open.remove(&track).expect("just seen");
-                    commits.push(CommitRecord {
-                        bucket: track,
-                        ok: t.ok,
-                        failed: t.failed,
-                        committed_at_ms: now_ms(),
-                    });
+                    commits.push(CommitRecord::new(track, t.done));
                 }
             }
         }

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use crate::input::Fingerprint;
 use crate::job::{now_ms, JobSpec};
 use crate::store::{
-    ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset, RerunRecord,
-    RerunSelection, Store, StoreError,
+    class_name, ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset,
+    RerunRecord, RerunSelection, Store, StoreError,
 };
 
 /// What the command line asks a rerun to call.
@@ -243,14 +243,16 @@ fn cut(number: u32, selected: &[(String, ItemRecord)], bucket_size: u64) -> Vec<
         .map(|(i, chunk)| {
             let mut before: BTreeMap<u64, JobBucketShare> = BTreeMap::new();
             for (_, r) in chunk {
-                let share = before.entry(r.bucket).or_insert(JobBucketShare {
+                let share = before.entry(r.bucket).or_insert_with(|| JobBucketShare {
                     bucket: r.bucket,
-                    ok: 0,
-                    failed: 0,
+                    ..JobBucketShare::default()
                 });
                 match r.status {
                     ItemStatus::Ok => share.ok += 1,
-                    ItemStatus::Failed => share.failed += 1,
+                    ItemStatus::Failed => {
+                        share.failed += 1;
+                        *share.failed_by_class.entry(class_name(r)).or_default() += 1;
+                    }
                     ItemStatus::Pending => {}
                 }
             }
@@ -302,7 +304,8 @@ mod tests {
             vec![JobBucketShare {
                 bucket: 0,
                 ok: 1,
-                failed: 1
+                failed: 1,
+                failed_by_class: [("unknown".to_string(), 1)].into(),
             }]
         );
         assert_eq!(buckets[1].offset.before.len(), 2);

@@ -330,6 +330,7 @@ pub struct FailureSummary {
 }
 
 impl FailureSummary {
+    /// Read from the commit records (and the items of buckets they do not cover).
     pub fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
         let failed = store.failed_buckets()?;
         let mut s = FailureSummary {
@@ -337,11 +338,24 @@ impl FailureSummary {
             buckets_total: failed.len() as u64,
             by_class: Default::default(),
         };
-        store.for_each_failure(None, &mut |_, r| {
-            let class = r.class.map_or("unknown".into(), |c| c.to_string());
-            *s.by_class.entry(class).or_default() += 1;
-            Ok(())
-        })?;
+        // Commit records count their failures by class; only buckets committed before they
+        // did, and buckets not committed yet, are counted from their items.
+        let mut scan: Vec<u64> = store.open_buckets()?.iter().map(|o| o.bucket).collect();
+        for c in &failed {
+            if c.classes_complete() {
+                for (class, n) in &c.failed_by_class {
+                    *s.by_class.entry(class.clone()).or_default() += n;
+                }
+            } else {
+                scan.push(c.bucket);
+            }
+        }
+        for bucket in scan {
+            store.for_each_failure(Some(bucket), &mut |_, r| {
+                *s.by_class.entry(crate::store::class_name(r)).or_default() += 1;
+                Ok(())
+            })?;
+        }
         Ok(s)
     }
 
@@ -392,5 +406,64 @@ mod tests {
         assert!(text.contains("19 and 230 more"), "{text}");
         assert!(text.contains("http 7, timeout 2"), "{text}");
         assert_eq!(FailureSummary::default().render(), "");
+    }
+
+    #[tokio::test]
+    async fn classes_come_from_commit_records_or_from_the_items_of_older_ones() {
+        use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+        use crate::store::{CommitRecord, OffsetRecord, PlannedBucket, PlannerState};
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let offset = |bucket| OffsetRecord {
+            bucket,
+            start: Default::default(),
+            end: Default::default(),
+            items: 1,
+            duplicates: 0,
+            bad_lines: 0,
+            input: crate::input::Fingerprint { len: 1, xxh3: 1 },
+            planned_at_ms: 0,
+        };
+        let planned = |bucket: u64, id: &str| PlannedBucket {
+            offset: offset(bucket),
+            items: vec![(bucket, id.to_string())],
+            bad_lines: vec![],
+        };
+        s.plan(
+            &[planned(0, "a"), planned(1, "b")],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        let failed = |bucket| {
+            let mut r = ItemRecord::pending(bucket, bucket);
+            r.status = ItemStatus::Failed;
+            r.class = Some(crate::retry::ErrorClass::Http);
+            r
+        };
+        s.record(&[("a".into(), failed(0)), ("b".into(), failed(1))])
+            .unwrap();
+        s.commit(&[
+            // Written before commit records counted classes: counted from the items.
+            CommitRecord {
+                bucket: 0,
+                failed: 1,
+                ..CommitRecord::default()
+            },
+            // Complete: taken as it is (the class differs on purpose, to tell them apart).
+            CommitRecord {
+                bucket: 1,
+                failed: 1,
+                failed_by_class: [("timeout".to_string(), 1)].into(),
+                ..CommitRecord::default()
+            },
+        ])
+        .unwrap();
+        let summary = FailureSummary::of(&s, 10).unwrap();
+        assert_eq!(summary.buckets, vec![0, 1]);
+        assert_eq!(
+            summary.by_class,
+            [("http".to_string(), 1), ("timeout".to_string(), 1)].into()
+        );
     }
 }

@@ -23,6 +23,7 @@
 
 pub mod sled_store;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
@@ -81,13 +82,65 @@ pub struct OffsetRecord {
     pub planned_at_ms: u64,
 }
 
-/// The completion record of one bucket: all its results are durable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The completion record of one bucket: all its results are durable. A bucket whose record
+/// counts failures is "committed with failures".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitRecord {
     pub bucket: u64,
     pub ok: u64,
     pub failed: u64,
     pub committed_at_ms: u64,
+    /// The failed IDs by error class (absent in records written before it existed: then
+    /// its sum is not `failed`, and readers count from the items).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl CommitRecord {
+    pub fn new(bucket: u64, tally: Tally) -> CommitRecord {
+        CommitRecord {
+            bucket,
+            ok: tally.ok,
+            failed: tally.failed,
+            committed_at_ms: crate::job::now_ms(),
+            failed_by_class: tally.failed_by_class,
+        }
+    }
+
+    /// Whether `failed_by_class` accounts for every failure.
+    pub fn classes_complete(&self) -> bool {
+        self.failed_by_class.values().sum::<u64>() == self.failed
+    }
+}
+
+/// Counts of final results, as a commit record keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub ok: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    /// Count one record (pending ones are not counted).
+    pub fn add(&mut self, record: &ItemRecord) {
+        match record.status {
+            ItemStatus::Ok => self.ok += 1,
+            ItemStatus::Failed => {
+                self.failed += 1;
+                *self.failed_by_class.entry(class_name(record)).or_default() += 1;
+            }
+            ItemStatus::Pending => {}
+        }
+    }
+}
+
+/// The error class of a failed record, as `failures --class` names it.
+pub fn class_name(record: &ItemRecord) -> String {
+    record
+        .class
+        .map_or_else(|| "unknown".to_string(), |c| c.to_string())
 }
 
 /// Where an item stands.
@@ -246,11 +299,13 @@ pub struct RerunRecord {
 }
 
 /// How many IDs of one job bucket a rerun bucket holds, by their status before the rerun.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobBucketShare {
     pub bucket: u64,
     pub ok: u64,
     pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
 }
 
 /// The write-ahead record of one rerun bucket.

@@ -827,7 +827,13 @@ impl Store for SledStore {
     fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
         // What each commit moves in the job's commit log: per job bucket, the statuses of the
         // rerun bucket's IDs now against before the rerun.
-        let mut moved: std::collections::BTreeMap<u64, (i64, i64)> = Default::default();
+        #[derive(Default)]
+        struct Moved {
+            ok: i64,
+            failed: i64,
+            classes: std::collections::BTreeMap<String, i64>,
+        }
+        let mut moved: std::collections::BTreeMap<u64, Moved> = Default::default();
         let mut batch = sled::Batch::default();
         for c in commits {
             let key = rerun_key(rerun, c.bucket);
@@ -846,27 +852,40 @@ impl Store for SledStore {
                 })?;
             for share in &offset.before {
                 let m = moved.entry(share.bucket).or_default();
-                m.0 -= share.ok as i64;
-                m.1 -= share.failed as i64;
+                m.ok -= share.ok as i64;
+                m.failed -= share.failed as i64;
+                for (class, n) in &share.failed_by_class {
+                    *m.classes.entry(class.clone()).or_default() -= *n as i64;
+                }
             }
             for (_, record) in self.rerun_items(&offset)? {
                 let m = moved.entry(record.bucket).or_default();
                 match record.status {
-                    ItemStatus::Ok => m.0 += 1,
-                    ItemStatus::Failed => m.1 += 1,
+                    ItemStatus::Ok => m.ok += 1,
+                    ItemStatus::Failed => {
+                        m.failed += 1;
+                        *m.classes.entry(class_name(&record)).or_default() += 1;
+                    }
                     ItemStatus::Pending => {}
                 }
             }
             batch.insert(&key, json(c));
         }
         let mut job = sled::Batch::default();
-        for (bucket, (ok, failed)) in moved {
-            if ok == 0 && failed == 0 {
+        for (bucket, m) in moved {
+            if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
                 continue;
             }
             if let Some(mut c) = self.commit_record(bucket)? {
-                c.ok = (c.ok as i64 + ok).max(0) as u64;
-                c.failed = (c.failed as i64 + failed).max(0) as u64;
+                c.ok = (c.ok as i64 + m.ok).max(0) as u64;
+                c.failed = (c.failed as i64 + m.failed).max(0) as u64;
+                for (class, n) in m.classes {
+                    let count = c.failed_by_class.entry(class.clone()).or_default();
+                    *count = (*count as i64 + n).max(0) as u64;
+                    if *count == 0 {
+                        c.failed_by_class.remove(&class);
+                    }
+                }
                 job.insert(&bucket.to_be_bytes(), json(&c));
             }
         }
@@ -1019,7 +1038,7 @@ mod tests {
                 bucket: 0,
                 ok: 1,
                 failed: 1,
-                committed_at_ms: 0,
+                ..CommitRecord::default()
             }])
             .unwrap();
             s.record(&[("d".into(), done(3, 1, true))]).unwrap();
@@ -1118,6 +1137,10 @@ mod tests {
         );
     }
 
+    fn unknown(n: u64) -> std::collections::BTreeMap<String, u64> {
+        [("unknown".to_string(), n)].into()
+    }
+
     #[tokio::test]
     async fn a_rerun_commit_moves_the_job_counts_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -1144,12 +1167,14 @@ mod tests {
                 ok: 1,
                 failed: 1,
                 committed_at_ms: 0,
+                failed_by_class: unknown(1),
             },
             CommitRecord {
                 bucket: 1,
                 ok: 0,
                 failed: 2,
                 committed_at_ms: 0,
+                failed_by_class: unknown(2),
             },
         ])
         .unwrap();
@@ -1179,11 +1204,13 @@ mod tests {
                         bucket: 0,
                         ok: 0,
                         failed: 1,
+                        failed_by_class: unknown(1),
                     },
                     JobBucketShare {
                         bucket: 1,
                         ok: 0,
                         failed: 1,
+                        failed_by_class: unknown(1),
                     },
                 ],
                 planned_at_ms: 0,
@@ -1207,14 +1234,19 @@ mod tests {
             bucket: 0,
             ok: 1,
             failed: 1,
-            committed_at_ms: 0,
+            ..CommitRecord::default()
         };
         s.commit_rerun(1, std::slice::from_ref(&commit)).unwrap();
         s.commit_rerun(1, &[commit]).unwrap(); // a repeat moves nothing
         let stats = s.stats().unwrap();
         assert_eq!((stats.ok, stats.failed), (2, 2));
-        assert_eq!(s.commit_record(0).unwrap().unwrap().failed, 0);
-        assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 2);
+        let (c0, c1) = (
+            s.commit_record(0).unwrap().unwrap(),
+            s.commit_record(1).unwrap().unwrap(),
+        );
+        assert_eq!((c0.failed, c0.failed_by_class.len()), (0, 0));
+        assert_eq!((c1.failed, c1.failed_by_class.clone()), (2, unknown(2)));
+        assert!(c0.classes_complete() && c1.classes_complete());
         assert_eq!(s.failed_buckets().unwrap().len(), 1);
         let r = s.rerun_stats(1).unwrap();
         assert!(r.finished());
@@ -1223,7 +1255,10 @@ mod tests {
     }
 
     #[test]
-    fn item_records_written_before_the_newer_fields_still_load() {
+    fn records_written_before_the_newer_fields_still_load() {
+        let old = r#"{"bucket":4,"ok":9,"failed":1,"committed_at_ms":5}"#;
+        let c: CommitRecord = serde_json::from_str(old).unwrap();
+        assert!(c.failed_by_class.is_empty() && !c.classes_complete());
         let old = r#"{"row":3,"bucket":0,"status":"failed","http_status":404,"class":"http","error":"HTTP 404","attempts":1}"#;
         let r: ItemRecord = serde_json::from_str(old).unwrap();
         assert_eq!(r.status, ItemStatus::Failed);
