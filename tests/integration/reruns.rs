@@ -43,15 +43,35 @@ fn failed_job(h: &Harness, n: usize) -> (Vec<String>, std::path::PathBuf) {
     (ids, state)
 }
 
-/// The IDs the server fails at first, in input order, with their expected class.
-fn expected_failures(h: &Harness, ids: &[String]) -> Vec<(String, &'static str)> {
-    ids.iter()
-        .filter_map(|id| match h.api.fault(id) {
-            Fault::Unavailable => Some((id.clone(), "http")),
-            Fault::Drop => Some((id.clone(), "connection")),
-            _ => None,
-        })
-        .collect()
+/// The IDs that failed, in input order, with their class, read from the export. Each is one
+/// the server fails at first (503: class http; a dropped connection: class connection), and
+/// every other ID is ok. (Not every such ID fails: an attempt during what the throttle takes
+/// for an outage is free, so some get a third attempt and succeed.)
+#[track_caller]
+fn actual_failures(
+    h: &Harness,
+    state: &std::path::Path,
+    ids: &[String],
+) -> Vec<(String, &'static str)> {
+    let export = h.export(state);
+    assert_eq!(export.len(), ids.len());
+    let mut out = Vec::new();
+    for r in &export {
+        let id = r["id"].as_str().unwrap();
+        let class = match h.api.fault(id) {
+            Fault::Unavailable => "http",
+            Fault::Drop => "connection",
+            _ => {
+                assert_eq!(r["status"], "ok", "{r}");
+                continue;
+            }
+        };
+        if r["status"] == "failed" {
+            assert_eq!(r["error_class"], class, "{r}");
+            out.push((id.to_string(), class));
+        }
+    }
+    out
 }
 
 fn rerun(h: &Harness, state: &std::path::Path, extra: &[&str]) -> Run {
@@ -115,7 +135,7 @@ fn called_since(
 fn failures_are_listed_with_their_class_in_every_format_and_filter() {
     let h = Harness::new(healing());
     let (ids, state) = failed_job(&h, 400);
-    let expected = expected_failures(&h, &ids);
+    let expected = actual_failures(&h, &state, &ids);
     assert!(expected.len() > 20, "the fault shares give enough failures");
 
     let rows = jsonl(&failures(&h, &state, &["--format", "jsonl"]).stdout);
@@ -137,8 +157,13 @@ fn failures_are_listed_with_their_class_in_every_format_and_filter() {
         "every failed ID, in input order, with its class"
     );
     for r in &rows {
-        assert_eq!(r["attempts"], 2, "{r}");
-        assert_eq!(r["attempt_classes"].as_array().unwrap().len(), 2, "{r}");
+        // Two counted attempts, and maybe free ones (see actual_failures).
+        assert!(r["attempts"].as_u64().unwrap() >= 2, "{r}");
+        assert_eq!(
+            r["attempt_classes"].as_array().unwrap().len() as u64,
+            r["attempts"].as_u64().unwrap(),
+            "{r}"
+        );
         assert!(
             r["first_attempt"].is_string() && r["last_attempt"].is_string(),
             "{r}"
@@ -235,7 +260,7 @@ fn failures_are_listed_with_their_class_in_every_format_and_filter() {
 fn rerun_failed_after_the_server_heals_calls_exactly_the_failed_ids_once() {
     let h = Harness::new(healing());
     let (ids, state) = failed_job(&h, 400);
-    let expected = expected_failures(&h, &ids);
+    let expected = actual_failures(&h, &state, &ids);
     let before = h.api.calls_snapshot();
 
     let run = rerun(&h, &state, &["--failed"]);
@@ -251,8 +276,11 @@ fn rerun_failed_after_the_server_heals_calls_exactly_the_failed_ids_once() {
             .iter()
             .any(|(id, _)| id == r["id"].as_str().unwrap())
         {
-            assert_eq!(r["attempts"], 3, "the history is kept: {r}");
-            assert_eq!(r["attempt_errors"].as_array().unwrap().len(), 2, "{r}");
+            // Two (or more) failed attempts before, one successful now.
+            let attempts = r["attempts"].as_u64().unwrap();
+            assert!(attempts >= 3, "the history is kept: {r}");
+            let errors = r["attempt_errors"].as_array().unwrap().len() as u64;
+            assert_eq!(errors, attempts - 1, "{r}");
         }
     }
     let status = h.status(&state);
@@ -277,7 +305,7 @@ fn rerun_failed_after_the_server_heals_calls_exactly_the_failed_ids_once() {
 fn bucket_scoped_reruns_touch_only_those_buckets() {
     let h = Harness::new(healing());
     let (ids, state) = failed_job(&h, 400);
-    let expected = expected_failures(&h, &ids);
+    let expected = actual_failures(&h, &state, &ids);
     let bucket_of = |id: &str| ids.iter().position(|i| i == id).unwrap() / 50;
 
     let before = h.api.calls_snapshot();
@@ -319,7 +347,7 @@ fn bucket_scoped_reruns_touch_only_those_buckets() {
 fn rerun_ids_from_a_file_calls_exactly_those_and_refuses_unknown_ones() {
     let h = Harness::new(healing());
     let (ids, state) = failed_job(&h, 200);
-    let expected = expected_failures(&h, &ids);
+    let expected = actual_failures(&h, &state, &ids);
     let ok_id = ids
         .iter()
         .find(|id| h.api.fault(id) == Fault::None)
@@ -358,7 +386,7 @@ fn a_killed_rerun_resumes_with_the_same_command_and_finishes_exactly_once() {
         ..healing()
     });
     let (ids, state) = failed_job(&h, 1000);
-    let expected = expected_failures(&h, &ids);
+    let expected = actual_failures(&h, &state, &ids);
     let before = h.api.calls_snapshot();
     let concurrency = 4;
 
@@ -598,7 +626,8 @@ fn a_rerun_stopped_by_sigint_exits_130_and_resumes() {
         ..healing()
     });
     let (ids, state) = failed_job(&h, 600);
-    let failed = expected_failures(&h, &ids).len() as u64;
+    let expected = actual_failures(&h, &state, &ids);
+    let failed = expected.len() as u64;
     let mut args = vec!["rerun", "--state", p(&state), "--ids"];
     let list = h.ids_file("again.txt", &ids[..300]);
     args.push(p(&list));
@@ -624,7 +653,10 @@ fn a_rerun_stopped_by_sigint_exits_130_and_resumes() {
     let export = h.export(&state);
     assert_eq!(check_once_in_order(&h, &export, &ids) as u64, {
         // Failures left: those outside the rerun's 300 IDs.
-        let outside = expected_failures(&h, &ids[300..]).len() as u64;
+        let outside = expected
+            .iter()
+            .filter(|(id, _)| !ids[..300].contains(id))
+            .count() as u64;
         assert!(outside < failed);
         outside
     });
