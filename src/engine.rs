@@ -24,9 +24,9 @@
 //!    [`max_unsynced_items`]`(concurrency)` of them.
 //!
 //! The same dispatcher and writer run a rerun ([`run_log`] with [`Log::Rerun`]): its work
-//! is the rerun's open buckets (written ahead when the rerun was created), each item carries
-//! the record it replaces (whose history the new record keeps), and the writer commits to
-//! the rerun's commit log instead of the job's.
+//! is the rerun's open buckets (written ahead when the rerun was created, read one at a time
+//! as they are dispatched), each item carries the record it replaces (whose history the new
+//! record keeps), and the writer commits to the rerun's commit log instead of the job's.
 //!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
@@ -172,6 +172,7 @@ pub async fn run_log<S: Store>(
     // Everything that can fail comes before any task is spawned.
     let pending = Arc::new(PendingIds::default());
     let mut replay: Vec<Replay> = Vec::new();
+    let mut rerun_buckets = Vec::new();
     match log {
         Log::Job => {
             for offset in store.open_buckets()? {
@@ -194,28 +195,9 @@ pub async fn run_log<S: Store>(
                 replay.push((offset.bucket, done, todo));
             }
         }
-        Log::Rerun(k) => {
-            for (offset, items) in store.rerun_open_buckets(k)? {
-                let (mut done, mut todo) = (Tally::default(), Vec::new());
-                for (id, record) in items {
-                    match (record.rerun == Some(k), record.status) {
-                        (true, ItemStatus::Ok | ItemStatus::Failed) => done.add(&record),
-                        _ => todo.push(Item {
-                            id,
-                            row: record.row,
-                            bucket: record.bucket,
-                            track: offset.bucket,
-                            // Only its history is kept: not its body.
-                            prior: Some(Box::new(ItemRecord {
-                                body: None,
-                                ..record
-                            })),
-                        }),
-                    }
-                }
-                replay.push((offset.bucket, done, todo));
-            }
-        }
+        // A rerun's buckets are read one at a time as they are dispatched (below), so its
+        // memory does not grow with its size.
+        Log::Rerun(k) => rerun_buckets = store.rerun_open_buckets(k)?,
     }
     let planner_state = match log {
         Log::Job => store.planner()?,
@@ -306,6 +288,20 @@ pub async fn run_log<S: Store>(
         },
     };
     let mut result = dispatcher.replay(replay).await;
+    if let Log::Rerun(k) = log {
+        for offset in rerun_buckets {
+            if result.is_err() || stop.is_stopping() {
+                break;
+            }
+            result = match store.rerun_bucket_items(&offset) {
+                Ok(items) => {
+                    let (done, todo) = rerun_work(k, offset.bucket, items);
+                    dispatcher.dispatch_bucket(offset.bucket, done, todo).await
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
     if result.is_ok() && planner.is_some() {
         while let Some(batch) = plan_rx.recv().await {
             if let Err(e) = dispatcher.dispatch_planned(batch).await {
@@ -342,6 +338,28 @@ pub async fn run_log<S: Store>(
         interrupted: stop.is_stopping(),
         halted: halt.reason(),
     })
+}
+
+/// What is left of a rerun bucket: results this rerun already made durable, and the items
+/// to call (each with the history of the record it replaces, not its body).
+fn rerun_work(rerun: u32, bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally, Vec<Item>) {
+    let (mut done, mut todo) = (Tally::default(), Vec::new());
+    for (id, record) in items {
+        match (record.rerun == Some(rerun), record.status) {
+            (true, ItemStatus::Ok | ItemStatus::Failed) => done.add(&record),
+            _ => todo.push(Item {
+                id,
+                row: record.row,
+                bucket: record.bucket,
+                track: bucket,
+                prior: Some(Box::new(ItemRecord {
+                    body: None,
+                    ..record
+                })),
+            }),
+        }
+    }
+    (done, todo)
 }
 
 /// The planner thread: cut, write ahead, sync, hand over; until the input ends or nobody

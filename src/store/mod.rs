@@ -433,12 +433,13 @@ pub trait Store: Send + Sync + 'static {
     fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError>;
     /// Atomically write a new rerun with all its buckets. Callers sync before dispatching.
     fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError>;
-    /// A rerun's buckets without a commit record, in bucket order, with their items.
-    #[allow(clippy::type_complexity)]
-    fn rerun_open_buckets(
+    /// A rerun's buckets without a commit record, in bucket order.
+    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError>;
+    /// A rerun bucket's IDs, in input order, with their current records.
+    fn rerun_bucket_items(
         &self,
-        rerun: u32,
-    ) -> Result<Vec<(RerunOffset, Vec<(String, ItemRecord)>)>, StoreError>;
+        offset: &RerunOffset,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError>;
     /// Write commit records of rerun buckets, and move the counts of the job buckets their
     /// IDs belong to, atomically. Callers make the results durable first.
     fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError>;

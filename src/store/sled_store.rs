@@ -803,25 +803,26 @@ impl Store for SledStore {
             .map_err(|e| self.tx_err(e, "rerun creation aborted"))
     }
 
-    fn rerun_open_buckets(
-        &self,
-        rerun: u32,
-    ) -> Result<Vec<(RerunOffset, Vec<(String, ItemRecord)>)>, StoreError> {
+    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError> {
         let mut out = Vec::new();
         for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
             let (key, value) = entry.map_err(|e| self.err(e))?;
-            if self
+            if !self
                 .rerun_commits
                 .contains_key(&key)
                 .map_err(|e| self.err(e))?
             {
-                continue;
+                out.push(self.decode("rerun offset", &value)?);
             }
-            let offset: RerunOffset = self.decode("rerun offset", &value)?;
-            let items = self.rerun_items(&offset)?;
-            out.push((offset, items));
         }
         Ok(out)
+    }
+
+    fn rerun_bucket_items(
+        &self,
+        offset: &RerunOffset,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        self.rerun_items(offset)
     }
 
     fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
@@ -1221,7 +1222,7 @@ mod tests {
         assert_eq!(s.reruns().unwrap(), vec![rerun]);
         let open = s.rerun_open_buckets(1).unwrap();
         assert_eq!(open.len(), 1);
-        assert_eq!(open[0].1.len(), 2);
+        assert_eq!(s.rerun_bucket_items(&open[0]).unwrap().len(), 2);
         assert!(!s.rerun_stats(1).unwrap().finished());
 
         // b heals, c fails again.
