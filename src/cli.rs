@@ -21,9 +21,10 @@ use crate::job::{
 };
 use crate::monitor::{EventFormat, Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
+use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{Store, StoreStats};
+use crate::store::{ItemStatus, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
 /// Print a line to standard error. A closed standard error (its reader went away) is no
@@ -82,6 +83,12 @@ enum Command {
     Status(StatusArgs),
     /// Write one record per unique ID, in input order.
     Export(ExportArgs),
+    /// List the IDs that failed permanently (the error table), in input order.
+    Failures(FailuresArgs),
+    /// Call chosen IDs of a job again: the failed ones, those of some buckets, or a list.
+    /// Crash-safe like a run: after a kill, the same command resumes it.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
+    Rerun(Box<RerunArgs>),
     /// Run a complete job against a local fake API with injected faults.
     Demo(DemoArgs),
 }
@@ -198,6 +205,43 @@ struct RunArgs {
     /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Accept a changed --url, --method or --body for an existing job (recorded in the
+    /// job's spec history, shown by `status`).
+    #[arg(long)]
+    allow_spec_change: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["failed", "buckets", "ids"])))]
+struct RerunArgs {
+    /// Call again every failed ID of the job.
+    #[arg(long)]
+    failed: bool,
+    /// Call again the failed IDs of these buckets: 10,20,21.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    buckets: Vec<u64>,
+    /// With --buckets: call every ID of those buckets, the ones that succeeded too.
+    #[arg(long)]
+    all_items: bool,
+    /// Call again exactly the IDs in FILE (one per line); each must belong to the job.
+    #[arg(long, value_name = "FILE")]
+    ids: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+struct FailuresArgs {
+    #[arg(long, value_name = "DIR")]
+    state: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    format: sink::FailuresFormat,
+    /// Only the failures of this bucket.
+    #[arg(long, value_name = "N")]
+    bucket: Option<u64>,
+    /// Only failures of this error class: http, timeout, connect, connection, body, request.
+    #[arg(long, value_name = "CLASS")]
+    class: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -240,6 +284,15 @@ struct ExportArgs {
     /// Write here (atomically) instead of standard output.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Only the records with this status.
+    #[arg(long, value_enum)]
+    status: Option<StatusArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StatusArg {
+    Ok,
+    Failed,
 }
 
 #[derive(Debug, Args)]
@@ -315,6 +368,8 @@ async fn dispatch(command: Command) -> Result<u8> {
         Command::Run(args) => run(*args).await,
         Command::Status(args) => status(args).await,
         Command::Export(args) => export(args),
+        Command::Failures(args) => failures(args),
+        Command::Rerun(args) => rerun(*args).await,
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
     }
 }
@@ -384,6 +439,8 @@ impl RunArgs {
                 max_interval: self.retry_max,
                 max_elapsed: self.max_retry_time,
             },
+            allow_spec_change: self.allow_spec_change,
+            command: "run".into(),
         })
     }
 
@@ -453,6 +510,15 @@ async fn run(args: RunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(open) = crate::rerun::unfinished(&store)? {
+        say!(
+            "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
+            open.number,
+            open.selection,
+            args.state.display(),
+            open.selection
+        );
+    }
     let done = store.stats()?;
     if done.finished() {
         say!(
@@ -496,6 +562,39 @@ pub async fn run_job(
         concurrency = options.concurrency,
         "running"
     );
+    let summary = run_log(store, spec, handler, options, state, metrics, Log::Job).await?;
+    say!("{}", summary.render());
+    if let Some(reason) = &summary.halted {
+        if !summary.job.finished() {
+            say!(
+                "stopped: {reason}\nresume with: highwater run --state {}",
+                state.display()
+            );
+            return Ok(exit::ERROR);
+        }
+    }
+    if summary.interrupted && !summary.job.finished() {
+        say!("resume with: highwater run --state {}", state.display());
+        return Ok(exit::SIGNAL);
+    }
+    Ok(if summary.job.failed > 0 {
+        exit::FAILURES
+    } else {
+        exit::OK
+    })
+}
+
+/// Run the job's log or a rerun's with signal handling, the progress monitor and the
+/// metrics endpoint, and return its summary.
+async fn run_log(
+    store: Arc<SledStore>,
+    spec: JobSpec,
+    handler: Handler,
+    options: &RunOptions,
+    state: &Path,
+    metrics: Option<tokio::net::TcpListener>,
+    log: Log,
+) -> Result<RunSummary> {
     let (stop_handle, stop) = engine::stop_pair();
     let signals = tokio::spawn(watch_signals(stop_handle));
     let counters = Arc::new(Counters::default());
@@ -533,13 +632,14 @@ pub async fn run_job(
     // The store's lock is held until the finished snapshot is written: `status` takes a
     // free lock as proof that no runner is active, so the snapshot must be final by then.
     let lock = store.clone();
-    let outcome = engine::run(
+    let outcome = engine::run_log(
         store,
         Arc::new(spec),
         Arc::new(handler),
         options,
         counters,
         stop,
+        log,
     )
     .await;
     let ending = match &outcome {
@@ -555,26 +655,154 @@ pub async fn run_job(
         m.abort();
     }
     signals.abort();
-    let summary: RunSummary = outcome.context("the run stopped")?;
-    say!("{}", summary.render());
-    if let Some(reason) = &summary.halted {
-        if !summary.job.finished() {
+    outcome.context("the run stopped")
+}
+
+async fn rerun(args: RerunArgs) -> Result<u8> {
+    let state = args.run.state.clone();
+    let mut request = match args.run.request() {
+        Ok(r) => r,
+        Err(message) => {
+            say!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+    };
+    request.command = "rerun".into();
+    // Listen first: a bad --metrics-addr stops the rerun before anything is created.
+    let metrics = match args.run.metrics_addr {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
+    if args.all_items && args.buckets.is_empty() {
+        say!("error: --all-items goes with --buckets (it redoes every ID of those buckets)");
+        return Ok(exit::USAGE);
+    }
+    let ask = if args.failed {
+        RerunAsk::Failed
+    } else if let Some(file) = &args.ids {
+        RerunAsk::Ids(file.clone())
+    } else {
+        RerunAsk::Buckets {
+            buckets: args.buckets.clone(),
+            all_items: args.all_items,
+        }
+    };
+    let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
+    if store.job()?.is_none() {
+        say!("error: {} holds no job to rerun", state.display());
+        return Ok(exit::USAGE);
+    }
+    let spec = match open_job(&store, &request) {
+        Ok(spec) => spec,
+        Err(crate::job::JobError::Usage(message)) => {
+            say!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let rerun = match crate::rerun::prepare(&store, &spec, &ask, &state).await {
+        Ok(Prepared::Ready { rerun, resumed }) => {
             say!(
-                "stopped: {reason}\nresume with: highwater run --state {}",
-                state.display()
+                "{} rerun {} ({}): {} IDs in {} rerun buckets",
+                if resumed { "resuming" } else { "starting" },
+                rerun.number,
+                rerun.selection,
+                rerun.ids,
+                rerun.buckets
+            );
+            rerun
+        }
+        Ok(Prepared::Nothing(why)) => {
+            say!("nothing to rerun: {why}");
+            return Ok(exit::OK);
+        }
+        Err(e @ (RerunError::Usage(_) | RerunError::Unfinished { .. })) => {
+            say!("error: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let handler = Handler::new(&spec.request)?;
+    let store = Arc::new(store);
+    let summary = run_log(
+        store.clone(),
+        spec,
+        handler,
+        &args.run.options(),
+        &state,
+        metrics,
+        Log::Rerun(rerun.number),
+    )
+    .await?;
+    say!("{}", summary.render());
+    let r = store.rerun_stats(rerun.number)?;
+    say!(
+        "rerun {} ({}): {} ok, {} failed, {} pending of {} IDs",
+        r.number,
+        rerun.selection,
+        r.ok,
+        r.failed,
+        r.pending,
+        r.ids
+    );
+    if !r.finished() {
+        if let Some(reason) = &summary.halted {
+            say!(
+                "stopped: {reason}\nresume with: highwater rerun --state {} {}",
+                state.display(),
+                rerun.selection
             );
             return Ok(exit::ERROR);
         }
+        say!(
+            "resume with: highwater rerun --state {} {}",
+            state.display(),
+            rerun.selection
+        );
+        return Ok(if summary.interrupted {
+            exit::SIGNAL
+        } else {
+            exit::ERROR
+        });
     }
-    if summary.interrupted && !summary.job.finished() {
-        say!("resume with: highwater run --state {}", state.display());
-        return Ok(exit::SIGNAL);
-    }
-    Ok(if summary.job.failed > 0 {
+    Ok(if r.failed > 0 {
         exit::FAILURES
     } else {
         exit::OK
     })
+}
+
+fn failures(args: FailuresArgs) -> Result<u8> {
+    if let Some(class) = &args.class {
+        if !sink::ERROR_CLASSES.contains(&class.as_str()) {
+            say!(
+                "error: --class {class:?} is not an error class (one of: {})",
+                sink::ERROR_CLASSES.join(", ")
+            );
+            return Ok(exit::USAGE);
+        }
+    }
+    let (store, _) = open_existing(&args.state)?;
+    if let Some(b) = args.bucket {
+        if store.offset(b)?.is_none() {
+            say!(
+                "error: --bucket {b}: the job has no bucket {b} ({} planned)",
+                store.stats()?.buckets_planned
+            );
+            return Ok(exit::USAGE);
+        }
+    }
+    let filter = sink::FailureFilter {
+        bucket: args.bucket,
+        class: args.class.clone(),
+    };
+    let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
+    match sink::failures(&store, args.format, &filter, &mut out) {
+        Ok(_) => {}
+        Err(crate::store::ExportError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(e).context("listing failures to standard output"),
+    }
+    Ok(exit::OK)
 }
 
 /// First SIGINT/SIGTERM: stop gracefully. Second: exit at once (the store stays consistent).
@@ -702,6 +930,11 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
         Some(_) => "died",
         None => "none",
     };
+    let failures = sink::FailureSummary::of(&store, FAILED_BUCKETS_SHOWN)?;
+    let mut reruns = Vec::new();
+    for r in store.reruns()? {
+        reruns.push((store.rerun_stats(r.number)?, r));
+    }
     let text = if args.json {
         let value = serde_json::json!({
             "state": state_text,
@@ -717,6 +950,18 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
             "stats": stats,
             "finished": stats.finished(),
             "bad_line_examples": bad,
+            "failures": failures,
+            "reruns": reruns.iter().map(|(s, r)| serde_json::json!({
+                "number": r.number,
+                "selection": r.selection.to_string(),
+                "created_at_ms": r.created_at_ms,
+                "ids": r.ids,
+                "ok": s.ok,
+                "failed": s.failed,
+                "pending": s.pending,
+                "finished": s.finished(),
+            })).collect::<Vec<_>>(),
+            "spec_history": spec.history,
         });
         format!("{value}\n")
     } else {
@@ -733,10 +978,29 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
             ));
         }
         text.push_str(&render_status(&args.state, &spec, &stats, &bad));
+        text.push_str(&failures.render());
+        for (s, r) in &reruns {
+            text.push_str(&format!(
+                "rerun {}:    {}: {} ok, {} failed, {} pending of {} IDs{}\n",
+                r.number,
+                r.selection,
+                s.ok,
+                s.failed,
+                s.pending,
+                r.ids,
+                if s.finished() { "" } else { " (not finished)" }
+            ));
+        }
+        for change in &spec.history {
+            text.push_str(&format!("spec change: {change}\n"));
+        }
         text
     };
     Ok((text, false))
 }
+
+/// How many buckets committed with failures `status` lists (it counts them all).
+const FAILED_BUCKETS_SHOWN: usize = 100;
 
 fn render_status(
     state: &Path,
@@ -787,15 +1051,19 @@ fn render_status(
 
 fn export(args: ExportArgs) -> Result<u8> {
     let (store, _) = open_existing(&args.state)?;
+    let only = args.status.map(|s| match s {
+        StatusArg::Ok => ItemStatus::Ok,
+        StatusArg::Failed => ItemStatus::Failed,
+    });
     match &args.output {
         Some(path) => {
-            let n = sink::export_to_file(&store, args.format, path)
+            let n = sink::export_to_file(&store, args.format, only, path)
                 .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(&store, args.format, &mut out) {
+            match sink::export(&store, args.format, only, &mut out) {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

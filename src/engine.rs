@@ -33,11 +33,17 @@
 //! The unit tests run the engine over a store that logs every write and sync and check 1
 //! and 2 on the log, in both modes.
 //!
+//! The same dispatcher and writer run a rerun ([`run_log`] with [`Log::Rerun`]): its work
+//! is the rerun's open buckets (written ahead when the rerun was created, read one at a time
+//! as they are dispatched), each item carries the record it replaces (whose history the new
+//! record keeps), and the writer commits to the rerun's commit log instead of the job's.
+//!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
 //! writer makes everything it received durable and the run returns.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,7 +56,9 @@ use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PendingIds, PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
-use crate::store::{CommitRecord, ItemRecord, ItemStatus, PlannedBucket, Store, StoreError};
+use crate::store::{
+    CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError, Tally,
+};
 use crate::throttle::{Observed, Throttle};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
@@ -120,19 +128,27 @@ impl Stop {
 struct Item {
     id: String,
     row: u64,
+    /// The job bucket the ID belongs to.
     bucket: u64,
+    /// The bucket whose commit waits for this item: the job bucket, or a rerun bucket.
+    track: u64,
+    /// In a rerun: the record the result replaces.
+    prior: Option<Box<ItemRecord>>,
 }
+
+/// A bucket to replay: its number, results already final, and the items to call.
+type Replay = (u64, Tally, Vec<Item>);
 
 enum WriterMsg {
     /// A bucket about to be dispatched: `remaining` items to wait for.
     Track {
         bucket: u64,
         remaining: u64,
-        ok: u64,
-        failed: u64,
+        done: Tally,
     },
     Done {
         id: String,
+        track: u64,
         record: ItemRecord,
     },
 }
@@ -148,20 +164,59 @@ pub async fn run<S: Store>(
     counters: Arc<Counters>,
     stop: Stop,
 ) -> Result<RunSummary, EngineError> {
+    run_log(store, spec, handler, opts, counters, stop, Log::Job).await
+}
+
+/// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
+/// buckets, planned when the rerun was created).
+pub async fn run_log<S: Store>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    handler: Arc<Handler>,
+    opts: &RunOptions,
+    counters: Arc<Counters>,
+    stop: Stop,
+    log: Log,
+) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     // Everything that can fail comes before any task is spawned.
     let pending = Arc::new(PendingIds::default());
-    let mut replay = Vec::new();
-    for offset in store.open_buckets()? {
-        let items = store.bucket_items(&offset)?;
-        for (id, record) in &items {
-            if !record.is_final() {
-                pending.insert(id);
+    let mut replay: Vec<Replay> = Vec::new();
+    let mut rerun_buckets = Vec::new();
+    match log {
+        Log::Job => {
+            for offset in store.open_buckets()? {
+                let (mut done, mut todo) = (Tally::default(), Vec::new());
+                for (id, record) in store.bucket_items(&offset)? {
+                    match record.status {
+                        ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
+                        ItemStatus::Pending => {
+                            pending.insert(&id);
+                            todo.push(Item {
+                                id,
+                                row: record.row,
+                                bucket: offset.bucket,
+                                track: offset.bucket,
+                                prior: None,
+                            });
+                        }
+                    }
+                }
+                replay.push((offset.bucket, done, todo));
             }
         }
-        replay.push((offset.bucket, items));
+        // A rerun's buckets are read one at a time as they are dispatched (below), so its
+        // memory does not grow with its size.
+        Log::Rerun(k) => rerun_buckets = store.rerun_open_buckets(k)?,
     }
-    let planner_state = store.planner()?;
+    let planner_state = match log {
+        Log::Job => store.planner()?,
+        // A rerun plans nothing: its buckets were all written ahead at its creation.
+        Log::Rerun(_) => crate::store::PlannerState {
+            exhausted: true,
+            ..Default::default()
+        },
+    };
     let mut reader = if planner_state.exhausted {
         None
     } else {
@@ -199,6 +254,7 @@ pub async fn run<S: Store>(
         halt: halt.clone(),
         pending: pending.clone(),
         open: HashMap::new(),
+        log,
     };
     let writer = tokio::spawn(async move {
         match durability {
@@ -238,8 +294,26 @@ pub async fn run<S: Store>(
         throttle: throttle.clone(),
         tasks: JoinSet::new(),
         writer: writer_tx,
+        rerun: match log {
+            Log::Job => None,
+            Log::Rerun(k) => Some(k),
+        },
     };
     let mut result = dispatcher.replay(replay).await;
+    if let Log::Rerun(k) = log {
+        for offset in rerun_buckets {
+            if result.is_err() || stop.is_stopping() {
+                break;
+            }
+            result = match store.rerun_bucket_items(&offset) {
+                Ok(items) => {
+                    let (done, todo) = rerun_work(k, offset.bucket, items);
+                    dispatcher.dispatch_bucket(offset.bucket, done, todo).await
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
     if result.is_ok() && planner.is_some() {
         while let Some(batch) = plan_rx.recv().await {
             if let Err(e) = dispatcher.dispatch_planned(batch).await {
@@ -275,6 +349,28 @@ pub async fn run<S: Store>(
         interrupted: stop.is_stopping(),
         halted: halt.reason(),
     })
+}
+
+/// What is left of a rerun bucket: results this rerun already made durable, and the items
+/// to call (each with the history of the record it replaces, not its body).
+fn rerun_work(rerun: u32, bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally, Vec<Item>) {
+    let (mut done, mut todo) = (Tally::default(), Vec::new());
+    for (id, record) in items {
+        match (record.rerun == Some(rerun), record.status) {
+            (true, ItemStatus::Ok | ItemStatus::Failed) => done.add(&record),
+            _ => todo.push(Item {
+                id,
+                row: record.row,
+                bucket: record.bucket,
+                track: bucket,
+                prior: Some(Box::new(ItemRecord {
+                    body: None,
+                    ..record
+                })),
+            }),
+        }
+    }
+    (done, todo)
 }
 
 /// The planner thread: cut, write ahead, sync, hand over; until the input ends or nobody
@@ -327,34 +423,21 @@ struct Dispatcher {
     throttle: Arc<Throttle>,
     tasks: JoinSet<()>,
     writer: mpsc::Sender<WriterMsg>,
+    /// The rerun being run, if any: its number is stamped on each new record.
+    rerun: Option<u32>,
 }
 
 impl Dispatcher {
     /// Replay buckets written ahead but never committed: only their unfinished items.
-    async fn replay(
-        &mut self,
-        open: Vec<(u64, Vec<(String, ItemRecord)>)>,
-    ) -> Result<(), EngineError> {
-        if !open.is_empty() {
+    async fn replay(&mut self, open: Vec<Replay>) -> Result<(), EngineError> {
+        if !open.is_empty() && self.rerun.is_none() {
             tracing::info!(
                 buckets = open.len(),
                 "replaying buckets that were not committed"
             );
         }
-        for (bucket, items) in open {
-            let (mut ok, mut failed, mut todo) = (0, 0, Vec::new());
-            for (id, record) in items {
-                match record.status {
-                    ItemStatus::Ok => ok += 1,
-                    ItemStatus::Failed => failed += 1,
-                    ItemStatus::Pending => todo.push(Item {
-                        id,
-                        row: record.row,
-                        bucket,
-                    }),
-                }
-            }
-            self.dispatch_bucket(bucket, ok, failed, todo).await?;
+        for (bucket, done, todo) in open {
+            self.dispatch_bucket(bucket, done, todo).await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -368,9 +451,16 @@ impl Dispatcher {
             let items = b
                 .items
                 .into_iter()
-                .map(|(row, id)| Item { id, row, bucket })
+                .map(|(row, id)| Item {
+                    id,
+                    row,
+                    bucket,
+                    track: bucket,
+                    prior: None,
+                })
                 .collect();
-            self.dispatch_bucket(bucket, 0, 0, items).await?;
+            self.dispatch_bucket(bucket, Tally::default(), items)
+                .await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -381,15 +471,13 @@ impl Dispatcher {
     async fn dispatch_bucket(
         &mut self,
         bucket: u64,
-        ok: u64,
-        failed: u64,
+        done: Tally,
         items: Vec<Item>,
     ) -> Result<(), EngineError> {
         let track = WriterMsg::Track {
             bucket,
             remaining: items.len() as u64,
-            ok,
-            failed,
+            done,
         };
         self.writer.send(track).await.map_err(|_| writer_gone())?;
         for item in items {
@@ -407,6 +495,7 @@ impl Dispatcher {
                 counters: self.counters.clone(),
                 stop: self.stop.clone(),
                 writer: self.writer.clone(),
+                rerun: self.rerun,
             };
             self.tasks.spawn(async move {
                 let throttle = task.throttle.clone();
@@ -463,6 +552,7 @@ struct ItemTask {
     counters: Arc<Counters>,
     stop: Stop,
     writer: mpsc::Sender<WriterMsg>,
+    rerun: Option<u32>,
 }
 
 impl ItemTask {
@@ -472,6 +562,8 @@ impl ItemTask {
         let throttle = &*self.throttle;
         let stop = &self.stop;
         let id = item.id.as_str();
+        // When the first and the last attempt started.
+        let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
         let outcome = retry::run(
             &self.spec.retry,
             |attempt| async move {
@@ -481,6 +573,9 @@ impl ItemTask {
                     probe = throttle.before_attempt() => probe,
                     _ = stop.stopping() => return None,
                 };
+                let at = now_ms();
+                let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
+                last_at.store(at, Relaxed);
                 Counters::add(&counters.attempts, 1);
                 if attempt > 1 {
                     Counters::add(&counters.retries, 1);
@@ -516,6 +611,8 @@ impl ItemTask {
         .await;
         let mut record = ItemRecord::pending(item.row, item.bucket);
         record.finished_at_ms = Some(now_ms());
+        record.first_attempt_ms = Some(first_at.load(Relaxed)).filter(|&t| t > 0);
+        record.last_attempt_ms = Some(last_at.load(Relaxed)).filter(|&t| t > 0);
         match outcome {
             ItemOutcome::Ok {
                 success,
@@ -547,9 +644,14 @@ impl ItemTask {
                 return;
             }
         }
+        if let Some(prior) = &item.prior {
+            record.continue_from(prior);
+        }
+        record.rerun = self.rerun;
         // A closed writer means the run is failing; the item stays pending and is replayed.
         let msg = WriterMsg::Done {
             id: item.id,
+            track: item.track,
             record,
         };
         if let Err(mpsc::error::TrySendError::Full(msg)) = self.writer.try_send(msg) {
@@ -620,8 +722,7 @@ async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
 
 struct Tracked {
     remaining: u64,
-    ok: u64,
-    failed: u64,
+    done: Tally,
 }
 
 /// The writer task's bookkeeping: which buckets wait for how many results, and the run's
@@ -633,15 +734,18 @@ struct Writer<S> {
     halt: Arc<Halt>,
     pending: Arc<PendingIds>,
     open: HashMap<u64, Tracked>,
+    /// Which commit log the buckets belong to: the job's or a rerun's.
+    log: Log,
 }
 
 impl<S: Store> Writer<S> {
     /// Sort messages: start tracking buckets (those with nothing left to wait for go
-    /// straight to `ready`), collect results.
+    /// straight to `ready`), collect results with the bucket each one completes (`tracks`).
     fn sort(
         &mut self,
         msgs: &mut Vec<WriterMsg>,
         results: &mut Vec<(String, ItemRecord)>,
+        tracks: &mut Vec<u64>,
         ready: &mut Vec<CommitRecord>,
     ) {
         for msg in msgs.drain(..) {
@@ -649,32 +753,29 @@ impl<S: Store> Writer<S> {
                 WriterMsg::Track {
                     bucket,
                     remaining,
-                    ok,
-                    failed,
+                    done,
                 } => {
                     if remaining == 0 {
-                        ready.push(commit_record(bucket, ok, failed));
+                        ready.push(CommitRecord::new(bucket, done));
                     } else {
-                        self.open.insert(
-                            bucket,
-                            Tracked {
-                                remaining,
-                                ok,
-                                failed,
-                            },
-                        );
+                        self.open.insert(bucket, Tracked { remaining, done });
                     }
                 }
-                WriterMsg::Done { id, record } => results.push((id, record)),
+                WriterMsg::Done { id, track, record } => {
+                    tracks.push(track);
+                    results.push((id, record))
+                }
             }
         }
     }
 
     /// Write results to the store (durable at the next sync) and count them; the buckets
-    /// whose last result this was go to `done`.
+    /// whose last result this was go to `done`. `tracks[i]` is the bucket `results[i]`
+    /// completes (the job bucket, or the rerun bucket in a rerun).
     fn record(
         &mut self,
         results: &[(String, ItemRecord)],
+        tracks: &[u64],
         done: &mut Vec<CommitRecord>,
     ) -> Result<(), StoreError> {
         if results.is_empty() {
@@ -686,7 +787,7 @@ impl<S: Store> Writer<S> {
         // Now in the store (visible to the planner's duplicate check): no longer pending.
         self.pending
             .remove_all(results.iter().map(|(id, _)| id.as_str()));
-        for (_, record) in results {
+        for ((_, record), &track) in results.iter().zip(tracks) {
             let ok = record.status == ItemStatus::Ok;
             Counters::add(
                 if ok {
@@ -696,22 +797,15 @@ impl<S: Store> Writer<S> {
                 },
                 1,
             );
-            let Some(t) = self.open.get_mut(&record.bucket) else {
-                tracing::error!(
-                    bucket = record.bucket,
-                    "a result for a bucket that is not tracked"
-                );
+            let Some(t) = self.open.get_mut(&track) else {
+                tracing::error!(bucket = track, "a result for a bucket that is not tracked");
                 continue;
             };
-            if ok {
-                t.ok += 1;
-            } else {
-                t.failed += 1;
-            }
+            t.done.add(record);
             t.remaining = t.remaining.saturating_sub(1);
             if t.remaining == 0 {
-                let t = self.open.remove(&record.bucket).expect("just seen");
-                done.push(commit_record(record.bucket, t.ok, t.failed));
+                let t = self.open.remove(&track).expect("just seen");
+                done.push(CommitRecord::new(track, t.done));
             }
         }
         self.check_failures(results);
@@ -722,7 +816,10 @@ impl<S: Store> Writer<S> {
     fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
         if !commits.is_empty() {
             let start = Instant::now();
-            self.store.commit(commits)?;
+            match self.log {
+                Log::Job => self.store.commit(commits)?,
+                Log::Rerun(k) => self.store.commit_rerun(k, commits)?,
+            }
             Counters::add_elapsed(&self.counters.commit_write_ns, start);
             Counters::add(&self.counters.buckets_committed, commits.len() as u64);
             commits.clear();
@@ -753,15 +850,17 @@ impl<S: Store> Writer<S> {
     /// write the commit records of the buckets it completed (group commit).
     async fn run_sync(mut self, mut rx: mpsc::Receiver<WriterMsg>) -> Result<(), EngineError> {
         let (mut msgs, mut results, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+        let mut tracks = Vec::new();
         let max_group = rx.max_capacity();
         while rx.recv_many(&mut msgs, max_group).await > 0 {
             // One flush covers the whole group. Nobody waits on it but the commit records.
             gather(&mut rx, &mut msgs).await;
-            self.sort(&mut msgs, &mut results, &mut ready);
+            self.sort(&mut msgs, &mut results, &mut tracks, &mut ready);
             if !results.is_empty() {
                 let mut done = Vec::new();
-                self.record(&results, &mut done)?;
+                self.record(&results, &tracks, &mut done)?;
                 results.clear();
+                tracks.clear();
                 timed_sync(&*self.store, &self.counters).await?;
                 ready.append(&mut done);
             }
@@ -778,7 +877,7 @@ impl<S: Store> Writer<S> {
         mut rx: mpsc::Receiver<WriterMsg>,
         interval: Duration,
     ) -> Result<(), EngineError> {
-        let (mut msgs, mut results) = (Vec::new(), Vec::new());
+        let (mut msgs, mut results, mut tracks) = (Vec::new(), Vec::new(), Vec::new());
         // Buckets whose results are all written but not yet covered by a finished sync.
         let mut unsynced: Vec<CommitRecord> = Vec::new();
         // The sync in progress and the buckets it covers.
@@ -795,10 +894,11 @@ impl<S: Store> Writer<S> {
                     }
                     // Fewer, larger store writes.
                     gather(&mut rx, &mut msgs).await;
-                    self.sort(&mut msgs, &mut results, &mut unsynced);
-                    self.record(&results, &mut unsynced)?;
+                    self.sort(&mut msgs, &mut results, &mut tracks, &mut unsynced);
+                    self.record(&results, &tracks, &mut unsynced)?;
                     dirty |= !results.is_empty() || !unsynced.is_empty();
                     results.clear();
+                    tracks.clear();
                 }
                 _ = ticker.tick(), if syncing.is_none() && dirty => {
                     let (store, counters) = (self.store.clone(), self.counters.clone());
@@ -848,15 +948,6 @@ async fn gather(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>) {
             n = rx.recv_many(msgs, room) => if n == 0 { break },
             _ = tokio::time::sleep_until(deadline) => break,
         }
-    }
-}
-
-fn commit_record(bucket: u64, ok: u64, failed: u64) -> CommitRecord {
-    CommitRecord {
-        bucket,
-        ok,
-        failed,
-        committed_at_ms: now_ms(),
     }
 }
 
@@ -1195,6 +1286,57 @@ mod tests {
         }
         fn stats(&self) -> Result<crate::store::StoreStats, StoreError> {
             self.inner.stats()
+        }
+        fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+            self.inner.item(id)
+        }
+        fn offset(&self, bucket: u64) -> Result<Option<crate::store::OffsetRecord>, StoreError> {
+            self.inner.offset(bucket)
+        }
+        fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
+            self.inner.commit_record(bucket)
+        }
+        fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
+            self.inner.failed_buckets()
+        }
+        fn for_each_failure(
+            &self,
+            bucket: Option<u64>,
+            f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+        ) -> Result<(), crate::store::ExportError> {
+            self.inner.for_each_failure(bucket, f)
+        }
+        fn set_planner(&self, planner: &crate::store::PlannerState) -> Result<(), StoreError> {
+            self.inner.set_planner(planner)
+        }
+        fn reruns(&self) -> Result<Vec<crate::store::RerunRecord>, StoreError> {
+            self.inner.reruns()
+        }
+        fn create_rerun(
+            &self,
+            rerun: &crate::store::RerunRecord,
+            buckets: &[crate::store::RerunBucket],
+        ) -> Result<(), StoreError> {
+            self.inner.create_rerun(rerun, buckets)
+        }
+        fn rerun_open_buckets(
+            &self,
+            rerun: u32,
+        ) -> Result<Vec<crate::store::RerunOffset>, StoreError> {
+            self.inner.rerun_open_buckets(rerun)
+        }
+        fn rerun_bucket_items(
+            &self,
+            offset: &crate::store::RerunOffset,
+        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+            self.inner.rerun_bucket_items(offset)
+        }
+        fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
+            self.push(Event::Commit(commits.iter().map(|c| c.bucket).collect()));
+            self.inner.commit_rerun(rerun, commits)
+        }
+        fn rerun_stats(&self, rerun: u32) -> Result<crate::store::RerunStats, StoreError> {
+            self.inner.rerun_stats(rerun)
         }
     }
 

@@ -6,6 +6,11 @@
 //! on resume; the others (headers, retry, timeouts) may, and the stored spec is updated.
 //! [`RunOptions`] are per-run knobs that are never stored (concurrency and the like).
 //!
+//! A changed URL, method or body is accepted only with `--allow-spec-change`, and an input
+//! that grew by appending (its old content an unchanged prefix) is accepted: its new rows
+//! are planned as new buckets. Both are recorded in the job's spec history
+//! ([`SpecChange`]).
+//!
 //! Templates are stored as written (`${API_TOKEN}` and all): secrets are expanded from the
 //! environment only when the request handler is built, never stored.
 
@@ -75,6 +80,32 @@ pub struct JobSpec {
     pub retry: RetryPolicy,
     /// Unix time (ms) of creation.
     pub created_at_ms: u64,
+    /// Changes of the spec since creation, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<SpecChange>,
+}
+
+/// One change of a job's spec after its creation: a changed request (with
+/// `--allow-spec-change`) or a grown input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecChange {
+    pub at_ms: u64,
+    /// The command that made it (`run`, `rerun`).
+    pub command: String,
+    /// What changed, one human line each.
+    pub changes: Vec<String>,
+    /// The input's fingerprint before it grew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_input: Option<Fingerprint>,
+}
+
+impl std::fmt::Display for SpecChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + Duration::from_millis(self.at_ms),
+        );
+        write!(f, "{at} by {}: {}", self.command, self.changes.join("; "))
+    }
 }
 
 impl JobSpec {
@@ -83,6 +114,13 @@ impl JobSpec {
     /// is not among them: a moved input is accepted when its content is unchanged (the caller
     /// checks the fingerprint).
     pub fn meaning_changes(&self, other: &JobSpec) -> Vec<String> {
+        let mut out = self.fixed_changes(other);
+        out.extend(self.request_changes(other));
+        out
+    }
+
+    /// Meaning changes that are never allowed (they would cut the input differently).
+    pub fn fixed_changes(&self, other: &JobSpec) -> Vec<String> {
         let mut out = Vec::new();
         let mut cmp = |what: &str, a: String, b: String| {
             if a != b {
@@ -94,6 +132,22 @@ impl JobSpec {
             self.input.format.to_string(),
             other.input.format.to_string(),
         );
+        cmp(
+            "--bucket-size",
+            self.bucket_size.to_string(),
+            other.bucket_size.to_string(),
+        );
+        out
+    }
+
+    /// Changes of the request (URL, method, body): allowed with `--allow-spec-change`.
+    pub fn request_changes(&self, other: &JobSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: stored {a}, given {b}"));
+            }
+        };
         cmp("--url", self.request.url.clone(), other.request.url.clone());
         cmp(
             "--method",
@@ -104,11 +158,6 @@ impl JobSpec {
             "--body",
             format!("{:?}", self.request.body),
             format!("{:?}", other.request.body),
-        );
-        cmp(
-            "--bucket-size",
-            self.bucket_size.to_string(),
-            other.bucket_size.to_string(),
         );
         out
     }
@@ -237,11 +286,12 @@ mod millis {
 pub enum JobError {
     #[error("{0}")]
     Usage(String),
-    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; start a new state directory for a different job)", .0.join("\n  "))]
+    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --method and --body may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
     MeaningChanged(Vec<String>),
-    #[error("input {path} has changed since the job was created (then {then}, now {now}); refusing to resume against it")]
+    #[error("input {path} has changed since the job was created: {what} (then {then}, now {now}); only appending rows is accepted; refusing to resume against it")]
     InputChanged {
         path: std::path::PathBuf,
+        what: String,
         then: Fingerprint,
         now: Fingerprint,
     },
@@ -277,6 +327,10 @@ pub struct JobRequest {
     pub connect_timeout: Option<Duration>,
     pub timeout: Option<Duration>,
     pub retry: RetryOverrides,
+    /// Accept a changed URL, method or body (recorded in the spec history).
+    pub allow_spec_change: bool,
+    /// The command asking ("run", "rerun"), for the spec history.
+    pub command: String,
 }
 
 /// Default bucket size (rows per bucket).
@@ -324,6 +378,7 @@ impl JobRequest {
             },
             retry: RetryPolicy::default(),
             created_at_ms: now_ms(),
+            history: Vec::new(),
         };
         self.apply_operational(&mut spec);
         spec
@@ -382,18 +437,41 @@ pub fn open_job<S: crate::store::Store>(
             if request.body.is_some() {
                 asked.request.body = request.body.clone();
             }
+            let fixed = stored.fixed_changes(&asked);
             let changes = stored.meaning_changes(&asked);
-            if !changes.is_empty() {
+            if !fixed.is_empty() || (!changes.is_empty() && !request.allow_spec_change) {
                 return Err(JobError::MeaningChanged(changes));
             }
-            // The input may have moved (a new --input path) but never changed.
+            if !changes.is_empty() {
+                asked.history.push(SpecChange {
+                    at_ms: now_ms(),
+                    command: request.command.clone(),
+                    changes,
+                    previous_input: None,
+                });
+            }
+            // The input may have moved (a new --input path) or grown by appending, but
+            // what was planned from it never changes.
             let now = Fingerprint::of_file(&asked.input.path)?;
             if now != stored.fingerprint {
-                return Err(JobError::InputChanged {
-                    path: asked.input.path.clone(),
-                    then: stored.fingerprint,
-                    now,
+                let skip = appended(&asked.input, &stored.fingerprint, now)?;
+                let mut planner = store.planner()?;
+                if planner.cursor.byte == stored.fingerprint.len {
+                    // The old last line had no newline: the appended newline still ends it.
+                    planner.cursor.byte += skip;
+                }
+                planner.exhausted = false;
+                store.set_planner(&planner)?;
+                asked.history.push(SpecChange {
+                    at_ms: now_ms(),
+                    command: request.command.clone(),
+                    changes: vec![format!(
+                        "input grew from {} to {} bytes (new rows become new buckets from bucket {})",
+                        stored.fingerprint.len, now.len, planner.next_bucket
+                    )],
+                    previous_input: Some(stored.fingerprint),
                 });
+                asked.fingerprint = now;
             }
             request.apply_operational(&mut asked);
             crate::handler::check_templates(&asked.request)?;
@@ -403,6 +481,66 @@ pub fn open_job<S: crate::store::Store>(
             Ok(asked)
         }
     }
+}
+
+/// Check that `spec.path` (now `now`) is the input fingerprinted as `then` with rows
+/// appended. Returns how many bytes of newline the appended part starts with that end the
+/// old last line (when the old content did not end with a newline), to step over.
+fn appended(spec: &InputSpec, then: &Fingerprint, now: Fingerprint) -> Result<u64, JobError> {
+    let path = &spec.path;
+    let changed = |what: String| JobError::InputChanged {
+        path: path.clone(),
+        what,
+        then: *then,
+        now,
+    };
+    if now.len < then.len {
+        return Err(changed(format!(
+            "it is shorter than at creation ({} bytes, then {})",
+            now.len, then.len
+        )));
+    }
+    if now.len == then.len {
+        return Err(changed(format!(
+            "its content differs at the same length ({} bytes)",
+            now.len
+        )));
+    }
+    if Fingerprint::of_prefix(path, then.len)? != *then {
+        return Err(changed(format!(
+            "its first {} bytes (the part already planned) changed",
+            then.len
+        )));
+    }
+    let read_err = |source| crate::input::InputError::Read {
+        path: path.clone(),
+        source,
+    };
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(read_err)?;
+    file.seek(SeekFrom::Start(then.len - 1)).map_err(read_err)?;
+    let mut edge = [0u8; 3];
+    let n = file.read(&mut edge).map_err(read_err)?;
+    let edge = &edge[..n];
+    if edge.first() == Some(&b'\n') {
+        return Ok(0);
+    }
+    let skip = match &edge[1..] {
+        [b'\n', ..] => 1,
+        [b'\r', b'\n', ..] => 2,
+        _ => {
+            return Err(changed(format!(
+                "its old last line (ending at byte {}) had no newline and the appended text                  continues it, changing its ID; add a newline before the appended rows",
+                then.len
+            )))
+        }
+    };
+    if matches!(spec.format, crate::input::InputFormat::Csv { .. }) {
+        return Err(changed(
+            "the old CSV content ended without a newline; appending to it is not supported".into(),
+        ));
+    }
+    Ok(skip)
 }
 
 fn new_job_id() -> String {
@@ -535,5 +673,104 @@ mod tests {
             open_job(&store, &request),
             Err(JobError::Usage(_))
         ));
+    }
+
+    #[test]
+    fn request_changes_need_allow_spec_change_and_are_recorded() {
+        let (_d, store, request) = setup();
+        open_job(&store, &request).unwrap();
+        let change = JobRequest {
+            url: Some("http://127.0.0.1:9/v2/{id}".into()),
+            command: "rerun".into(),
+            ..JobRequest::default()
+        };
+        assert!(matches!(
+            open_job(&store, &change),
+            Err(JobError::MeaningChanged(_))
+        ));
+        let allowed = JobRequest {
+            allow_spec_change: true,
+            ..change.clone()
+        };
+        let spec = open_job(&store, &allowed).unwrap();
+        assert_eq!(spec.request.url, "http://127.0.0.1:9/v2/{id}");
+        assert_eq!(spec.history.len(), 1);
+        assert_eq!(spec.history[0].command, "rerun");
+        assert!(
+            spec.history[0].changes[0].contains("--url"),
+            "{:?}",
+            spec.history
+        );
+        assert_eq!(store.job().unwrap().unwrap(), spec);
+        // A bucket size change stays refused, allowed or not.
+        let bucket = JobRequest {
+            bucket_size: Some(3),
+            allow_spec_change: true,
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &bucket).unwrap_err().to_string();
+        assert!(err.contains("--bucket-size"), "{err}");
+    }
+
+    #[test]
+    fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
+        let (_d, store, request) = setup();
+        let created = open_job(&store, &request).unwrap();
+        let exhausted = crate::store::PlannerState {
+            next_bucket: 1,
+            cursor: crate::input::Cursor {
+                byte: 4,
+                line: 3,
+                row: 2,
+            },
+            exhausted: true,
+        };
+        store.set_planner(&exhausted).unwrap();
+        let path = &request.input.as_ref().unwrap().path;
+        std::fs::write(path, "a\nb\nc\n").unwrap();
+        let spec = open_job(&store, &JobRequest::default()).unwrap();
+        assert_eq!(spec.fingerprint, Fingerprint::of_file(path).unwrap());
+        assert_eq!(spec.history[0].previous_input, Some(created.fingerprint));
+        let planner = store.planner().unwrap();
+        assert!(!planner.exhausted);
+        assert_eq!(planner.cursor, exhausted.cursor);
+    }
+
+    #[test]
+    fn growth_edges_are_judged_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.txt");
+        let spec = InputSpec {
+            path: path.clone(),
+            format: InputFormat::Text,
+        };
+        let check = |old: &str, new: &str| {
+            std::fs::write(&path, old).unwrap();
+            let then = Fingerprint::of_file(&path).unwrap();
+            std::fs::write(&path, new).unwrap();
+            let now = Fingerprint::of_file(&path).unwrap();
+            appended(&spec, &then, now).map_err(|e| e.to_string())
+        };
+        assert_eq!(check("a\nb\n", "a\nb\nc\n"), Ok(0));
+        assert_eq!(check("a\nb", "a\nb\nc\n"), Ok(1));
+        assert_eq!(check("a\r\nb", "a\r\nb\r\nc\r\n"), Ok(2));
+        let err = check("a\nb", "a\nbc\n").unwrap_err();
+        assert!(err.contains("had no newline"), "{err}");
+        let err = check("a\nb\n", "a\nx\nc\n").unwrap_err();
+        assert!(err.contains("first 4 bytes"), "{err}");
+        let err = check("a\nb\n", "a\n").unwrap_err();
+        assert!(err.contains("shorter"), "{err}");
+        let err = check("a\nb\n", "a\nc\n").unwrap_err();
+        assert!(err.contains("same length"), "{err}");
+    }
+
+    #[test]
+    fn specs_stored_before_the_history_existed_still_load() {
+        let (_d, store, request) = setup();
+        let spec = open_job(&store, &request).unwrap();
+        let mut value = serde_json::to_value(&spec).unwrap();
+        value.as_object_mut().unwrap().remove("history");
+        let old: JobSpec = serde_json::from_value(value).unwrap();
+        assert_eq!(old, spec);
     }
 }

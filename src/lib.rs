@@ -7,7 +7,7 @@
 //! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt; [`retry`]
-//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`sink`] exports; [`cli`] is the command line;
+//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports; [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 
 pub mod cli;
@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod plan;
 pub mod progress;
+pub mod rerun;
 pub mod retry;
 pub mod sink;
 pub mod store;

@@ -2,7 +2,9 @@
 //!
 //! Owns the export formats (JSONL and CSV) and their fields, and writing them either to
 //! standard output or to a file replaced atomically (a temp file in the same directory,
-//! synced, then renamed), so a reader never sees half an export.
+//! synced, then renamed), so a reader never sees half an export. Also owns the error table
+//! (`highwater failures`): every failed ID with its class, message, attempts and times, as a
+//! table, JSONL or CSV, in input order.
 
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -34,17 +36,41 @@ struct ExportRow<'a> {
     bucket: u64,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     attempt_errors: &'a [crate::retry::AttemptNote],
+    /// The rerun that wrote the record, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rerun: Option<u32>,
 }
 
-/// Write every final result of `store` to `out`. Returns the number of records.
+/// Every final record, or only those with status `only` (failed ones are found without
+/// reading the buckets that have none).
+fn for_each(
+    store: &impl Store,
+    only: Option<ItemStatus>,
+    f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
+) -> Result<(), ExportError> {
+    match only {
+        Some(ItemStatus::Failed) => store.for_each_failure(None, f),
+        Some(status) => store.for_each_final(&mut |id, r| {
+            if r.status == status {
+                f(id, r)?;
+            }
+            Ok(())
+        }),
+        None => store.for_each_final(f),
+    }
+}
+
+/// Write every final result of `store` (with status `only`, if given) to `out`. Returns the
+/// number of records.
 pub fn export(
     store: &impl Store,
     format: ExportFormat,
+    only: Option<ItemStatus>,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
     let mut count = 0;
     match format {
-        ExportFormat::Jsonl => store.for_each_final(&mut |id, r| {
+        ExportFormat::Jsonl => for_each(store, only, &mut |id, r| {
             serde_json::to_writer(&mut *out, &row(id, r)).map_err(io::Error::from)?;
             out.write_all(b"\n")?;
             count += 1;
@@ -63,7 +89,7 @@ pub fn export(
                 "bucket",
             ])
             .map_err(csv_io)?;
-            store.for_each_final(&mut |id, r| {
+            for_each(store, only, &mut |id, r| {
                 let status = match r.status {
                     ItemStatus::Ok => "ok",
                     ItemStatus::Failed => "failed",
@@ -105,6 +131,7 @@ fn row<'a>(id: &'a str, r: &'a ItemRecord) -> ExportRow<'a> {
         attempts: r.attempts,
         bucket: r.bucket,
         attempt_errors: &r.attempt_errors,
+        rerun: r.rerun,
     }
 }
 
@@ -119,6 +146,7 @@ fn csv_io(e: csv::Error) -> io::Error {
 pub fn export_to_file(
     store: &impl Store,
     format: ExportFormat,
+    only: Option<ItemStatus>,
     path: &Path,
 ) -> Result<u64, ExportError> {
     let dir = match path.parent() {
@@ -127,9 +155,315 @@ pub fn export_to_file(
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
-    let count = export(store, format, &mut out)?;
+    let count = export(store, format, only, &mut out)?;
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(count)
+}
+
+/// Formats of the error table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailuresFormat {
+    Table,
+    Jsonl,
+    Csv,
+}
+
+/// The error classes an item can fail with, as `--class` names them.
+pub const ERROR_CLASSES: [&str; 6] = [
+    "http",
+    "timeout",
+    "connect",
+    "connection",
+    "body",
+    "request",
+];
+
+/// Which failures to list.
+#[derive(Debug, Clone, Default)]
+pub struct FailureFilter {
+    pub bucket: Option<u64>,
+    /// An error class name (one of [`ERROR_CLASSES`]).
+    pub class: Option<String>,
+}
+
+#[derive(Serialize)]
+struct FailureRow<'a> {
+    id: &'a str,
+    bucket: u64,
+    row: u64,
+    error_class: Option<String>,
+    http_status: Option<u16>,
+    error: Option<&'a str>,
+    attempts: u32,
+    first_attempt: Option<String>,
+    last_attempt: Option<String>,
+    /// Each failed attempt's class (and HTTP status), oldest first.
+    attempt_classes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rerun: Option<u32>,
+}
+
+fn rfc3339(ms: Option<u64>) -> Option<String> {
+    ms.map(|ms| {
+        humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+        )
+        .to_string()
+    })
+}
+
+fn failure_row<'a>(id: &'a str, r: &'a ItemRecord) -> FailureRow<'a> {
+    FailureRow {
+        id,
+        bucket: r.bucket,
+        row: r.row,
+        error_class: r.class.map(|c| c.to_string()),
+        http_status: r.http_status,
+        error: r.error.as_deref(),
+        attempts: r.attempts,
+        first_attempt: rfc3339(r.first_attempt_ms),
+        last_attempt: rfc3339(r.last_attempt_ms),
+        attempt_classes: r
+            .attempt_errors
+            .iter()
+            .map(|n| match n.http_status {
+                Some(s) => format!("{} {s}", n.class),
+                None => n.class.to_string(),
+            })
+            .collect(),
+        rerun: r.rerun,
+    }
+}
+
+/// Write the failed IDs matching `filter` to `out`, in input order. Returns how many.
+pub fn failures(
+    store: &impl Store,
+    format: FailuresFormat,
+    filter: &FailureFilter,
+    out: &mut dyn Write,
+) -> Result<u64, ExportError> {
+    let mut count = 0;
+    let columns = [
+        "id",
+        "bucket",
+        "row",
+        "error_class",
+        "http_status",
+        "error",
+        "attempts",
+        "first_attempt",
+        "last_attempt",
+        "attempt_classes",
+    ];
+    match format {
+        FailuresFormat::Table => writeln!(
+            out,
+            "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} ERROR",
+            "ID", "BUCKET", "CLASS", "HTTP", "ATTEMPTS", "FIRST ATTEMPT", "LAST ATTEMPT"
+        )?,
+        FailuresFormat::Csv => {
+            out.write_all((columns.join(",") + "\n").as_bytes())?;
+        }
+        FailuresFormat::Jsonl => {}
+    }
+    store.for_each_failure(filter.bucket, &mut |id, r| {
+        if let Some(class) = &filter.class {
+            if r.class.map(|c| c.to_string()).as_deref() != Some(class.as_str()) {
+                return Ok(());
+            }
+        }
+        let row = failure_row(id, r);
+        match format {
+            FailuresFormat::Jsonl => {
+                serde_json::to_writer(&mut *out, &row).map_err(io::Error::from)?;
+                out.write_all(b"\n")?;
+            }
+            FailuresFormat::Csv => {
+                let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+                w.write_record([
+                    row.id,
+                    &row.bucket.to_string(),
+                    &row.row.to_string(),
+                    row.error_class.as_deref().unwrap_or_default(),
+                    &row.http_status.map(|s| s.to_string()).unwrap_or_default(),
+                    row.error.unwrap_or_default(),
+                    &row.attempts.to_string(),
+                    row.first_attempt.as_deref().unwrap_or_default(),
+                    row.last_attempt.as_deref().unwrap_or_default(),
+                    &row.attempt_classes.join(";"),
+                ])
+                .map_err(csv_io)?;
+                out.write_all(&w.into_inner().map_err(|e| e.into_error())?)?;
+            }
+            FailuresFormat::Table => writeln!(
+                out,
+                "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
+                row.id,
+                row.bucket,
+                row.error_class.as_deref().unwrap_or("-"),
+                row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
+                row.attempts,
+                row.first_attempt.as_deref().unwrap_or("-"),
+                row.last_attempt.as_deref().unwrap_or("-"),
+                row.error.unwrap_or("-"),
+            )?,
+        }
+        count += 1;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(count)
+}
+
+/// How many buckets with failures the human `status` names (`--json` has more).
+const HUMAN_BUCKETS_SHOWN: usize = 20;
+
+/// What `status` says about failures: the buckets committed with failures (the first
+/// `cap`, with the total) and the failed IDs by error class.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FailureSummary {
+    pub buckets: Vec<u64>,
+    pub buckets_total: u64,
+    pub by_class: std::collections::BTreeMap<String, u64>,
+}
+
+impl FailureSummary {
+    /// Read from the commit records (and the items of buckets they do not cover).
+    pub fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
+        let failed = store.failed_buckets()?;
+        let mut s = FailureSummary {
+            buckets: failed.iter().take(cap).map(|c| c.bucket).collect(),
+            buckets_total: failed.len() as u64,
+            by_class: Default::default(),
+        };
+        // Commit records count their failures by class; only buckets committed before they
+        // did, and buckets not committed yet, are counted from their items.
+        let mut scan: Vec<u64> = store.open_buckets()?.iter().map(|o| o.bucket).collect();
+        for c in &failed {
+            if c.classes_complete() {
+                for (class, n) in &c.failed_by_class {
+                    *s.by_class.entry(class.clone()).or_default() += n;
+                }
+            } else {
+                scan.push(c.bucket);
+            }
+        }
+        for bucket in scan {
+            store.for_each_failure(Some(bucket), &mut |_, r| {
+                *s.by_class.entry(crate::store::class_name(r)).or_default() += 1;
+                Ok(())
+            })?;
+        }
+        Ok(s)
+    }
+
+    /// Human lines for `status`.
+    pub fn render(&self) -> String {
+        if self.buckets_total == 0 {
+            return String::new();
+        }
+        let list: Vec<String> = self
+            .buckets
+            .iter()
+            .take(HUMAN_BUCKETS_SHOWN)
+            .map(u64::to_string)
+            .collect();
+        let more = self.buckets_total - list.len() as u64;
+        let classes: Vec<String> = self
+            .by_class
+            .iter()
+            .map(|(c, n)| format!("{c} {n}"))
+            .collect();
+        format!(
+            "committed with failures: {} bucket(s): {}{}\nfailed by class: {}\n",
+            self.buckets_total,
+            list.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
+            classes.join(", ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_failure_summary_names_a_few_buckets_and_counts_the_rest() {
+        let s = FailureSummary {
+            buckets: (0..100).collect(),
+            buckets_total: 250,
+            by_class: [("http".to_string(), 7), ("timeout".to_string(), 2)].into(),
+        };
+        let text = s.render();
+        assert!(text.contains("250 bucket(s): 0, 1,"), "{text}");
+        assert!(text.contains("19 and 230 more"), "{text}");
+        assert!(text.contains("http 7, timeout 2"), "{text}");
+        assert_eq!(FailureSummary::default().render(), "");
+    }
+
+    #[tokio::test]
+    async fn classes_come_from_commit_records_or_from_the_items_of_older_ones() {
+        use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+        use crate::store::{CommitRecord, OffsetRecord, PlannedBucket, PlannerState};
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let offset = |bucket| OffsetRecord {
+            bucket,
+            start: Default::default(),
+            end: Default::default(),
+            items: 1,
+            duplicates: 0,
+            bad_lines: 0,
+            input: crate::input::Fingerprint { len: 1, xxh3: 1 },
+            planned_at_ms: 0,
+        };
+        let planned = |bucket: u64, id: &str| PlannedBucket {
+            offset: offset(bucket),
+            items: vec![(bucket, id.to_string())],
+            bad_lines: vec![],
+        };
+        s.plan(
+            &[planned(0, "a"), planned(1, "b")],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        let failed = |bucket| {
+            let mut r = ItemRecord::pending(bucket, bucket);
+            r.status = ItemStatus::Failed;
+            r.class = Some(crate::retry::ErrorClass::Http);
+            r
+        };
+        s.record(&[("a".into(), failed(0)), ("b".into(), failed(1))])
+            .unwrap();
+        s.commit(&[
+            // Written before commit records counted classes: counted from the items.
+            CommitRecord {
+                bucket: 0,
+                failed: 1,
+                ..CommitRecord::default()
+            },
+            // Complete: taken as it is (the class differs on purpose, to tell them apart).
+            CommitRecord {
+                bucket: 1,
+                failed: 1,
+                failed_by_class: [("timeout".to_string(), 1)].into(),
+                ..CommitRecord::default()
+            },
+        ])
+        .unwrap();
+        let summary = FailureSummary::of(&s, 10).unwrap();
+        assert_eq!(summary.buckets, vec![0, 1]);
+        assert_eq!(
+            summary.by_class,
+            [("http".to_string(), 1), ("timeout".to_string(), 1)].into()
+        );
+    }
 }

@@ -11,13 +11,19 @@
 //!   duplicates; an ID of a planned bucket without a record is pending;
 //! - the **commit log** ([`CommitRecord`], one per bucket): written only after every result of
 //!   the bucket is durable;
-//! - the job's spec and the planner's position in the input.
+//! - the job's spec and the planner's position in the input;
+//! - **reruns** ([`RerunRecord`], numbered from 1): a rerun is a second log beside the job's
+//!   own, with its fixed selection of IDs cut into rerun buckets ([`RerunBucket`]), written
+//!   and made durable before any of them is called, and a commit record per rerun bucket
+//!   written only after its new results are durable. Committing a rerun bucket also moves
+//!   the ok/failed counts of the job buckets its IDs belong to, in the same atomic write.
 //!
 //! The embedded default is [`sled`](sled_store::SledStore); the trait is what a shared backend
 //! implements to let several workers share a job.
 
 pub mod sled_store;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
@@ -76,13 +82,65 @@ pub struct OffsetRecord {
     pub planned_at_ms: u64,
 }
 
-/// The completion record of one bucket: all its results are durable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The completion record of one bucket: all its results are durable. A bucket whose record
+/// counts failures is "committed with failures".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitRecord {
     pub bucket: u64,
     pub ok: u64,
     pub failed: u64,
     pub committed_at_ms: u64,
+    /// The failed IDs by error class (absent in records written before it existed: then
+    /// its sum is not `failed`, and readers count from the items).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl CommitRecord {
+    pub fn new(bucket: u64, tally: Tally) -> CommitRecord {
+        CommitRecord {
+            bucket,
+            ok: tally.ok,
+            failed: tally.failed,
+            committed_at_ms: crate::job::now_ms(),
+            failed_by_class: tally.failed_by_class,
+        }
+    }
+
+    /// Whether `failed_by_class` accounts for every failure.
+    pub fn classes_complete(&self) -> bool {
+        self.failed_by_class.values().sum::<u64>() == self.failed
+    }
+}
+
+/// Counts of final results, as a commit record keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub ok: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    /// Count one record (pending ones are not counted).
+    pub fn add(&mut self, record: &ItemRecord) {
+        match record.status {
+            ItemStatus::Ok => self.ok += 1,
+            ItemStatus::Failed => {
+                self.failed += 1;
+                *self.failed_by_class.entry(class_name(record)).or_default() += 1;
+            }
+            ItemStatus::Pending => {}
+        }
+    }
+}
+
+/// The error class of a failed record, as `failures --class` names it.
+pub fn class_name(record: &ItemRecord) -> String {
+    record
+        .class
+        .map_or_else(|| "unknown".to_string(), |c| c.to_string())
 }
 
 /// Where an item stands.
@@ -118,6 +176,15 @@ pub struct ItemRecord {
     pub latency_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
+    /// When the item's first attempt started (across reruns: the very first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_ms: Option<u64>,
+    /// When the item's last attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<u64>,
+    /// The rerun that wrote this record (none: the job's own run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<u32>,
 }
 
 impl ItemRecord {
@@ -134,11 +201,28 @@ impl ItemRecord {
             attempt_errors: Vec::new(),
             latency_ms: None,
             finished_at_ms: None,
+            first_attempt_ms: None,
+            last_attempt_ms: None,
+            rerun: None,
         }
     }
 
     pub fn is_final(&self) -> bool {
         self.status != ItemStatus::Pending
+    }
+
+    /// Carry the history of `prior` (the record this one replaces in a rerun) into this
+    /// one: attempts add up, earlier attempt errors come first (with the prior final error
+    /// when it was a failure), the first attempt time is the earliest.
+    pub fn continue_from(&mut self, prior: &ItemRecord) {
+        self.attempts += prior.attempts;
+        let mut errors = prior.attempt_errors.clone();
+        errors.append(&mut self.attempt_errors);
+        self.attempt_errors = errors;
+        self.first_attempt_ms = match (prior.first_attempt_ms, self.first_attempt_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -168,6 +252,99 @@ pub struct PlannerState {
     pub cursor: Cursor,
     /// The input has been read to its end.
     pub exhausted: bool,
+}
+
+/// Which IDs a rerun calls again, fixed when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RerunSelection {
+    /// Every failed ID of the job (`--failed`).
+    Failed,
+    /// The failed IDs of these buckets, or all their IDs (`--buckets`, `--all-items`).
+    Buckets { buckets: Vec<u64>, all_items: bool },
+    /// Exactly the IDs of a file (`--ids`).
+    Ids {
+        file: PathBuf,
+        fingerprint: Fingerprint,
+    },
+}
+
+impl std::fmt::Display for RerunSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RerunSelection::Failed => write!(f, "--failed"),
+            RerunSelection::Buckets { buckets, all_items } => {
+                let list: Vec<String> = buckets.iter().map(u64::to_string).collect();
+                write!(f, "--buckets {}", list.join(","))?;
+                if *all_items {
+                    write!(f, " --all-items")?;
+                }
+                Ok(())
+            }
+            RerunSelection::Ids { file, .. } => write!(f, "--ids {}", file.display()),
+        }
+    }
+}
+
+/// A rerun: its number, what it selected, and how big it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RerunRecord {
+    /// 1, 2, ... in creation order.
+    pub number: u32,
+    pub selection: RerunSelection,
+    /// Rerun buckets and IDs in the selection.
+    pub buckets: u64,
+    pub ids: u64,
+    pub created_at_ms: u64,
+}
+
+/// How many IDs of one job bucket a rerun bucket holds, by their status before the rerun.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobBucketShare {
+    pub bucket: u64,
+    pub ok: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+/// The write-ahead record of one rerun bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RerunOffset {
+    pub rerun: u32,
+    pub bucket: u64,
+    /// IDs in the rerun bucket.
+    pub items: u64,
+    /// Its IDs per job bucket, by status before the rerun: what its commit moves.
+    pub before: Vec<JobBucketShare>,
+    pub planned_at_ms: u64,
+}
+
+/// One rerun bucket, written ahead of its work.
+#[derive(Debug, Clone)]
+pub struct RerunBucket {
+    pub offset: RerunOffset,
+    /// The IDs with their input rows, in input order.
+    pub items: Vec<(u64, String)>,
+}
+
+/// Where a rerun stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RerunStats {
+    pub number: u32,
+    pub buckets: u64,
+    pub buckets_committed: u64,
+    pub ids: u64,
+    /// IDs with a result written by this rerun, by outcome.
+    pub ok: u64,
+    pub failed: u64,
+    pub pending: u64,
+}
+
+impl RerunStats {
+    pub fn finished(&self) -> bool {
+        self.buckets_committed == self.buckets
+    }
 }
 
 /// Figures derived from the store's records.
@@ -233,6 +410,48 @@ pub trait Store: Send + Sync + 'static {
     fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError>;
     /// Figures for `status` and the run summary.
     fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// The record of one ID (none: not planned, or pending).
+    fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError>;
+    /// A planned bucket's offset record.
+    fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError>;
+    /// A bucket's commit record.
+    fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError>;
+    /// Commit records of buckets committed with failures, in bucket order.
+    fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError>;
+    /// Every failed record (of `bucket` only, if given) in input order. Only buckets whose
+    /// commit record counts failures, or that are not committed, are read.
+    fn for_each_failure(
+        &self,
+        bucket: Option<u64>,
+        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+    ) -> Result<(), ExportError>;
+    /// Move the planner (the input grew: planning goes on from where it stopped).
+    fn set_planner(&self, planner: &PlannerState) -> Result<(), StoreError>;
+
+    /// Every rerun, oldest first.
+    fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError>;
+    /// Atomically write a new rerun with all its buckets. Callers sync before dispatching.
+    fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError>;
+    /// A rerun's buckets without a commit record, in bucket order.
+    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError>;
+    /// A rerun bucket's IDs, in input order, with their current records.
+    fn rerun_bucket_items(
+        &self,
+        offset: &RerunOffset,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError>;
+    /// Write commit records of rerun buckets, and move the counts of the job buckets their
+    /// IDs belong to, atomically. Callers make the results durable first.
+    fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError>;
+    /// Where a rerun stands.
+    fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError>;
+}
+
+/// Which commit log a run writes to: the job's, or a rerun's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    Job,
+    Rerun(u32),
 }
 
 /// Errors while walking the results for an export.

@@ -13,7 +13,14 @@
 //!              (binary: per ID, row u64 LE, length u32 LE, UTF-8 bytes)
 //!     items    ID bytes → ItemRecord JSON, written once the item is final
 //!     bad      row (u64 BE) → BadLine JSON
+//!     reruns         rerun (u32 BE) → RerunRecord JSON
+//!     rerun_offsets  rerun (u32 BE) ++ bucket (u64 BE) → RerunOffset JSON (a rerun's offset log)
+//!     rerun_ids      same key → the rerun bucket's IDs with their rows (as in `ids`)
+//!     rerun_commits  same key → CommitRecord JSON                (a rerun's commit log)
 //! ```
+//!
+//! Stores written before reruns existed simply have these trees empty; item records without
+//! the newer fields (attempt times, rerun) read with those fields unset.
 //!
 //! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
 //! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
@@ -49,6 +56,10 @@ pub struct SledStore {
     ids: sled::Tree,
     items: sled::Tree,
     bad: sled::Tree,
+    reruns: sled::Tree,
+    rerun_offsets: sled::Tree,
+    rerun_ids: sled::Tree,
+    rerun_commits: sled::Tree,
     /// Highest buckets written to the offset and commit logs.
     written: Watermarks,
     marker: std::sync::Mutex<MarkerState>,
@@ -184,6 +195,10 @@ impl SledStore {
             ids: tree("ids")?,
             items: tree("items")?,
             bad: tree("bad")?,
+            reruns: tree("reruns")?,
+            rerun_offsets: tree("rerun_offsets")?,
+            rerun_ids: tree("rerun_ids")?,
+            rerun_commits: tree("rerun_commits")?,
             db,
             written: Watermarks::default(),
             marker: std::sync::Mutex::new(MarkerState {
@@ -375,6 +390,54 @@ impl SledStore {
                 .get(&self.items, id.as_bytes(), "item")?
                 .unwrap_or_else(|| ItemRecord::pending(row, offset.bucket));
             out.push((id, record));
+        }
+        Ok(out)
+    }
+}
+
+fn rerun_key(rerun: u32, bucket: u64) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..4].copy_from_slice(&rerun.to_be_bytes());
+    key[4..].copy_from_slice(&bucket.to_be_bytes());
+    key
+}
+
+impl SledStore {
+    /// A rerun bucket's IDs with their current records (every ID of a rerun has one).
+    fn rerun_items(&self, offset: &RerunOffset) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let corrupt = |reason: &str| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason: format!(
+                "the IDs of bucket {} of rerun {} {reason}",
+                offset.bucket, offset.rerun
+            ),
+        };
+        let blob = self
+            .rerun_ids
+            .get(rerun_key(offset.rerun, offset.bucket))
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| corrupt("are missing"))?;
+        let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (row, id) in ids {
+            let record: ItemRecord = self
+                .get(&self.items, id.as_bytes(), "item")?
+                .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
+            debug_assert_eq!(record.row, row);
+            out.push((id, record));
+        }
+        Ok(out)
+    }
+
+    fn decode_all<T: DeserializeOwned>(
+        &self,
+        iter: sled::Iter,
+        what: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for entry in iter {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            out.push(self.decode(what, &v)?);
         }
         Ok(out)
     }
@@ -671,6 +734,223 @@ impl Store for SledStore {
         s.pending = s.ids_planned - s.ok - s.failed;
         Ok(s)
     }
+
+    fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+        self.get(&self.items, id.as_bytes(), "item")
+    }
+
+    fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
+        self.get(&self.offsets, &bucket.to_be_bytes(), "offset")
+    }
+
+    fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
+        self.get(&self.commits, &bucket.to_be_bytes(), "commit")
+    }
+
+    fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
+        let all: Vec<CommitRecord> = self.decode_all(self.commits.iter(), "commit")?;
+        Ok(all.into_iter().filter(|c| c.failed > 0).collect())
+    }
+
+    fn for_each_failure(
+        &self,
+        bucket: Option<u64>,
+        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
+    ) -> Result<(), ExportError> {
+        let offsets: Vec<OffsetRecord> = match bucket {
+            Some(b) => self.offset(b)?.into_iter().collect(),
+            None => self.decode_all(self.offsets.iter(), "offset")?,
+        };
+        for offset in offsets {
+            if let Some(c) = self.commit_record(offset.bucket)? {
+                if c.failed == 0 {
+                    continue;
+                }
+            }
+            for (id, record) in self.items_of(&offset)? {
+                if record.status == ItemStatus::Failed {
+                    f(&id, &record)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_planner(&self, planner: &PlannerState) -> Result<(), StoreError> {
+        self.plan(&[], planner)
+    }
+
+    fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
+        self.decode_all(self.reruns.iter(), "rerun")
+    }
+
+    fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError> {
+        let mut offsets = sled::Batch::default();
+        let mut ids = sled::Batch::default();
+        for b in buckets {
+            let key = rerun_key(b.offset.rerun, b.offset.bucket);
+            offsets.insert(&key, json(&b.offset));
+            ids.insert(&key, encode_ids(&b.items));
+        }
+        let record = json(rerun);
+        (&self.reruns, &self.rerun_offsets, &self.rerun_ids)
+            .transaction(|(r, o, i)| {
+                o.apply_batch(&offsets)?;
+                i.apply_batch(&ids)?;
+                r.insert(&rerun.number.to_be_bytes(), record.as_slice())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e, "rerun creation aborted"))
+    }
+
+    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            if !self
+                .rerun_commits
+                .contains_key(&key)
+                .map_err(|e| self.err(e))?
+            {
+                out.push(self.decode("rerun offset", &value)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn rerun_bucket_items(
+        &self,
+        offset: &RerunOffset,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        self.rerun_items(offset)
+    }
+
+    fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        // What each commit moves in the job's commit log: per job bucket, the statuses of the
+        // rerun bucket's IDs now against before the rerun.
+        #[derive(Default)]
+        struct Moved {
+            ok: i64,
+            failed: i64,
+            classes: std::collections::BTreeMap<String, i64>,
+        }
+        let mut moved: std::collections::BTreeMap<u64, Moved> = Default::default();
+        let mut batch = sled::Batch::default();
+        for c in commits {
+            let key = rerun_key(rerun, c.bucket);
+            if self
+                .rerun_commits
+                .contains_key(key)
+                .map_err(|e| self.err(e))?
+            {
+                continue; // already committed: its move is already applied
+            }
+            let offset: RerunOffset = self
+                .get(&self.rerun_offsets, &key, "rerun offset")?
+                .ok_or_else(|| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    reason: format!("rerun {rerun} commits bucket {} it never planned", c.bucket),
+                })?;
+            for share in &offset.before {
+                let m = moved.entry(share.bucket).or_default();
+                m.ok -= share.ok as i64;
+                m.failed -= share.failed as i64;
+                for (class, n) in &share.failed_by_class {
+                    *m.classes.entry(class.clone()).or_default() -= *n as i64;
+                }
+            }
+            for (_, record) in self.rerun_items(&offset)? {
+                let m = moved.entry(record.bucket).or_default();
+                match record.status {
+                    ItemStatus::Ok => m.ok += 1,
+                    ItemStatus::Failed => {
+                        m.failed += 1;
+                        *m.classes.entry(class_name(&record)).or_default() += 1;
+                    }
+                    ItemStatus::Pending => {}
+                }
+            }
+            batch.insert(&key, json(c));
+        }
+        let mut job = sled::Batch::default();
+        for (bucket, m) in moved {
+            if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
+                continue;
+            }
+            if let Some(mut c) = self.commit_record(bucket)? {
+                c.ok = (c.ok as i64 + m.ok).max(0) as u64;
+                c.failed = (c.failed as i64 + m.failed).max(0) as u64;
+                for (class, n) in m.classes {
+                    let count = c.failed_by_class.entry(class.clone()).or_default();
+                    *count = (*count as i64 + n).max(0) as u64;
+                    if *count == 0 {
+                        c.failed_by_class.remove(&class);
+                    }
+                }
+                job.insert(&bucket.to_be_bytes(), json(&c));
+            }
+        }
+        (&self.rerun_commits, &self.commits)
+            .transaction(|(r, c)| {
+                r.apply_batch(&batch)?;
+                c.apply_batch(&job)?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e, "rerun commit aborted"))
+    }
+
+    fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError> {
+        let record: Option<RerunRecord> = self.get(&self.reruns, &rerun.to_be_bytes(), "rerun")?;
+        let Some(record) = record else {
+            return Ok(RerunStats {
+                number: rerun,
+                ..RerunStats::default()
+            });
+        };
+        let mut s = RerunStats {
+            number: rerun,
+            buckets: record.buckets,
+            ids: record.ids,
+            ..RerunStats::default()
+        };
+        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            match self.rerun_commits.get(&key).map_err(|e| self.err(e))? {
+                Some(c) => {
+                    let c: CommitRecord = self.decode("rerun commit", &c)?;
+                    s.buckets_committed += 1;
+                    s.ok += c.ok;
+                    s.failed += c.failed;
+                }
+                None => {
+                    let offset: RerunOffset = self.decode("rerun offset", &value)?;
+                    for (_, r) in self.rerun_items(&offset)? {
+                        if r.rerun == Some(rerun) {
+                            match r.status {
+                                ItemStatus::Ok => s.ok += 1,
+                                ItemStatus::Failed => s.failed += 1,
+                                ItemStatus::Pending => {}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        s.pending = s.ids.saturating_sub(s.ok + s.failed);
+        Ok(s)
+    }
+}
+
+impl SledStore {
+    fn tx_err(&self, e: TransactionError<()>, what: &str) -> StoreError {
+        match e {
+            TransactionError::Storage(e) => self.err(e),
+            TransactionError::Abort(()) => StoreError::Backend {
+                path: self.path.clone(),
+                reason: what.into(),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -759,7 +1039,7 @@ mod tests {
                 bucket: 0,
                 ok: 1,
                 failed: 1,
-                committed_at_ms: 0,
+                ..CommitRecord::default()
             }])
             .unwrap();
             s.record(&[("d".into(), done(3, 1, true))]).unwrap();
@@ -855,6 +1135,137 @@ mod tests {
         assert!(
             matches!(err, StoreError::Version { found: 99, .. }),
             "{err}"
+        );
+    }
+
+    fn unknown(n: u64) -> std::collections::BTreeMap<String, u64> {
+        [("unknown".to_string(), n)].into()
+    }
+
+    #[tokio::test]
+    async fn a_rerun_commit_moves_the_job_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        s.plan(
+            &[
+                planned(0, &[(0, "a"), (1, "b")], 2),
+                planned(1, &[(2, "c"), (3, "d")], 4),
+            ],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        s.record(&[
+            ("a".into(), done(0, 0, true)),
+            ("b".into(), done(1, 0, false)),
+            ("c".into(), done(2, 1, false)),
+            ("d".into(), done(3, 1, false)),
+        ])
+        .unwrap();
+        s.commit(&[
+            CommitRecord {
+                bucket: 0,
+                ok: 1,
+                failed: 1,
+                committed_at_ms: 0,
+                failed_by_class: unknown(1),
+            },
+            CommitRecord {
+                bucket: 1,
+                ok: 0,
+                failed: 2,
+                committed_at_ms: 0,
+                failed_by_class: unknown(2),
+            },
+        ])
+        .unwrap();
+        let mut failed = vec![];
+        s.for_each_failure(None, &mut |id, _| {
+            failed.push(id.to_string());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(failed, ["b", "c", "d"]);
+        assert_eq!(s.failed_buckets().unwrap().len(), 2);
+
+        let rerun = RerunRecord {
+            number: 1,
+            selection: RerunSelection::Failed,
+            buckets: 1,
+            ids: 2,
+            created_at_ms: 0,
+        };
+        let bucket = RerunBucket {
+            offset: RerunOffset {
+                rerun: 1,
+                bucket: 0,
+                items: 2,
+                before: vec![
+                    JobBucketShare {
+                        bucket: 0,
+                        ok: 0,
+                        failed: 1,
+                        failed_by_class: unknown(1),
+                    },
+                    JobBucketShare {
+                        bucket: 1,
+                        ok: 0,
+                        failed: 1,
+                        failed_by_class: unknown(1),
+                    },
+                ],
+                planned_at_ms: 0,
+            },
+            items: vec![(1, "b".into()), (2, "c".into())],
+        };
+        s.create_rerun(&rerun, &[bucket]).unwrap();
+        assert_eq!(s.reruns().unwrap(), vec![rerun]);
+        let open = s.rerun_open_buckets(1).unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(s.rerun_bucket_items(&open[0]).unwrap().len(), 2);
+        assert!(!s.rerun_stats(1).unwrap().finished());
+
+        // b heals, c fails again.
+        let mut b = done(1, 0, true);
+        b.rerun = Some(1);
+        let mut c = done(2, 1, false);
+        c.rerun = Some(1);
+        s.record(&[("b".into(), b), ("c".into(), c)]).unwrap();
+        let commit = CommitRecord {
+            bucket: 0,
+            ok: 1,
+            failed: 1,
+            ..CommitRecord::default()
+        };
+        s.commit_rerun(1, std::slice::from_ref(&commit)).unwrap();
+        s.commit_rerun(1, &[commit]).unwrap(); // a repeat moves nothing
+        let stats = s.stats().unwrap();
+        assert_eq!((stats.ok, stats.failed), (2, 2));
+        let (c0, c1) = (
+            s.commit_record(0).unwrap().unwrap(),
+            s.commit_record(1).unwrap().unwrap(),
+        );
+        assert_eq!((c0.failed, c0.failed_by_class.len()), (0, 0));
+        assert_eq!((c1.failed, c1.failed_by_class.clone()), (2, unknown(2)));
+        assert!(c0.classes_complete() && c1.classes_complete());
+        assert_eq!(s.failed_buckets().unwrap().len(), 1);
+        let r = s.rerun_stats(1).unwrap();
+        assert!(r.finished());
+        assert_eq!((r.ok, r.failed, r.pending), (1, 1, 0));
+        assert!(s.rerun_open_buckets(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn records_written_before_the_newer_fields_still_load() {
+        let old = r#"{"bucket":4,"ok":9,"failed":1,"committed_at_ms":5}"#;
+        let c: CommitRecord = serde_json::from_str(old).unwrap();
+        assert!(c.failed_by_class.is_empty() && !c.classes_complete());
+        let old = r#"{"row":3,"bucket":0,"status":"failed","http_status":404,"class":"http","error":"HTTP 404","attempts":1}"#;
+        let r: ItemRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.status, ItemStatus::Failed);
+        assert_eq!(
+            (r.first_attempt_ms, r.last_attempt_ms, r.rerun),
+            (None, None, None)
         );
     }
 }

@@ -276,17 +276,24 @@ fn changed_input_on_resume_is_refused() {
     h.run_new(&state, &input, &h.url(), &[])
         .expect_refused(1, &["changed"]);
 
-    // Lines appended.
-    let mut appended = original.clone();
-    appended.extend_from_slice(b"id-new\n");
-    std::fs::write(&input, &appended).unwrap();
-    h.resume(&state, &[]).expect_refused(1, &["changed"]);
     assert_eq!(h.api.total_calls(), calls, "a refused resume calls no one");
 
     // Put back as it was: accepted again.
     std::fs::write(&input, &original).unwrap();
     h.resume(&state, &[]).expect_no_panic().expect_code(0);
     assert_eq!(h.api.total_calls(), calls);
+
+    // Lines appended are a grown input (see reruns.rs): only the new line is called. The old
+    // content is then shorter than the stored input: refused.
+    let mut appended = original.clone();
+    appended.extend_from_slice(b"id-new\n");
+    std::fs::write(&input, &appended).unwrap();
+    h.resume(&state, &[]).expect_no_panic().expect_code(0);
+    assert_eq!(h.api.total_calls(), calls + 1);
+    assert_eq!(h.api.calls("id-new"), 1);
+    std::fs::write(&input, &original).unwrap();
+    h.resume(&state, &[])
+        .expect_refused(1, &["changed", "shorter than at creation"]);
 }
 
 #[test]

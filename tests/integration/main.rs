@@ -10,4 +10,5 @@ mod crash;
 mod durability;
 mod jobs;
 mod progress;
+mod reruns;
 mod throttle;

@@ -1,0 +1,340 @@
+//! Reruns: calling chosen IDs of a job's committed buckets again, crash-safely.
+//!
+//! Owns what a rerun selects ([`RerunAsk`] → [`RerunSelection`]) and how it is written
+//! ahead ([`prepare`]): the selected IDs, in input order, are cut into rerun buckets of the
+//! job's bucket size and stored with the rerun before any of them is called, so the
+//! selection is fixed at creation and a resume (the same command after a kill -9) replays
+//! exactly the same IDs, skipping those whose new result is already durable. The engine
+//! runs a rerun with the same dispatcher and writer as a job ([`crate::engine::run_log`]).
+//!
+//! Never rerun what is not asked: `--failed` and `--buckets` select only IDs whose record is
+//! failed; only `--all-items` (explicit) and `--ids` (an explicit list) select IDs that
+//! succeeded.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use crate::input::Fingerprint;
+use crate::job::{now_ms, JobSpec};
+use crate::store::{
+    class_name, ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset,
+    RerunRecord, RerunSelection, Store, StoreError,
+};
+
+/// What the command line asks a rerun to call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RerunAsk {
+    /// Every failed ID.
+    Failed,
+    /// The failed IDs of these buckets, or all of their IDs.
+    Buckets { buckets: Vec<u64>, all_items: bool },
+    /// The IDs listed in a file, one per line.
+    Ids(PathBuf),
+}
+
+/// Errors while preparing a rerun.
+#[derive(Debug, thiserror::Error)]
+pub enum RerunError {
+    /// The command asks for something that cannot be (a wrong bucket number and the like).
+    #[error("{0}")]
+    Usage(String),
+    #[error("{file}:{line}: {id:?} is not an ID of this job (no bucket of the job holds it); nothing was called")]
+    UnknownId {
+        file: PathBuf,
+        line: u64,
+        id: String,
+    },
+    #[error("{file}:{line}: {reason}")]
+    IdsFile {
+        file: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error("rerun {number} ({selection}) is not finished; finish it first with the same command: highwater rerun --state {state} {selection}")]
+    Unfinished {
+        number: u32,
+        selection: String,
+        state: String,
+    },
+    #[error("the job has {0} bucket(s) not committed yet; finish the run first (highwater run --state DIR), then rerun")]
+    JobInFlight(u64),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<ExportError> for RerunError {
+    fn from(e: ExportError) -> Self {
+        match e {
+            ExportError::Store(e) => RerunError::Store(e),
+            ExportError::Write(e) => RerunError::Usage(format!("reading the store: {e}")),
+        }
+    }
+}
+
+/// The rerun to run: a new one, or the unfinished one asked for again.
+#[derive(Debug, Clone)]
+pub enum Prepared {
+    /// The selection is empty; nothing to call.
+    Nothing(String),
+    /// Run this rerun (`resumed`: it existed, unfinished).
+    Ready { rerun: RerunRecord, resumed: bool },
+}
+
+/// The unfinished rerun, if any (only the last one can be).
+pub fn unfinished<S: Store>(store: &S) -> Result<Option<RerunRecord>, StoreError> {
+    let Some(last) = store.reruns()?.pop() else {
+        return Ok(None);
+    };
+    Ok((!store.rerun_stats(last.number)?.finished()).then_some(last))
+}
+
+/// Resume the unfinished rerun if `ask` is the same, or create a new rerun and make it
+/// durable (its record and all its buckets) before returning.
+pub async fn prepare<S: Store>(
+    store: &S,
+    spec: &JobSpec,
+    ask: &RerunAsk,
+    state: &Path,
+) -> Result<Prepared, RerunError> {
+    let selection = match ask {
+        RerunAsk::Failed => RerunSelection::Failed,
+        RerunAsk::Buckets { buckets, all_items } => {
+            let mut buckets = buckets.clone();
+            buckets.sort_unstable();
+            buckets.dedup();
+            RerunSelection::Buckets {
+                buckets,
+                all_items: *all_items,
+            }
+        }
+        RerunAsk::Ids(file) => {
+            let file = std::fs::canonicalize(file).map_err(|source| RerunError::Io {
+                path: file.clone(),
+                source,
+            })?;
+            let fingerprint = Fingerprint::of_file(&file)?;
+            RerunSelection::Ids { file, fingerprint }
+        }
+    };
+    if let Some(open) = unfinished(store)? {
+        if open.selection == selection {
+            return Ok(Prepared::Ready {
+                rerun: open,
+                resumed: true,
+            });
+        }
+        return Err(RerunError::Unfinished {
+            number: open.number,
+            selection: open.selection.to_string(),
+            state: state.display().to_string(),
+        });
+    }
+    let in_flight = store.stats()?.buckets_in_flight;
+    if in_flight > 0 {
+        return Err(RerunError::JobInFlight(in_flight));
+    }
+    let selected = select(store, &selection)?;
+    if selected.is_empty() {
+        return Ok(Prepared::Nothing(match &selection {
+            RerunSelection::Ids { .. } => "the --ids file lists no IDs".into(),
+            _ => format!("no failed IDs to rerun ({selection})"),
+        }));
+    }
+    let number = store.reruns()?.last().map_or(1, |r| r.number + 1);
+    let buckets = cut(number, &selected, spec.bucket_size);
+    let rerun = RerunRecord {
+        number,
+        selection,
+        buckets: buckets.len() as u64,
+        ids: selected.len() as u64,
+        created_at_ms: now_ms(),
+    };
+    store.create_rerun(&rerun, &buckets)?;
+    store.sync().await?;
+    Ok(Prepared::Ready {
+        rerun,
+        resumed: false,
+    })
+}
+
+/// The selected IDs with their records, in input order.
+fn select<S: Store>(
+    store: &S,
+    selection: &RerunSelection,
+) -> Result<Vec<(String, ItemRecord)>, RerunError> {
+    let mut out = Vec::new();
+    match selection {
+        RerunSelection::Failed => store.for_each_failure(None, &mut |id, r| {
+            out.push((id.to_owned(), r.clone()));
+            Ok(())
+        })?,
+        RerunSelection::Buckets { buckets, all_items } => {
+            let planned = store.stats()?.buckets_planned;
+            for &b in buckets {
+                let Some(offset) = store.offset(b)? else {
+                    return Err(RerunError::Usage(format!(
+                        "--buckets: the job has no bucket {b} (its buckets are 0 to {})",
+                        planned.saturating_sub(1)
+                    )));
+                };
+                if *all_items {
+                    out.extend(store.bucket_items(&offset)?);
+                } else {
+                    store.for_each_failure(Some(b), &mut |id, r| {
+                        out.push((id.to_owned(), r.clone()));
+                        Ok(())
+                    })?;
+                }
+            }
+        }
+        RerunSelection::Ids { file, .. } => {
+            let io = |source| RerunError::Io {
+                path: file.clone(),
+                source,
+            };
+            let reader = std::io::BufReader::new(std::fs::File::open(file).map_err(io)?);
+            let mut seen = HashSet::new();
+            for (n, line) in reader.split(b'\n').enumerate() {
+                let line_no = n as u64 + 1;
+                let line = line.map_err(io)?;
+                let text = std::str::from_utf8(&line).map_err(|_| RerunError::IdsFile {
+                    file: file.clone(),
+                    line: line_no,
+                    reason: "the line is not UTF-8".into(),
+                })?;
+                let id = text.trim();
+                if id.is_empty() || !seen.insert(id.to_owned()) {
+                    continue;
+                }
+                match store.item(id)? {
+                    Some(r) if r.is_final() => out.push((id.to_owned(), r)),
+                    _ => {
+                        return Err(RerunError::UnknownId {
+                            file: file.clone(),
+                            line: line_no,
+                            id: id.to_owned(),
+                        })
+                    }
+                }
+            }
+            out.sort_by_key(|(_, r)| r.row);
+        }
+    }
+    // A bucket listed twice, or buckets overlapping --ids, never select an ID twice.
+    let mut seen = HashSet::new();
+    out.retain(|(id, _)| seen.insert(id.clone()));
+    Ok(out)
+}
+
+/// Cut the selection into rerun buckets of `bucket_size` IDs, in order.
+fn cut(number: u32, selected: &[(String, ItemRecord)], bucket_size: u64) -> Vec<RerunBucket> {
+    let planned_at_ms = now_ms();
+    selected
+        .chunks(bucket_size.max(1) as usize)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut before: BTreeMap<u64, JobBucketShare> = BTreeMap::new();
+            for (_, r) in chunk {
+                let share = before.entry(r.bucket).or_insert_with(|| JobBucketShare {
+                    bucket: r.bucket,
+                    ..JobBucketShare::default()
+                });
+                match r.status {
+                    ItemStatus::Ok => share.ok += 1,
+                    ItemStatus::Failed => {
+                        share.failed += 1;
+                        *share.failed_by_class.entry(class_name(r)).or_default() += 1;
+                    }
+                    ItemStatus::Pending => {}
+                }
+            }
+            RerunBucket {
+                offset: RerunOffset {
+                    rerun: number,
+                    bucket: i as u64,
+                    items: chunk.len() as u64,
+                    before: before.into_values().collect(),
+                    planned_at_ms,
+                },
+                items: chunk.iter().map(|(id, r)| (r.row, id.clone())).collect(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(row: u64, bucket: u64, ok: bool) -> (String, ItemRecord) {
+        let mut r = ItemRecord::pending(row, bucket);
+        r.status = if ok {
+            ItemStatus::Ok
+        } else {
+            ItemStatus::Failed
+        };
+        (format!("id-{row}"), r)
+    }
+
+    #[test]
+    fn cut_is_in_order_and_counts_shares_per_job_bucket() {
+        let sel = vec![
+            rec(0, 0, false),
+            rec(3, 0, true),
+            rec(5, 1, false),
+            rec(9, 2, false),
+            rec(11, 2, false),
+        ];
+        let buckets = cut(4, &sel, 2);
+        assert_eq!(buckets.len(), 3);
+        assert_eq!(
+            buckets[0].items,
+            vec![(0, "id-0".into()), (3, "id-3".into())]
+        );
+        assert_eq!(
+            buckets[0].offset.before,
+            vec![JobBucketShare {
+                bucket: 0,
+                ok: 1,
+                failed: 1,
+                failed_by_class: [("unknown".to_string(), 1)].into(),
+            }]
+        );
+        assert_eq!(buckets[1].offset.before.len(), 2);
+        assert_eq!(buckets[2].offset.items, 1);
+        assert!(buckets.iter().all(|b| b.offset.rerun == 4));
+        assert_eq!(
+            buckets.iter().map(|b| b.offset.bucket).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+    }
+
+    #[test]
+    fn continue_from_keeps_the_history() {
+        let (_, mut prior) = rec(1, 0, false);
+        prior.attempts = 3;
+        prior.first_attempt_ms = Some(100);
+        prior.attempt_errors = vec![crate::retry::AttemptNote {
+            class: crate::retry::ErrorClass::Http,
+            http_status: Some(503),
+            free: false,
+        }];
+        let (_, mut now) = rec(1, 0, true);
+        now.attempts = 1;
+        now.first_attempt_ms = Some(900);
+        now.last_attempt_ms = Some(900);
+        now.continue_from(&prior);
+        assert_eq!(now.attempts, 4);
+        assert_eq!(now.first_attempt_ms, Some(100));
+        assert_eq!(now.last_attempt_ms, Some(900));
+        assert_eq!(now.attempt_errors.len(), 1);
+    }
+}
