@@ -155,7 +155,7 @@ fn granted_burst(rate: f64, burst: NonZeroU32) -> NonZeroU32 {
 
 /// The spread of the delay between a grant and the request reaching the API that the
 /// limiter leaves room for (see [`granted_burst`]).
-pub const SEND_JITTER: Duration = Duration::from_millis(2);
+pub const SEND_JITTER: Duration = Duration::from_millis(5);
 
 fn quota(rate: f64, burst: NonZeroU32) -> Quota {
     let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
