@@ -377,6 +377,16 @@ mod tests {
         assert_eq!(c.rate(), 5.0);
     }
 
+    #[test]
+    fn the_granted_burst_keeps_room_for_arrival_jitter() {
+        let g = |rate: f64, burst: u32| granted_burst(rate, NonZeroU32::new(burst).unwrap()).get();
+        assert_eq!(g(2000.0, 20), 10, "5 ms at 2000/s is 10 requests");
+        assert_eq!(g(200.0, 20), 19);
+        assert_eq!(g(100.0, 1), 1, "never below one");
+        assert_eq!(g(2000.0, 5), 1);
+        assert_eq!(g(10.0, 3), 2);
+    }
+
     #[tokio::test]
     async fn the_limiter_holds_its_rate_and_swaps_without_a_burst() {
         let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), 1);
