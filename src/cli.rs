@@ -55,7 +55,7 @@ const EXIT_CODES: &str = "Exit codes:
   1    the job could not proceed (input, state or store error)
   2    usage error
   3    the run completed but some IDs failed permanently
-  130  stopped by a signal (resume with `highwater run --state DIR`)";
+  130  stopped by a signal (run the same command again to resume)";
 
 #[derive(Debug, Parser)]
 #[command(name = "highwater", version, about = "Long, resumable enrichment jobs: one API call per ID, crash-safe", after_help = EXIT_CODES)]
