@@ -352,9 +352,12 @@ fn init_logging(verbose: u8, quiet: bool, json: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colours only on a terminal: a log file (nohup, systemd, a container) gets plain text.
+    let colour = crate::console::stderr_is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| crate::console::LogWriter)
+        .with_ansi(colour)
         .with_target(false);
     if json {
         fmt.json().init();

@@ -669,3 +669,35 @@ fn status_watch_ends_when_its_reader_goes_away() {
     signal(&child, libc::SIGTERM);
     finish(child).expect_code(130);
 }
+
+#[test]
+fn logs_written_to_a_file_carry_no_colour_codes() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &ids(50));
+    let state = h.state();
+    let url = h.url();
+    let args = [
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+        "--progress-interval",
+        "0",
+    ];
+    // stderr is a pipe here, as with nohup or systemd; NO_COLOR unset on purpose.
+    let run: Run = h
+        .cmd(&args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("the binary runs")
+        .into();
+    run.expect_code(0).expect_stderr("running");
+    assert!(
+        !run.stderr.contains('\x1b'),
+        "colour codes in a log: {:?}",
+        run.stderr
+    );
+}
