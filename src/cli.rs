@@ -645,8 +645,13 @@ async fn run_log(
         log,
     )
     .await;
+    // A rerun runs on a finished job: what ended is the rerun's own work.
+    let finished = |s: &RunSummary| match log {
+        Log::Job => s.job.finished(),
+        Log::Rerun(k) => lock.rerun_stats(k).is_ok_and(|r| r.finished()),
+    };
     let ending = match &outcome {
-        Ok(s) if s.job.finished() => "finished",
+        Ok(s) if finished(s) => "finished",
         Ok(s) if s.halted.is_some() => "halted",
         Ok(s) if s.interrupted => "stopped",
         Ok(_) => "not finished",

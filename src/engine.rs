@@ -220,7 +220,10 @@ pub async fn run_log<S: Store>(
     let mut reader = if planner_state.exhausted {
         None
     } else {
-        Some(InputReader::open(&spec.input, planner_state.cursor).map_err(PlanError::from)?)
+        Some(
+            InputReader::open_bounded(&spec.input, planner_state.cursor, spec.fingerprint.len)
+                .map_err(PlanError::from)?,
+        )
     };
     // The run's own stop: asked for from outside, or by the run itself (a halt).
     let (own_stop, stop_inner) = stop_pair();

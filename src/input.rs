@@ -161,12 +161,12 @@ pub struct InputReader {
 
 enum Inner {
     Lines {
-        reader: BufReader<File>,
+        reader: BufReader<Bounded>,
         buf: Vec<u8>,
         json_field: Option<String>,
     },
     Csv {
-        reader: Box<csv::Reader<File>>,
+        reader: Box<csv::Reader<Bounded>>,
         column: usize,
         record: csv::ByteRecord,
         /// Length of the file when its last byte is not a newline: the last record's line
@@ -178,6 +178,18 @@ enum Inner {
 impl InputReader {
     /// Open `spec.path` and position it at `cursor` (use `Cursor::default()` for the start).
     pub fn open(spec: &InputSpec, cursor: Cursor) -> Result<InputReader, InputError> {
+        Self::open_bounded(spec, cursor, u64::MAX)
+    }
+
+    /// [`InputReader::open`], reading no further than byte `end`: the length the job's
+    /// fingerprint covers. Rows appended later (a producer still writing the file, maybe in
+    /// the middle of a line) are not this job's input until a later run checks them as a
+    /// grown input.
+    pub fn open_bounded(
+        spec: &InputSpec,
+        cursor: Cursor,
+        end: u64,
+    ) -> Result<InputReader, InputError> {
         let path = spec.path.clone();
         let open_err = |source| InputError::Open {
             path: path.clone(),
@@ -187,7 +199,8 @@ impl InputReader {
             path: path.clone(),
             source,
         };
-        let mut file = File::open(&path).map_err(open_err)?;
+        let file = File::open(&path).map_err(open_err)?;
+        let mut file = Bounded { file, pos: 0, end };
         let mut cursor = Cursor {
             line: cursor.line.max(1),
             ..cursor
@@ -348,8 +361,35 @@ impl InputReader {
     }
 }
 
-fn unterminated_len(file: &mut File) -> io::Result<Option<u64>> {
-    let len = file.metadata()?.len();
+/// A file read up to `end` only (see [`InputReader::open_bounded`]).
+struct Bounded {
+    file: File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.end.saturating_sub(self.pos);
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if n == 0 {
+            return Ok(0);
+        }
+        let read = self.file.read(&mut buf[..n])?;
+        self.pos += read as u64;
+        Ok(read)
+    }
+}
+
+impl Seek for Bounded {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        self.pos = self.file.seek(to)?;
+        Ok(self.pos)
+    }
+}
+
+fn unterminated_len(file: &mut Bounded) -> io::Result<Option<u64>> {
+    let len = file.file.metadata()?.len().min(file.end);
     if len == 0 {
         return Ok(None);
     }
@@ -484,6 +524,42 @@ mod tests {
             .write_all(content)
             .unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn a_bounded_reader_stops_at_the_fingerprinted_length() {
+        let ids = |spec: &InputSpec, cursor: Cursor, end: u64| {
+            let mut r = InputReader::open_bounded(spec, cursor, end).unwrap();
+            let mut out = vec![];
+            while let Some(row) = r.next_row().unwrap() {
+                out.push(row.id.unwrap());
+            }
+            (out, r.cursor())
+        };
+        // The job saw "a\nb\n"; a producer has since written "c\nd" (d still being written).
+        let (_d, path) = write(b"a\nb\nc\nd", "txt");
+        let text = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let (got, cursor) = ids(&text, Cursor::default(), 4);
+        assert_eq!(got, ["a", "b"]);
+        assert_eq!(cursor.byte, 4);
+        // Resumed at the end, nothing more is read until the input is checked again.
+        assert!(ids(&text, cursor, 4).0.is_empty());
+        // Checked again at 6 bytes: only "c", never the half-written "d".
+        assert_eq!(ids(&text, cursor, 6).0, ["c"]);
+
+        let (_d, path) = write(b"id,x\n1,a\n2,b\n3,c\n4", "csv");
+        let csv = InputSpec {
+            path,
+            format: InputFormat::Csv {
+                column: "id".into(),
+            },
+        };
+        let (got, cursor) = ids(&csv, Cursor::default(), 13);
+        assert_eq!(got, ["1", "2"]);
+        assert_eq!(ids(&csv, cursor, 17).0, ["3"]);
     }
 
     fn all(spec: &InputSpec, cursor: Cursor) -> Vec<(u64, u64, Result<String, String>)> {

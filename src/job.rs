@@ -530,7 +530,7 @@ fn appended(spec: &InputSpec, then: &Fingerprint, now: Fingerprint) -> Result<u6
         [b'\r', b'\n', ..] => 2,
         _ => {
             return Err(changed(format!(
-                "its old last line (ending at byte {}) had no newline and the appended text                  continues it, changing its ID; add a newline before the appended rows",
+                "its old last line (ending at byte {}) had no newline and the appended text continues it, changing its ID; add a newline before the appended rows",
                 then.len
             )))
         }

@@ -731,7 +731,7 @@ impl Store for SledStore {
                 }
             }
         }
-        s.pending = s.ids_planned - s.ok - s.failed;
+        s.pending = s.ids_planned.saturating_sub(s.ok + s.failed);
         Ok(s)
     }
 

@@ -434,7 +434,12 @@ fn a_killed_rerun_resumes_with_the_same_command_and_finishes_exactly_once() {
     h.check_export_exactly_once(&h.export(&state), &ids);
     let status = h.status(&state);
     assert_eq!(status["stats"]["failed"], 0, "{status}");
+    // The job buckets' counts moved once per rerun commit, replays included.
+    assert_eq!(status["stats"]["ok"], ids.len() as u64, "{status}");
     assert_eq!(status["reruns"][0]["finished"], true);
+    let failures = h.run(&["failures", "--state", p(&state), "--format", "jsonl"]);
+    failures.expect_code(0);
+    assert_eq!(failures.stdout.trim(), "", "no failure left");
 }
 
 // ---------------------------------------------------------------------------
