@@ -104,6 +104,33 @@ pub async fn prepare<S: Store>(
     ask: &RerunAsk,
     state: &Path,
 ) -> Result<Prepared, RerunError> {
+    // An unfinished `--ids` rerun resumes from its stored IDs: the file is not needed any
+    // more, and a file edited, moved or deleted since must not leave the rerun stuck.
+    if let (RerunAsk::Ids(file), Some(open)) = (ask, unfinished(store)?) {
+        if let RerunSelection::Ids {
+            file: stored,
+            fingerprint,
+        } = &open.selection
+        {
+            let same = match std::fs::canonicalize(file) {
+                Ok(path) => &path == stored,
+                Err(_) => std::path::absolute(file).is_ok_and(|path| &path == stored),
+            };
+            if same {
+                if Fingerprint::of_file(stored).ok().as_ref() != Some(fingerprint) {
+                    tracing::warn!(
+                        file = %stored.display(),
+                        "the --ids file changed since rerun {} was created; it resumes with the IDs stored then",
+                        open.number
+                    );
+                }
+                return Ok(Prepared::Ready {
+                    rerun: open,
+                    resumed: true,
+                });
+            }
+        }
+    }
     let selection = match ask {
         RerunAsk::Failed => RerunSelection::Failed,
         RerunAsk::Buckets { buckets, all_items } => {

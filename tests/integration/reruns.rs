@@ -673,3 +673,52 @@ fn a_rerun_stopped_by_sigint_exits_130_and_resumes() {
     }
     assert!(export[300..].iter().all(|r| r["rerun"].is_null()));
 }
+
+#[test]
+fn a_killed_ids_rerun_resumes_from_its_stored_ids_after_the_file_is_gone() {
+    let h = Harness::new(ApiConfig {
+        unavailable_per_mille: 400,
+        latency_min: std::time::Duration::from_millis(3),
+        latency_max: std::time::Duration::from_millis(3),
+        ..healing()
+    });
+    let (ids, state) = failed_job(&h, 1000);
+    let expected = actual_failures(&h, &state, &ids);
+    let list: String = expected.iter().map(|(id, _)| format!("{id}\n")).collect();
+    let file = h.file("retry.txt", list);
+    let before = h.api.calls_snapshot();
+    let mut args = vec![
+        "rerun",
+        "--state",
+        p(&state),
+        "--ids",
+        p(&file),
+        "--concurrency",
+        "4",
+    ];
+    args.extend(QUICK);
+    args.extend(["--adaptive", "off"]);
+    let mut child = h.spawn(&args);
+    let start = h.api.total_calls();
+    assert!(
+        h.wait_for_calls(&mut child, start + expected.len() as u64 / 3),
+        "the rerun ended before the kill"
+    );
+    child.kill().unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "killed");
+
+    // The file is gone: the same command still resumes the rerun from the stored IDs.
+    std::fs::remove_file(&file).unwrap();
+    h.run(&args)
+        .expect_code(0)
+        .expect_stderr("resuming rerun 1");
+    let called = called_since(&before, &h.api.calls_snapshot());
+    let want: BTreeSet<&str> = expected.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        called.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        want,
+        "only the listed IDs were called"
+    );
+    h.check_export_exactly_once(&h.export(&state), &ids);
+    assert_eq!(h.status(&state)["stats"]["failed"], 0);
+}
