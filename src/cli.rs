@@ -700,6 +700,15 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         say!("error: {} holds no job to rerun", state.display());
         return Ok(exit::USAGE);
     }
+    // Every refusal comes before anything is written (a spec change included).
+    let chosen = match crate::rerun::choose(&store, &ask, &state) {
+        Ok(chosen) => chosen,
+        Err(e @ (RerunError::Usage(_) | RerunError::Unfinished { .. })) => {
+            say!("error: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let spec = match open_job(&store, &request) {
         Ok(spec) => spec,
         Err(crate::job::JobError::Usage(message)) => {
@@ -708,7 +717,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    let rerun = match crate::rerun::prepare(&store, &spec, &ask, &state).await {
+    let rerun = match crate::rerun::start(&store, &spec, chosen).await {
         Ok(Prepared::Ready { rerun, resumed }) => {
             say!(
                 "{} rerun {} ({}): {} IDs in {} rerun buckets",

@@ -1,7 +1,7 @@
 //! Reruns: calling chosen IDs of a job's committed buckets again, crash-safely.
 //!
 //! Owns what a rerun selects ([`RerunAsk`] → [`RerunSelection`]) and how it is written
-//! ahead ([`prepare`]): the selected IDs, in input order, are cut into rerun buckets of the
+//! ahead ([`choose`], then [`start`]): the selected IDs, in input order, are cut into rerun buckets of the
 //! job's bucket size and stored with the rerun before any of them is called, so the
 //! selection is fixed at creation and a resume (the same command after a kill -9) replays
 //! exactly the same IDs, skipping those whose new result is already durable. The engine
@@ -96,14 +96,25 @@ pub fn unfinished<S: Store>(store: &S) -> Result<Option<RerunRecord>, StoreError
     Ok((!store.rerun_stats(last.number)?.finished()).then_some(last))
 }
 
-/// Resume the unfinished rerun if `ask` is the same, or create a new rerun and make it
-/// durable (its record and all its buckets) before returning.
-pub async fn prepare<S: Store>(
-    store: &S,
-    spec: &JobSpec,
-    ask: &RerunAsk,
-    state: &Path,
-) -> Result<Prepared, RerunError> {
+/// What a rerun command will do, decided before anything is written.
+#[derive(Debug)]
+pub enum Chosen {
+    /// The unfinished rerun asked for again.
+    Resume(RerunRecord),
+    /// The selection is empty; nothing to call.
+    Nothing(String),
+    /// A new rerun of these IDs (with their records, in input order).
+    New {
+        selection: RerunSelection,
+        selected: Vec<(String, ItemRecord)>,
+    },
+}
+
+/// Decide what `ask` means for this store, reading only: resume the unfinished rerun if
+/// `ask` is the same, or select the IDs of a new one. Every refusal (an unfinished rerun of
+/// another selection, buckets in flight, an unknown bucket or ID) comes before the command
+/// writes anything, a spec change included; [`start`] then carries it out.
+pub fn choose<S: Store>(store: &S, ask: &RerunAsk, state: &Path) -> Result<Chosen, RerunError> {
     // An unfinished `--ids` rerun resumes from its stored IDs: the file is not needed any
     // more, and a file edited, moved or deleted since must not leave the rerun stuck.
     if let (RerunAsk::Ids(file), Some(open)) = (ask, unfinished(store)?) {
@@ -124,10 +135,7 @@ pub async fn prepare<S: Store>(
                         open.number
                     );
                 }
-                return Ok(Prepared::Ready {
-                    rerun: open,
-                    resumed: true,
-                });
+                return Ok(Chosen::Resume(open));
             }
         }
     }
@@ -153,10 +161,7 @@ pub async fn prepare<S: Store>(
     };
     if let Some(open) = unfinished(store)? {
         if open.selection == selection {
-            return Ok(Prepared::Ready {
-                rerun: open,
-                resumed: true,
-            });
+            return Ok(Chosen::Resume(open));
         }
         return Err(RerunError::Unfinished {
             number: open.number,
@@ -170,11 +175,37 @@ pub async fn prepare<S: Store>(
     }
     let selected = select(store, &selection)?;
     if selected.is_empty() {
-        return Ok(Prepared::Nothing(match &selection {
+        return Ok(Chosen::Nothing(match &selection {
             RerunSelection::Ids { .. } => "the --ids file lists no IDs".into(),
             _ => format!("no failed IDs to rerun ({selection})"),
         }));
     }
+    Ok(Chosen::New {
+        selection,
+        selected,
+    })
+}
+
+/// Carry out what [`choose`] decided: a new rerun is written with all its buckets and made
+/// durable before this returns.
+pub async fn start<S: Store>(
+    store: &S,
+    spec: &JobSpec,
+    chosen: Chosen,
+) -> Result<Prepared, RerunError> {
+    let (selection, selected) = match chosen {
+        Chosen::Resume(rerun) => {
+            return Ok(Prepared::Ready {
+                rerun,
+                resumed: true,
+            })
+        }
+        Chosen::Nothing(why) => return Ok(Prepared::Nothing(why)),
+        Chosen::New {
+            selection,
+            selected,
+        } => (selection, selected),
+    };
     let number = store.reruns()?.last().map_or(1, |r| r.number + 1);
     let buckets = cut(number, &selected, spec.bucket_size);
     let rerun = RerunRecord {

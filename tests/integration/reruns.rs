@@ -587,6 +587,18 @@ fn a_changed_url_needs_allow_spec_change_and_is_recorded() {
         .expect_refused(1, &["--url", "--allow-spec-change"]);
     assert_eq!(h.api.total_calls(), calls, "nothing called");
     assert_eq!(h.status(&state)["url"], h.url());
+    // A rerun refused for what it asks writes nothing, not even an allowed spec change.
+    rerun(
+        &h,
+        &state,
+        &["--buckets", "999", "--url", &new_url, "--allow-spec-change"],
+    )
+    .expect_refused(2, &["999"]);
+    let status = h.status(&state);
+    assert_eq!(status["url"], h.url(), "{status}");
+    assert_eq!(status["spec_history"], serde_json::json!([]));
+    assert_eq!(status["reruns"], serde_json::json!([]));
+    assert_eq!(h.api.total_calls(), calls, "nothing called");
 
     // A fresh token in a header is an operational change; the URL change is allowed.
     let secret = format!("hw-s3cret-{:016x}", rand::random::<u64>());
