@@ -717,6 +717,8 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    // A missing ${VAR} is refused before the rerun is written.
+    let handler = Handler::new(&spec.request)?;
     let rerun = match crate::rerun::start(&store, &spec, chosen).await {
         Ok(Prepared::Ready { rerun, resumed }) => {
             say!(
@@ -739,7 +741,6 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    let handler = Handler::new(&spec.request)?;
     let store = Arc::new(store);
     let summary = run_log(
         store.clone(),

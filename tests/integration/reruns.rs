@@ -734,3 +734,22 @@ fn a_killed_ids_rerun_resumes_from_its_stored_ids_after_the_file_is_gone() {
     h.check_export_exactly_once(&h.export(&state), &ids);
     assert_eq!(h.status(&state)["stats"]["failed"], 0);
 }
+
+#[test]
+fn a_rerun_with_a_missing_variable_is_refused_before_it_is_written() {
+    let h = Harness::new(healing());
+    let (_ids, state) = failed_job(&h, 200);
+    let calls = h.api.total_calls();
+    let args = [
+        "rerun",
+        "--state",
+        p(&state),
+        "--failed",
+        "-H",
+        "Authorization: Bearer ${HW_RERUN_MISSING}",
+    ];
+    h.run_env(&args, &[], &["HW_RERUN_MISSING"])
+        .expect_refused(1, &["HW_RERUN_MISSING"]);
+    assert_eq!(h.api.total_calls(), calls, "nothing called");
+    assert_eq!(h.status(&state)["reruns"], serde_json::json!([]));
+}
