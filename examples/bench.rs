@@ -1053,19 +1053,7 @@ async fn highwater_run_with(
     let calls_before = api.total_calls();
     let cpu = process_cpu();
     let started = Instant::now();
-    let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
-        .with_context(|| format!("opening {}", state.display()))?;
-    let request = JobRequest {
-        input: Some(InputSpec {
-            path: input.to_path_buf(),
-            format: InputFormat::Text,
-        }),
-        url: Some(api.url_template()),
-        bucket_size,
-        ..JobRequest::default()
-    };
-    let spec = open_job(&store, &request).context("creating the job")?;
-    let handler = Handler::new(&spec.request).context("building the request handler")?;
+    let (store, spec, handler) = new_job(api, input, state, Default::default(), bucket_size)?;
     let (_stop_handle, stop) = engine::stop_pair();
     let options = RunOptions {
         concurrency,
@@ -1784,6 +1772,7 @@ fn new_job(
     input: &Path,
     state: &Path,
     retry: RetryOverrides,
+    bucket_size: Option<u64>,
 ) -> Result<(SledStore, highwater::job::JobSpec, Handler)> {
     let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
         .with_context(|| format!("opening {}", state.display()))?;
@@ -1794,6 +1783,7 @@ fn new_job(
         }),
         url: Some(api.url_template()),
         retry,
+        bucket_size,
         ..JobRequest::default()
     };
     let spec = open_job(&store, &request).context("creating the job")?;
@@ -2004,7 +1994,8 @@ async fn rate_case(
     let api = FakeApi::start(ApiConfig::fast())
         .await
         .context("starting the fake API")?;
-    let (store, spec, handler) = new_job(&api, &input, &dir.join("state"), Default::default())?;
+    let (store, spec, handler) =
+        new_job(&api, &input, &dir.join("state"), Default::default(), None)?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,
@@ -2493,7 +2484,7 @@ async fn capacity_run(
         max_interval: Some(Duration::from_secs(5)),
         ..RetryOverrides::default()
     };
-    let (store, spec, handler) = new_job(&api, input, state, retry)?;
+    let (store, spec, handler) = new_job(&api, input, state, retry, None)?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,

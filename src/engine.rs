@@ -1031,6 +1031,21 @@ mod tests {
         (0..n).map(|i| format!("e-{i}")).collect()
     }
 
+    /// A run stopped once the API has seen `calls` calls.
+    async fn stopped_after(s: &Setup, calls: u64, durability: Durability) -> RunSummary {
+        let (handle, stop) = stop_pair();
+        let api = s.api.clone();
+        let stopper = tokio::spawn(async move {
+            while api.total_calls() < calls {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let summary = run_with(s.store.clone(), s, stop, durability).await;
+        stopper.await.unwrap();
+        summary
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_commits_every_bucket_and_calls_each_id_once() {
         let ids = ids(2500);
@@ -1093,16 +1108,7 @@ mod tests {
             ..ApiConfig::fast()
         };
         let s = setup(&ids, 50, config).await;
-        let (handle, stop) = stop_pair();
-        let api = s.api.clone();
-        let stopper = tokio::spawn(async move {
-            while api.total_calls() < 500 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            handle.stop();
-        });
-        let first = run_once(&s, stop).await;
-        stopper.await.unwrap();
+        let first = stopped_after(&s, 500, Durability::Sync).await;
         assert!(first.interrupted);
         assert!(!first.job.finished());
         assert_eq!(
@@ -1390,19 +1396,10 @@ mod tests {
             ..ApiConfig::fast()
         };
         let s = setup(&ids, 10, config).await;
-        let (handle, stop) = stop_pair();
-        let api = s.api.clone();
-        let stopper = tokio::spawn(async move {
-            while api.total_calls() < 700 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            handle.stop();
-        });
         let durability = Durability::Async {
             interval: Duration::from_secs(3600),
         };
-        let first = run_with(s.store.clone(), &s, stop, durability).await;
-        stopper.await.unwrap();
+        let first = stopped_after(&s, 700, durability).await;
         assert!(first.interrupted && !first.job.finished());
         assert_eq!(
             first.job.ok, first.run.ok,
