@@ -91,6 +91,7 @@ modes:
     --ids N           IDs per run [default: 100000]
     --concurrency N   requests in flight [default: 16]
     --repeat K        rounds of the six runs [default: 2]
+    --only MODE:SIZE  run only this one (e.g. async:1), for profiling; no ratio
 
   --burst N     (rate, capacity) GCRA burst of the runs [default: 1, as the CLI]
 
@@ -203,6 +204,16 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                 BURST
                     .set(u32::try_from(b).map_err(|_| "--burst is too large".to_string())?)
                     .map_err(|_| "--burst given twice".to_string())?;
+            }
+            "--only" if mode == Mode::Durability => {
+                let v = value(name)?;
+                let ok = matches!(v.split_once(':'), Some(("sync" | "async", s)) if ["1", "100", "1000"].contains(&s));
+                if !ok {
+                    return Err(format!(
+                        "--only: {v:?} is not MODE:SIZE (sync|async : 1|100|1000)"
+                    ));
+                }
+                ONLY.set(v).map_err(|_| "--only given twice".to_string())?;
             }
             "--keep" => keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
@@ -803,6 +814,12 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
     for rep in 1..=args.repeat {
         for (m, (name, durability)) in modes.iter().enumerate() {
             for (k, size) in sizes.iter().enumerate() {
+                if ONLY
+                    .get()
+                    .is_some_and(|only| *only != format!("{name}:{size}"))
+                {
+                    continue;
+                }
                 let state = tmp.join(format!("state-{name}-{size}-{rep}"));
                 let run = highwater_run_with(
                     &api,
@@ -829,6 +846,11 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
         }
     }
     let med = |runs: &[HwRun]| median(&runs.iter().map(|r| rate(n, r.elapsed)).collect::<Vec<_>>());
+    if ONLY.get().is_some() {
+        api.shutdown().await;
+        finish_temp(guard, &tmp);
+        return Ok(());
+    }
     let mut out = String::new();
     writeln!(
         out,
@@ -1804,6 +1826,9 @@ fn fmt_rate(r: f64) -> String {
 
 /// The GCRA burst of the `rate` and `capacity` runs (`--burst`, default 1 as the CLI's).
 static BURST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// `durability --only MODE:SIZE`: the one run to make.
+static ONLY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 fn burst() -> u32 {
     *BURST.get().unwrap_or(&1)

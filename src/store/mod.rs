@@ -37,7 +37,7 @@ use crate::retry::ErrorClass;
 pub use sled_store::SledStore;
 
 /// The store format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Errors of the store. Each says which state directory it is about.
 #[derive(Debug, thiserror::Error)]

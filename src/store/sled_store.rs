@@ -3,14 +3,14 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":1}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":2}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
 //! DIR/sled/            the sled database, trees:
 //!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
-//!     offsets  bucket (u64 BE) → OffsetRecord JSON      (the offset log)
+//!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  bucket (u64 BE) → CommitRecord JSON      (the commit log)
-//!     ids      bucket (u64 BE) → the bucket's unique IDs with their rows, in input order
-//!              (binary: per ID, row u64 LE, length u32 LE, UTF-8 bytes)
+//!     ids      first bucket (u64 BE) → the segment's unique IDs with their rows, in input
+//!              order, bucket after bucket (binary: per ID, row u64 LE, length u32 LE, UTF-8)
 //!     items    ID bytes → ItemRecord JSON, written once the item is final
 //!     bad      row (u64 BE) → BadLine JSON
 //!     reruns         rerun (u32 BE) → RerunRecord JSON
@@ -18,6 +18,13 @@
 //!     rerun_ids      same key → the rerun bucket's IDs with their rows (as in `ids`)
 //!     rerun_commits  same key → CommitRecord JSON                (a rerun's commit log)
 //! ```
+//!
+//! The offset log holds one record per planner batch, a **segment**: a run of consecutive
+//! buckets cut from the same input, with the row range and counts of each (`Segment`). The
+//! planner writes a batch of about 1,000 rows at a time, so a job with one-row buckets pays one
+//! offset write per 1,000 buckets, not one per bucket; with buckets of 1,000 rows or more a
+//! segment is one bucket. Format 1 stored one `OffsetRecord` per bucket; such a record reads as
+//! a segment of one bucket, so a format 1 store opens (and is marked format 2).
 //!
 //! Stores written before reruns existed simply have these trees empty; item records without
 //! the newer fields (attempt times, rerun) read with those fields unset.
@@ -41,6 +48,10 @@ use sled::Transactional;
 use super::*;
 
 pub const MARKER: &str = "highwater.json";
+
+/// Store formats this build opens: the current one, and format 1 (one offset record per
+/// bucket), which it upgrades in place.
+const READS_VERSIONS: [u32; 2] = [1, FORMAT_VERSION];
 const MARKER_FORMAT: &str = "highwater-state";
 
 /// Default sled page cache: small, because the working set is the tail of the logs.
@@ -67,7 +78,7 @@ pub struct SledStore {
     _lock: File,
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Marker {
     format: String,
     version: u32,
@@ -167,7 +178,7 @@ impl SledStore {
                 marker.format
             )));
         }
-        if marker.version != FORMAT_VERSION {
+        if !READS_VERSIONS.contains(&marker.version) {
             return Err(StoreError::Version {
                 path: path.to_owned(),
                 found: marker.version,
@@ -229,6 +240,24 @@ impl SledStore {
                 store.db.flush().map_err(|e| store.err(e))?;
             }
             Some(v) if v.as_ref() == FORMAT_VERSION.to_be_bytes() => {}
+            Some(v) if READS_VERSIONS.iter().any(|r| v.as_ref() == r.to_be_bytes()) => {
+                // An older format this build reads: from now on it is written as the current
+                // one (what it already holds stays readable), so say so before any write.
+                store
+                    .meta
+                    .insert("version", &FORMAT_VERSION.to_be_bytes())
+                    .map_err(|e| store.err(e))?;
+                store.db.flush().map_err(|e| store.err(e))?;
+                let upgraded = Marker {
+                    version: FORMAT_VERSION,
+                    ..marker.clone()
+                };
+                write_atomically(
+                    &marker_path,
+                    &serde_json::to_vec(&upgraded).expect("marker serializes"),
+                )
+                .map_err(io)?;
+            }
             Some(v) => {
                 let found = <[u8; 4]>::try_from(v.as_ref())
                     .map(u32::from_be_bytes)
@@ -246,11 +275,7 @@ impl SledStore {
                 _ => return Err(lost(format!("the database lost job {}", c.job_id))),
             }
             if let Some(b) = c.last_planned_bucket {
-                if !store
-                    .offsets
-                    .contains_key(b.to_be_bytes())
-                    .map_err(|e| store.err(e))?
-                {
+                if store.segment_of(b)?.is_none() {
                     return Err(lost(format!("the offset log lost bucket {b}")));
                 }
             }
@@ -356,34 +381,115 @@ impl SledStore {
         }
     }
 
-    /// The unique IDs of a bucket with their rows, in input order.
-    fn bucket_ids(&self, bucket: u64) -> Result<Vec<(u64, String)>, StoreError> {
-        let blob = self
-            .ids
-            .get(bucket.to_be_bytes())
-            .map_err(|e| self.err(e))?;
+    /// The offset log's segments, in bucket order.
+    fn segments(&self) -> impl Iterator<Item = Result<Segment, StoreError>> + '_ {
+        self.offsets.iter().map(|entry| {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            self.segment(&key, &value)
+        })
+    }
+
+    fn segment(&self, key: &[u8], value: &[u8]) -> Result<Segment, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        };
+        let segment = match self.decode::<OffsetValue>("offset", value)? {
+            OffsetValue::Segment(s) => s,
+            OffsetValue::Bucket(o) => Segment::of_record(o),
+        };
+        if segment.buckets.is_empty() || key != segment.first.to_be_bytes() {
+            return Err(corrupt(format!(
+                "the offset record under key {key:02x?} is for buckets {}..{}",
+                segment.first,
+                segment.first + segment.buckets.len() as u64
+            )));
+        }
+        Ok(segment)
+    }
+
+    /// The segment holding `bucket`, if it was planned.
+    fn segment_of(&self, bucket: u64) -> Result<Option<Segment>, StoreError> {
+        let Some(entry) = self.offsets.range(..=bucket.to_be_bytes()).next_back() else {
+            return Ok(None);
+        };
+        let (key, value) = entry.map_err(|e| self.err(e))?;
+        let segment = self.segment(&key, &value)?;
+        Ok(segment.contains(bucket).then_some(segment))
+    }
+
+    /// The commit records of a segment's buckets, by bucket (undecoded).
+    fn commits_of(&self, segment: &Segment) -> Result<BTreeMap<u64, sled::IVec>, StoreError> {
+        let mut out = BTreeMap::new();
+        let range = segment.first.to_be_bytes()..=segment.last().to_be_bytes();
+        for entry in self.commits.range(range) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let bucket = <[u8; 8]>::try_from(key.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    reason: format!("a commit record has the key {key:02x?}"),
+                })?;
+            out.insert(bucket, value);
+        }
+        Ok(out)
+    }
+
+    /// A segment's unique IDs with their rows, bucket by bucket, in input order.
+    fn segment_ids(&self, segment: &Segment) -> Result<Vec<Vec<(u64, String)>>, StoreError> {
         let corrupt = |reason: &str| StoreError::Corrupt {
             path: self.path.clone(),
-            reason: format!("the IDs of bucket {bucket} {reason}"),
+            reason: format!(
+                "the IDs of buckets {}..={} {reason}",
+                segment.first,
+                segment.last()
+            ),
         };
-        let blob = blob.ok_or_else(|| corrupt("are missing"))?;
-        decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))
+        let blob = self
+            .ids
+            .get(segment.first.to_be_bytes())
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| corrupt("are missing"))?;
+        let mut ids = decode_ids(&blob)
+            .ok_or_else(|| corrupt("are undecodable"))?
+            .into_iter();
+        let mut out = Vec::with_capacity(segment.buckets.len());
+        for offset in segment.offsets() {
+            let bucket: Vec<_> = ids.by_ref().take(offset.items as usize).collect();
+            if bucket.len() as u64 != offset.items {
+                return Err(corrupt(&format!(
+                    "are fewer than their offset records count ({} in bucket {})",
+                    offset.items, offset.bucket
+                )));
+            }
+            out.push(bucket);
+        }
+        if ids.next().is_some() {
+            return Err(corrupt("are more than their offset records count"));
+        }
+        Ok(out)
     }
 
     /// A bucket's items: each ID with its final record, or a pending one.
     fn items_of(&self, offset: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let ids = self.bucket_ids(offset.bucket)?;
-        if ids.len() as u64 != offset.items {
-            return Err(StoreError::Corrupt {
+        let segment = self
+            .segment_of(offset.bucket)?
+            .ok_or_else(|| StoreError::Corrupt {
                 path: self.path.clone(),
-                reason: format!(
-                    "bucket {} should hold {} IDs, its ID list has {}",
-                    offset.bucket,
-                    offset.items,
-                    ids.len()
-                ),
-            });
-        }
+                reason: format!("bucket {} has no offset record", offset.bucket),
+            })?;
+        let ids = self
+            .segment_ids(&segment)?
+            .swap_remove((offset.bucket - segment.first) as usize);
+        self.records(offset, ids)
+    }
+
+    /// Each of a bucket's IDs with its final record, or a pending one.
+    fn records(
+        &self,
+        offset: &OffsetRecord,
+        ids: Vec<(u64, String)>,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
             let record = self
@@ -392,6 +498,120 @@ impl SledStore {
             out.push((id, record));
         }
         Ok(out)
+    }
+}
+
+/// One offset log record (format 2): consecutive buckets planned together from one input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Segment {
+    first: u64,
+    input: Fingerprint,
+    planned_at_ms: u64,
+    /// Where the first bucket's first row starts.
+    start: Cursor,
+    /// Per bucket, in order: where the row after it starts (byte, line, row), then its unique
+    /// IDs, duplicate rows and bad lines.
+    buckets: Vec<[u64; 6]>,
+}
+
+/// An offset log value: a segment, or a format 1 record of one bucket.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OffsetValue {
+    Segment(Segment),
+    Bucket(OffsetRecord),
+}
+
+impl Segment {
+    /// Split planned buckets into runs that can share a segment: consecutive bucket numbers,
+    /// each starting where the one before ended, from the same input.
+    fn runs(buckets: &[PlannedBucket]) -> impl Iterator<Item = &[PlannedBucket]> {
+        buckets.chunk_by(|a, b| {
+            b.offset.bucket == a.offset.bucket + 1
+                && b.offset.start == a.offset.end
+                && b.offset.input == a.offset.input
+        })
+    }
+
+    /// The segment of a run (from [`Segment::runs`], so never empty).
+    fn of(run: &[PlannedBucket]) -> Segment {
+        let first = &run[0].offset;
+        Segment {
+            first: first.bucket,
+            input: first.input,
+            planned_at_ms: first.planned_at_ms,
+            start: first.start,
+            buckets: run
+                .iter()
+                .map(|b| {
+                    let o = &b.offset;
+                    [
+                        o.end.byte,
+                        o.end.line,
+                        o.end.row,
+                        o.items,
+                        o.duplicates,
+                        o.bad_lines,
+                    ]
+                })
+                .collect(),
+        }
+    }
+
+    fn of_record(o: OffsetRecord) -> Segment {
+        Segment {
+            first: o.bucket,
+            input: o.input,
+            planned_at_ms: o.planned_at_ms,
+            start: o.start,
+            buckets: vec![[
+                o.end.byte,
+                o.end.line,
+                o.end.row,
+                o.items,
+                o.duplicates,
+                o.bad_lines,
+            ]],
+        }
+    }
+
+    fn last(&self) -> u64 {
+        self.first + self.buckets.len() as u64 - 1
+    }
+
+    fn contains(&self, bucket: u64) -> bool {
+        (self.first..=self.last()).contains(&bucket)
+    }
+
+    /// Each bucket's offset record.
+    fn offsets(&self) -> impl Iterator<Item = OffsetRecord> + '_ {
+        let mut start = self.start;
+        self.buckets
+            .iter()
+            .zip(self.first..)
+            .map(move |(b, bucket)| {
+                let [byte, line, row, items, duplicates, bad_lines] = *b;
+                let end = Cursor { byte, line, row };
+                let offset = OffsetRecord {
+                    bucket,
+                    start,
+                    end,
+                    items,
+                    duplicates,
+                    bad_lines,
+                    input: self.input,
+                    planned_at_ms: self.planned_at_ms,
+                };
+                start = end;
+                offset
+            })
+    }
+
+    /// The offset record of `bucket`, which the segment [contains](Segment::contains).
+    fn offset(&self, bucket: u64) -> OffsetRecord {
+        self.offsets()
+            .nth((bucket - self.first) as usize)
+            .expect("the segment contains the bucket")
     }
 }
 
@@ -443,8 +663,9 @@ impl SledStore {
     }
 }
 
-fn encode_ids(items: &[(u64, String)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(items.iter().map(|(_, id)| 12 + id.len()).sum());
+fn encode_ids<'a>(items: impl IntoIterator<Item = &'a (u64, String)> + Clone) -> Vec<u8> {
+    let size = items.clone().into_iter().map(|(_, id)| 12 + id.len()).sum();
+    let mut out = Vec::with_capacity(size);
     for (row, id) in items {
         out.extend_from_slice(&row.to_le_bytes());
         out.extend_from_slice(&(id.len() as u32).to_le_bytes());
@@ -598,11 +819,13 @@ impl Store for SledStore {
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
-        for b in buckets {
-            let key = b.offset.bucket.to_be_bytes();
-            offsets.insert(&key, json(&b.offset));
-            ids.insert(&key, encode_ids(&b.items));
-            for line in &b.bad_lines {
+        for run in Segment::runs(buckets) {
+            let segment = Segment::of(run);
+            let key = segment.first.to_be_bytes();
+            offsets.insert(&key, json(&segment));
+            let items: Vec<&(u64, String)> = run.iter().flat_map(|b| &b.items).collect();
+            ids.insert(&key, encode_ids(items));
+            for line in run.iter().flat_map(|b| &b.bad_lines) {
                 bad.insert(&line.row.to_be_bytes(), json(line));
             }
         }
@@ -659,11 +882,14 @@ impl Store for SledStore {
 
     fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError> {
         let mut open = Vec::new();
-        for entry in self.offsets.iter() {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            if !self.commits.contains_key(&key).map_err(|e| self.err(e))? {
-                open.push(self.decode("offset", &value)?);
-            }
+        for segment in self.segments() {
+            let segment = segment?;
+            let committed = self.commits_of(&segment)?;
+            open.extend(
+                segment
+                    .offsets()
+                    .filter(|o| !committed.contains_key(&o.bucket)),
+            );
         }
         Ok(open)
     }
@@ -676,12 +902,14 @@ impl Store for SledStore {
         &self,
         f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
     ) -> Result<(), ExportError> {
-        for entry in self.offsets.iter() {
-            let (_, value) = entry.map_err(|e| self.err(e))?;
-            let offset: OffsetRecord = self.decode("offset", &value)?;
-            for (id, record) in self.items_of(&offset)? {
-                if record.is_final() {
-                    f(&id, &record)?;
+        for segment in self.segments() {
+            let segment = segment?;
+            let ids = self.segment_ids(&segment)?;
+            for (offset, ids) in segment.offsets().zip(ids) {
+                for (id, record) in self.records(&offset, ids)? {
+                    if record.is_final() {
+                        f(&id, &record)?;
+                    }
                 }
             }
         }
@@ -705,28 +933,32 @@ impl Store for SledStore {
             input_bytes_read: planner.cursor.byte,
             ..StoreStats::default()
         };
-        for entry in self.offsets.iter() {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            let offset: OffsetRecord = self.decode("offset", &value)?;
-            s.buckets_planned += 1;
-            s.ids_planned += offset.items;
-            s.duplicates += offset.duplicates;
-            s.bad_lines += offset.bad_lines;
-            match self.commits.get(&key).map_err(|e| self.err(e))? {
-                Some(c) => {
-                    let commit: CommitRecord = self.decode("commit", &c)?;
-                    s.buckets_committed += 1;
-                    s.ok += commit.ok;
-                    s.failed += commit.failed;
+        for segment in self.segments() {
+            let segment = segment?;
+            let committed = self.commits_of(&segment)?;
+            let mut open = Vec::new();
+            for offset in segment.offsets() {
+                s.buckets_planned += 1;
+                s.ids_planned += offset.items;
+                s.duplicates += offset.duplicates;
+                s.bad_lines += offset.bad_lines;
+                match committed.get(&offset.bucket) {
+                    Some(c) => {
+                        let commit: CommitRecord = self.decode("commit", c)?;
+                        s.buckets_committed += 1;
+                        s.ok += commit.ok;
+                        s.failed += commit.failed;
+                    }
+                    None => open.push(offset),
                 }
-                None => {
-                    s.buckets_in_flight += 1;
-                    for (_, record) in self.items_of(&offset)? {
-                        match record.status {
-                            ItemStatus::Ok => s.ok += 1,
-                            ItemStatus::Failed => s.failed += 1,
-                            ItemStatus::Pending => {}
-                        }
+            }
+            s.buckets_in_flight += open.len() as u64;
+            for offset in open {
+                for (_, record) in self.items_of(&offset)? {
+                    match record.status {
+                        ItemStatus::Ok => s.ok += 1,
+                        ItemStatus::Failed => s.failed += 1,
+                        ItemStatus::Pending => {}
                     }
                 }
             }
@@ -740,7 +972,7 @@ impl Store for SledStore {
     }
 
     fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
-        self.get(&self.offsets, &bucket.to_be_bytes(), "offset")
+        Ok(self.segment_of(bucket)?.map(|s| s.offset(bucket)))
     }
 
     fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
@@ -759,7 +991,13 @@ impl Store for SledStore {
     ) -> Result<(), ExportError> {
         let offsets: Vec<OffsetRecord> = match bucket {
             Some(b) => self.offset(b)?.into_iter().collect(),
-            None => self.decode_all(self.offsets.iter(), "offset")?,
+            None => {
+                let mut all = Vec::new();
+                for segment in self.segments() {
+                    all.extend(segment?.offsets());
+                }
+                all
+            }
         };
         for offset in offsets {
             if let Some(c) = self.commit_record(offset.bucket)? {
@@ -1081,6 +1319,177 @@ mod tests {
                 ("d".into(), ItemStatus::Ok)
             ]
         );
+    }
+
+    /// Buckets planned together share one offset record; every reader sees each bucket.
+    #[tokio::test]
+    async fn one_row_buckets_share_a_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        // Rows 0..5, one per bucket; row 2 repeats row 0's ID (no items); bucket 7 follows a
+        // gap in the bucket numbers, so it starts a segment of its own.
+        let mut first: Vec<PlannedBucket> = ["a", "b", "", "c", "d"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let i = i as u64;
+                if id.is_empty() {
+                    let mut b = planned(i, &[], i + 1);
+                    b.offset.start = offset(i, i, i + 1, 0).start;
+                    b.offset.duplicates = 1;
+                    b
+                } else {
+                    planned(i, &[(i, id)], i + 1)
+                }
+            })
+            .collect();
+        first.push(planned(7, &[(9, "z")], 10));
+        let p = PlannerState::default();
+        s.plan(&first, &p).unwrap();
+        s.plan(
+            &[planned(5, &[(5, "e")], 6), planned(6, &[(6, "f")], 7)],
+            &p,
+        )
+        .unwrap();
+        assert_eq!(s.offsets.len(), 3, "segments: 0..=4, 7, 5..=6");
+        for b in first.iter().chain([&planned(5, &[(5, "e")], 6)]) {
+            assert_eq!(s.offset(b.offset.bucket).unwrap().as_ref(), Some(&b.offset));
+        }
+        assert_eq!(s.offset(8).unwrap(), None);
+        assert_eq!(s.offset(70).unwrap(), None);
+        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        assert_eq!(open, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        s.record(&[
+            ("c".into(), done(3, 3, true)),
+            ("f".into(), done(6, 6, false)),
+        ])
+        .unwrap();
+        s.commit(&[CommitRecord {
+            bucket: 3,
+            ok: 1,
+            ..CommitRecord::default()
+        }])
+        .unwrap();
+        s.commit(&[CommitRecord {
+            bucket: 2,
+            ..CommitRecord::default()
+        }])
+        .unwrap();
+        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        assert_eq!(open, vec![0, 1, 4, 5, 6, 7]);
+        let items = s.bucket_items(&s.offset(4).unwrap().unwrap()).unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!((items[0].0.as_str(), items[0].1.row), ("d", 4));
+        assert!(s
+            .bucket_items(&s.offset(2).unwrap().unwrap())
+            .unwrap()
+            .is_empty());
+        let stats = s.stats().unwrap();
+        assert_eq!(
+            (
+                stats.buckets_planned,
+                stats.buckets_committed,
+                stats.buckets_in_flight
+            ),
+            (8, 2, 6)
+        );
+        assert_eq!(
+            (stats.ids_planned, stats.ok, stats.failed, stats.pending),
+            (7, 1, 1, 5)
+        );
+        assert_eq!(stats.duplicates, 1);
+        let mut seen = vec![];
+        s.for_each_final(&mut |id, _| {
+            seen.push(id.to_string());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec!["c", "f"]);
+        let mut failed = vec![];
+        s.for_each_failure(None, &mut |id, r| {
+            failed.push((id.to_string(), r.bucket));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(failed, vec![("f".to_string(), 6)]);
+    }
+
+    /// A segment whose ID list disagrees with its counts is reported as corrupt.
+    #[test]
+    fn a_segment_with_missing_ids_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        s.plan(
+            &[planned(0, &[(0, "a")], 1), planned(1, &[(1, "b")], 2)],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        s.ids
+            .insert(0u64.to_be_bytes(), encode_ids(&[(0, "a".to_string())]))
+            .unwrap();
+        let err = s.bucket_items(&s.offset(1).unwrap().unwrap()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { .. }) && err.to_string().contains("buckets 0..=1"),
+            "{err}"
+        );
+        assert!(s.stats().is_err());
+        assert!(s.for_each_final(&mut |_, _| Ok(())).is_err());
+    }
+
+    /// A format 1 store (one offset record per bucket) opens, is marked format 2, and reads.
+    #[tokio::test]
+    async fn format_1_stores_open_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
+                .unwrap();
+            for b in [
+                planned(0, &[(0, "a"), (1, "b")], 2),
+                planned(1, &[(2, "c")], 3),
+            ] {
+                let key = b.offset.bucket.to_be_bytes();
+                s.offsets.insert(key, json(&b.offset)).unwrap();
+                s.ids.insert(key, encode_ids(&b.items)).unwrap();
+            }
+            s.meta.insert("version", &1u32.to_be_bytes()).unwrap();
+            s.record(&[("a".into(), done(0, 0, true))]).unwrap();
+            s.sync().await.unwrap();
+        }
+        let marker = dir.path().join(MARKER);
+        let text = fs::read_to_string(&marker).unwrap();
+        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains("\"version\":1"));
+        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains("\"version\":2"));
+        assert_eq!(
+            s.meta.get("version").unwrap().unwrap().as_ref(),
+            FORMAT_VERSION.to_be_bytes()
+        );
+        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        assert_eq!(open, vec![0, 1]);
+        let items = s.bucket_items(&s.offset(0).unwrap().unwrap()).unwrap();
+        assert_eq!(
+            items
+                .iter()
+                .map(|(id, r)| (id.as_str(), r.is_final()))
+                .collect::<Vec<_>>(),
+            vec![("a", true), ("b", false)]
+        );
+        assert_eq!(s.stats().unwrap().ids_planned, 3);
+        // New plans are written as segments beside the old records.
+        s.plan(
+            &[planned(2, &[(3, "d")], 4), planned(3, &[(4, "e")], 5)],
+            &PlannerState::default(),
+        )
+        .unwrap();
+        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        assert_eq!(open, vec![0, 1, 2, 3]);
     }
 
     #[test]
