@@ -139,13 +139,17 @@ struct Item {
 /// A bucket to replay: its number, results already final, and the items to call.
 type Replay = (u64, Tally, Vec<Item>);
 
+/// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted.
+struct Track {
+    bucket: u64,
+    remaining: u64,
+    done: Tally,
+}
+
 enum WriterMsg {
-    /// A bucket about to be dispatched: `remaining` items to wait for.
-    Track {
-        bucket: u64,
-        remaining: u64,
-        done: Tally,
-    },
+    /// Buckets about to be dispatched (one message per planner batch: with one-row buckets,
+    /// one message per bucket would double the writer's traffic).
+    Track(Vec<Track>),
     Done {
         id: String,
         track: u64,
@@ -311,7 +315,12 @@ pub async fn run_log<S: Store>(
             result = match store.rerun_bucket_items(&offset) {
                 Ok(items) => {
                     let (done, todo) = rerun_work(k, offset.bucket, items);
-                    dispatcher.dispatch_bucket(offset.bucket, done, todo).await
+                    let track = Track {
+                        bucket: offset.bucket,
+                        remaining: todo.len() as u64,
+                        done,
+                    };
+                    dispatcher.dispatch(vec![track], vec![todo]).await
                 }
                 Err(e) => Err(e.into()),
             };
@@ -439,31 +448,61 @@ impl Dispatcher {
                 "replaying buckets that were not committed"
             );
         }
-        for (bucket, done, todo) in open {
-            self.dispatch_bucket(bucket, done, todo).await?;
-            if self.stop.is_stopping() {
-                break;
-            }
-        }
-        Ok(())
+        let (tracks, work) = open
+            .into_iter()
+            .map(|(bucket, done, todo)| {
+                let remaining = todo.len() as u64;
+                let track = Track {
+                    bucket,
+                    remaining,
+                    done,
+                };
+                (track, todo)
+            })
+            .unzip();
+        self.dispatch(tracks, work).await
     }
 
     async fn dispatch_planned(&mut self, batch: Vec<PlannedBucket>) -> Result<(), EngineError> {
-        for b in batch {
-            let bucket = b.offset.bucket;
-            let items = b
-                .items
-                .into_iter()
-                .map(|(row, id)| Item {
-                    id,
-                    row,
+        let (tracks, work) = batch
+            .into_iter()
+            .map(|b| {
+                let bucket = b.offset.bucket;
+                let track = Track {
                     bucket,
-                    track: bucket,
-                    prior: None,
-                })
-                .collect();
-            self.dispatch_bucket(bucket, Tally::default(), items)
-                .await?;
+                    remaining: b.items.len() as u64,
+                    done: Tally::default(),
+                };
+                let items = b
+                    .items
+                    .into_iter()
+                    .map(|(row, id)| Item {
+                        id,
+                        row,
+                        bucket,
+                        track: bucket,
+                        prior: None,
+                    })
+                    .collect();
+                (track, items)
+            })
+            .unzip();
+        self.dispatch(tracks, work).await
+    }
+
+    /// Have the writer track the buckets, then dispatch their items, bucket after bucket,
+    /// until done or asked to stop.
+    async fn dispatch(
+        &mut self,
+        tracks: Vec<Track>,
+        work: Vec<Vec<Item>>,
+    ) -> Result<(), EngineError> {
+        self.writer
+            .send(WriterMsg::Track(tracks))
+            .await
+            .map_err(|_| writer_gone())?;
+        for items in work {
+            self.dispatch_items(items).await?;
             if self.stop.is_stopping() {
                 break;
             }
@@ -471,18 +510,7 @@ impl Dispatcher {
         Ok(())
     }
 
-    async fn dispatch_bucket(
-        &mut self,
-        bucket: u64,
-        done: Tally,
-        items: Vec<Item>,
-    ) -> Result<(), EngineError> {
-        let track = WriterMsg::Track {
-            bucket,
-            remaining: items.len() as u64,
-            done,
-        };
-        self.writer.send(track).await.map_err(|_| writer_gone())?;
+    async fn dispatch_items(&mut self, items: Vec<Item>) -> Result<(), EngineError> {
         for item in items {
             let permit = tokio::select! {
                 permit = self.permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
@@ -753,15 +781,18 @@ impl<S: Store> Writer<S> {
     ) {
         for msg in msgs.drain(..) {
             match msg {
-                WriterMsg::Track {
-                    bucket,
-                    remaining,
-                    done,
-                } => {
-                    if remaining == 0 {
-                        ready.push(CommitRecord::new(bucket, done));
-                    } else {
-                        self.open.insert(bucket, Tracked { remaining, done });
+                WriterMsg::Track(tracks) => {
+                    for Track {
+                        bucket,
+                        remaining,
+                        done,
+                    } in tracks
+                    {
+                        if remaining == 0 {
+                            ready.push(CommitRecord::new(bucket, done));
+                        } else {
+                            self.open.insert(bucket, Tracked { remaining, done });
+                        }
                     }
                 }
                 WriterMsg::Done { id, track, record } => {

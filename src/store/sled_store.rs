@@ -8,7 +8,8 @@
 //! DIR/sled/            the sled database, trees:
 //!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
-//!     commits  bucket (u64 BE) → CommitRecord JSON      (the commit log)
+//!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
+//!              committed together                   (the commit log, see below)
 //!     ids      first bucket (u64 BE) → the segment's unique IDs with their rows, in input
 //!              order, bucket after bucket (binary: per ID, row u64 LE, length u32 LE, UTF-8)
 //!     items    ID bytes → ItemRecord JSON, written once the item is final
@@ -25,6 +26,12 @@
 //! offset write per 1,000 buckets, not one per bucket; with buckets of 1,000 rows or more a
 //! segment is one bucket. Format 1 stored one `OffsetRecord` per bucket; such a record reads as
 //! a segment of one bucket, so a format 1 store opens (and is marked format 2).
+//!
+//! The commit log likewise holds one record per **run** of consecutive buckets committed by
+//! the same write (a group commit, or one background checkpoint), keyed by its first bucket.
+//! Runs never overlap: a bucket is committed once, and a commit of a bucket already in the log
+//! is dropped. A rerun that moves a bucket's counts rewrites the run holding it. Format 1's
+//! one record per bucket reads as a run of one.
 //!
 //! Stores written before reruns existed simply have these trees empty; item records without
 //! the newer fields (attempt times, rerun) read with those fields unset.
@@ -280,11 +287,7 @@ impl SledStore {
                 }
             }
             if let Some(b) = c.last_committed_bucket {
-                if !store
-                    .commits
-                    .contains_key(b.to_be_bytes())
-                    .map_err(|e| store.err(e))?
-                {
+                if store.commit_run_of(b)?.is_none() {
                     return Err(lost(format!("the commit log lost bucket {b}")));
                 }
             }
@@ -418,21 +421,79 @@ impl SledStore {
         Ok(segment.contains(bucket).then_some(segment))
     }
 
-    /// The commit records of a segment's buckets, by bucket (undecoded).
-    fn commits_of(&self, segment: &Segment) -> Result<BTreeMap<u64, sled::IVec>, StoreError> {
+    /// The commit records of a segment's buckets, by bucket.
+    fn commits_of(&self, segment: &Segment) -> Result<BTreeMap<u64, CommitRecord>, StoreError> {
         let mut out = BTreeMap::new();
+        let mut take = |run: Vec<CommitRecord>| {
+            out.extend(
+                run.into_iter()
+                    .filter(|c| segment.contains(c.bucket))
+                    .map(|c| (c.bucket, c)),
+            )
+        };
+        // A run starting before the segment may reach into it.
+        if let Some(entry) = self
+            .commits
+            .range(..segment.first.to_be_bytes())
+            .next_back()
+        {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            take(self.commit_run(&key, &value)?.1);
+        }
         let range = segment.first.to_be_bytes()..=segment.last().to_be_bytes();
         for entry in self.commits.range(range) {
             let (key, value) = entry.map_err(|e| self.err(e))?;
-            let bucket = <[u8; 8]>::try_from(key.as_ref())
-                .map(u64::from_be_bytes)
-                .map_err(|_| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    reason: format!("a commit record has the key {key:02x?}"),
-                })?;
-            out.insert(bucket, value);
+            take(self.commit_run(&key, &value)?.1);
         }
         Ok(out)
+    }
+
+    /// Decode a commit log entry: its first bucket and the records of its run.
+    fn commit_run(&self, key: &[u8], value: &[u8]) -> Result<(u64, Vec<CommitRecord>), StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        };
+        let first = <[u8; 8]>::try_from(key)
+            .map(u64::from_be_bytes)
+            .map_err(|_| corrupt(format!("a commit record has the key {key:02x?}")))?;
+        let run = match self.decode::<CommitValue>("commit", value)? {
+            CommitValue::Run(run) => run,
+            CommitValue::Bucket(c) => vec![c],
+        };
+        let consecutive = run
+            .iter()
+            .zip(first..)
+            .all(|(c, bucket)| c.bucket == bucket);
+        if run.is_empty() || !consecutive {
+            return Err(corrupt(format!(
+                "the commit record under bucket {first} is not a run of buckets from {first}"
+            )));
+        }
+        Ok((first, run))
+    }
+
+    /// The commit log run holding `bucket`, if it is committed.
+    fn commit_run_of(&self, bucket: u64) -> Result<Option<(u64, Vec<CommitRecord>)>, StoreError> {
+        let Some(entry) = self.commits.range(..=bucket.to_be_bytes()).next_back() else {
+            return Ok(None);
+        };
+        let (key, value) = entry.map_err(|e| self.err(e))?;
+        let (first, run) = self.commit_run(&key, &value)?;
+        Ok((bucket < first + run.len() as u64).then_some((first, run)))
+    }
+
+    /// Whether any of `buckets` (a range) is in the commit log.
+    fn any_committed(&self, first: u64, last: u64) -> Result<bool, StoreError> {
+        if let Some(entry) = self
+            .commits
+            .range(first.to_be_bytes()..=last.to_be_bytes())
+            .next()
+        {
+            entry.map_err(|e| self.err(e))?;
+            return Ok(true);
+        }
+        Ok(self.commit_run_of(first)?.is_some())
     }
 
     /// A segment's unique IDs with their rows, bucket by bucket, in input order.
@@ -499,6 +560,14 @@ impl SledStore {
         }
         Ok(out)
     }
+}
+
+/// A commit log value: a run of consecutive buckets, or a format 1 record of one bucket.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CommitValue {
+    Run(Vec<CommitRecord>),
+    Bucket(CommitRecord),
 }
 
 /// One offset log record (format 2): consecutive buckets planned together from one input.
@@ -863,9 +932,30 @@ impl Store for SledStore {
     }
 
     fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        let mut sorted: Vec<&CommitRecord> = commits.iter().collect();
+        sorted.sort_by_key(|c| c.bucket);
+        sorted.dedup_by_key(|c| c.bucket);
         let mut batch = sled::Batch::default();
-        for c in commits {
-            batch.insert(&c.bucket.to_be_bytes(), json(c));
+        let mut write = |run: &[&CommitRecord]| {
+            let records: Vec<&CommitRecord> = run.to_vec();
+            batch.insert(&run[0].bucket.to_be_bytes(), json(&records));
+        };
+        for run in sorted.chunk_by(|a, b| b.bucket == a.bucket + 1) {
+            let (first, last) = (run[0].bucket, run[run.len() - 1].bucket);
+            if !self.any_committed(first, last)? {
+                write(run);
+                continue;
+            }
+            // Some are committed already: a commit is final, so those stay as they are.
+            let mut fresh = Vec::new();
+            for c in run {
+                if self.commit_run_of(c.bucket)?.is_none() {
+                    fresh.push(*c);
+                }
+            }
+            for part in fresh.chunk_by(|a, b| b.bucket == a.bucket + 1) {
+                write(part);
+            }
         }
         self.commits.apply_batch(batch).map_err(|e| self.err(e))?;
         let highest = commits.iter().map(|c| c.bucket + 1).max().unwrap_or(0);
@@ -943,8 +1033,7 @@ impl Store for SledStore {
                 s.duplicates += offset.duplicates;
                 s.bad_lines += offset.bad_lines;
                 match committed.get(&offset.bucket) {
-                    Some(c) => {
-                        let commit: CommitRecord = self.decode("commit", c)?;
+                    Some(commit) => {
                         s.buckets_committed += 1;
                         s.ok += commit.ok;
                         s.failed += commit.failed;
@@ -976,12 +1065,19 @@ impl Store for SledStore {
     }
 
     fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
-        self.get(&self.commits, &bucket.to_be_bytes(), "commit")
+        Ok(self
+            .commit_run_of(bucket)?
+            .map(|(first, mut run)| run.swap_remove((bucket - first) as usize)))
     }
 
     fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
-        let all: Vec<CommitRecord> = self.decode_all(self.commits.iter(), "commit")?;
-        Ok(all.into_iter().filter(|c| c.failed > 0).collect())
+        let mut out = Vec::new();
+        for entry in self.commits.iter() {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let (_, run) = self.commit_run(&key, &value)?;
+            out.extend(run.into_iter().filter(|c| c.failed > 0));
+        }
+        Ok(out)
     }
 
     fn for_each_failure(
@@ -1110,12 +1206,26 @@ impl Store for SledStore {
             }
             batch.insert(&key, json(c));
         }
-        let mut job = sled::Batch::default();
+        // The commit log runs holding the moved buckets, rewritten whole.
+        let mut runs: BTreeMap<u64, Vec<CommitRecord>> = BTreeMap::new();
         for (bucket, m) in moved {
             if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
                 continue;
             }
-            if let Some(mut c) = self.commit_record(bucket)? {
+            let held = runs
+                .range(..=bucket)
+                .next_back()
+                .is_some_and(|(first, run)| bucket < first + run.len() as u64);
+            if !held {
+                if let Some((first, run)) = self.commit_run_of(bucket)? {
+                    runs.insert(first, run);
+                }
+            }
+            let found = runs
+                .range_mut(..=bucket)
+                .next_back()
+                .and_then(|(first, run)| run.get_mut((bucket - first) as usize));
+            if let Some(c) = found.filter(|c| c.bucket == bucket) {
                 c.ok = (c.ok as i64 + m.ok).max(0) as u64;
                 c.failed = (c.failed as i64 + m.failed).max(0) as u64;
                 for (class, n) in m.classes {
@@ -1125,8 +1235,11 @@ impl Store for SledStore {
                         c.failed_by_class.remove(&class);
                     }
                 }
-                job.insert(&bucket.to_be_bytes(), json(&c));
             }
+        }
+        let mut job = sled::Batch::default();
+        for (first, run) in &runs {
+            job.insert(&first.to_be_bytes(), json(run));
         }
         (&self.rerun_commits, &self.commits)
             .transaction(|(r, c)| {
@@ -1415,6 +1528,51 @@ mod tests {
         assert_eq!(failed, vec![("f".to_string(), 6)]);
     }
 
+    /// Buckets committed by one write share a commit record per consecutive run; a bucket is
+    /// committed once.
+    #[test]
+    fn commits_are_stored_in_runs_and_are_final() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let plan: Vec<PlannedBucket> = (0..8)
+            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
+            .collect();
+        s.plan(&plan, &PlannerState::default()).unwrap();
+        let c = |bucket: u64, ok: u64| CommitRecord {
+            bucket,
+            ok,
+            failed: 1 - ok,
+            ..CommitRecord::default()
+        };
+        s.commit(&[c(3, 1), c(1, 1), c(2, 0), c(5, 1), c(3, 1)])
+            .unwrap();
+        assert_eq!(s.commits.len(), 2, "runs 1..=3 and 5");
+        assert_eq!(s.commit_record(2).unwrap(), Some(c(2, 0)));
+        assert_eq!(s.commit_record(4).unwrap(), None);
+        assert_eq!(s.commit_record(0).unwrap(), None);
+        // 2 is committed already and keeps its record; 4 joins the log.
+        s.commit(&[c(2, 1), c(4, 1)]).unwrap();
+        assert_eq!(s.commit_record(2).unwrap(), Some(c(2, 0)));
+        assert_eq!(s.commit_record(4).unwrap(), Some(c(4, 1)));
+        s.commit(&[c(0, 1), c(1, 1), c(6, 1), c(7, 1)]).unwrap();
+        assert_eq!(s.commit_record(1).unwrap(), Some(c(1, 1)));
+        let committed: Vec<u64> = (0..9)
+            .filter(|b| s.commit_record(*b).unwrap().is_some())
+            .collect();
+        assert_eq!(committed, (0..8).collect::<Vec<_>>());
+        assert!(s.open_buckets().unwrap().is_empty());
+        let failed: Vec<u64> = s
+            .failed_buckets()
+            .unwrap()
+            .iter()
+            .map(|c| c.bucket)
+            .collect();
+        assert_eq!(failed, vec![2]);
+        let stats = s.stats().unwrap();
+        assert_eq!((stats.buckets_committed, stats.ok, stats.failed), (8, 7, 1));
+    }
+
     /// A segment whose ID list disagrees with its counts is reported as corrupt.
     #[test]
     fn a_segment_with_missing_ids_is_corrupt() {
@@ -1448,11 +1606,19 @@ mod tests {
             for b in [
                 planned(0, &[(0, "a"), (1, "b")], 2),
                 planned(1, &[(2, "c")], 3),
+                planned(2, &[(3, "d")], 4),
             ] {
                 let key = b.offset.bucket.to_be_bytes();
                 s.offsets.insert(key, json(&b.offset)).unwrap();
                 s.ids.insert(key, encode_ids(&b.items)).unwrap();
             }
+            let commit = CommitRecord {
+                bucket: 2,
+                ok: 1,
+                ..CommitRecord::default()
+            };
+            s.commits.insert(2u64.to_be_bytes(), json(&commit)).unwrap();
+            s.record(&[("d".into(), done(3, 2, true))]).unwrap();
             s.meta.insert("version", &1u32.to_be_bytes()).unwrap();
             s.record(&[("a".into(), done(0, 0, true))]).unwrap();
             s.sync().await.unwrap();
@@ -1481,15 +1647,25 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", true), ("b", false)]
         );
-        assert_eq!(s.stats().unwrap().ids_planned, 3);
-        // New plans are written as segments beside the old records.
+        assert_eq!(s.commit_record(2).unwrap().map(|c| c.ok), Some(1));
+        let stats = s.stats().unwrap();
+        assert_eq!(
+            (stats.ids_planned, stats.ok, stats.buckets_committed),
+            (4, 2, 1)
+        );
+        // New plans and commits are written as segments and runs beside the old records.
         s.plan(
-            &[planned(2, &[(3, "d")], 4), planned(3, &[(4, "e")], 5)],
+            &[planned(3, &[(4, "e")], 5), planned(4, &[(5, "f")], 6)],
             &PlannerState::default(),
         )
         .unwrap();
+        s.commit(&[CommitRecord {
+            bucket: 3,
+            ..CommitRecord::default()
+        }])
+        .unwrap();
         let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
-        assert_eq!(open, vec![0, 1, 2, 3]);
+        assert_eq!(open, vec![0, 1, 4]);
     }
 
     #[test]
