@@ -69,6 +69,8 @@ modes:
                       this process for the fake API at that size]
     --concurrency N   --concurrency of the binary [default: 32]
     --skip-full       only the resume-latency part
+    --kill-after N    calls between kills in the resume part [default: IDs/5, at most
+                      200000]; e.g. 3000000 with 10M IDs resumes stores holding 3M, 6M, 9M
     --bin PATH        the highwater binary [default: next to this example's target dir]
 
   rate         rate accuracy of a fixed --rate: for R in 20/s, 200/s, 2000/s (and 200/s
@@ -198,6 +200,12 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                 repeat = Some(number(name, value(name)?)? as usize)
             }
             "--skip-full" if mode == Mode::Rss => skip_full = true,
+            "--kill-after" if mode == Mode::Rss => {
+                let k = number(name, value(name)?)?;
+                KILL_AFTER
+                    .set(k)
+                    .map_err(|_| "--kill-after given twice".to_string())?;
+            }
             "--bin" if mode == Mode::Rss => bin = Some(PathBuf::from(value(name)?)),
             "--burst" if matches!(mode, Mode::Rate | Mode::Capacity) => {
                 let b = number(name, value(name)?)?;
@@ -1611,7 +1619,10 @@ fn resume_runs(
     let api = rt
         .block_on(FakeApi::start(ApiConfig::fast()))
         .context("starting the fake API")?;
-    let kill_after = (n / (RESUMES as u64 + 2)).clamp(1, 200_000);
+    let kill_after = match KILL_AFTER.get() {
+        Some(k) => *k,
+        None => (n / (RESUMES as u64 + 2)).clamp(1, 200_000),
+    };
     let state = tmp.join("state-resume");
     let url = api.url_template();
     let mut rows = Vec::new();
@@ -1826,6 +1837,9 @@ fn fmt_rate(r: f64) -> String {
 
 /// The GCRA burst of the `rate` and `capacity` runs (`--burst`, default 1 as the CLI's).
 static BURST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// `rss --kill-after N`: calls between kills in the resume part.
+static KILL_AFTER: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// `durability --only MODE:SIZE`: the one run to make.
 static ONLY: std::sync::OnceLock<String> = std::sync::OnceLock::new();

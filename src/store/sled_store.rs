@@ -29,9 +29,9 @@
 //!
 //! The commit log likewise holds one record per **run** of consecutive buckets committed by
 //! the same write (a group commit, or one background checkpoint), keyed by its first bucket.
-//! Runs never overlap: a bucket is committed once, and a commit of a bucket already in the log
-//! is dropped. A rerun that moves a bucket's counts rewrites the run holding it. Format 1's
-//! one record per bucket reads as a run of one.
+//! Runs never overlap and hold at most 256 buckets: a bucket is committed once, and a commit
+//! of a bucket already in the log is dropped. A rerun that moves a bucket's counts rewrites the
+//! run holding it. Format 1's one record per bucket reads as a run of one.
 //!
 //! Stores written before reruns existed simply have these trees empty; item records without
 //! the newer fields (attempt times, rerun) read with those fields unset.
@@ -562,6 +562,10 @@ impl SledStore {
     }
 }
 
+/// The most buckets one commit log record holds: readers decode a whole run to find one
+/// bucket, and a background checkpoint can commit tens of thousands of one-row buckets.
+const MAX_COMMIT_RUN: usize = 256;
+
 /// A commit log value: a run of consecutive buckets, or a format 1 record of one bucket.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -937,8 +941,9 @@ impl Store for SledStore {
         sorted.dedup_by_key(|c| c.bucket);
         let mut batch = sled::Batch::default();
         let mut write = |run: &[&CommitRecord]| {
-            let records: Vec<&CommitRecord> = run.to_vec();
-            batch.insert(&run[0].bucket.to_be_bytes(), json(&records));
+            for part in run.chunks(MAX_COMMIT_RUN) {
+                batch.insert(&part[0].bucket.to_be_bytes(), json(&part));
+            }
         };
         for run in sorted.chunk_by(|a, b| b.bucket == a.bucket + 1) {
             let (first, last) = (run[0].bucket, run[run.len() - 1].bucket);
@@ -1571,6 +1576,35 @@ mod tests {
         assert_eq!(failed, vec![2]);
         let stats = s.stats().unwrap();
         assert_eq!((stats.buckets_committed, stats.ok, stats.failed), (8, 7, 1));
+    }
+
+    /// A long run of commits is split into records of at most [`MAX_COMMIT_RUN`] buckets.
+    #[test]
+    fn long_commit_runs_are_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let n = 2 * MAX_COMMIT_RUN as u64 + 88;
+        let plan: Vec<PlannedBucket> = (0..n)
+            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
+            .collect();
+        s.plan(&plan, &PlannerState::default()).unwrap();
+        assert_eq!(s.offsets.len(), 1);
+        let commits: Vec<CommitRecord> = (0..n)
+            .map(|bucket| CommitRecord {
+                bucket,
+                ok: 1,
+                ..CommitRecord::default()
+            })
+            .collect();
+        s.commit(&commits).unwrap();
+        assert_eq!(s.commits.len(), 3);
+        for b in [0, 255, 256, 511, 512, n - 1] {
+            assert_eq!(s.commit_record(b).unwrap().map(|c| c.bucket), Some(b));
+        }
+        assert_eq!(s.commit_record(n).unwrap(), None);
+        assert!(s.open_buckets().unwrap().is_empty());
+        assert_eq!(s.stats().unwrap().ok, n);
     }
 
     /// A segment whose ID list disagrees with its counts is reported as corrupt.
