@@ -97,6 +97,8 @@ impl Planner {
     ) -> Result<Vec<PlannedBucket>, PlanError> {
         let mut buckets = Vec::new();
         let mut rows = 0;
+        // One time for the batch: it is written ahead as one record.
+        let planned_at_ms = now_ms();
         while rows < min_rows.max(1) && !self.state.exhausted {
             let start = self.reader.cursor();
             let mut bucket = PlannedBucket {
@@ -108,7 +110,7 @@ impl Planner {
                     duplicates: 0,
                     bad_lines: 0,
                     input: self.input,
-                    planned_at_ms: now_ms(),
+                    planned_at_ms,
                 },
                 items: Vec::new(),
                 bad_lines: Vec::new(),

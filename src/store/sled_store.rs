@@ -46,6 +46,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -80,6 +81,11 @@ pub struct SledStore {
     rerun_commits: sled::Tree,
     /// Highest buckets written to the offset and commit logs.
     written: Watermarks,
+    /// The last segment, segment IDs and commit run read (see [`ReadCache`]).
+    cache: std::sync::Mutex<ReadCache>,
+    /// Bumped around every rewrite of an existing commit run (reruns), so a run read before
+    /// it is never cached after it.
+    runs_rewritten: AtomicU64,
     marker: std::sync::Mutex<MarkerState>,
     /// Held for the store's lifetime; the flock goes with it.
     _lock: File,
@@ -219,6 +225,8 @@ impl SledStore {
             rerun_commits: tree("rerun_commits")?,
             db,
             written: Watermarks::default(),
+            cache: Default::default(),
+            runs_rewritten: AtomicU64::new(0),
             marker: std::sync::Mutex::new(MarkerState {
                 written: marker.checkpoint.clone(),
                 at: std::time::Instant::now(),
@@ -255,15 +263,6 @@ impl SledStore {
                     .insert("version", &FORMAT_VERSION.to_be_bytes())
                     .map_err(|e| store.err(e))?;
                 store.db.flush().map_err(|e| store.err(e))?;
-                let upgraded = Marker {
-                    version: FORMAT_VERSION,
-                    ..marker.clone()
-                };
-                write_atomically(
-                    &marker_path,
-                    &serde_json::to_vec(&upgraded).expect("marker serializes"),
-                )
-                .map_err(io)?;
             }
             Some(v) => {
                 let found = <[u8; 4]>::try_from(v.as_ref())
@@ -275,6 +274,19 @@ impl SledStore {
                     supported: FORMAT_VERSION,
                 });
             }
+        }
+        if marker.version != FORMAT_VERSION {
+            // The database is the current format now (upgraded above, maybe by an earlier
+            // open that stopped before this): so is the marker.
+            let upgraded = Marker {
+                version: FORMAT_VERSION,
+                ..marker.clone()
+            };
+            write_atomically(
+                &marker_path,
+                &serde_json::to_vec(&upgraded).expect("marker serializes"),
+            )
+            .map_err(io)?;
         }
         if let Some(c) = &marker.checkpoint {
             match store.job()? {
@@ -397,9 +409,11 @@ impl SledStore {
             path: self.path.clone(),
             reason,
         };
-        let segment = match self.decode::<OffsetValue>("offset", value)? {
-            OffsetValue::Segment(s) => s,
-            OffsetValue::Bucket(o) => Segment::of_record(o),
+        let segment = match serde_json::from_slice::<OffsetValue>(value) {
+            Ok(OffsetValue::Segment(s)) => s,
+            Ok(OffsetValue::Bucket(o)) => Segment::of_record(o),
+            // Say what is wrong with it as a segment (untagged enums only say "no variant").
+            Err(_) => self.decode::<Segment>("offset", value)?,
         };
         if segment.buckets.is_empty() || key != segment.first.to_be_bytes() {
             return Err(corrupt(format!(
@@ -412,13 +426,27 @@ impl SledStore {
     }
 
     /// The segment holding `bucket`, if it was planned.
-    fn segment_of(&self, bucket: u64) -> Result<Option<Segment>, StoreError> {
+    fn segment_of(&self, bucket: u64) -> Result<Option<Arc<Segment>>, StoreError> {
+        if let Some(s) = &self.cache().segment {
+            if s.contains(bucket) {
+                return Ok(Some(s.clone()));
+            }
+        }
         let Some(entry) = self.offsets.range(..=bucket.to_be_bytes()).next_back() else {
             return Ok(None);
         };
         let (key, value) = entry.map_err(|e| self.err(e))?;
-        let segment = self.segment(&key, &value)?;
-        Ok(segment.contains(bucket).then_some(segment))
+        let segment = Arc::new(self.segment(&key, &value)?);
+        if !segment.contains(bucket) {
+            return Ok(None);
+        }
+        // Segments are written once (the planner never plans a bucket twice).
+        self.cache().segment = Some(segment.clone());
+        Ok(Some(segment))
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, ReadCache> {
+        self.cache.lock().expect("never poisoned")
     }
 
     /// The commit records of a segment's buckets, by bucket.
@@ -457,9 +485,10 @@ impl SledStore {
         let first = <[u8; 8]>::try_from(key)
             .map(u64::from_be_bytes)
             .map_err(|_| corrupt(format!("a commit record has the key {key:02x?}")))?;
-        let run = match self.decode::<CommitValue>("commit", value)? {
-            CommitValue::Run(run) => run,
-            CommitValue::Bucket(c) => vec![c],
+        let run = match serde_json::from_slice::<CommitValue>(value) {
+            Ok(CommitValue::Run(run)) => run,
+            Ok(CommitValue::Bucket(c)) => vec![c],
+            Err(_) => self.decode::<Vec<CommitRecord>>("commit", value)?,
         };
         let consecutive = run
             .iter()
@@ -474,12 +503,41 @@ impl SledStore {
     }
 
     /// The commit log run holding `bucket`, if it is committed.
-    fn commit_run_of(&self, bucket: u64) -> Result<Option<(u64, Vec<CommitRecord>)>, StoreError> {
+    fn commit_run_of(
+        &self,
+        bucket: u64,
+    ) -> Result<Option<(u64, Run)>, StoreError> {
+        let generation = self.runs_rewritten.load(Ordering::Acquire);
+        if let Some((g, first, run)) = &self.cache().run {
+            if *g == generation && (*first..*first + run.len() as u64).contains(&bucket) {
+                return Ok(Some((*first, run.clone())));
+            }
+        }
         let Some(entry) = self.commits.range(..=bucket.to_be_bytes()).next_back() else {
             return Ok(None);
         };
         let (key, value) = entry.map_err(|e| self.err(e))?;
-        let (first, run) = self.commit_run(&key, &value)?;
+        // The run found may be the cached one even when it does not hold `bucket` (a bucket
+        // not committed yet, just after it): then it need not be decoded again.
+        let cached = match &self.cache().run {
+            Some((g, first, run)) if *g == generation && key == first.to_be_bytes() => {
+                Some((*first, run.clone()))
+            }
+            _ => None,
+        };
+        let (first, run) = match cached {
+            Some(hit) => hit,
+            None => {
+                let (first, run) = self.commit_run(&key, &value)?;
+                let run = Arc::new(run);
+                // New commits only add runs; a run changes only when a rerun rewrites it,
+                // which bumps the generation: a run read across such a rewrite is not kept.
+                if self.runs_rewritten.load(Ordering::Acquire) == generation {
+                    self.cache().run = Some((generation, first, run.clone()));
+                }
+                (first, run)
+            }
+        };
         Ok((bucket < first + run.len() as u64).then_some((first, run)))
     }
 
@@ -497,7 +555,18 @@ impl SledStore {
     }
 
     /// A segment's unique IDs with their rows, bucket by bucket, in input order.
-    fn segment_ids(&self, segment: &Segment) -> Result<Vec<Vec<(u64, String)>>, StoreError> {
+    fn segment_ids(&self, segment: &Segment) -> Result<Arc<SegmentIds>, StoreError> {
+        if let Some((first, ids)) = &self.cache().ids {
+            if *first == segment.first {
+                return Ok(ids.clone());
+            }
+        }
+        let ids = Arc::new(self.read_segment_ids(segment)?);
+        self.cache().ids = Some((segment.first, ids.clone()));
+        Ok(ids)
+    }
+
+    fn read_segment_ids(&self, segment: &Segment) -> Result<SegmentIds, StoreError> {
         let corrupt = |reason: &str| StoreError::Corrupt {
             path: self.path.clone(),
             reason: format!(
@@ -539,27 +608,60 @@ impl SledStore {
                 path: self.path.clone(),
                 reason: format!("bucket {} has no offset record", offset.bucket),
             })?;
-        let ids = self
-            .segment_ids(&segment)?
-            .swap_remove((offset.bucket - segment.first) as usize);
-        self.records(offset, ids)
+        let ids = self.segment_ids(&segment)?;
+        self.records(offset, &ids[(offset.bucket - segment.first) as usize])
     }
 
     /// Each of a bucket's IDs with its final record, or a pending one.
     fn records(
         &self,
         offset: &OffsetRecord,
-        ids: Vec<(u64, String)>,
+        ids: &[(u64, String)],
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
             let record = self
                 .get(&self.items, id.as_bytes(), "item")?
-                .unwrap_or_else(|| ItemRecord::pending(row, offset.bucket));
-            out.push((id, record));
+                .unwrap_or_else(|| ItemRecord::pending(*row, offset.bucket));
+            out.push((id.clone(), record));
         }
         Ok(out)
     }
+}
+
+/// Marks a rewrite of existing commit runs: the generation moves when it starts and again
+/// when it ends, so no reader caches a run it read in between.
+struct Rewriting<'a>(&'a AtomicU64);
+
+impl<'a> Rewriting<'a> {
+    fn start(generation: &'a AtomicU64) -> Self {
+        generation.fetch_add(1, Ordering::AcqRel);
+        Rewriting(generation)
+    }
+}
+
+impl Drop for Rewriting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A commit run's records, shared with the read cache.
+type Run = Arc<Vec<CommitRecord>>;
+
+/// A segment's IDs with their rows, one list per bucket.
+type SegmentIds = Vec<Vec<(u64, String)>>;
+
+/// What the store read last, kept for the next call: replays, failure summaries and reruns
+/// look at buckets one at a time in bucket order, and one segment (up to 1,000 buckets) or
+/// commit run (up to 256) serves many such calls instead of being decoded for each.
+#[derive(Default)]
+struct ReadCache {
+    segment: Option<Arc<Segment>>,
+    /// The IDs of the segment starting at this bucket.
+    ids: Option<(u64, Arc<SegmentIds>)>,
+    /// A commit run: the generation it was read at, its first bucket, its records.
+    run: Option<(u64, u64, Run)>,
 }
 
 /// The most buckets one commit log record holds: readers decode a whole run to find one
@@ -1000,7 +1102,7 @@ impl Store for SledStore {
         for segment in self.segments() {
             let segment = segment?;
             let ids = self.segment_ids(&segment)?;
-            for (offset, ids) in segment.offsets().zip(ids) {
+            for (offset, ids) in segment.offsets().zip(ids.iter()) {
                 for (id, record) in self.records(&offset, ids)? {
                     if record.is_final() {
                         f(&id, &record)?;
@@ -1047,8 +1149,13 @@ impl Store for SledStore {
                 }
             }
             s.buckets_in_flight += open.len() as u64;
+            if open.is_empty() {
+                continue;
+            }
+            let ids = self.segment_ids(&segment)?;
             for offset in open {
-                for (_, record) in self.items_of(&offset)? {
+                let ids = &ids[(offset.bucket - segment.first) as usize];
+                for (_, record) in self.records(&offset, ids)? {
                     match record.status {
                         ItemStatus::Ok => s.ok += 1,
                         ItemStatus::Failed => s.failed += 1,
@@ -1072,7 +1179,7 @@ impl Store for SledStore {
     fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
         Ok(self
             .commit_run_of(bucket)?
-            .map(|(first, mut run)| run.swap_remove((bucket - first) as usize)))
+            .map(|(first, run)| run[(bucket - first) as usize].clone()))
     }
 
     fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
@@ -1090,26 +1197,38 @@ impl Store for SledStore {
         bucket: Option<u64>,
         f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
     ) -> Result<(), ExportError> {
-        let offsets: Vec<OffsetRecord> = match bucket {
-            Some(b) => self.offset(b)?.into_iter().collect(),
-            None => {
-                let mut all = Vec::new();
-                for segment in self.segments() {
-                    all.extend(segment?.offsets());
-                }
-                all
-            }
-        };
-        for offset in offsets {
-            if let Some(c) = self.commit_record(offset.bucket)? {
-                if c.failed == 0 {
-                    continue;
-                }
-            }
-            for (id, record) in self.items_of(&offset)? {
+        let mut failed_in = |offset: &OffsetRecord, ids: &[(u64, String)]| {
+            for (id, record) in self.records(offset, ids)? {
                 if record.status == ItemStatus::Failed {
                     f(&id, &record)?;
                 }
+            }
+            Ok::<(), ExportError>(())
+        };
+        // Buckets committed without failures hold none; the others are read.
+        if let Some(b) = bucket {
+            let Some(segment) = self.segment_of(b)? else {
+                return Ok(());
+            };
+            if self.commit_record(b)?.is_some_and(|c| c.failed == 0) {
+                return Ok(());
+            }
+            let ids = self.segment_ids(&segment)?;
+            return failed_in(&segment.offset(b), &ids[(b - segment.first) as usize]);
+        }
+        for segment in self.segments() {
+            let segment = segment?;
+            let committed = self.commits_of(&segment)?;
+            let mut ids = None;
+            for offset in segment.offsets() {
+                if committed.get(&offset.bucket).is_some_and(|c| c.failed == 0) {
+                    continue;
+                }
+                let ids = match &ids {
+                    Some(ids) => ids,
+                    None => ids.insert(self.segment_ids(&segment)?),
+                };
+                failed_in(&offset, &ids[(offset.bucket - segment.first) as usize])?;
             }
         }
         Ok(())
@@ -1223,7 +1342,7 @@ impl Store for SledStore {
                 .is_some_and(|(first, run)| bucket < first + run.len() as u64);
             if !held {
                 if let Some((first, run)) = self.commit_run_of(bucket)? {
-                    runs.insert(first, run);
+                    runs.insert(first, Arc::unwrap_or_clone(run));
                 }
             }
             let found = runs
@@ -1246,6 +1365,7 @@ impl Store for SledStore {
         for (first, run) in &runs {
             job.insert(&first.to_be_bytes(), json(run));
         }
+        let _rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
         (&self.rerun_commits, &self.commits)
             .transaction(|(r, c)| {
                 r.apply_batch(&batch)?;
@@ -1700,6 +1820,14 @@ mod tests {
         .unwrap();
         let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
         assert_eq!(open, vec![0, 1, 4]);
+        // An upgrade that stopped between the database and the marker is finished.
+        drop(s);
+        let text = fs::read_to_string(&marker).unwrap();
+        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
+        drop(SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap());
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains("\"version\":2"));
     }
 
     #[test]
