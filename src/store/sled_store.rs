@@ -503,10 +503,7 @@ impl SledStore {
     }
 
     /// The commit log run holding `bucket`, if it is committed.
-    fn commit_run_of(
-        &self,
-        bucket: u64,
-    ) -> Result<Option<(u64, Run)>, StoreError> {
+    fn commit_run_of(&self, bucket: u64) -> Result<Option<(u64, Run)>, StoreError> {
         let generation = self.runs_rewritten.load(Ordering::Acquire);
         if let Some((g, first, run)) = &self.cache().run {
             if *g == generation && (*first..*first + run.len() as u64).contains(&bucket) {
