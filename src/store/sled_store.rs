@@ -1886,6 +1886,96 @@ mod tests {
         [("unknown".to_string(), n)].into()
     }
 
+    /// A rerun that heals IDs of several buckets of one commit run rewrites that run once,
+    /// moving each bucket's counts and keeping the others.
+    #[tokio::test]
+    async fn a_rerun_rewrites_the_commit_run_holding_its_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let ids = ["a", "b", "c", "d"];
+        let plan: Vec<PlannedBucket> = (0..4u64)
+            .map(|i| planned(i, &[(i, ids[i as usize])], i + 1))
+            .collect();
+        s.plan(&plan, &PlannerState::default()).unwrap();
+        let results: Vec<(String, ItemRecord)> = (0..4u64)
+            .map(|i| (ids[i as usize].to_string(), done(i, i, i == 3)))
+            .collect();
+        s.record(&results).unwrap();
+        let commits: Vec<CommitRecord> = (0..4u64)
+            .map(|i| CommitRecord {
+                bucket: i,
+                ok: (i == 3) as u64,
+                failed: (i != 3) as u64,
+                committed_at_ms: 0,
+                failed_by_class: if i == 3 { BTreeMap::new() } else { unknown(1) },
+            })
+            .collect();
+        s.commit(&commits).unwrap();
+        assert_eq!(s.commits.len(), 1);
+        assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 1);
+        // Rerun bucket 0 holds a and c (buckets 0 and 2); both heal.
+        let share = |bucket| JobBucketShare {
+            bucket,
+            ok: 0,
+            failed: 1,
+            failed_by_class: unknown(1),
+        };
+        let rerun = RerunRecord {
+            number: 1,
+            selection: RerunSelection::Failed,
+            buckets: 1,
+            ids: 2,
+            created_at_ms: 0,
+        };
+        let bucket = RerunBucket {
+            offset: RerunOffset {
+                rerun: 1,
+                bucket: 0,
+                items: 2,
+                before: vec![share(0), share(2)],
+                planned_at_ms: 0,
+            },
+            items: vec![(0, "a".into()), (2, "c".into())],
+        };
+        s.create_rerun(&rerun, &[bucket]).unwrap();
+        let healed: Vec<(String, ItemRecord)> = [(0u64, "a"), (2, "c")]
+            .iter()
+            .map(|(row, id)| {
+                let mut r = done(*row, *row, true);
+                r.rerun = Some(1);
+                (id.to_string(), r)
+            })
+            .collect();
+        s.record(&healed).unwrap();
+        s.commit_rerun(
+            1,
+            &[CommitRecord {
+                bucket: 0,
+                ok: 2,
+                ..CommitRecord::default()
+            }],
+        )
+        .unwrap();
+        assert_eq!(s.commits.len(), 1, "the run was rewritten in place");
+        let counts: Vec<(u64, u64)> = (0..4)
+            .map(|b| {
+                let c = s.commit_record(b).unwrap().unwrap();
+                (c.ok, c.failed)
+            })
+            .collect();
+        assert_eq!(counts, vec![(1, 0), (0, 1), (1, 0), (1, 0)]);
+        let failed: Vec<u64> = s
+            .failed_buckets()
+            .unwrap()
+            .iter()
+            .map(|c| c.bucket)
+            .collect();
+        assert_eq!(failed, vec![1]);
+        let stats = s.stats().unwrap();
+        assert_eq!((stats.ok, stats.failed), (3, 1));
+    }
+
     #[tokio::test]
     async fn a_rerun_commit_moves_the_job_counts_once() {
         let dir = tempfile::tempdir().unwrap();
