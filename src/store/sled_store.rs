@@ -1886,6 +1886,41 @@ mod tests {
         [("unknown".to_string(), n)].into()
     }
 
+    /// Rerun 1 (`--failed`) of one rerun bucket holding `items` (row, ID, job bucket), each
+    /// failed before.
+    fn failed_rerun(items: &[(u64, &str, u64)]) -> (RerunRecord, RerunBucket) {
+        let n = items.len() as u64;
+        let rerun = RerunRecord {
+            number: 1,
+            selection: RerunSelection::Failed,
+            buckets: 1,
+            ids: n,
+            created_at_ms: 0,
+        };
+        let bucket = RerunBucket {
+            offset: RerunOffset {
+                rerun: 1,
+                bucket: 0,
+                items: n,
+                before: items
+                    .iter()
+                    .map(|(_, _, bucket)| JobBucketShare {
+                        bucket: *bucket,
+                        ok: 0,
+                        failed: 1,
+                        failed_by_class: unknown(1),
+                    })
+                    .collect(),
+                planned_at_ms: 0,
+            },
+            items: items
+                .iter()
+                .map(|(r, id, _)| (*r, id.to_string()))
+                .collect(),
+        };
+        (rerun, bucket)
+    }
+
     /// A rerun that heals IDs of several buckets of one commit run rewrites that run once,
     /// moving each bucket's counts and keeping the others.
     #[tokio::test]
@@ -1915,29 +1950,7 @@ mod tests {
         assert_eq!(s.commits.len(), 1);
         assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 1);
         // Rerun bucket 0 holds a and c (buckets 0 and 2); both heal.
-        let share = |bucket| JobBucketShare {
-            bucket,
-            ok: 0,
-            failed: 1,
-            failed_by_class: unknown(1),
-        };
-        let rerun = RerunRecord {
-            number: 1,
-            selection: RerunSelection::Failed,
-            buckets: 1,
-            ids: 2,
-            created_at_ms: 0,
-        };
-        let bucket = RerunBucket {
-            offset: RerunOffset {
-                rerun: 1,
-                bucket: 0,
-                items: 2,
-                before: vec![share(0), share(2)],
-                planned_at_ms: 0,
-            },
-            items: vec![(0, "a".into()), (2, "c".into())],
-        };
+        let (rerun, bucket) = failed_rerun(&[(0, "a", 0), (2, "c", 2)]);
         s.create_rerun(&rerun, &[bucket]).unwrap();
         let healed: Vec<(String, ItemRecord)> = [(0u64, "a"), (2, "c")]
             .iter()
@@ -2022,36 +2035,7 @@ mod tests {
         assert_eq!(failed, ["b", "c", "d"]);
         assert_eq!(s.failed_buckets().unwrap().len(), 2);
 
-        let rerun = RerunRecord {
-            number: 1,
-            selection: RerunSelection::Failed,
-            buckets: 1,
-            ids: 2,
-            created_at_ms: 0,
-        };
-        let bucket = RerunBucket {
-            offset: RerunOffset {
-                rerun: 1,
-                bucket: 0,
-                items: 2,
-                before: vec![
-                    JobBucketShare {
-                        bucket: 0,
-                        ok: 0,
-                        failed: 1,
-                        failed_by_class: unknown(1),
-                    },
-                    JobBucketShare {
-                        bucket: 1,
-                        ok: 0,
-                        failed: 1,
-                        failed_by_class: unknown(1),
-                    },
-                ],
-                planned_at_ms: 0,
-            },
-            items: vec![(1, "b".into()), (2, "c".into())],
-        };
+        let (rerun, bucket) = failed_rerun(&[(1, "b", 0), (2, "c", 1)]);
         s.create_rerun(&rerun, &[bucket]).unwrap();
         assert_eq!(s.reruns().unwrap(), vec![rerun]);
         let open = s.rerun_open_buckets(1).unwrap();
