@@ -504,9 +504,12 @@ impl SledStore {
 
     /// The commit log run holding `bucket`, if it is committed.
     fn commit_run_of(&self, bucket: u64) -> Result<Option<(u64, Run)>, StoreError> {
+        // An odd generation: a rerun is rewriting runs right now, so neither trust nor fill
+        // the cache (what is read now may be replaced any moment).
         let generation = self.runs_rewritten.load(Ordering::Acquire);
+        let steady = generation % 2 == 0;
         if let Some((g, first, run)) = &self.cache().run {
-            if *g == generation && (*first..*first + run.len() as u64).contains(&bucket) {
+            if steady && *g == generation && (*first..*first + run.len() as u64).contains(&bucket) {
                 return Ok(Some((*first, run.clone())));
             }
         }
@@ -517,7 +520,7 @@ impl SledStore {
         // The run found may be the cached one even when it does not hold `bucket` (a bucket
         // not committed yet, just after it): then it need not be decoded again.
         let cached = match &self.cache().run {
-            Some((g, first, run)) if *g == generation && key == first.to_be_bytes() => {
+            Some((g, first, run)) if steady && *g == generation && key == first.to_be_bytes() => {
                 Some((*first, run.clone()))
             }
             _ => None,
@@ -529,7 +532,7 @@ impl SledStore {
                 let run = Arc::new(run);
                 // New commits only add runs; a run changes only when a rerun rewrites it,
                 // which bumps the generation: a run read across such a rewrite is not kept.
-                if self.runs_rewritten.load(Ordering::Acquire) == generation {
+                if steady && self.runs_rewritten.load(Ordering::Acquire) == generation {
                     self.cache().run = Some((generation, first, run.clone()));
                 }
                 (first, run)
@@ -626,8 +629,10 @@ impl SledStore {
     }
 }
 
-/// Marks a rewrite of existing commit runs: the generation moves when it starts and again
-/// when it ends, so no reader caches a run it read in between.
+/// Marks a rewrite of existing commit runs: the generation moves when it starts (to odd) and
+/// again when it ends (to even). Readers use and fill the run cache only at an even generation
+/// that did not move while they read, so no run read before or during a rewrite is served
+/// after it.
 struct Rewriting<'a>(&'a AtomicU64);
 
 impl<'a> Rewriting<'a> {
@@ -1035,13 +1040,17 @@ impl Store for SledStore {
     }
 
     fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        let generation = self.runs_rewritten.load(Ordering::Acquire);
         let mut sorted: Vec<&CommitRecord> = commits.iter().collect();
         sorted.sort_by_key(|c| c.bucket);
         sorted.dedup_by_key(|c| c.bucket);
         let mut batch = sled::Batch::default();
+        // The last run written: its first bucket and length.
+        let mut last: Option<(u64, usize)> = None;
         let mut write = |run: &[&CommitRecord]| {
             for part in run.chunks(MAX_COMMIT_RUN) {
                 batch.insert(&part[0].bucket.to_be_bytes(), json(&part));
+                last = Some((part[0].bucket, part.len()));
             }
         };
         for run in sorted.chunk_by(|a, b| b.bucket == a.bucket + 1) {
@@ -1062,6 +1071,17 @@ impl Store for SledStore {
             }
         }
         self.commits.apply_batch(batch).map_err(|e| self.err(e))?;
+        // The next commit checks the run before its buckets: usually this one. Keep it, as
+        // `commit_run_of` would (new runs never change an existing one).
+        if let Some((first, len)) = last {
+            let steady =
+                generation % 2 == 0 && self.runs_rewritten.load(Ordering::Acquire) == generation;
+            if let (true, Ok(at)) = (steady, sorted.binary_search_by_key(&first, |c| c.bucket)) {
+                let run: Vec<CommitRecord> =
+                    sorted[at..at + len].iter().map(|c| (*c).clone()).collect();
+                self.cache().run = Some((generation, first, Arc::new(run)));
+            }
+        }
         let highest = commits.iter().map(|c| c.bucket + 1).max().unwrap_or(0);
         self.written.committed.fetch_max(highest, Ordering::AcqRel);
         Ok(())
@@ -1098,7 +1118,8 @@ impl Store for SledStore {
     ) -> Result<(), ExportError> {
         for segment in self.segments() {
             let segment = segment?;
-            let ids = self.segment_ids(&segment)?;
+            // A full scan reads each segment once: past the cache, which it would only churn.
+            let ids = self.read_segment_ids(&segment)?;
             for (offset, ids) in segment.offsets().zip(ids.iter()) {
                 for (id, record) in self.records(&offset, ids)? {
                     if record.is_final() {
@@ -1149,7 +1170,7 @@ impl Store for SledStore {
             if open.is_empty() {
                 continue;
             }
-            let ids = self.segment_ids(&segment)?;
+            let ids = self.read_segment_ids(&segment)?;
             for offset in open {
                 let ids = &ids[(offset.bucket - segment.first) as usize];
                 for (_, record) in self.records(&offset, ids)? {
@@ -1223,7 +1244,7 @@ impl Store for SledStore {
                 }
                 let ids = match &ids {
                     Some(ids) => ids,
-                    None => ids.insert(self.segment_ids(&segment)?),
+                    None => ids.insert(self.read_segment_ids(&segment)?),
                 };
                 failed_in(&offset, &ids[(offset.bucket - segment.first) as usize])?;
             }
@@ -1693,6 +1714,43 @@ mod tests {
         assert_eq!(failed, vec![2]);
         let stats = s.stats().unwrap();
         assert_eq!((stats.buckets_committed, stats.ok, stats.failed), (8, 7, 1));
+    }
+
+    /// The run cache is neither used nor filled while a rewrite of runs is in progress (an
+    /// odd generation), and what was cached before it is not served after it.
+    #[test]
+    fn the_run_cache_never_serves_a_run_across_a_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let plan: Vec<PlannedBucket> = (0..2)
+            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
+            .collect();
+        s.plan(&plan, &PlannerState::default()).unwrap();
+        let c = |bucket: u64, ok: u64| CommitRecord {
+            bucket,
+            ok,
+            ..CommitRecord::default()
+        };
+        s.commit(&[c(0, 1), c(1, 1)]).unwrap();
+        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 1); // cached now
+                                                                // A rewrite starts; sled gets the new run while it is in progress.
+        let rewriting = Rewriting::start(&s.runs_rewritten);
+        s.commits
+            .insert(0u64.to_be_bytes(), json(&[c(0, 7), c(1, 7)]))
+            .unwrap();
+        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 7);
+        s.commits
+            .insert(0u64.to_be_bytes(), json(&[c(0, 8), c(1, 8)]))
+            .unwrap();
+        assert_eq!(
+            s.commit_record(0).unwrap().unwrap().ok,
+            8,
+            "nothing cached mid-rewrite"
+        );
+        drop(rewriting);
+        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 8);
+        assert_eq!(s.commit_record(0).unwrap().unwrap().ok, 8);
     }
 
     /// A long run of commits is split into records of at most [`MAX_COMMIT_RUN`] buckets.
