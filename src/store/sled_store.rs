@@ -1481,6 +1481,13 @@ mod tests {
         }
     }
 
+    /// Buckets 0..n of one row each, holding the IDs "id0", "id1", ...
+    fn one_row_buckets(n: u64) -> Vec<PlannedBucket> {
+        (0..n)
+            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
+            .collect()
+    }
+
     fn done(row: u64, bucket: u64, ok: bool) -> ItemRecord {
         let mut r = ItemRecord::pending(row, bucket);
         r.status = if ok {
@@ -1678,10 +1685,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        let plan: Vec<PlannedBucket> = (0..8)
-            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
-            .collect();
-        s.plan(&plan, &PlannerState::default()).unwrap();
+        s.plan(&one_row_buckets(8), &PlannerState::default())
+            .unwrap();
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
@@ -1723,10 +1728,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        let plan: Vec<PlannedBucket> = (0..2)
-            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
-            .collect();
-        s.plan(&plan, &PlannerState::default()).unwrap();
+        s.plan(&one_row_buckets(2), &PlannerState::default())
+            .unwrap();
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
@@ -1760,10 +1763,8 @@ mod tests {
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
         let n = 2 * MAX_COMMIT_RUN as u64 + 88;
-        let plan: Vec<PlannedBucket> = (0..n)
-            .map(|i| planned(i, &[(i, &format!("id{i}"))], i + 1))
-            .collect();
-        s.plan(&plan, &PlannerState::default()).unwrap();
+        s.plan(&one_row_buckets(n), &PlannerState::default())
+            .unwrap();
         assert_eq!(s.offsets.len(), 1);
         let commits: Vec<CommitRecord> = (0..n)
             .map(|bucket| CommitRecord {
