@@ -415,10 +415,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        let row = |row| crate::input::Cursor {
+            row,
+            ..Default::default()
+        };
         let offset = |bucket| OffsetRecord {
             bucket,
-            start: Default::default(),
-            end: Default::default(),
+            start: row(bucket),
+            end: row(bucket + 1),
             items: 1,
             duplicates: 0,
             bad_lines: 0,

@@ -548,10 +548,23 @@ fn a_store_of_another_version_is_refused() {
 /// Creates a finished job, damages its sled files with `damage`, and checks that status,
 /// export and run (a resume, and the creating command run again) refuse with exit 1 and a
 /// message, without a panic and without calls.
-fn check_damaged_store(damage: impl Fn(&Path)) {
+///
+/// With `intact_allowed`, a command may instead succeed if it shows exactly what the store
+/// held before: sled reuses freed log segments, so cutting its file can cut only stale ones.
+fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
     let h = Harness::new(ApiConfig::fast());
     let (input, state) = h.finished_job(&ids(600), &["--bucket-size", "50"]);
     let calls = h.api.total_calls();
+    // What each command prints on the undamaged store (read from a copy, so the store's
+    // own files are damaged as the run left them).
+    let copy = h.dir.path().join("undamaged");
+    copy_dir(&state, &copy);
+    let undamaged = |args: &[&str]| {
+        let mut args: Vec<&str> = args.to_vec();
+        let at = args.iter().position(|a| *a == "--state").unwrap() + 1;
+        args[at] = p(&copy);
+        h.run(&args).stdout.replace(p(&copy), p(&state))
+    };
     damage(&state.join("sled"));
     let url = h.url();
     let mut problems = Vec::new();
@@ -573,11 +586,20 @@ fn check_damaged_store(damage: impl Fn(&Path)) {
             "50",
         ],
     ] {
+        let expected = intact_allowed.then(|| undamaged(&args));
         let before = h.api.total_calls();
         let run = h.run(&args);
         let panicked = run.stderr.contains("panicked") || run.stdout.contains("panicked");
         let called = h.api.total_calls() - before;
-        if run.code != 1 || panicked || run.stderr.trim().is_empty() || called > 0 {
+        let intact = run.code == 0 && expected.is_some_and(|e| e == run.stdout);
+        let refused = run.code == 1 && !run.stderr.trim().is_empty();
+        if intact {
+            eprintln!(
+                "`{}`: the damage cut nothing the store still used",
+                args.join(" ")
+            );
+        }
+        if !(refused || intact) || panicked || called > 0 {
             problems.push(format!(
                 "`{}` exited {} after {called} calls (stdout {} bytes) stderr: {}",
                 args.join(" "),
@@ -593,6 +615,19 @@ fn check_damaged_store(damage: impl Fn(&Path)) {
         problems.join("\n")
     );
     assert_eq!(h.api.total_calls(), calls, "a damaged store makes no calls");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 /// The files sled keeps its data in: `db` and any `snap.*`.
@@ -625,74 +660,92 @@ fn garbage(len: usize) -> Vec<u8> {
 }
 
 #[test]
-fn damaged_store_db_truncated_to_half_is_refused() {
-    check_damaged_store(|sled| {
-        for f in sled_data_files(sled) {
-            let len = std::fs::metadata(&f).unwrap().len();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&f)
-                .unwrap()
-                .set_len(len / 2)
-                .unwrap();
-        }
-    });
+fn damaged_store_db_truncated_to_half_is_refused_or_reads_intact() {
+    check_damaged_store(
+        |sled| {
+            for f in sled_data_files(sled) {
+                let len = std::fs::metadata(&f).unwrap().len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_len(len / 2)
+                    .unwrap();
+            }
+        },
+        true,
+    );
 }
 
 #[test]
 fn damaged_store_db_truncated_to_zero_is_refused() {
-    check_damaged_store(|sled| {
-        for f in sled_data_files(sled) {
-            std::fs::write(&f, b"").unwrap();
-        }
-    });
+    check_damaged_store(
+        |sled| {
+            for f in sled_data_files(sled) {
+                std::fs::write(&f, b"").unwrap();
+            }
+        },
+        false,
+    );
 }
 
 #[test]
 fn damaged_store_db_overwritten_with_garbage_is_refused() {
-    check_damaged_store(|sled| {
-        for f in sled_data_files(sled) {
-            let len = std::fs::metadata(&f).unwrap().len() as usize;
-            std::fs::write(&f, garbage(len)).unwrap();
-        }
-    });
+    check_damaged_store(
+        |sled| {
+            for f in sled_data_files(sled) {
+                let len = std::fs::metadata(&f).unwrap().len() as usize;
+                std::fs::write(&f, garbage(len)).unwrap();
+            }
+        },
+        false,
+    );
 }
 
 #[test]
-fn damaged_store_db_with_garbage_in_the_middle_is_refused() {
-    check_damaged_store(|sled| {
-        use std::io::{Seek, SeekFrom, Write};
-        for f in sled_data_files(sled) {
-            let len = std::fs::metadata(&f).unwrap().len();
-            let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
-            file.seek(SeekFrom::Start(len / 2)).unwrap();
-            file.write_all(&garbage(4096.min(len as usize / 4)))
-                .unwrap();
-        }
-    });
+fn damaged_store_db_with_garbage_in_the_middle_is_refused_or_reads_intact() {
+    check_damaged_store(
+        |sled| {
+            use std::io::{Seek, SeekFrom, Write};
+            for f in sled_data_files(sled) {
+                let len = std::fs::metadata(&f).unwrap().len();
+                let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                file.seek(SeekFrom::Start(len / 2)).unwrap();
+                file.write_all(&garbage(4096.min(len as usize / 4)))
+                    .unwrap();
+            }
+        },
+        true,
+    );
 }
 
 #[test]
 fn damaged_store_db_deleted_is_refused() {
-    check_damaged_store(|sled| {
-        for f in sled_data_files(sled) {
-            std::fs::remove_file(&f).unwrap();
-        }
-    });
+    check_damaged_store(
+        |sled| {
+            for f in sled_data_files(sled) {
+                std::fs::remove_file(&f).unwrap();
+            }
+        },
+        false,
+    );
 }
 
 #[test]
 fn damaged_store_sled_directory_deleted_is_refused() {
-    check_damaged_store(|sled| std::fs::remove_dir_all(sled).unwrap());
+    check_damaged_store(|sled| std::fs::remove_dir_all(sled).unwrap(), false);
 }
 
 #[test]
 fn damaged_store_sled_conf_overwritten_is_refused() {
-    check_damaged_store(|sled| {
-        let conf = sled.join("conf");
-        let len = std::fs::metadata(&conf).unwrap().len() as usize;
-        std::fs::write(&conf, garbage(len)).unwrap();
-    });
+    check_damaged_store(
+        |sled| {
+            let conf = sled.join("conf");
+            let len = std::fs::metadata(&conf).unwrap().len() as usize;
+            std::fs::write(&conf, garbage(len)).unwrap();
+        },
+        false,
+    );
 }
 
 // ---------------------------------------------------------------------------
