@@ -1268,8 +1268,8 @@ mod tests {
         fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
             self.inner.planner()
         }
-        fn is_planned(&self, id: &str) -> Result<bool, StoreError> {
-            self.inner.is_planned(id)
+        fn has_result(&self, id: &str) -> Result<bool, StoreError> {
+            self.inner.has_result(id)
         }
         fn plan(
             &self,

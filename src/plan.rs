@@ -8,9 +8,8 @@
 //! `--skip-bad-lines`, is counted and recorded.
 //!
 //! Duplicates are judged against the IDs planned but not yet final ([`PendingIds`], shared
-//! with the engine, which removes IDs once their results are in the store; it also holds the
-//! IDs of the batch being cut, not written yet) and then against every ID the store's offset
-//! log holds.
+//! with the engine, which removes IDs once their results are in the store) and then against
+//! the store's results, in that order, so an ID moving from one to the other is never missed.
 //!
 //! The planner only reads and decides; writing the planned buckets ahead of their work is the
 //! engine's job (through [`crate::store::Store::plan`]).
@@ -126,7 +125,7 @@ impl Planner {
                 match row.id {
                     Ok(id) => {
                         // Pending first, then the store: see the module doc.
-                        if pending.contains(&id) || store.is_planned(&id)? {
+                        if pending.contains(&id) || store.has_result(&id)? {
                             bucket.offset.duplicates += 1;
                         } else {
                             pending.insert(&id);

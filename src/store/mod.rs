@@ -6,7 +6,7 @@
 //!   positions to re-read it and the input fingerprint, written together with the bucket's
 //!   unique IDs (in input order), atomically, and made durable before any of its items is
 //!   dispatched: a write-ahead record;
-//! - the **results** ([`ItemRecord`], one per unique ID, found by ID), written once the item
+//! - the **results** ([`ItemRecord`], one per unique ID, keyed by ID), written once the item
 //!   is final (ok or failed); a replayed ID overwrites its own record, so output never
 //!   duplicates; an ID of a planned bucket without a record is pending;
 //! - the **commit log** ([`CommitRecord`], one per bucket): written only after every result of
@@ -21,7 +21,6 @@
 //! The embedded default is [`sled`](sled_store::SledStore); the trait is what a shared backend
 //! implements to let several workers share a job.
 
-pub mod packed;
 pub mod sled_store;
 
 use std::collections::BTreeMap;
@@ -38,7 +37,7 @@ use crate::retry::ErrorClass;
 pub use sled_store::SledStore;
 
 /// The store format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Errors of the store. Each says which state directory it is about.
 #[derive(Debug, thiserror::Error)]
@@ -387,9 +386,8 @@ pub trait Store: Send + Sync + 'static {
     fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError>;
     /// Where the planner stands.
     fn planner(&self) -> Result<PlannerState, StoreError>;
-    /// Whether an ID is in the offset log already: its first occurrence was in a bucket
-    /// planned earlier.
-    fn is_planned(&self, id: &str) -> Result<bool, StoreError>;
+    /// Whether an ID has a final result (its first occurrence was in an earlier bucket).
+    fn has_result(&self, id: &str) -> Result<bool, StoreError>;
     /// Atomically write planned buckets (offset records, their unique IDs, bad lines)
     /// together with the planner's new position.
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError>;

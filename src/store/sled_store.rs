@@ -3,21 +3,16 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":3}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":2}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
 //! DIR/sled/            the sled database, trees:
-//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON,
-//!              "index_bits" → u8 (how many hash bits name an index group)
+//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
 //!     ids      first bucket (u64 BE) → the segment's unique IDs with their rows, in input
-//!              order, bucket after bucket (packed: per ID, row u64 LE, length u32 LE, UTF-8)
-//!     results  0 ++ row (u64 BE) → ItemRecord JSON: a final result, "loose"
-//!              1 ++ first row (u64 BE) → a chunk: the final records of consecutive rows of
-//!                   one committed segment (packed: per record, row, length, JSON)
-//!     index    group (u32 BE) → every planned ID whose hash starts with the group's bits:
-//!              per ID, the hash's low 32 bits, its bucket and row (packed, 20 bytes)
+//!              order, bucket after bucket (binary: per ID, row u64 LE, length u32 LE, UTF-8)
+//!     items    ID bytes → ItemRecord JSON, written once the item is final
 //!     bad      row (u64 BE) → BadLine JSON
 //!     reruns         rerun (u32 BE) → RerunRecord JSON
 //!     rerun_offsets  rerun (u32 BE) ++ bucket (u64 BE) → RerunOffset JSON (a rerun's offset log)
@@ -30,7 +25,7 @@
 //! planner writes a batch of about 1,000 rows at a time, so a job with one-row buckets pays one
 //! offset write per 1,000 buckets, not one per bucket; with buckets of 1,000 rows or more a
 //! segment is one bucket. Format 1 stored one `OffsetRecord` per bucket; such a record reads as
-//! a segment of one bucket.
+//! a segment of one bucket, so a format 1 store opens (and is marked format 2).
 //!
 //! The commit log likewise holds one record per **run** of consecutive buckets committed by
 //! the same write (a group commit, or one background checkpoint), keyed by its first bucket.
@@ -38,38 +33,19 @@
 //! of a bucket already in the log is dropped. A rerun that moves a bucket's counts rewrites the
 //! run holding it. Format 1's one record per bucket reads as a run of one.
 //!
-//! **Results** are keyed by the row of the ID's first occurrence, which is unique to the ID,
-//! not by the ID: sled keeps per-page state for every page of a tree in memory and splits a
-//! leaf past 16 keys, so a key per ID cost about 18 bytes of memory per ID and a slower open.
-//! An item's result is written alone (loose) as soon as it is final. Once every bucket of a
-//! segment is committed, its loose results are **folded** into chunks of about 4 KiB and the
-//! loose keys removed, in one atomic batch. A loose result is newer than a chunk's: a rerun
-//! writes loose results over folded ones, and its commit folds them into their chunks in
-//! place. Readers read the loose results before the chunks, so a fold running beside them
-//! never hides a result.
-//!
-//! The **index** finds an ID's bucket and row from the ID, for duplicate detection and
-//! look-ups by ID. It groups IDs by the first bits of a 64-bit hash (`index_bits`, chosen at
-//! the first plan for about 16 IDs per group from the input's size), so it has a key per 16
-//! IDs, not per ID. A hash match is only a candidate: it is confirmed against the ID stored
-//! in the segment's ID list. The planner writes a batch's entries before the batch itself, so
-//! every planned ID is indexed; an entry of a batch lost in a crash points at a row that holds
-//! no such ID and is ignored.
-//!
-//! Formats 1 and 2 kept results in a tree keyed by ID (`items`); opening such a store moves
-//! them to `results`, builds the index, and marks the store format 3.
+//! Stores written before reruns existed simply have these trees empty; item records without
+//! the newer fields (attempt times, rerun) read with those fields unset.
 //!
 //! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
 //! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
 //! writes with [`Store::sync`]: plans are synced before their items are dispatched; results
-//! are synced before their buckets' commit records are written. A fold moves durable results
-//! in one batch, so a crash leaves them loose or folded, never lost.
+//! are synced before their buckets' commit records are written.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -77,14 +53,13 @@ use serde::Serialize;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use super::packed;
 use super::*;
 
 pub const MARKER: &str = "highwater.json";
 
-/// Store formats this build opens: the current one, and formats 1 (one offset record per
-/// bucket) and 2 (results keyed by ID), which it upgrades in place.
-const READS_VERSIONS: [u32; 3] = [1, 2, FORMAT_VERSION];
+/// Store formats this build opens: the current one, and format 1 (one offset record per
+/// bucket), which it upgrades in place.
+const READS_VERSIONS: [u32; 2] = [1, FORMAT_VERSION];
 const MARKER_FORMAT: &str = "highwater-state";
 
 /// Default sled page cache: small, because the working set is the tail of the logs.
@@ -98,10 +73,7 @@ pub struct SledStore {
     offsets: sled::Tree,
     commits: sled::Tree,
     ids: sled::Tree,
-    results: sled::Tree,
-    index: sled::Tree,
-    /// Hash bits naming an index group (0: not chosen yet, nothing planned).
-    index_bits: AtomicU8,
+    items: sled::Tree,
     bad: sled::Tree,
     reruns: sled::Tree,
     rerun_offsets: sled::Tree,
@@ -245,9 +217,7 @@ impl SledStore {
             offsets: tree("offsets")?,
             commits: tree("commits")?,
             ids: tree("ids")?,
-            results: tree("results")?,
-            index: tree("index")?,
-            index_bits: AtomicU8::new(0),
+            items: tree("items")?,
             bad: tree("bad")?,
             reruns: tree("reruns")?,
             rerun_offsets: tree("rerun_offsets")?,
@@ -286,11 +256,8 @@ impl SledStore {
             }
             Some(v) if v.as_ref() == FORMAT_VERSION.to_be_bytes() => {}
             Some(v) if READS_VERSIONS.iter().any(|r| v.as_ref() == r.to_be_bytes()) => {
-                // An older format this build reads: move its results to the current layout
-                // (again from the start if an earlier open stopped half way: every step is
-                // idempotent), then say it is the current format.
-                store.load_index_bits()?;
-                store.upgrade_results()?;
+                // An older format this build reads: from now on it is written as the current
+                // one (what it already holds stays readable), so say so before any write.
                 store
                     .meta
                     .insert("version", &FORMAT_VERSION.to_be_bytes())
@@ -321,7 +288,6 @@ impl SledStore {
             )
             .map_err(io)?;
         }
-        store.load_index_bits()?;
         if let Some(c) = &marker.checkpoint {
             match store.job()? {
                 Some(job) if job.job_id == c.job_id => {}
@@ -338,8 +304,6 @@ impl SledStore {
                 }
             }
         }
-        // Results of segments committed just before a stop may still be loose.
-        store.fold_committed()?;
         Ok(store)
     }
 
@@ -654,385 +618,14 @@ impl SledStore {
         offset: &OffsetRecord,
         ids: &[(u64, String)],
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let mut found = self.records_in(offset.start.row, offset.end.row)?;
-        Ok(ids
-            .iter()
-            .map(|(row, id)| {
-                let record = found
-                    .remove(row)
-                    .unwrap_or_else(|| ItemRecord::pending(*row, offset.bucket));
-                (id.clone(), record)
-            })
-            .collect())
-    }
-}
-
-/// The kinds of key in the `results` tree.
-const LOOSE: u8 = 0;
-const CHUNK: u8 = 1;
-
-/// A `results` key: its kind, then a row.
-fn result_key(kind: u8, row: u64) -> [u8; 9] {
-    let mut key = [kind; 9];
-    key[1..].copy_from_slice(&row.to_be_bytes());
-    key
-}
-
-/// A folded chunk is closed once it holds this many bytes.
-const CHUNK_BYTES: usize = 4096;
-
-impl SledStore {
-    fn corrupt(&self, reason: String) -> StoreError {
-        StoreError::Corrupt {
-            path: self.path.clone(),
-            reason,
-        }
-    }
-
-    fn row_of(&self, key: &[u8]) -> Result<u64, StoreError> {
-        key.get(1..9)
-            .and_then(|k| <[u8; 8]>::try_from(k).ok())
-            .map(u64::from_be_bytes)
-            .ok_or_else(|| self.corrupt(format!("a result has the key {key:02x?}")))
-    }
-
-    /// The final records of rows `start..end`, by row: loose ones, then folded ones.
-    fn records_in(&self, start: u64, end: u64) -> Result<BTreeMap<u64, ItemRecord>, StoreError> {
-        let mut out = BTreeMap::new();
-        if start >= end {
-            return Ok(out);
-        }
-        // Loose first: a fold running now moves them into chunks read below.
-        for entry in self
-            .results
-            .range(result_key(LOOSE, start)..result_key(LOOSE, end))
-        {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            out.insert(self.row_of(&key)?, self.decode("result", &value)?);
-        }
-        // The chunk before `start` may reach into the range.
-        let before = self
-            .results
-            .range(result_key(CHUNK, 0)..result_key(CHUNK, start))
-            .next_back();
-        let within = self
-            .results
-            .range(result_key(CHUNK, start)..result_key(CHUNK, end));
-        for entry in before.into_iter().chain(within) {
-            let (key, chunk) = entry.map_err(|e| self.err(e))?;
-            for e in packed::entries(&chunk) {
-                let (row, bytes) = e.map_err(|packed::Malformed| self.bad_chunk(&key))?;
-                if row >= end {
-                    break;
-                }
-                if row >= start {
-                    if let std::collections::btree_map::Entry::Vacant(v) = out.entry(row) {
-                        v.insert(self.decode("result", bytes)?);
-                    }
-                }
-            }
+        let mut out = Vec::with_capacity(ids.len());
+        for (row, id) in ids {
+            let record = self
+                .get(&self.items, id.as_bytes(), "item")?
+                .unwrap_or_else(|| ItemRecord::pending(*row, offset.bucket));
+            out.push((id.clone(), record));
         }
         Ok(out)
-    }
-
-    fn bad_chunk(&self, key: &[u8]) -> StoreError {
-        self.corrupt(format!(
-            "the result chunk under key {key:02x?} is undecodable"
-        ))
-    }
-
-    /// The final record of one row, if it has one.
-    fn record_at(&self, row: u64) -> Result<Option<ItemRecord>, StoreError> {
-        if let Some(value) = self
-            .results
-            .get(result_key(LOOSE, row))
-            .map_err(|e| self.err(e))?
-        {
-            return self.decode("result", &value).map(Some);
-        }
-        let Some(entry) = self
-            .results
-            .range(result_key(CHUNK, 0)..=result_key(CHUNK, row))
-            .next_back()
-        else {
-            return Ok(None);
-        };
-        let (key, chunk) = entry.map_err(|e| self.err(e))?;
-        match packed::find(&chunk, row).map_err(|packed::Malformed| self.bad_chunk(&key))? {
-            Some(bytes) => self.decode("result", bytes).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Whether every bucket of a segment is committed.
-    fn all_committed(&self, segment: &Segment) -> Result<bool, StoreError> {
-        // Buckets mostly commit in order: the last one is the cheap first check.
-        if self.commit_run_of(segment.last())?.is_none() {
-            return Ok(false);
-        }
-        Ok(self.commits_of(segment)?.len() == segment.buckets.len())
-    }
-
-    /// Fold a committed segment's loose results into chunks (see the module doc): new chunks
-    /// for a segment folded the first time, or the results put into the chunks holding their
-    /// rows (a rerun's), each chunk rewritten under its own key.
-    fn fold(&self, segment: &Segment) -> Result<(), StoreError> {
-        let (start, end) = segment.rows();
-        let mut loose = Vec::new();
-        for entry in self
-            .results
-            .range(result_key(LOOSE, start)..result_key(LOOSE, end))
-        {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            loose.push((self.row_of(&key)?, value));
-        }
-        if loose.is_empty() {
-            return Ok(());
-        }
-        let mut batch = sled::Batch::default();
-        let folded = self
-            .results
-            .range(result_key(CHUNK, start)..result_key(CHUNK, end))
-            .next()
-            .is_some();
-        // Chunks being rewritten, by first row, and the rows before the first chunk.
-        let mut chunks: BTreeMap<u64, BTreeMap<u64, Vec<u8>>> = BTreeMap::new();
-        let mut fresh: Vec<(u64, &[u8])> = Vec::new();
-        for (row, value) in &loose {
-            batch.remove(&result_key(LOOSE, *row));
-            let holder = if !folded {
-                None
-            } else if let Some((first, _)) = chunks
-                .range(..=row)
-                .next_back()
-                .filter(|(_, c)| c.range(row..).next().is_some())
-            {
-                Some(*first)
-            } else {
-                match self
-                    .results
-                    .range(result_key(CHUNK, start)..=result_key(CHUNK, *row))
-                    .next_back()
-                {
-                    None => None,
-                    Some(entry) => {
-                        let (key, chunk) = entry.map_err(|e| self.err(e))?;
-                        let first = self.row_of(&key)?;
-                        if let std::collections::btree_map::Entry::Vacant(v) = chunks.entry(first) {
-                            let mut records = BTreeMap::new();
-                            for e in packed::entries(&chunk) {
-                                let (r, bytes) =
-                                    e.map_err(|packed::Malformed| self.bad_chunk(&key))?;
-                                records.insert(r, bytes.to_vec());
-                            }
-                            v.insert(records);
-                        }
-                        Some(first)
-                    }
-                }
-            };
-            match holder {
-                Some(first) => {
-                    let chunk = chunks.get_mut(&first).expect("loaded above");
-                    chunk.insert(*row, value.to_vec());
-                }
-                None => fresh.push((*row, value)),
-            }
-        }
-        for (first, records) in &chunks {
-            batch.insert(
-                &result_key(CHUNK, *first),
-                packed::encode(records.iter().map(|(r, b)| (*r, b))),
-            );
-        }
-        let mut chunk = Vec::new();
-        let mut first = None;
-        for (row, bytes) in fresh {
-            first.get_or_insert(row);
-            packed::push(&mut chunk, row, bytes);
-            if chunk.len() >= CHUNK_BYTES {
-                let key = result_key(CHUNK, first.take().expect("set above"));
-                batch.insert(&key, std::mem::take(&mut chunk));
-            }
-        }
-        if let Some(first) = first {
-            batch.insert(&result_key(CHUNK, first), chunk);
-        }
-        self.results.apply_batch(batch).map_err(|e| self.err(e))
-    }
-
-    /// Fold every committed segment that still has loose results.
-    fn fold_committed(&self) -> Result<(), StoreError> {
-        let mut from = 0;
-        loop {
-            let Some(entry) = self
-                .results
-                .range(result_key(LOOSE, from)..result_key(CHUNK, 0))
-                .next()
-            else {
-                return Ok(());
-            };
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            let row = self.row_of(&key)?;
-            let record: ItemRecord = self.decode("result", &value)?;
-            from = row + 1;
-            if let Some(segment) = self.segment_of(record.bucket)? {
-                if self.all_committed(&segment)? {
-                    self.fold(&segment)?;
-                }
-                from = from.max(segment.rows().1);
-            }
-        }
-    }
-
-    /// Fold the segments of these buckets that are wholly committed.
-    fn fold_buckets(&self, buckets: impl IntoIterator<Item = u64>) -> Result<(), StoreError> {
-        let mut done = std::collections::BTreeSet::new();
-        for bucket in buckets {
-            let Some(segment) = self.segment_of(bucket)? else {
-                continue;
-            };
-            if done.insert(segment.first) && self.all_committed(&segment)? {
-                self.fold(&segment)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn load_index_bits(&self) -> Result<(), StoreError> {
-        if let Some(v) = self.meta.get("index_bits").map_err(|e| self.err(e))? {
-            match v.as_ref() {
-                [bits @ 1..=32] => self.index_bits.store(*bits, Ordering::Release),
-                other => {
-                    return Err(self.corrupt(format!("the index width is {other:02x?}")));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The index width, chosen (and stored) now for about `ids` IDs if not chosen yet.
-    fn index_bits_for(&self, ids: impl FnOnce() -> u64) -> Result<u8, StoreError> {
-        match self.index_bits.load(Ordering::Acquire) {
-            0 => {
-                let bits = packed::bits_for(ids());
-                self.meta
-                    .insert("index_bits", &[bits])
-                    .map_err(|e| self.err(e))?;
-                self.index_bits.store(bits, Ordering::Release);
-                Ok(bits)
-            }
-            bits => Ok(bits),
-        }
-    }
-
-    /// Add planned IDs to the index: (bucket, row, ID).
-    fn index_ids<'a>(
-        &self,
-        bits: u8,
-        ids: impl IntoIterator<Item = (u64, u64, &'a str)>,
-    ) -> Result<(), StoreError> {
-        let mut groups: BTreeMap<[u8; 4], Vec<[u8; packed::ENTRY_LEN]>> = BTreeMap::new();
-        for (bucket, row, id) in ids {
-            let hash = packed::hash(id);
-            groups
-                .entry(packed::group(hash, bits))
-                .or_default()
-                .push(packed::entry(hash, bucket, row));
-        }
-        let mut batch = sled::Batch::default();
-        for (key, new) in groups {
-            let old = self.index.get(key).map_err(|e| self.err(e))?;
-            let value =
-                packed::extend_group(old.as_deref(), &new).ok_or_else(|| self.bad_group(&key))?;
-            batch.insert(&key, value);
-        }
-        self.index.apply_batch(batch).map_err(|e| self.err(e))
-    }
-
-    fn bad_group(&self, key: &[u8]) -> StoreError {
-        self.corrupt(format!("the index group {key:02x?} is undecodable"))
-    }
-
-    /// Where an ID was planned: its bucket and row (none: never planned).
-    fn locate(&self, id: &str) -> Result<Option<(u64, u64)>, StoreError> {
-        let bits = self.index_bits.load(Ordering::Acquire);
-        if bits == 0 {
-            return Ok(None);
-        }
-        let hash = packed::hash(id);
-        let key = packed::group(hash, bits);
-        let Some(group) = self.index.get(key).map_err(|e| self.err(e))? else {
-            return Ok(None);
-        };
-        let candidates = packed::candidates(&group, hash).ok_or_else(|| self.bad_group(&key))?;
-        for (bucket, row) in candidates {
-            // The segment's ID list holding the bucket: if the row there holds this ID, it is
-            // the one (an entry of a batch lost in a crash finds nothing there).
-            let Some(entry) = self.ids.range(..=bucket.to_be_bytes()).next_back() else {
-                continue;
-            };
-            let (key, blob) = entry.map_err(|e| self.err(e))?;
-            let found = packed::find(&blob, row).map_err(|packed::Malformed| {
-                self.corrupt(format!("the ID list under key {key:02x?} is undecodable"))
-            })?;
-            if found == Some(id.as_bytes()) {
-                return Ok(Some((bucket, row)));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Move the results of a format 1 or 2 store (a tree keyed by ID) to `results`, index
-    /// every planned ID, fold what is committed, and drop the old tree.
-    fn upgrade_results(&self) -> Result<(), StoreError> {
-        let items = self.db.open_tree("items").map_err(|e| self.err(e))?;
-        let planned: u64 = self
-            .segments()
-            .map(|s| s.map(|s| s.buckets.iter().map(|b| b[3]).sum::<u64>()))
-            .sum::<Result<u64, StoreError>>()?;
-        if planned > 0 {
-            tracing::info!(
-                "upgrading {} to store format {FORMAT_VERSION}: {planned} IDs",
-                self.path.display()
-            );
-        }
-        let estimate = || {
-            // The input may not be planned to its end yet: scale by the bytes read so far.
-            let planner = self.planner().unwrap_or_default();
-            let job_bytes = self.job().ok().flatten().map(|j| j.fingerprint.len);
-            match (planner.exhausted, job_bytes) {
-                (false, Some(len)) if planner.cursor.byte > 0 => {
-                    (planned as u128 * len as u128 / planner.cursor.byte as u128) as u64
-                }
-                _ => planned,
-            }
-            .max(planned)
-        };
-        let bits = self.index_bits_for(estimate)?;
-        for segment in self.segments() {
-            let segment = segment?;
-            let ids = self.read_segment_ids(&segment)?;
-            let mut loose = sled::Batch::default();
-            for (row, id) in ids.iter().flatten() {
-                if let Some(record) = items.get(id.as_bytes()).map_err(|e| self.err(e))? {
-                    loose.insert(&result_key(LOOSE, *row), record);
-                }
-            }
-            self.results.apply_batch(loose).map_err(|e| self.err(e))?;
-            let located = segment.offsets().zip(ids.iter()).flat_map(|(o, ids)| {
-                ids.iter()
-                    .map(move |(row, id)| (o.bucket, *row, id.as_str()))
-            });
-            self.index_ids(bits, located)?;
-            if self.all_committed(&segment)? {
-                self.fold(&segment)?;
-            }
-        }
-        self.db.flush().map_err(|e| self.err(e))?;
-        drop(items);
-        self.db.drop_tree("items").map_err(|e| self.err(e))?;
-        Ok(())
     }
 }
 
@@ -1163,12 +756,6 @@ impl Segment {
         self.first + self.buckets.len() as u64 - 1
     }
 
-    /// The input rows the segment covers: `start..end`.
-    fn rows(&self) -> (u64, u64) {
-        let end = self.buckets.last().map_or(self.start.row, |b| b[2]);
-        (self.start.row, end)
-    }
-
     fn contains(&self, bucket: u64) -> bool {
         (self.first..=self.last()).contains(&bucket)
     }
@@ -1230,9 +817,10 @@ impl SledStore {
         let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
-            let record = self
-                .record_at(row)?
+            let record: ItemRecord = self
+                .get(&self.items, id.as_bytes(), "item")?
                 .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
+            debug_assert_eq!(record.row, row);
             out.push((id, record));
         }
         Ok(out)
@@ -1252,12 +840,27 @@ impl SledStore {
     }
 }
 
-fn encode_ids<'a>(items: impl IntoIterator<Item = &'a (u64, String)>) -> Vec<u8> {
-    packed::encode(items.into_iter().map(|(row, id)| (*row, id)))
+fn encode_ids<'a>(items: impl IntoIterator<Item = &'a (u64, String)> + Clone) -> Vec<u8> {
+    let size = items.clone().into_iter().map(|(_, id)| 12 + id.len()).sum();
+    let mut out = Vec::with_capacity(size);
+    for (row, id) in items {
+        out.extend_from_slice(&row.to_le_bytes());
+        out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        out.extend_from_slice(id.as_bytes());
+    }
+    out
 }
 
-fn decode_ids(blob: &[u8]) -> Option<Vec<(u64, String)>> {
-    packed::decode_ids(blob)
+fn decode_ids(mut blob: &[u8]) -> Option<Vec<(u64, String)>> {
+    let mut out = Vec::new();
+    while !blob.is_empty() {
+        let row = u64::from_le_bytes(blob.get(..8)?.try_into().ok()?);
+        let len = u32::from_le_bytes(blob.get(8..12)?.try_into().ok()?) as usize;
+        let id = std::str::from_utf8(blob.get(12..12 + len)?).ok()?;
+        out.push((row, id.to_owned()));
+        blob = &blob[12 + len..];
+    }
+    Some(out)
 }
 
 fn backend(path: &Path, e: sled::Error) -> StoreError {
@@ -1383,28 +986,13 @@ impl Store for SledStore {
             .unwrap_or_default())
     }
 
-    fn is_planned(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.locate(id)?.is_some())
+    fn has_result(&self, id: &str) -> Result<bool, StoreError> {
+        self.items
+            .contains_key(id.as_bytes())
+            .map_err(|e| self.err(e))
     }
 
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
-        // The index first: every ID the offset log holds is indexed (see the module doc).
-        if buckets.iter().any(|b| !b.items.is_empty()) {
-            let bits = self.index_bits_for(|| {
-                // About as many IDs per byte in the whole input as in this first batch.
-                let first = &buckets[0].offset;
-                let last = &buckets[buckets.len() - 1].offset;
-                let ids: u64 = buckets.iter().map(|b| b.offset.items).sum();
-                let bytes = last.end.byte.saturating_sub(first.start.byte).max(1);
-                ((ids as u128 * first.input.len as u128 / bytes as u128) as u64).max(ids)
-            })?;
-            let located = buckets.iter().flat_map(|b| {
-                b.items
-                    .iter()
-                    .map(|(row, id)| (b.offset.bucket, *row, id.as_str()))
-            });
-            self.index_ids(bits, located)?;
-        }
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
@@ -1445,10 +1033,10 @@ impl Store for SledStore {
 
     fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
-        for (_, record) in results {
-            batch.insert(&result_key(LOOSE, record.row), json(record));
+        for (id, record) in results {
+            batch.insert(id.as_bytes(), json(record));
         }
-        self.results.apply_batch(batch).map_err(|e| self.err(e))
+        self.items.apply_batch(batch).map_err(|e| self.err(e))
     }
 
     fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
@@ -1496,7 +1084,7 @@ impl Store for SledStore {
         }
         let highest = commits.iter().map(|c| c.bucket + 1).max().unwrap_or(0);
         self.written.committed.fetch_max(highest, Ordering::AcqRel);
-        self.fold_buckets(sorted.iter().map(|c| c.bucket))
+        Ok(())
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
@@ -1532,11 +1120,11 @@ impl Store for SledStore {
             let segment = segment?;
             // A full scan reads each segment once: past the cache, which it would only churn.
             let ids = self.read_segment_ids(&segment)?;
-            let (start, end) = segment.rows();
-            let mut records = self.records_in(start, end)?;
-            for (row, id) in ids.iter().flatten() {
-                if let Some(record) = records.remove(row) {
-                    f(id, &record)?;
+            for (offset, ids) in segment.offsets().zip(ids.iter()) {
+                for (id, record) in self.records(&offset, ids)? {
+                    if record.is_final() {
+                        f(&id, &record)?;
+                    }
                 }
             }
         }
@@ -1599,10 +1187,7 @@ impl Store for SledStore {
     }
 
     fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        match self.locate(id)? {
-            Some((_, row)) => self.record_at(row),
-            None => Ok(None),
-        }
+        self.get(&self.items, id.as_bytes(), "item")
     }
 
     fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
@@ -1763,8 +1348,6 @@ impl Store for SledStore {
             }
             batch.insert(&key, json(c));
         }
-        // The job buckets whose results the rerun replaced: folded again once committed.
-        let touched: Vec<u64> = moved.keys().copied().collect();
         // The commit log runs holding the moved buckets, rewritten whole.
         let mut runs: BTreeMap<u64, Vec<CommitRecord>> = BTreeMap::new();
         for (bucket, m) in moved {
@@ -1800,16 +1383,14 @@ impl Store for SledStore {
         for (first, run) in &runs {
             job.insert(&first.to_be_bytes(), json(run));
         }
-        let rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
+        let _rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
         (&self.rerun_commits, &self.commits)
             .transaction(|(r, c)| {
                 r.apply_batch(&batch)?;
                 c.apply_batch(&job)?;
                 Ok::<(), ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| self.tx_err(e, "rerun commit aborted"))?;
-        drop(rewriting);
-        self.fold_buckets(touched)
+            .map_err(|e| self.tx_err(e, "rerun commit aborted"))
     }
 
     fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError> {
@@ -1947,16 +1528,14 @@ mod tests {
             )
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.is_planned("c").unwrap());
-            assert!(!s.is_planned("e").unwrap());
+            assert!(!s.has_result("c").unwrap());
             s.record(&[
                 ("a".into(), done(0, 0, true)),
                 ("b".into(), done(1, 0, false)),
             ])
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.item("a").unwrap().is_some_and(|r| r.is_final()));
-            assert!(s.item("c").unwrap().is_none());
+            assert!(s.has_result("a").unwrap());
             s.commit(&[CommitRecord {
                 bucket: 0,
                 ok: 1,
@@ -2227,15 +1806,13 @@ mod tests {
         assert!(s.for_each_final(&mut |_, _| Ok(())).is_err());
     }
 
-    /// A format 1 store (one offset record per bucket, results keyed by ID) opens, is
-    /// upgraded to the current format, and reads.
+    /// A format 1 store (one offset record per bucket) opens, is marked format 2, and reads.
     #[tokio::test]
     async fn format_1_stores_open_and_read() {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
                 .unwrap();
-            let items = s.db.open_tree("items").unwrap();
             for b in [
                 planned(0, &[(0, "a"), (1, "b")], 2),
                 planned(1, &[(2, "c")], 3),
@@ -2251,29 +1828,25 @@ mod tests {
                 ..CommitRecord::default()
             };
             s.commits.insert(2u64.to_be_bytes(), json(&commit)).unwrap();
-            items.insert("d", json(&done(3, 2, true))).unwrap();
-            items.insert("a", json(&done(0, 0, true))).unwrap();
+            s.record(&[("d".into(), done(3, 2, true))]).unwrap();
             s.meta.insert("version", &1u32.to_be_bytes()).unwrap();
+            s.record(&[("a".into(), done(0, 0, true))]).unwrap();
             s.sync().await.unwrap();
         }
         let marker = dir.path().join(MARKER);
-        let current = format!("\"version\":{FORMAT_VERSION}");
         let text = fs::read_to_string(&marker).unwrap();
-        fs::write(&marker, text.replace(&current, "\"version\":1")).unwrap();
+        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
         assert!(fs::read_to_string(&marker)
             .unwrap()
             .contains("\"version\":1"));
         let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        assert!(fs::read_to_string(&marker).unwrap().contains(&current));
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains("\"version\":2"));
         assert_eq!(
             s.meta.get("version").unwrap().unwrap().as_ref(),
             FORMAT_VERSION.to_be_bytes()
         );
-        assert!(!s.db.tree_names().iter().any(|n| n.as_ref() == b"items"));
-        // The committed bucket's result is folded; the others are loose or pending.
-        assert!(s.results.get(result_key(CHUNK, 3)).unwrap().is_some());
-        assert!(s.results.get(result_key(LOOSE, 3)).unwrap().is_none());
-        assert!(s.results.get(result_key(LOOSE, 0)).unwrap().is_some());
         let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
         assert_eq!(open, vec![0, 1]);
         let items = s.bucket_items(&s.offset(0).unwrap().unwrap()).unwrap();
@@ -2284,12 +1857,6 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", true), ("b", false)]
         );
-        assert_eq!(s.item("d").unwrap().map(|r| r.row), Some(3));
-        // Every planned ID is indexed, final or not.
-        for id in ["a", "b", "c", "d"] {
-            assert!(s.is_planned(id).unwrap(), "{id}");
-        }
-        assert!(!s.is_planned("e").unwrap());
         assert_eq!(s.commit_record(2).unwrap().map(|c| c.ok), Some(1));
         let stats = s.stats().unwrap();
         assert_eq!(
@@ -2309,25 +1876,14 @@ mod tests {
         .unwrap();
         let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
         assert_eq!(open, vec![0, 1, 4]);
-        assert!(s.is_planned("f").unwrap());
         // An upgrade that stopped between the database and the marker is finished.
         drop(s);
         let text = fs::read_to_string(&marker).unwrap();
-        fs::write(&marker, text.replace(&current, "\"version\":2")).unwrap();
-        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        assert!(fs::read_to_string(&marker).unwrap().contains(&current));
-        // One that stopped before the database said so runs again and loses nothing.
-        s.meta.insert("version", &2u32.to_be_bytes()).unwrap();
-        drop(s);
-        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        let mut all = vec![];
-        s.for_each_final(&mut |id, r| {
-            all.push((id.to_string(), r.row));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(all, vec![("a".into(), 0), ("d".into(), 3)]);
-        assert!(s.is_planned("b").unwrap());
+        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
+        drop(SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap());
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains("\"version\":2"));
     }
 
     #[test]
@@ -2490,180 +2046,6 @@ mod tests {
         assert_eq!(failed, vec![1]);
         let stats = s.stats().unwrap();
         assert_eq!((stats.ok, stats.failed), (3, 1));
-    }
-
-    /// The keys of the `results` tree by kind: (loose, chunks).
-    fn result_keys(s: &SledStore) -> (usize, usize) {
-        let loose = s.results.scan_prefix([LOOSE]).count();
-        (loose, s.results.len() - loose)
-    }
-
-    /// A wholly committed segment's results are folded into chunks, read the same, and a
-    /// rerun's new results are folded into the chunks holding their rows.
-    #[tokio::test]
-    async fn committed_segments_are_folded_and_reruns_fold_into_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let s =
-            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        let n = 300;
-        s.plan(&one_row_buckets(n), &PlannerState::default())
-            .unwrap();
-        let results: Vec<(String, ItemRecord)> = (0..n)
-            .map(|i| (format!("id{i}"), done(i, i, i % 7 != 0)))
-            .collect();
-        s.record(&results).unwrap();
-        let commit = |b: u64| CommitRecord {
-            bucket: b,
-            ok: (b % 7 != 0) as u64,
-            failed: (b % 7 == 0) as u64,
-            committed_at_ms: 0,
-            failed_by_class: if b % 7 == 0 {
-                unknown(1)
-            } else {
-                BTreeMap::new()
-            },
-        };
-        // All but the last bucket: nothing is folded yet.
-        s.commit(&(0..n - 1).map(commit).collect::<Vec<_>>())
-            .unwrap();
-        assert_eq!(result_keys(&s), (n as usize, 0));
-        s.commit(&[commit(n - 1)]).unwrap();
-        let (loose, chunks) = result_keys(&s);
-        assert_eq!(loose, 0);
-        assert!(chunks > 1 && chunks < 30, "{chunks} chunks");
-        let mut all = vec![];
-        s.for_each_final(&mut |id, r| {
-            all.push((id.to_string(), r.row, r.status));
-            Ok(())
-        })
-        .unwrap();
-        let want: Vec<_> = results
-            .iter()
-            .map(|(id, r)| (id.clone(), r.row, r.status))
-            .collect();
-        assert_eq!(all, want);
-        assert_eq!(s.item("id150").unwrap().unwrap().row, 150);
-        let stats = s.stats().unwrap();
-        assert_eq!((stats.ok, stats.failed, stats.pending), (257, 43, 0));
-        // A rerun heals id0 and id294 (rows in the first and the last chunk).
-        let (rerun, bucket) = failed_rerun(&[(0, "id0", 0), (294, "id294", 294)]);
-        s.create_rerun(&rerun, std::slice::from_ref(&bucket))
-            .unwrap();
-        let healed: Vec<(String, ItemRecord)> = [(0u64, "id0"), (294, "id294")]
-            .iter()
-            .map(|(row, id)| {
-                let mut r = done(*row, *row, true);
-                r.rerun = Some(1);
-                (id.to_string(), r)
-            })
-            .collect();
-        s.record(&healed).unwrap();
-        // Before the rerun commits, its loose results are already what readers see.
-        assert_eq!(result_keys(&s), (2, chunks));
-        assert_eq!(s.item("id294").unwrap().unwrap().rerun, Some(1));
-        s.commit_rerun(
-            1,
-            &[CommitRecord {
-                bucket: 0,
-                ok: 2,
-                ..CommitRecord::default()
-            }],
-        )
-        .unwrap();
-        assert_eq!(result_keys(&s), (0, chunks), "folded in place");
-        for id in ["id0", "id294"] {
-            let r = s.item(id).unwrap().unwrap();
-            assert_eq!((r.status, r.rerun), (ItemStatus::Ok, Some(1)), "{id}");
-        }
-        let items = s.rerun_bucket_items(&bucket.offset).unwrap();
-        assert!(items.iter().all(|(_, r)| r.rerun == Some(1)));
-        let stats = s.stats().unwrap();
-        assert_eq!((stats.ok, stats.failed), (259, 41));
-        // Reopened, nothing moves.
-        drop(s);
-        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        assert_eq!(result_keys(&s), (0, chunks));
-        assert_eq!(s.item("id0").unwrap().unwrap().rerun, Some(1));
-    }
-
-    /// Results of a segment committed just before a stop are folded at the next open.
-    #[tokio::test]
-    async fn an_open_folds_what_a_stop_left_loose() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
-                .unwrap();
-            s.plan(&one_row_buckets(4), &PlannerState::default())
-                .unwrap();
-            s.plan(
-                &[planned(4, &[(4, "id4"), (5, "id5")], 6)],
-                &PlannerState::default(),
-            )
-            .unwrap();
-            let results: Vec<(String, ItemRecord)> = (0..6)
-                .map(|i| (format!("id{i}"), done(i, i.min(4), true)))
-                .collect();
-            s.record(&results).unwrap();
-            // As if the commit's fold had not run: commit runs written directly.
-            let run: Vec<CommitRecord> = (0..4)
-                .map(|b| CommitRecord {
-                    bucket: b,
-                    ok: 1,
-                    ..CommitRecord::default()
-                })
-                .collect();
-            s.commits.insert(0u64.to_be_bytes(), json(&run)).unwrap();
-            s.sync().await.unwrap();
-            assert_eq!(result_keys(&s), (6, 0));
-        }
-        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        // Segment 0..4 is folded; bucket 4 is not committed, so its results stay loose.
-        assert_eq!(result_keys(&s), (2, 1));
-        let items = s.bucket_items(&s.offset(4).unwrap().unwrap()).unwrap();
-        assert!(items.iter().all(|(_, r)| r.is_final()));
-        assert_eq!(s.item("id2").unwrap().unwrap().row, 2);
-    }
-
-    /// IDs are found by hash: a hash group shared by many IDs, and entries pointing at rows
-    /// that hold another ID (a batch lost in a crash), never confuse one ID with another.
-    #[tokio::test]
-    async fn the_index_confirms_every_hash_match() {
-        let dir = tempfile::tempdir().unwrap();
-        let s =
-            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        // One bit: two groups for 200 IDs.
-        s.index_bits.store(1, Ordering::Release);
-        // A lost batch: its entries were written, its segment never was.
-        s.index_ids(1, [(0, 0, "ghost"), (7, 7, "id7"), (900, 900, "far")])
-            .unwrap();
-        assert!(!s.is_planned("ghost").unwrap());
-        assert!(!s.is_planned("id7").unwrap());
-        s.plan(&one_row_buckets(200), &PlannerState::default())
-            .unwrap();
-        assert_eq!(s.index.len(), 2);
-        for i in 0..200 {
-            assert!(s.is_planned(&format!("id{i}")).unwrap(), "id{i}");
-            assert!(!s.is_planned(&format!("other{i}")).unwrap(), "other{i}");
-        }
-        assert!(!s.is_planned("ghost").unwrap());
-        assert!(!s.is_planned("far").unwrap());
-        s.record(&[("id7".into(), done(7, 7, true))]).unwrap();
-        assert_eq!(s.item("id7").unwrap().unwrap().row, 7);
-        assert!(s.item("id8").unwrap().is_none(), "planned, pending");
-        // Re-planning the same batch (after a crash) adds no entries.
-        let before = s.index.iter().map(|e| e.unwrap().1.len()).sum::<usize>();
-        s.plan(&one_row_buckets(200), &PlannerState::default())
-            .unwrap();
-        let after = s.index.iter().map(|e| e.unwrap().1.len()).sum::<usize>();
-        assert_eq!(before, after);
-        // A damaged group is reported, not read past.
-        s.index
-            .insert(packed::group(packed::hash("id1"), 1), &[1u8, 2, 3][..])
-            .unwrap();
-        assert!(matches!(
-            s.is_planned("id1"),
-            Err(StoreError::Corrupt { .. })
-        ));
     }
 
     #[tokio::test]

@@ -563,8 +563,10 @@ fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
         let mut args: Vec<&str> = args.to_vec();
         let at = args.iter().position(|a| *a == "--state").unwrap() + 1;
         args[at] = p(&copy);
-        h.run(&args).stdout.replace(p(&copy), p(&state))
+        let run = h.run(&args);
+        (run.code, run.stdout.replace(p(&copy), p(&state)))
     };
+    let mut any_intact = false;
     damage(&state.join("sled"));
     let url = h.url();
     let mut problems = Vec::new();
@@ -591,7 +593,9 @@ fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
         let run = h.run(&args);
         let panicked = run.stderr.contains("panicked") || run.stdout.contains("panicked");
         let called = h.api.total_calls() - before;
-        let intact = run.code == 0 && expected.is_some_and(|e| e == run.stdout);
+        let intact =
+            expected.is_some_and(|(code, stdout)| run.code == code && run.stdout == stdout);
+        any_intact |= intact;
         let refused = run.code == 1 && !run.stderr.trim().is_empty();
         if intact {
             eprintln!(
@@ -614,6 +618,16 @@ fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
         "a damaged store was not refused with exit 1:\n{}",
         problems.join("\n")
     );
+    if any_intact {
+        // What a command accepted as intact left behind still reads as the undamaged store.
+        let export = ["export", "--state", p(&state)];
+        let after = h.run(&export);
+        assert_eq!(
+            (after.code, after.stdout),
+            undamaged(&export),
+            "a store taken as intact exports what it held"
+        );
+    }
     assert_eq!(h.api.total_calls(), calls, "a damaged store makes no calls");
 }
 
