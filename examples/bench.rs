@@ -47,6 +47,11 @@ use highwater::progress::{Counters, RunSummary};
 use highwater::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use highwater::throttle::{Rate, ThrottleOptions};
 
+/// The allocator the `highwater` binary uses (src/main.rs), so in-process runs measure what
+/// the binary does; every arm of a comparison runs in this process, on the same allocator.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const USAGE: &str = "\
 highwater benchmarks (all traffic goes to 127.0.0.1)
 
