@@ -111,6 +111,9 @@ struct Checkpoint {
     at_ms: u64,
 }
 
+/// How long an open waits for sled's own file lock (see [`SledStore::open`]).
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How often the marker's checkpoint is rewritten during a run.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -199,7 +202,22 @@ impl SledStore {
             });
         }
         let lock = lock(path)?;
-        let db = open_sled(&path.join("sled"), cache_bytes).map_err(|e| match e {
+        // sled locks its own file as well, and its background threads can keep a dropped
+        // handle's lock for a moment. We hold the directory's lock, so such a holder can only
+        // be this process's previous handle of the store, finishing: wait for it, briefly.
+        let deadline = std::time::Instant::now() + SLED_LOCK_WAIT;
+        let db = loop {
+            match open_sled(&path.join("sled"), cache_bytes) {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        };
+        let db = db.map_err(|e| match e {
             sled::Error::Io(source) => StoreError::Io {
                 path: path.to_owned(),
                 source,
@@ -1884,6 +1902,24 @@ mod tests {
         assert!(fs::read_to_string(&marker)
             .unwrap()
             .contains("\"version\":2"));
+    }
+
+    /// sled's own file lock, still held for a moment by the threads of a handle just dropped,
+    /// does not fail the next open: it waits for it.
+    #[test]
+    fn an_open_waits_for_sleds_lock_to_be_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap());
+        let db = File::open(dir.path().join("sled").join("db")).unwrap();
+        // SAFETY: flock on a file descriptor we own.
+        assert_eq!(unsafe { libc::flock(db.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(db);
+        });
+        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES);
+        release.join().unwrap();
+        assert!(s.is_ok(), "{:?}", s.err());
     }
 
     #[test]
