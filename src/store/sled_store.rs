@@ -1506,6 +1506,16 @@ mod tests {
             .collect()
     }
 
+    /// A new store with [`one_row_buckets`]`(n)` planned.
+    fn store_of_one_row_buckets(n: u64) -> (tempfile::TempDir, SledStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s =
+            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+        s.plan(&one_row_buckets(n), &PlannerState::default())
+            .unwrap();
+        (dir, s)
+    }
+
     fn done(row: u64, bucket: u64, ok: bool) -> ItemRecord {
         let mut r = ItemRecord::pending(row, bucket);
         r.status = if ok {
@@ -1700,11 +1710,7 @@ mod tests {
     /// committed once.
     #[test]
     fn commits_are_stored_in_runs_and_are_final() {
-        let dir = tempfile::tempdir().unwrap();
-        let s =
-            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        s.plan(&one_row_buckets(8), &PlannerState::default())
-            .unwrap();
+        let (_dir, s) = store_of_one_row_buckets(8);
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
@@ -1743,11 +1749,7 @@ mod tests {
     /// odd generation), and what was cached before it is not served after it.
     #[test]
     fn the_run_cache_never_serves_a_run_across_a_rewrite() {
-        let dir = tempfile::tempdir().unwrap();
-        let s =
-            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        s.plan(&one_row_buckets(2), &PlannerState::default())
-            .unwrap();
+        let (_dir, s) = store_of_one_row_buckets(2);
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
@@ -1777,12 +1779,8 @@ mod tests {
     /// A long run of commits is split into records of at most [`MAX_COMMIT_RUN`] buckets.
     #[test]
     fn long_commit_runs_are_split() {
-        let dir = tempfile::tempdir().unwrap();
-        let s =
-            SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
         let n = 2 * MAX_COMMIT_RUN as u64 + 88;
-        s.plan(&one_row_buckets(n), &PlannerState::default())
-            .unwrap();
+        let (_dir, s) = store_of_one_row_buckets(n);
         assert_eq!(s.offsets.len(), 1);
         let commits: Vec<CommitRecord> = (0..n)
             .map(|bucket| CommitRecord {
