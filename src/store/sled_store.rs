@@ -68,17 +68,20 @@ pub const DEFAULT_CACHE_BYTES: u64 = 32 << 20;
 /// A state directory, opened and locked for this process.
 pub struct SledStore {
     path: PathBuf,
-    db: sled::Db,
-    meta: sled::Tree,
-    offsets: sled::Tree,
-    commits: sled::Tree,
-    ids: sled::Tree,
-    items: sled::Tree,
-    bad: sled::Tree,
-    reruns: sled::Tree,
-    rerun_offsets: sled::Tree,
-    rerun_ids: sled::Tree,
-    rerun_commits: sled::Tree,
+    /// The open database. Every operation takes a clone of the `Arc` for its duration (an
+    /// iterator keeps it while it lives); [`SledStore::reopen`] swaps in a new handle once
+    /// nobody holds the old one. `None` only after a reopen failed: the store is unusable.
+    trees: std::sync::RwLock<Option<Arc<Trees>>>,
+    cache_bytes: u64,
+    /// Bytes of keys and values written since the database was last opened: what the next
+    /// open has to replay from sled's log (see [`REOPEN_AFTER_BYTES`]).
+    written_since_open: AtomicU64,
+    /// [`REOPEN_AFTER_BYTES`], or less in tests.
+    reopen_after: AtomicU64,
+    /// How many times the database was reopened during this handle's life.
+    reopens: AtomicU64,
+    /// Held by a sync for its flush and the reopen that may follow it.
+    sync_gate: tokio::sync::Mutex<()>,
     /// Highest buckets written to the offset and commit logs.
     written: Watermarks,
     /// The last segment, segment IDs and commit run read (see [`ReadCache`]).
@@ -116,6 +119,79 @@ const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often the marker's checkpoint is rewritten during a run.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// sled 0.34 writes its snapshot (the page table that recovery starts from) only when the
+/// database is opened, and an open replays every log entry written since the last snapshot
+/// (`snapshot_after_ops` does nothing in 0.34; see sled issue #926). A job that ran for hours
+/// since its last start would replay all of it at the next start: about 0.3 s per million
+/// results here, so a resume after a kill -9 waited seconds for its first request. After this
+/// many bytes written since the last open, a sync reopens the database, which writes a new
+/// snapshot; the replay after a crash is then bounded by this many bytes.
+pub const REOPEN_AFTER_BYTES: u64 = 64 << 20;
+
+/// How long a reopen waits for other users of the database to let go of it before it gives up
+/// (it tries again at a later sync).
+const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The open sled database and its trees.
+struct Trees {
+    db: sled::Db,
+    meta: sled::Tree,
+    offsets: sled::Tree,
+    commits: sled::Tree,
+    ids: sled::Tree,
+    items: sled::Tree,
+    bad: sled::Tree,
+    reruns: sled::Tree,
+    rerun_offsets: sled::Tree,
+    rerun_ids: sled::Tree,
+    rerun_commits: sled::Tree,
+}
+
+impl Trees {
+    /// Open the database in `path` (`DIR/sled`), waiting briefly for sled's own file lock.
+    fn open(path: &Path, cache_bytes: u64) -> Result<Trees, StoreError> {
+        // sled locks its own file as well, and its background threads can keep a dropped
+        // handle's lock for a moment. We hold the directory's lock, so such a holder can only
+        // be this process's previous handle of the store, finishing: wait for it, briefly.
+        let deadline = std::time::Instant::now() + SLED_LOCK_WAIT;
+        let db = loop {
+            match open_sled(path, cache_bytes) {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        };
+        let db = db.map_err(|e| match e {
+            sled::Error::Io(source) => StoreError::Io {
+                path: path.to_owned(),
+                source,
+            },
+            other => StoreError::Corrupt {
+                path: path.to_owned(),
+                reason: other.to_string(),
+            },
+        })?;
+        let tree = |name: &str| db.open_tree(name).map_err(|e| backend(path, e));
+        Ok(Trees {
+            meta: tree("meta")?,
+            offsets: tree("offsets")?,
+            commits: tree("commits")?,
+            ids: tree("ids")?,
+            items: tree("items")?,
+            bad: tree("bad")?,
+            reruns: tree("reruns")?,
+            rerun_offsets: tree("rerun_offsets")?,
+            rerun_ids: tree("rerun_ids")?,
+            rerun_commits: tree("rerun_commits")?,
+            db,
+        })
+    }
+}
 
 /// The highest bucket written, and the highest known durable, as `bucket + 1` (0: none).
 #[derive(Default)]
@@ -202,46 +278,15 @@ impl SledStore {
             });
         }
         let lock = lock(path)?;
-        // sled locks its own file as well, and its background threads can keep a dropped
-        // handle's lock for a moment. We hold the directory's lock, so such a holder can only
-        // be this process's previous handle of the store, finishing: wait for it, briefly.
-        let deadline = std::time::Instant::now() + SLED_LOCK_WAIT;
-        let db = loop {
-            match open_sled(&path.join("sled"), cache_bytes) {
-                Err(sled::Error::Io(e))
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => break other,
-            }
-        };
-        let db = db.map_err(|e| match e {
-            sled::Error::Io(source) => StoreError::Io {
-                path: path.to_owned(),
-                source,
-            },
-            other => StoreError::Corrupt {
-                path: path.to_owned(),
-                reason: other.to_string(),
-            },
-        });
-        let db = db?;
-        let tree = |name: &str| db.open_tree(name).map_err(|e| backend(path, e));
+        let trees = Arc::new(Trees::open(&path.join("sled"), cache_bytes)?);
         let store = SledStore {
             path: path.to_owned(),
-            meta: tree("meta")?,
-            offsets: tree("offsets")?,
-            commits: tree("commits")?,
-            ids: tree("ids")?,
-            items: tree("items")?,
-            bad: tree("bad")?,
-            reruns: tree("reruns")?,
-            rerun_offsets: tree("rerun_offsets")?,
-            rerun_ids: tree("rerun_ids")?,
-            rerun_commits: tree("rerun_commits")?,
-            db,
+            trees: std::sync::RwLock::new(Some(trees.clone())),
+            cache_bytes,
+            written_since_open: AtomicU64::new(0),
+            reopen_after: AtomicU64::new(REOPEN_AFTER_BYTES),
+            reopens: AtomicU64::new(0),
+            sync_gate: tokio::sync::Mutex::new(()),
             written: Watermarks::default(),
             cache: Default::default(),
             runs_rewritten: AtomicU64::new(0),
@@ -261,26 +306,26 @@ impl SledStore {
             ),
         }
         };
-        match store.meta.get("version").map_err(|e| store.err(e))? {
+        match trees.meta.get("version").map_err(|e| store.err(e))? {
             None if marker.checkpoint.is_some() => {
                 return Err(lost("the database holds no highwater data".into()))
             }
             None => {
-                store
+                trees
                     .meta
                     .insert("version", &FORMAT_VERSION.to_be_bytes())
                     .map_err(|e| store.err(e))?;
-                store.db.flush().map_err(|e| store.err(e))?;
+                trees.db.flush().map_err(|e| store.err(e))?;
             }
             Some(v) if v.as_ref() == FORMAT_VERSION.to_be_bytes() => {}
             Some(v) if READS_VERSIONS.iter().any(|r| v.as_ref() == r.to_be_bytes()) => {
                 // An older format this build reads: from now on it is written as the current
                 // one (what it already holds stays readable), so say so before any write.
-                store
+                trees
                     .meta
                     .insert("version", &FORMAT_VERSION.to_be_bytes())
                     .map_err(|e| store.err(e))?;
-                store.db.flush().map_err(|e| store.err(e))?;
+                trees.db.flush().map_err(|e| store.err(e))?;
             }
             Some(v) => {
                 let found = <[u8; 4]>::try_from(v.as_ref())
@@ -322,7 +367,63 @@ impl SledStore {
                 }
             }
         }
+        drop(trees);
         Ok(store)
+    }
+
+    /// The open database, for one operation (or one iterator's life).
+    fn t(&self) -> Result<Arc<Trees>, StoreError> {
+        self.trees
+            .read()
+            .expect("never poisoned")
+            .clone()
+            .ok_or_else(|| StoreError::Backend {
+                path: self.path.clone(),
+                reason: "the database could not be reopened after a checkpoint (see the \
+                         error logged then); stop this run and resume it"
+                    .into(),
+            })
+    }
+
+    /// Close the database and open it again, so sled writes a snapshot and a later open
+    /// (after a crash) replays only what was written since. Waits up to [`REOPEN_WAIT`] for
+    /// other users to let go of the current handle; returns false if they did not (nothing
+    /// changed then). Writes made before the reopen are flushed first.
+    fn reopen(&self) -> Result<bool, StoreError> {
+        let mut slot = self.trees.write().expect("never poisoned");
+        let deadline = std::time::Instant::now() + REOPEN_WAIT;
+        loop {
+            match slot.as_ref() {
+                None => return Ok(false),
+                Some(t) if Arc::strong_count(t) == 1 => break,
+                Some(_) if std::time::Instant::now() >= deadline => return Ok(false),
+                Some(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        let old = slot.take().expect("checked above");
+        old.db.flush().map_err(|e| self.err(e))?;
+        drop(old);
+        let trees = Trees::open(&self.path.join("sled"), self.cache_bytes)?;
+        *slot = Some(Arc::new(trees));
+        self.written_since_open.store(0, Ordering::Release);
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Reopen after `bytes` written instead of [`REOPEN_AFTER_BYTES`] (tests, benchmarks).
+    pub fn set_reopen_after(&self, bytes: u64) {
+        self.reopen_after.store(bytes, Ordering::Relaxed);
+    }
+
+    /// How many times a sync reopened the database since this handle was opened.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
+    }
+
+    /// Count bytes written since the last open (see [`REOPEN_AFTER_BYTES`]).
+    fn wrote(&self, bytes: usize) {
+        self.written_since_open
+            .fetch_add(bytes as u64, Ordering::AcqRel);
     }
 
     /// Record in the marker what is durable now (after a flush), at most every
@@ -382,7 +483,7 @@ impl SledStore {
     fn flush_and_checkpoint(&self, force: bool) -> Result<(), StoreError> {
         let planned = self.written.planned.load(Ordering::Acquire);
         let committed = self.written.committed.load(Ordering::Acquire);
-        self.db.flush().map_err(|e| self.err(e))?;
+        self.t()?.db.flush().map_err(|e| self.err(e))?;
         self.write_checkpoint(planned, committed, force)
     }
 
@@ -415,11 +516,17 @@ impl SledStore {
     }
 
     /// The offset log's segments, in bucket order.
-    fn segments(&self) -> impl Iterator<Item = Result<Segment, StoreError>> + '_ {
-        self.offsets.iter().map(|entry| {
+    fn segments(
+        &self,
+    ) -> Result<impl Iterator<Item = Result<Segment, StoreError>> + '_, StoreError> {
+        let t = self.t()?;
+        let entries = t.offsets.iter();
+        Ok(entries.map(move |entry| {
+            // The handle stays with the iterator, so no reopen happens under it.
+            let _open = &t;
             let (key, value) = entry.map_err(|e| self.err(e))?;
             self.segment(&key, &value)
-        })
+        }))
     }
 
     fn segment(&self, key: &[u8], value: &[u8]) -> Result<Segment, StoreError> {
@@ -450,7 +557,7 @@ impl SledStore {
                 return Ok(Some(s.clone()));
             }
         }
-        let Some(entry) = self.offsets.range(..=bucket.to_be_bytes()).next_back() else {
+        let Some(entry) = self.t()?.offsets.range(..=bucket.to_be_bytes()).next_back() else {
             return Ok(None);
         };
         let (key, value) = entry.map_err(|e| self.err(e))?;
@@ -469,6 +576,7 @@ impl SledStore {
 
     /// The commit records of a segment's buckets, by bucket.
     fn commits_of(&self, segment: &Segment) -> Result<BTreeMap<u64, CommitRecord>, StoreError> {
+        let t = self.t()?;
         let mut out = BTreeMap::new();
         let mut take = |run: Vec<CommitRecord>| {
             out.extend(
@@ -478,16 +586,12 @@ impl SledStore {
             )
         };
         // A run starting before the segment may reach into it.
-        if let Some(entry) = self
-            .commits
-            .range(..segment.first.to_be_bytes())
-            .next_back()
-        {
+        if let Some(entry) = t.commits.range(..segment.first.to_be_bytes()).next_back() {
             let (key, value) = entry.map_err(|e| self.err(e))?;
             take(self.commit_run(&key, &value)?.1);
         }
         let range = segment.first.to_be_bytes()..=segment.last().to_be_bytes();
-        for entry in self.commits.range(range) {
+        for entry in t.commits.range(range) {
             let (key, value) = entry.map_err(|e| self.err(e))?;
             take(self.commit_run(&key, &value)?.1);
         }
@@ -522,6 +626,7 @@ impl SledStore {
 
     /// The commit log run holding `bucket`, if it is committed.
     fn commit_run_of(&self, bucket: u64) -> Result<Option<(u64, Run)>, StoreError> {
+        let t = self.t()?;
         // An odd generation: a rerun is rewriting runs right now, so neither trust nor fill
         // the cache (what is read now may be replaced any moment).
         let generation = self.runs_rewritten.load(Ordering::Acquire);
@@ -531,7 +636,7 @@ impl SledStore {
                 return Ok(Some((*first, run.clone())));
             }
         }
-        let Some(entry) = self.commits.range(..=bucket.to_be_bytes()).next_back() else {
+        let Some(entry) = t.commits.range(..=bucket.to_be_bytes()).next_back() else {
             return Ok(None);
         };
         let (key, value) = entry.map_err(|e| self.err(e))?;
@@ -561,7 +666,8 @@ impl SledStore {
 
     /// Whether any of `buckets` (a range) is in the commit log.
     fn any_committed(&self, first: u64, last: u64) -> Result<bool, StoreError> {
-        if let Some(entry) = self
+        let t = self.t()?;
+        if let Some(entry) = t
             .commits
             .range(first.to_be_bytes()..=last.to_be_bytes())
             .next()
@@ -585,6 +691,7 @@ impl SledStore {
     }
 
     fn read_segment_ids(&self, segment: &Segment) -> Result<SegmentIds, StoreError> {
+        let t = self.t()?;
         let corrupt = |reason: &str| StoreError::Corrupt {
             path: self.path.clone(),
             reason: format!(
@@ -593,7 +700,7 @@ impl SledStore {
                 segment.last()
             ),
         };
-        let blob = self
+        let blob = t
             .ids
             .get(segment.first.to_be_bytes())
             .map_err(|e| self.err(e))?
@@ -636,10 +743,11 @@ impl SledStore {
         offset: &OffsetRecord,
         ids: &[(u64, String)],
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let t = self.t()?;
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
             let record = self
-                .get(&self.items, id.as_bytes(), "item")?
+                .get(&t.items, id.as_bytes(), "item")?
                 .unwrap_or_else(|| ItemRecord::pending(*row, offset.bucket));
             out.push((id.clone(), record));
         }
@@ -820,6 +928,7 @@ fn rerun_key(rerun: u32, bucket: u64) -> [u8; 12] {
 impl SledStore {
     /// A rerun bucket's IDs with their current records (every ID of a rerun has one).
     fn rerun_items(&self, offset: &RerunOffset) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        let t = self.t()?;
         let corrupt = |reason: &str| StoreError::Corrupt {
             path: self.path.clone(),
             reason: format!(
@@ -827,7 +936,7 @@ impl SledStore {
                 offset.bucket, offset.rerun
             ),
         };
-        let blob = self
+        let blob = t
             .rerun_ids
             .get(rerun_key(offset.rerun, offset.bucket))
             .map_err(|e| self.err(e))?
@@ -836,7 +945,7 @@ impl SledStore {
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
             let record: ItemRecord = self
-                .get(&self.items, id.as_bytes(), "item")?
+                .get(&t.items, id.as_bytes(), "item")?
                 .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
             debug_assert_eq!(record.row, row);
             out.push((id, record));
@@ -987,39 +1096,43 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
 
 impl Store for SledStore {
     fn job(&self) -> Result<Option<JobSpec>, StoreError> {
-        self.get(&self.meta, b"job", "job")
+        let t = self.t()?;
+        self.get(&t.meta, b"job", "job")
     }
 
     fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
-        self.meta
-            .insert("job", json(spec))
-            .map_err(|e| self.err(e))?;
-        self.db.flush().map_err(|e| self.err(e))?;
+        let t = self.t()?;
+        t.meta.insert("job", json(spec)).map_err(|e| self.err(e))?;
+        t.db.flush().map_err(|e| self.err(e))?;
         Ok(())
     }
 
     fn planner(&self) -> Result<PlannerState, StoreError> {
+        let t = self.t()?;
         Ok(self
-            .get(&self.meta, b"planner", "planner")?
+            .get(&t.meta, b"planner", "planner")?
             .unwrap_or_default())
     }
 
     fn has_result(&self, id: &str) -> Result<bool, StoreError> {
-        self.items
-            .contains_key(id.as_bytes())
-            .map_err(|e| self.err(e))
+        let t = self.t()?;
+        t.items.contains_key(id.as_bytes()).map_err(|e| self.err(e))
     }
 
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
+        let mut bytes = 0;
         for run in Segment::runs(buckets) {
             let segment = Segment::of(run);
             let key = segment.first.to_be_bytes();
             offsets.insert(&key, json(&segment));
             let items: Vec<&(u64, String)> = run.iter().flat_map(|b| &b.items).collect();
-            ids.insert(&key, encode_ids(items));
+            let blob = encode_ids(items);
+            bytes += blob.len();
+            ids.insert(&key, blob);
             for line in run.iter().flat_map(|b| &b.bad_lines) {
                 bad.insert(&line.row.to_be_bytes(), json(line));
             }
@@ -1030,7 +1143,7 @@ impl Store for SledStore {
             .map(|b| b.offset.bucket + 1)
             .max()
             .unwrap_or(0);
-        let result = (&self.offsets, &self.ids, &self.bad, &self.meta)
+        let result = (&t.offsets, &t.ids, &t.bad, &t.meta)
             .transaction(|(o, i, b, m)| {
                 o.apply_batch(&offsets)?;
                 i.apply_batch(&ids)?;
@@ -1046,18 +1159,26 @@ impl Store for SledStore {
                 },
             });
         self.written.planned.fetch_max(highest, Ordering::AcqRel);
+        self.wrote(bytes);
         result
     }
 
     fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut batch = sled::Batch::default();
+        let mut bytes = 0;
         for (id, record) in results {
-            batch.insert(id.as_bytes(), json(record));
+            let value = json(record);
+            bytes += id.len() + value.len();
+            batch.insert(id.as_bytes(), value);
         }
-        self.items.apply_batch(batch).map_err(|e| self.err(e))
+        t.items.apply_batch(batch).map_err(|e| self.err(e))?;
+        self.wrote(bytes);
+        Ok(())
     }
 
     fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let generation = self.runs_rewritten.load(Ordering::Acquire);
         let mut sorted: Vec<&CommitRecord> = commits.iter().collect();
         sorted.sort_by_key(|c| c.bucket);
@@ -1088,7 +1209,7 @@ impl Store for SledStore {
                 write(part);
             }
         }
-        self.commits.apply_batch(batch).map_err(|e| self.err(e))?;
+        t.commits.apply_batch(batch).map_err(|e| self.err(e))?;
         // The next commit checks the run before its buckets: usually this one. Keep it, as
         // `commit_run_of` would (new runs never change an existing one).
         if let Some((first, len)) = last {
@@ -1106,15 +1227,30 @@ impl Store for SledStore {
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
+        let _gate = self.sync_gate.lock().await;
         let planned = self.written.planned.load(Ordering::Acquire);
         let committed = self.written.committed.load(Ordering::Acquire);
-        self.db.flush_async().await.map_err(|e| self.err(e))?;
-        self.write_checkpoint(planned, committed, false)
+        let db = self.t()?.db.clone();
+        db.flush_async().await.map_err(|e| self.err(e))?;
+        drop(db);
+        self.write_checkpoint(planned, committed, false)?;
+        let written = self.written_since_open.load(Ordering::Acquire);
+        if written >= self.reopen_after.load(Ordering::Relaxed) {
+            let started = std::time::Instant::now();
+            let reopened = self.reopen()?;
+            tracing::debug!(
+                written,
+                reopened,
+                ms = started.elapsed().as_millis() as u64,
+                "reopened the database so sled writes a snapshot"
+            );
+        }
+        Ok(())
     }
 
     fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError> {
         let mut open = Vec::new();
-        for segment in self.segments() {
+        for segment in self.segments()? {
             let segment = segment?;
             let committed = self.commits_of(&segment)?;
             open.extend(
@@ -1134,7 +1270,7 @@ impl Store for SledStore {
         &self,
         f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
     ) -> Result<(), ExportError> {
-        for segment in self.segments() {
+        for segment in self.segments()? {
             let segment = segment?;
             // A full scan reads each segment once: past the cache, which it would only churn.
             let ids = self.read_segment_ids(&segment)?;
@@ -1150,8 +1286,9 @@ impl Store for SledStore {
     }
 
     fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError> {
+        let t = self.t()?;
         let mut out = Vec::new();
-        for entry in self.bad.iter().take(limit) {
+        for entry in t.bad.iter().take(limit) {
             let (_, v) = entry.map_err(|e| self.err(e))?;
             out.push(self.decode("bad line", &v)?);
         }
@@ -1166,7 +1303,7 @@ impl Store for SledStore {
             input_bytes_read: planner.cursor.byte,
             ..StoreStats::default()
         };
-        for segment in self.segments() {
+        for segment in self.segments()? {
             let segment = segment?;
             let committed = self.commits_of(&segment)?;
             let mut open = Vec::new();
@@ -1205,7 +1342,8 @@ impl Store for SledStore {
     }
 
     fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        self.get(&self.items, id.as_bytes(), "item")
+        let t = self.t()?;
+        self.get(&t.items, id.as_bytes(), "item")
     }
 
     fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
@@ -1219,8 +1357,9 @@ impl Store for SledStore {
     }
 
     fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
+        let t = self.t()?;
         let mut out = Vec::new();
-        for entry in self.commits.iter() {
+        for entry in t.commits.iter() {
             let (key, value) = entry.map_err(|e| self.err(e))?;
             let (_, run) = self.commit_run(&key, &value)?;
             out.extend(run.into_iter().filter(|c| c.failed > 0));
@@ -1252,7 +1391,7 @@ impl Store for SledStore {
             let ids = self.segment_ids(&segment)?;
             return failed_in(&segment.offset(b), &ids[(b - segment.first) as usize]);
         }
-        for segment in self.segments() {
+        for segment in self.segments()? {
             let segment = segment?;
             let committed = self.commits_of(&segment)?;
             let mut ids = None;
@@ -1275,10 +1414,12 @@ impl Store for SledStore {
     }
 
     fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
-        self.decode_all(self.reruns.iter(), "rerun")
+        let t = self.t()?;
+        self.decode_all(t.reruns.iter(), "rerun")
     }
 
     fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         for b in buckets {
@@ -1287,7 +1428,7 @@ impl Store for SledStore {
             ids.insert(&key, encode_ids(&b.items));
         }
         let record = json(rerun);
-        (&self.reruns, &self.rerun_offsets, &self.rerun_ids)
+        (&t.reruns, &t.rerun_offsets, &t.rerun_ids)
             .transaction(|(r, o, i)| {
                 o.apply_batch(&offsets)?;
                 i.apply_batch(&ids)?;
@@ -1298,10 +1439,11 @@ impl Store for SledStore {
     }
 
     fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError> {
+        let t = self.t()?;
         let mut out = Vec::new();
-        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+        for entry in t.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
             let (key, value) = entry.map_err(|e| self.err(e))?;
-            if !self
+            if !t
                 .rerun_commits
                 .contains_key(&key)
                 .map_err(|e| self.err(e))?
@@ -1320,6 +1462,7 @@ impl Store for SledStore {
     }
 
     fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
+        let t = self.t()?;
         // What each commit moves in the job's commit log: per job bucket, the statuses of the
         // rerun bucket's IDs now against before the rerun.
         #[derive(Default)]
@@ -1332,15 +1475,11 @@ impl Store for SledStore {
         let mut batch = sled::Batch::default();
         for c in commits {
             let key = rerun_key(rerun, c.bucket);
-            if self
-                .rerun_commits
-                .contains_key(key)
-                .map_err(|e| self.err(e))?
-            {
+            if t.rerun_commits.contains_key(key).map_err(|e| self.err(e))? {
                 continue; // already committed: its move is already applied
             }
             let offset: RerunOffset = self
-                .get(&self.rerun_offsets, &key, "rerun offset")?
+                .get(&t.rerun_offsets, &key, "rerun offset")?
                 .ok_or_else(|| StoreError::Corrupt {
                     path: self.path.clone(),
                     reason: format!("rerun {rerun} commits bucket {} it never planned", c.bucket),
@@ -1402,7 +1541,7 @@ impl Store for SledStore {
             job.insert(&first.to_be_bytes(), json(run));
         }
         let _rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
-        (&self.rerun_commits, &self.commits)
+        (&t.rerun_commits, &t.commits)
             .transaction(|(r, c)| {
                 r.apply_batch(&batch)?;
                 c.apply_batch(&job)?;
@@ -1412,7 +1551,8 @@ impl Store for SledStore {
     }
 
     fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError> {
-        let record: Option<RerunRecord> = self.get(&self.reruns, &rerun.to_be_bytes(), "rerun")?;
+        let t = self.t()?;
+        let record: Option<RerunRecord> = self.get(&t.reruns, &rerun.to_be_bytes(), "rerun")?;
         let Some(record) = record else {
             return Ok(RerunStats {
                 number: rerun,
@@ -1425,9 +1565,9 @@ impl Store for SledStore {
             ids: record.ids,
             ..RerunStats::default()
         };
-        for entry in self.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
+        for entry in t.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
             let (key, value) = entry.map_err(|e| self.err(e))?;
-            match self.rerun_commits.get(&key).map_err(|e| self.err(e))? {
+            match t.rerun_commits.get(&key).map_err(|e| self.err(e))? {
                 Some(c) => {
                     let c: CommitRecord = self.decode("rerun commit", &c)?;
                     s.buckets_committed += 1;
@@ -1530,6 +1670,83 @@ mod tests {
             r.error = Some("HTTP 404".into());
         }
         r
+    }
+
+    /// Past the threshold a sync closes and reopens sled (so it writes a snapshot): every
+    /// write before and after is kept, in this handle and after a new open; while someone
+    /// still holds the database the reopen gives up and nothing changes.
+    #[tokio::test]
+    async fn a_sync_past_the_threshold_reopens_the_database_and_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let n = 60;
+        let ok = |b: u64| b % 3 != 0;
+        {
+            let s = SledStore::open(&path, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
+            s.sync().await.unwrap();
+            assert_eq!(
+                s.reopens(),
+                0,
+                "nothing written yet past the default threshold"
+            );
+            s.set_reopen_after(1);
+            s.plan(&one_row_buckets(n), &PlannerState::default())
+                .unwrap();
+            s.sync().await.unwrap();
+            assert_eq!(s.reopens(), 1);
+
+            // A reader holding the database: the reopen waits for it, then gives up.
+            let held = s.t().unwrap();
+            s.record(&[("id0".into(), done(0, 0, ok(0)))]).unwrap();
+            s.sync().await.unwrap();
+            assert_eq!(s.reopens(), 1, "reopened under a reader");
+            assert!(held.items.contains_key("id0").unwrap());
+            drop(held);
+
+            let mut commits = Vec::new();
+            for b in 1..n {
+                s.record(&[(format!("id{b}"), done(b, b, ok(b)))]).unwrap();
+                if b % 10 == 0 {
+                    s.sync().await.unwrap();
+                }
+            }
+            s.sync().await.unwrap();
+            for b in 0..n {
+                let mut tally = Tally::default();
+                tally.add(&done(b, b, ok(b)));
+                commits.push(CommitRecord::new(b, tally));
+            }
+            s.commit(&commits).unwrap();
+            s.sync().await.unwrap();
+            assert!(s.reopens() >= 7, "{} reopens", s.reopens());
+            for b in 0..n {
+                let r = s
+                    .item(&format!("id{b}"))
+                    .unwrap()
+                    .expect("kept across reopens");
+                assert_eq!((r.row, r.is_final()), (b, true));
+            }
+        }
+        let s = SledStore::open(&path, OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
+        let stats = s.stats().unwrap();
+        let oks = (0..n).filter(|b| ok(*b)).count() as u64;
+        assert_eq!(
+            (
+                stats.buckets_committed,
+                stats.ok,
+                stats.failed,
+                stats.pending
+            ),
+            (n, oks, n - oks, 0)
+        );
+        let mut seen = Vec::new();
+        s.for_each_final(&mut |id, r| {
+            seen.push((id.to_string(), r.row));
+            Ok(())
+        })
+        .unwrap();
+        let expected: Vec<_> = (0..n).map(|b| (format!("id{b}"), b)).collect();
+        assert_eq!(seen, expected);
     }
 
     #[tokio::test]
@@ -1643,7 +1860,7 @@ mod tests {
             &p,
         )
         .unwrap();
-        assert_eq!(s.offsets.len(), 3, "segments: 0..=4, 7, 5..=6");
+        assert_eq!(s.t().unwrap().offsets.len(), 3, "segments: 0..=4, 7, 5..=6");
         for b in first.iter().chain([&planned(5, &[(5, "e")], 6)]) {
             assert_eq!(s.offset(b.offset.bucket).unwrap().as_ref(), Some(&b.offset));
         }
@@ -1719,7 +1936,7 @@ mod tests {
         };
         s.commit(&[c(3, 1), c(1, 1), c(2, 0), c(5, 1), c(3, 1)])
             .unwrap();
-        assert_eq!(s.commits.len(), 2, "runs 1..=3 and 5");
+        assert_eq!(s.t().unwrap().commits.len(), 2, "runs 1..=3 and 5");
         assert_eq!(s.commit_record(2).unwrap(), Some(c(2, 0)));
         assert_eq!(s.commit_record(4).unwrap(), None);
         assert_eq!(s.commit_record(0).unwrap(), None);
@@ -1759,11 +1976,15 @@ mod tests {
         assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 1); // cached now
                                                                 // A rewrite starts; sled gets the new run while it is in progress.
         let rewriting = Rewriting::start(&s.runs_rewritten);
-        s.commits
+        s.t()
+            .unwrap()
+            .commits
             .insert(0u64.to_be_bytes(), json(&[c(0, 7), c(1, 7)]))
             .unwrap();
         assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 7);
-        s.commits
+        s.t()
+            .unwrap()
+            .commits
             .insert(0u64.to_be_bytes(), json(&[c(0, 8), c(1, 8)]))
             .unwrap();
         assert_eq!(
@@ -1781,7 +2002,7 @@ mod tests {
     fn long_commit_runs_are_split() {
         let n = 2 * MAX_COMMIT_RUN as u64 + 88;
         let (_dir, s) = store_of_one_row_buckets(n);
-        assert_eq!(s.offsets.len(), 1);
+        assert_eq!(s.t().unwrap().offsets.len(), 1);
         let commits: Vec<CommitRecord> = (0..n)
             .map(|bucket| CommitRecord {
                 bucket,
@@ -1790,7 +2011,7 @@ mod tests {
             })
             .collect();
         s.commit(&commits).unwrap();
-        assert_eq!(s.commits.len(), 3);
+        assert_eq!(s.t().unwrap().commits.len(), 3);
         for b in [0, 255, 256, 511, 512, n - 1] {
             assert_eq!(s.commit_record(b).unwrap().map(|c| c.bucket), Some(b));
         }
@@ -1810,7 +2031,9 @@ mod tests {
             &PlannerState::default(),
         )
         .unwrap();
-        s.ids
+        s.t()
+            .unwrap()
+            .ids
             .insert(0u64.to_be_bytes(), encode_ids(&[(0, "a".to_string())]))
             .unwrap();
         let err = s.bucket_items(&s.offset(1).unwrap().unwrap()).unwrap_err();
@@ -1835,17 +2058,29 @@ mod tests {
                 planned(2, &[(3, "d")], 4),
             ] {
                 let key = b.offset.bucket.to_be_bytes();
-                s.offsets.insert(key, json(&b.offset)).unwrap();
-                s.ids.insert(key, encode_ids(&b.items)).unwrap();
+                s.t().unwrap().offsets.insert(key, json(&b.offset)).unwrap();
+                s.t()
+                    .unwrap()
+                    .ids
+                    .insert(key, encode_ids(&b.items))
+                    .unwrap();
             }
             let commit = CommitRecord {
                 bucket: 2,
                 ok: 1,
                 ..CommitRecord::default()
             };
-            s.commits.insert(2u64.to_be_bytes(), json(&commit)).unwrap();
+            s.t()
+                .unwrap()
+                .commits
+                .insert(2u64.to_be_bytes(), json(&commit))
+                .unwrap();
             s.record(&[("d".into(), done(3, 2, true))]).unwrap();
-            s.meta.insert("version", &1u32.to_be_bytes()).unwrap();
+            s.t()
+                .unwrap()
+                .meta
+                .insert("version", &1u32.to_be_bytes())
+                .unwrap();
             s.record(&[("a".into(), done(0, 0, true))]).unwrap();
             s.sync().await.unwrap();
         }
@@ -1860,7 +2095,13 @@ mod tests {
             .unwrap()
             .contains("\"version\":2"));
         assert_eq!(
-            s.meta.get("version").unwrap().unwrap().as_ref(),
+            s.t()
+                .unwrap()
+                .meta
+                .get("version")
+                .unwrap()
+                .unwrap()
+                .as_ref(),
             FORMAT_VERSION.to_be_bytes()
         );
         let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
@@ -2040,7 +2281,7 @@ mod tests {
             })
             .collect();
         s.commit(&commits).unwrap();
-        assert_eq!(s.commits.len(), 1);
+        assert_eq!(s.t().unwrap().commits.len(), 1);
         assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 1);
         // Rerun bucket 0 holds a and c (buckets 0 and 2); both heal.
         let (rerun, bucket) = failed_rerun(&[(0, "a", 0), (2, "c", 2)]);
@@ -2063,7 +2304,11 @@ mod tests {
             }],
         )
         .unwrap();
-        assert_eq!(s.commits.len(), 1, "the run was rewritten in place");
+        assert_eq!(
+            s.t().unwrap().commits.len(),
+            1,
+            "the run was rewritten in place"
+        );
         let counts: Vec<(u64, u64)> = (0..4)
             .map(|b| {
                 let c = s.commit_record(b).unwrap().unwrap();

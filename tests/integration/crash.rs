@@ -64,11 +64,21 @@ fn sigkill_at_random_points_then_resume_gives_every_id_exactly_once() {
         let unique: std::collections::HashSet<_> = ids.iter().collect();
         unique.iter().map(|id| clean_calls(&h, id)).sum()
     };
+    // Every other start reopens its store every 32 KiB written (the default is 64 MiB, which
+    // this job never reaches): kills then also land during and around reopens.
+    let mut reopening = args.to_vec();
+    reopening.extend(["--store-reopen-after", "32KiB"]);
     let mut rng = rand::rng();
     let mut kills = 0;
     let mut first = true;
     while kills < 12 {
-        let mut child = h.spawn(if first { &create } else { &args });
+        let mut child = h.spawn(if first {
+            &create
+        } else if kills % 2 == 1 {
+            &reopening
+        } else {
+            &args
+        });
         first = false;
         // Kill at a random point of progress: after a random number of further calls.
         let target = h.api.total_calls() + rng.random_range(100..1200);
@@ -124,4 +134,49 @@ fn sigkill_at_random_points_then_resume_gives_every_id_exactly_once() {
         "{repeated} repeated calls after {kills} kills; bound {bound}"
     );
     eprintln!("{kills} kills, {repeated} repeated calls (bound {bound}), {total} calls in all");
+}
+
+/// A run that reopens its store every few KiB (so sled writes a snapshot each time) finishes
+/// with every ID exactly once, and says at debug level that it reopened.
+#[test]
+fn a_run_that_reopens_its_store_often_keeps_every_result() {
+    let h = Harness::new(ApiConfig::faulty());
+    let ids = ids(3_000);
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let url = h.url();
+    let run = h.run_env(
+        &[
+            "run",
+            "--input",
+            input.to_str().unwrap(),
+            "--url",
+            &url,
+            "--state",
+            state.to_str().unwrap(),
+            "--bucket-size",
+            "100",
+            "--retry-initial",
+            "5ms",
+            "--retry-max",
+            "50ms",
+            "--progress-interval",
+            "0",
+            "--store-reopen-after",
+            "8KiB",
+        ],
+        &[("RUST_LOG", "highwater=debug")],
+        &[],
+    );
+    run.expect_code(3);
+    let reopens = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("reopened the database") && l.contains("reopened=true"))
+        .count();
+    assert!(reopens >= 5, "{reopens} reopens logged:\n{}", run.stderr);
+    let export = h.export(&state);
+    h.check_export_exactly_once(&export, &ids);
+    let status = h.status(&state);
+    assert_eq!(status["finished"], true);
 }
