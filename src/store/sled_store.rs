@@ -78,6 +78,8 @@ pub struct SledStore {
     written_since_open: AtomicU64,
     /// [`REOPEN_AFTER_BYTES`], or less in tests.
     reopen_after: AtomicU64,
+    /// sled's size on disk when it was last opened (see [`REOPEN_SHARE`]).
+    size_at_open: AtomicU64,
     /// How many times the database was reopened during this handle's life.
     reopens: AtomicU64,
     /// Held by a sync for its flush and the reopen that may follow it.
@@ -125,9 +127,29 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// (`snapshot_after_ops` does nothing in 0.34; see sled issue #926). A job that ran for hours
 /// since its last start would replay all of it at the next start: about 0.3 s per million
 /// results here, so a resume after a kill -9 waited seconds for its first request. After this
-/// many bytes written since the last open, a sync reopens the database, which writes a new
-/// snapshot; the replay after a crash is then bounded by this many bytes.
+/// many bytes written since the last open, or [`REOPEN_SHARE`] of the store's size on disk if
+/// that is more, a sync reopens the database, which writes a new snapshot; the replay after a
+/// crash is then bounded by that many bytes.
 pub const REOPEN_AFTER_BYTES: u64 = 64 << 20;
+
+/// An open itself costs time and memory in proportion to the store (reading the snapshot:
+/// about 0.7 s and 370 MB at 10M results), so a large store is reopened less often: after
+/// 1/`REOPEN_SHARE` of its size written. The replay after a crash then adds at most a small
+/// fraction to the time any open takes, and reopening costs a few percent of the run.
+const REOPEN_SHARE: u64 = 32;
+
+/// Called between closing and opening the database in a reopen (see
+/// [`set_release_memory_hook`]).
+static RELEASE_MEMORY: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Give the store a function that returns freed memory to the system (an allocator's purge),
+/// called after a reopen closed the database and before it opens it again: the closed page
+/// table is freed on one thread and the new one built on another, and an allocator that
+/// keeps freed pages per thread for a while would otherwise hold both. The binary sets one
+/// for jemalloc; the first call wins.
+pub fn set_release_memory_hook(release: fn()) {
+    let _ = RELEASE_MEMORY.set(release);
+}
 
 /// How long a reopen waits for other users of the database to let go of it before it gives up
 /// (it tries again at a later sync).
@@ -285,6 +307,7 @@ impl SledStore {
             cache_bytes,
             written_since_open: AtomicU64::new(0),
             reopen_after: AtomicU64::new(REOPEN_AFTER_BYTES),
+            size_at_open: AtomicU64::new(trees.db.size_on_disk().unwrap_or(0)),
             reopens: AtomicU64::new(0),
             sync_gate: tokio::sync::Mutex::new(()),
             written: Watermarks::default(),
@@ -403,14 +426,20 @@ impl SledStore {
         let old = slot.take().expect("checked above");
         old.db.flush().map_err(|e| self.err(e))?;
         drop(old);
+        if let Some(release) = RELEASE_MEMORY.get() {
+            release();
+        }
         let trees = Trees::open(&self.path.join("sled"), self.cache_bytes)?;
+        self.size_at_open
+            .store(trees.db.size_on_disk().unwrap_or(0), Ordering::Release);
         *slot = Some(Arc::new(trees));
         self.written_since_open.store(0, Ordering::Release);
         self.reopens.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
-    /// Reopen after `bytes` written instead of [`REOPEN_AFTER_BYTES`] (tests, benchmarks).
+    /// Reopen after at least `bytes` written instead of [`REOPEN_AFTER_BYTES`] (still at
+    /// least [`REOPEN_SHARE`] of the store's size).
     pub fn set_reopen_after(&self, bytes: u64) {
         self.reopen_after.store(bytes, Ordering::Relaxed);
     }
@@ -1235,7 +1264,11 @@ impl Store for SledStore {
         drop(db);
         self.write_checkpoint(planned, committed, false)?;
         let written = self.written_since_open.load(Ordering::Acquire);
-        if written >= self.reopen_after.load(Ordering::Relaxed) {
+        let threshold = self
+            .reopen_after
+            .load(Ordering::Relaxed)
+            .max(self.size_at_open.load(Ordering::Acquire) / REOPEN_SHARE);
+        if written >= threshold {
             let started = std::time::Instant::now();
             let reopened = self.reopen()?;
             tracing::debug!(
@@ -1681,6 +1714,21 @@ mod tests {
         let path = dir.path().join("state");
         let n = 60;
         let ok = |b: u64| b % 3 != 0;
+        // Results of 100 KiB: ten of them are past the threshold (at least 1/32 of the
+        // store's size on disk) while the store stays under 32 MiB.
+        let big = |b: u64| {
+            let mut r = done(b, b, ok(b));
+            if ok(b) {
+                let pad = "x".repeat(100 << 10);
+                r.body = Some(
+                    serde_json::value::to_raw_value(&serde_json::json!({ "v": b, "pad": pad }))
+                        .unwrap(),
+                );
+            } else {
+                r.error = Some("e".repeat(100 << 10));
+            }
+            r
+        };
         {
             let s = SledStore::open(&path, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
             s.sync().await.unwrap();
@@ -1693,20 +1741,24 @@ mod tests {
             s.plan(&one_row_buckets(n), &PlannerState::default())
                 .unwrap();
             s.sync().await.unwrap();
-            assert_eq!(s.reopens(), 1);
 
             // A reader holding the database: the reopen waits for it, then gives up.
+            let before = s.reopens();
             let held = s.t().unwrap();
-            s.record(&[("id0".into(), done(0, 0, ok(0)))]).unwrap();
+            let first: Vec<_> = (0..10).map(|b| (format!("id{b}"), big(b))).collect();
+            s.record(&first).unwrap();
             s.sync().await.unwrap();
-            assert_eq!(s.reopens(), 1, "reopened under a reader");
+            assert_eq!(s.reopens(), before, "reopened under a reader");
             assert!(held.items.contains_key("id0").unwrap());
             drop(held);
+            // The same writes, nobody holding the database now: this sync reopens it.
+            s.sync().await.unwrap();
+            assert_eq!(s.reopens(), before + 1);
 
             let mut commits = Vec::new();
-            for b in 1..n {
-                s.record(&[(format!("id{b}"), done(b, b, ok(b)))]).unwrap();
-                if b % 10 == 0 {
+            for b in 10..n {
+                s.record(&[(format!("id{b}"), big(b))]).unwrap();
+                if b % 10 == 9 {
                     s.sync().await.unwrap();
                 }
             }
@@ -1718,7 +1770,7 @@ mod tests {
             }
             s.commit(&commits).unwrap();
             s.sync().await.unwrap();
-            assert!(s.reopens() >= 7, "{} reopens", s.reopens());
+            assert!(s.reopens() >= before + 5, "{} reopens", s.reopens());
             for b in 0..n {
                 let r = s
                     .item(&format!("id{b}"))

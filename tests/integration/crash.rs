@@ -175,6 +175,7 @@ fn a_run_that_reopens_its_store_often_keeps_every_result() {
         .filter(|l| l.contains("reopened the database") && l.contains("reopened=true"))
         .count();
     assert!(reopens >= 5, "{reopens} reopens logged:\n{}", run.stderr);
+    eprintln!("{reopens} reopens");
     let export = h.export(&state);
     h.check_export_exactly_once(&export, &ids);
     let status = h.status(&state);
