@@ -423,9 +423,10 @@ impl SledStore {
                 Some(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
             }
         }
-        let old = slot.take().expect("checked above");
-        old.db.flush().map_err(|e| self.err(e))?;
-        drop(old);
+        // Flush before letting go: if it fails, the store keeps its open handle.
+        let open = slot.as_ref().expect("checked above");
+        open.db.flush().map_err(|e| self.err(e))?;
+        drop(slot.take());
         if let Some(release) = RELEASE_MEMORY.get() {
             release();
         }
