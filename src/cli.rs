@@ -202,9 +202,11 @@ struct RunArgs {
     /// sled page cache size in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     store_cache_mb: u64,
-    /// Reopen the sled database after this much written (e.g. 64MiB, 512KiB), so it writes
-    /// a snapshot: a restart after a crash then replays at most about this much of sled's
-    /// log before the first request. Lower: faster restarts, more short pauses.
+    /// Reopen the sled database after this much written (e.g. 64MiB, 512KiB; at least 1/32
+    /// of the store's size), so it writes a snapshot: a restart after a crash then replays at
+    /// most about this much of sled's log before the first request. Lower: faster restarts,
+    /// more short pauses; 1TiB: never (least memory, but a restart replays everything since
+    /// the last start).
     #[arg(long, default_value = "64MiB", value_parser = byte_size, value_name = "SIZE")]
     store_reopen_after: u64,
     /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
@@ -317,7 +319,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
-/// A size in bytes: a number with an optional unit, B, KiB, MiB or GiB (K, M, G also).
+/// A size in bytes: a number with an optional unit, B, KiB, MiB, GiB or TiB (K, M, G, T also).
 fn byte_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -327,6 +329,7 @@ fn byte_size(s: &str) -> Result<u64, String> {
         "K" | "KiB" => 10,
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
         other => return Err(format!("unknown unit {other:?} (write e.g. 64MiB, 512KiB)")),
     };
     let n: u64 = digits
@@ -1130,6 +1133,8 @@ mod tests {
         assert_eq!(byte_size("64MiB"), Ok(64 << 20));
         assert_eq!(byte_size("512KiB"), Ok(512 << 10));
         assert_eq!(byte_size("2G"), Ok(2 << 30));
+        // README's way to turn reopening off.
+        assert_eq!(byte_size("1TiB"), Ok(1 << 40));
         assert_eq!(byte_size("4096"), Ok(4096));
         assert_eq!(byte_size(" 16 K "), Ok(16 << 10));
         for bad in [
@@ -1141,6 +1146,8 @@ mod tests {
             "64MB",
             "-1",
             "99999999999999G",
+            "99999999999T",
+            "1PiB",
         ] {
             assert!(byte_size(bad).is_err(), "{bad:?} accepted");
         }
