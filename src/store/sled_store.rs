@@ -78,7 +78,7 @@ pub struct SledStore {
     written_since_open: AtomicU64,
     /// [`REOPEN_AFTER_BYTES`], or less in tests.
     reopen_after: AtomicU64,
-    /// sled's size on disk when it was last opened (see [`REOPEN_SHARE`]).
+    /// The length of sled's log file when it was last opened (see [`REOPEN_SHARE`]).
     size_at_open: AtomicU64,
     /// How many times the database was reopened during this handle's life.
     reopens: AtomicU64,
@@ -307,7 +307,7 @@ impl SledStore {
             cache_bytes,
             written_since_open: AtomicU64::new(0),
             reopen_after: AtomicU64::new(REOPEN_AFTER_BYTES),
-            size_at_open: AtomicU64::new(trees.db.size_on_disk().unwrap_or(0)),
+            size_at_open: AtomicU64::new(log_size(&path.join("sled"))),
             reopens: AtomicU64::new(0),
             sync_gate: tokio::sync::Mutex::new(()),
             written: Watermarks::default(),
@@ -432,7 +432,7 @@ impl SledStore {
         }
         let trees = Trees::open(&self.path.join("sled"), self.cache_bytes)?;
         self.size_at_open
-            .store(trees.db.size_on_disk().unwrap_or(0), Ordering::Release);
+            .store(log_size(&self.path.join("sled")), Ordering::Release);
         *slot = Some(Arc::new(trees));
         self.written_since_open.store(0, Ordering::Release);
         self.reopens.fetch_add(1, Ordering::Relaxed);
@@ -1058,6 +1058,14 @@ fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
             Err(sled::Error::Unsupported(reason))
         }
     }
+}
+
+/// The length of sled's log file (`DIR/sled/db`), 0 if unknown: the store's size for
+/// [`REOPEN_SHARE`]. One stat; sled's own `size_on_disk` also lists and stats every blob file.
+fn log_size(sled_dir: &Path) -> u64 {
+    fs::metadata(sled_dir.join("db"))
+        .map(|m| m.len())
+        .unwrap_or(0)
 }
 
 /// Take the directory's advisory lock, or say who holds it.
