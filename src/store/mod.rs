@@ -21,6 +21,8 @@
 //! The embedded default is [`sled`](sled_store::SledStore); the trait is what a shared backend
 //! implements to let several workers share a job.
 
+pub mod id_index;
+pub mod results_log;
 pub mod sled_store;
 
 use std::collections::BTreeMap;
@@ -37,7 +39,7 @@ use crate::retry::ErrorClass;
 pub use sled_store::SledStore;
 
 /// The store format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Errors of the store. Each says which state directory it is about.
 #[derive(Debug, thiserror::Error)]

@@ -5,14 +5,20 @@
 //! ```text
 //! DIR/highwater.json   marker: {"format":"highwater-state","version":2}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
+//! DIR/results.log      the items' final records, appended (see [`super::results_log`])
+//! DIR/positions        input row → the row's current record in results.log
+//! DIR/ids.idx          ID → row of its first occurrence (see [`super::id_index`])
 //! DIR/sled/            the sled database, trees:
-//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON
+//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON,
+//!              "results" → what of results.log is durable ([`Durable`]),
+//!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
 //!     ids      first bucket (u64 BE) → the segment's unique IDs with their rows, in input
 //!              order, bucket after bucket (binary: per ID, row u64 LE, length u32 LE, UTF-8)
-//!     items    ID bytes → ItemRecord JSON, written once the item is final
+//!     items    (formats 1 and 2 only) ID bytes → ItemRecord JSON; moved to results.log
+//!              when such a store is opened
 //!     bad      row (u64 BE) → BadLine JSON
 //!     reruns         rerun (u32 BE) → RerunRecord JSON
 //!     rerun_offsets  rerun (u32 BE) ++ bucket (u64 BE) → RerunOffset JSON (a rerun's offset log)
@@ -36,10 +42,19 @@
 //! Stores written before reruns existed simply have these trees empty; item records without
 //! the newer fields (attempt times, rerun) read with those fields unset.
 //!
+//! Results are not kept in sled: one sled key per ID made sled's page table (held in memory,
+//! and rebuilt at every open) grow by about 35 bytes per ID, so a 10M-ID job held ~370 MB and
+//! took 0.7 s to open. sled holds what is per bucket; the per-ID data lives in files read with
+//! `pread` (the page cache holds them, not the process).
+//!
 //! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
 //! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
 //! writes with [`Store::sync`]: plans are synced before their items are dispatched; results
-//! are synced before their buckets' commit records are written.
+//! are synced before their buckets' commit records are written. A sync makes the results log
+//! and the ID index durable first, then records in sled how far they are durable, then
+//! flushes sled: so a commit record (written after a sync) never names results that are not
+//! on disk, and an open knows where to replay the results log from and which buckets' IDs to
+//! index again.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -53,13 +68,18 @@ use serde::Serialize;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
+use super::id_index::IdIndex;
+use super::results_log::{Durable, LogError, ResultsLog};
 use super::*;
 
 pub const MARKER: &str = "highwater.json";
 
-/// Store formats this build opens: the current one, and format 1 (one offset record per
-/// bucket), which it upgrades in place.
-const READS_VERSIONS: [u32; 2] = [1, FORMAT_VERSION];
+/// The ID index's file in a state directory.
+pub const INDEX_FILE: &str = "ids.idx";
+
+/// Store formats this build opens: the current one, format 2 (results in sled) and format 1
+/// (also one offset record per bucket), which it upgrades in place.
+const READS_VERSIONS: [u32; 3] = [1, 2, FORMAT_VERSION];
 const MARKER_FORMAT: &str = "highwater-state";
 
 /// Default sled page cache: small, because the working set is the tail of the logs.
@@ -92,6 +112,12 @@ pub struct SledStore {
     /// it is never cached after it.
     runs_rewritten: AtomicU64,
     marker: std::sync::Mutex<MarkerState>,
+    /// Every unique ID planned, with its row.
+    index: IdIndex,
+    /// The items' final records.
+    results: ResultsLog,
+    /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
+    indexed_at: std::sync::Mutex<std::time::Instant>,
     /// Held for the store's lifetime; the flock goes with it.
     _lock: File,
 }
@@ -118,6 +144,10 @@ struct Checkpoint {
 
 /// How long an open waits for sled's own file lock (see [`SledStore::open`]).
 const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often (at most) a sync makes the ID index durable; an open after a crash indexes again
+/// the IDs of the buckets planned since.
+const INDEX_SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How often the marker's checkpoint is rewritten during a run.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
@@ -301,6 +331,63 @@ impl SledStore {
         }
         let lock = lock(path)?;
         let trees = Arc::new(Trees::open(&path.join("sled"), cache_bytes)?);
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: path.to_owned(),
+            reason,
+        };
+        let lost = |what: String| {
+            corrupt(format!(
+                "{what}, although it was durable at {} (files truncated, emptied or replaced); \
+                 restore the state directory from a backup or start a new one",
+                marker
+                    .checkpoint
+                    .as_ref()
+                    .map(|c| format_ms(c.at_ms))
+                    .unwrap_or_default()
+            ))
+        };
+        let sled_err = |e| backend(path, e);
+        let stored_version = match trees.meta.get("version").map_err(sled_err)? {
+            None if marker.checkpoint.is_some() => {
+                return Err(lost("the database holds no highwater data".into()))
+            }
+            None => None,
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v.as_ref())
+                    .map(u32::from_be_bytes)
+                    .unwrap_or(0);
+                if !READS_VERSIONS.contains(&found) {
+                    return Err(StoreError::Version {
+                        path: path.to_owned(),
+                        found,
+                        supported: FORMAT_VERSION,
+                    });
+                }
+                Some(found)
+            }
+        };
+        let upgrading = stored_version.is_some_and(|v| v < FORMAT_VERSION);
+        let durable = match trees.meta.get("results").map_err(sled_err)? {
+            Some(bytes) if !upgrading => Durable::from_bytes(&bytes)
+                .ok_or_else(|| corrupt("its record of the results log is undecodable".into()))?,
+            _ => Durable::default(),
+        };
+        let results = ResultsLog::open(path, durable).map_err(|e| log_error(path, e))?;
+        let index_path = path.join(INDEX_FILE);
+        let index_io = |source| StoreError::Io {
+            path: index_path.clone(),
+            source,
+        };
+        let index = match IdIndex::open(&index_path) {
+            // Derived data: the offset log holds every ID, so a damaged index is built again
+            // (`index_again` sees it empty).
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                tracing::warn!("{e}: building the ID index again from the offset log");
+                fs::remove_file(&index_path).map_err(index_io)?;
+                IdIndex::open(&index_path).map_err(index_io)?
+            }
+            other => other.map_err(index_io)?,
+        };
         let store = SledStore {
             path: path.to_owned(),
             trees: std::sync::RwLock::new(Some(trees.clone())),
@@ -317,63 +404,11 @@ impl SledStore {
                 written: marker.checkpoint.clone(),
                 at: std::time::Instant::now(),
             }),
+            index,
+            results,
+            indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             _lock: lock,
         };
-        let lost = |what: String| {
-            StoreError::Corrupt {
-            path: path.to_owned(),
-            reason: format!(
-                "{what}, although it was durable at {} (sled files truncated, emptied or replaced); \
-                 restore the state directory from a backup or start a new one",
-                marker.checkpoint.as_ref().map(|c| format_ms(c.at_ms)).unwrap_or_default()
-            ),
-        }
-        };
-        match trees.meta.get("version").map_err(|e| store.err(e))? {
-            None if marker.checkpoint.is_some() => {
-                return Err(lost("the database holds no highwater data".into()))
-            }
-            None => {
-                trees
-                    .meta
-                    .insert("version", &FORMAT_VERSION.to_be_bytes())
-                    .map_err(|e| store.err(e))?;
-                trees.db.flush().map_err(|e| store.err(e))?;
-            }
-            Some(v) if v.as_ref() == FORMAT_VERSION.to_be_bytes() => {}
-            Some(v) if READS_VERSIONS.iter().any(|r| v.as_ref() == r.to_be_bytes()) => {
-                // An older format this build reads: from now on it is written as the current
-                // one (what it already holds stays readable), so say so before any write.
-                trees
-                    .meta
-                    .insert("version", &FORMAT_VERSION.to_be_bytes())
-                    .map_err(|e| store.err(e))?;
-                trees.db.flush().map_err(|e| store.err(e))?;
-            }
-            Some(v) => {
-                let found = <[u8; 4]>::try_from(v.as_ref())
-                    .map(u32::from_be_bytes)
-                    .unwrap_or(0);
-                return Err(StoreError::Version {
-                    path: path.to_owned(),
-                    found,
-                    supported: FORMAT_VERSION,
-                });
-            }
-        }
-        if marker.version != FORMAT_VERSION {
-            // The database is the current format now (upgraded above, maybe by an earlier
-            // open that stopped before this): so is the marker.
-            let upgraded = Marker {
-                version: FORMAT_VERSION,
-                ..marker.clone()
-            };
-            write_atomically(
-                &marker_path,
-                &serde_json::to_vec(&upgraded).expect("marker serializes"),
-            )
-            .map_err(io)?;
-        }
         if let Some(c) = &marker.checkpoint {
             match store.job()? {
                 Some(job) if job.job_id == c.job_id => {}
@@ -389,6 +424,30 @@ impl SledStore {
                     return Err(lost(format!("the commit log lost bucket {b}")));
                 }
             }
+        }
+        match stored_version {
+            None => {
+                trees
+                    .meta
+                    .insert("version", &FORMAT_VERSION.to_be_bytes())
+                    .map_err(sled_err)?;
+                trees.db.flush().map_err(sled_err)?;
+            }
+            Some(_) if upgrading => store.upgrade()?,
+            Some(_) => store.index_again()?,
+        }
+        if marker.version != FORMAT_VERSION {
+            // The database is the current format now (upgraded above, maybe by an earlier
+            // open that stopped before this): so is the marker.
+            let upgraded = Marker {
+                version: FORMAT_VERSION,
+                ..marker.clone()
+            };
+            write_atomically(
+                &marker_path,
+                &serde_json::to_vec(&upgraded).expect("marker serializes"),
+            )
+            .map_err(io)?;
         }
         drop(trees);
         Ok(store)
@@ -513,7 +572,9 @@ impl SledStore {
     fn flush_and_checkpoint(&self, force: bool) -> Result<(), StoreError> {
         let planned = self.written.planned.load(Ordering::Acquire);
         let committed = self.written.committed.load(Ordering::Acquire);
-        self.t()?.db.flush().map_err(|e| self.err(e))?;
+        let t = self.t()?;
+        self.sync_side_files(&t, planned, force)?;
+        t.db.flush().map_err(|e| self.err(e))?;
         self.write_checkpoint(planned, committed, force)
     }
 
@@ -773,15 +834,163 @@ impl SledStore {
         offset: &OffsetRecord,
         ids: &[(u64, String)],
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let t = self.t()?;
+        let rows: Vec<(u64, &str)> = ids.iter().map(|(row, id)| (*row, id.as_str())).collect();
+        let found = self.results.get_many(&rows).map_err(|e| self.log_err(e))?;
         let mut out = Vec::with_capacity(ids.len());
-        for (row, id) in ids {
-            let record = self
-                .get(&t.items, id.as_bytes(), "item")?
-                .unwrap_or_else(|| ItemRecord::pending(*row, offset.bucket));
+        for ((row, id), found) in ids.iter().zip(found) {
+            let record = match found {
+                Some(bytes) => self.decode("item", &bytes)?,
+                None => ItemRecord::pending(*row, offset.bucket),
+            };
             out.push((id.clone(), record));
         }
         Ok(out)
+    }
+}
+
+impl SledStore {
+    /// The final record of the ID at `row`, if it has one.
+    fn result(&self, row: u64, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+        match self.results.get(row, id).map_err(|e| self.log_err(e))? {
+            Some(bytes) => self.decode("item", &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn log_err(&self, e: LogError) -> StoreError {
+        log_error(&self.path, e)
+    }
+
+    fn index_err(&self, e: std::io::Error) -> StoreError {
+        match e.kind() {
+            std::io::ErrorKind::InvalidData => StoreError::Corrupt {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            },
+            _ => StoreError::Io {
+                path: self.path.join(INDEX_FILE),
+                source: e,
+            },
+        }
+    }
+
+    /// Make the results log and the ID index durable, and write into sled how far they are
+    /// (durable with sled's next flush). `planned`: the planned-bucket watermark read before
+    /// (every bucket below it had its IDs indexed before it was planned).
+    fn sync_side_files(&self, t: &Trees, planned: u64, force: bool) -> Result<(), StoreError> {
+        let durable = self.results.sync(force).map_err(|e| self.log_err(e))?;
+        let mut batch = sled::Batch::default();
+        batch.insert("results", &durable.to_bytes());
+        // The index can always be rebuilt from the offset log's ID lists, so it is made
+        // durable only now and then: an open indexes again the buckets planned since.
+        let mut indexed_at = self.indexed_at.lock().expect("never poisoned");
+        if planned > 0 && (force || indexed_at.elapsed() >= INDEX_SYNC_EVERY) {
+            self.index.sync().map_err(|e| self.index_err(e))?;
+            batch.insert("indexed", &planned.to_be_bytes());
+            *indexed_at = std::time::Instant::now();
+        }
+        drop(indexed_at);
+        t.meta.apply_batch(batch).map_err(|e| self.err(e))
+    }
+
+    /// The offset log's segments from the one holding `bucket` on, in bucket order.
+    fn segments_from(
+        &self,
+        bucket: u64,
+    ) -> Result<impl Iterator<Item = Result<Segment, StoreError>> + '_, StoreError> {
+        let t = self.t()?;
+        let start = match t.offsets.range(..=bucket.to_be_bytes()).next_back() {
+            Some(entry) => entry.map_err(|e| self.err(e))?.0.to_vec(),
+            None => bucket.to_be_bytes().to_vec(),
+        };
+        let entries = t.offsets.range(start..);
+        Ok(entries.map(move |entry| {
+            let _open = &t;
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            self.segment(&key, &value)
+        }))
+    }
+
+    /// Index again the IDs of buckets planned after the index was last made durable (a crash
+    /// may have lost them; inserting is idempotent), or all of them if the index was lost.
+    fn index_again(&self) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let mut from = match t.meta.get("indexed").map_err(|e| self.err(e))? {
+            Some(v) => <[u8; 8]>::try_from(v.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    reason: "its record of the ID index is undecodable".into(),
+                })?,
+            None => 0,
+        };
+        if self.index.is_empty() && from > 0 {
+            tracing::warn!(
+                path = %self.path.display(),
+                "the ID index was empty: building it again from the offset log"
+            );
+            from = 0;
+        }
+        let mut ids = 0;
+        for segment in self.segments_from(from)? {
+            let segment = segment?;
+            let lists = self.read_segment_ids(&segment)?;
+            for (offset, list) in segment.offsets().zip(&lists) {
+                if offset.bucket < from {
+                    continue;
+                }
+                ids += list.len();
+                self.index
+                    .insert_all(list.iter().map(|(row, id)| (*row, id.as_str())))
+                    .map_err(|e| self.index_err(e))?;
+            }
+        }
+        tracing::debug!(from, ids, "indexed the IDs planned after the last sync");
+        Ok(())
+    }
+
+    /// Move a format 1 or 2 store's results out of sled (see the module doc). An upgrade that
+    /// stops half way starts over at the next open: the database says format 2 until the end.
+    fn upgrade(&self) -> Result<(), StoreError> {
+        let t = self.t()?;
+        self.results.clear().map_err(|e| self.log_err(e))?;
+        let mut planned = 0;
+        let mut moved = 0u64;
+        for segment in self.segments()? {
+            let segment = segment?;
+            planned = segment.last() + 1;
+            let lists = self.read_segment_ids(&segment)?;
+            for list in &lists {
+                self.index
+                    .insert_all(list.iter().map(|(row, id)| (*row, id.as_str())))
+                    .map_err(|e| self.index_err(e))?;
+                let mut found = Vec::new();
+                for (row, id) in list {
+                    if let Some(value) = t.items.get(id.as_bytes()).map_err(|e| self.err(e))? {
+                        // Check it decodes before it is moved.
+                        let _: ItemRecord = self.decode("item", &value)?;
+                        found.push((*row, id.as_str(), value));
+                    }
+                }
+                moved += found.len() as u64;
+                self.results
+                    .append(found.iter().map(|(row, id, v)| (*row, *id, v.as_ref())))
+                    .map_err(|e| self.log_err(e))?;
+            }
+        }
+        self.sync_side_files(&t, planned, true)?;
+        t.meta
+            .insert("version", &FORMAT_VERSION.to_be_bytes())
+            .map_err(|e| self.err(e))?;
+        t.db.flush().map_err(|e| self.err(e))?;
+        t.items.clear().map_err(|e| self.err(e))?;
+        t.db.flush().map_err(|e| self.err(e))?;
+        tracing::info!(
+            path = %self.path.display(),
+            results = moved,
+            "upgraded the store to format {FORMAT_VERSION}: results moved out of sled"
+        );
+        Ok(())
     }
 }
 
@@ -974,10 +1183,9 @@ impl SledStore {
         let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
-            let record: ItemRecord = self
-                .get(&t.items, id.as_bytes(), "item")?
+            let record = self
+                .result(row, &id)?
                 .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
-            debug_assert_eq!(record.row, row);
             out.push((id, record));
         }
         Ok(out)
@@ -1018,6 +1226,16 @@ fn decode_ids(mut blob: &[u8]) -> Option<Vec<(u64, String)>> {
         blob = &blob[12 + len..];
     }
     Some(out)
+}
+
+fn log_error(path: &Path, e: LogError) -> StoreError {
+    match e {
+        LogError::Io { path, source } => StoreError::Io { path, source },
+        LogError::Damaged { path: file, reason } => StoreError::Corrupt {
+            path: path.to_owned(),
+            reason: format!("{}: {reason}", file.display()),
+        },
+    }
 }
 
 fn backend(path: &Path, e: sled::Error) -> StoreError {
@@ -1153,12 +1371,24 @@ impl Store for SledStore {
     }
 
     fn has_result(&self, id: &str) -> Result<bool, StoreError> {
-        let t = self.t()?;
-        t.items.contains_key(id.as_bytes()).map_err(|e| self.err(e))
+        match self.index.get(id).map_err(|e| self.index_err(e))? {
+            Some(row) => self.results.contains(row).map_err(|e| self.log_err(e)),
+            None => Ok(false),
+        }
     }
 
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
         let t = self.t()?;
+        // The index first: an ID indexed for a plan that then fails is planned again at the
+        // same row (planning is deterministic), which the index takes as already there.
+        self.index
+            .insert_all(
+                buckets
+                    .iter()
+                    .flat_map(|b| &b.items)
+                    .map(|(row, id)| (*row, id.as_str())),
+            )
+            .map_err(|e| self.index_err(e))?;
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
@@ -1202,17 +1432,15 @@ impl Store for SledStore {
     }
 
     fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-        let t = self.t()?;
-        let mut batch = sled::Batch::default();
-        let mut bytes = 0;
-        for (id, record) in results {
-            let value = json(record);
-            bytes += id.len() + value.len();
-            batch.insert(id.as_bytes(), value);
-        }
-        t.items.apply_batch(batch).map_err(|e| self.err(e))?;
-        self.wrote(bytes);
-        Ok(())
+        let values: Vec<Vec<u8>> = results.iter().map(|(_, r)| json(r)).collect();
+        self.results
+            .append(
+                results
+                    .iter()
+                    .zip(&values)
+                    .map(|((id, r), v)| (r.row, id.as_str(), v.as_slice())),
+            )
+            .map_err(|e| self.log_err(e))
     }
 
     fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
@@ -1268,7 +1496,10 @@ impl Store for SledStore {
         let _gate = self.sync_gate.lock().await;
         let planned = self.written.planned.load(Ordering::Acquire);
         let committed = self.written.committed.load(Ordering::Acquire);
-        let db = self.t()?.db.clone();
+        let t = self.t()?;
+        self.sync_side_files(&t, planned, false)?;
+        let db = t.db.clone();
+        drop(t);
         db.flush_async().await.map_err(|e| self.err(e))?;
         drop(db);
         self.write_checkpoint(planned, committed, false)?;
@@ -1314,10 +1545,29 @@ impl Store for SledStore {
     ) -> Result<(), ExportError> {
         for segment in self.segments()? {
             let segment = segment?;
+            let committed = self.commits_of(&segment)?;
             // A full scan reads each segment once: past the cache, which it would only churn.
             let ids = self.read_segment_ids(&segment)?;
             for (offset, ids) in segment.offsets().zip(ids.iter()) {
-                for (id, record) in self.records(&offset, ids)? {
+                let records = self.records(&offset, ids)?;
+                // A committed bucket's results are all final, as its record counts them: a
+                // result missing now was lost, and an export must not leave it out silently.
+                if let Some(c) = committed.get(&offset.bucket) {
+                    let finals = records.iter().filter(|(_, r)| r.is_final()).count() as u64;
+                    if finals != c.ok + c.failed {
+                        return Err(StoreError::Corrupt {
+                            path: self.path.clone(),
+                            reason: format!(
+                                "bucket {} is committed with {} results, but {finals} are \
+                                 found (the results files were damaged)",
+                                offset.bucket,
+                                c.ok + c.failed
+                            ),
+                        }
+                        .into());
+                    }
+                }
+                for (id, record) in records {
                     if record.is_final() {
                         f(&id, &record)?;
                     }
@@ -1384,8 +1634,10 @@ impl Store for SledStore {
     }
 
     fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        let t = self.t()?;
-        self.get(&t.items, id.as_bytes(), "item")
+        match self.index.get(id).map_err(|e| self.index_err(e))? {
+            Some(row) => self.result(row, id),
+            None => Ok(None),
+        }
     }
 
     fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
@@ -1723,20 +1975,19 @@ mod tests {
         let path = dir.path().join("state");
         let n = 60;
         let ok = |b: u64| b % 3 != 0;
-        // Results of 100 KiB: ten of them are past the threshold (at least 1/32 of the
-        // store's size on disk) while the store stays under 32 MiB.
-        let big = |b: u64| {
-            let mut r = done(b, b, ok(b));
-            if ok(b) {
-                let pad = "x".repeat(100 << 10);
-                r.body = Some(
-                    serde_json::value::to_raw_value(&serde_json::json!({ "v": b, "pad": pad }))
-                        .unwrap(),
-                );
-            } else {
-                r.error = Some("e".repeat(100 << 10));
-            }
-            r
+        // IDs of 100 KiB (results no longer go to sled; the offset log's ID lists do): ten of
+        // them are past the threshold (at least 1/32 of the store's size on disk) while the
+        // store stays under 32 MiB.
+        let id = |b: u64| format!("id{b}-{}", "x".repeat(100 << 10));
+        let bucket = |b: u64| planned(b, &[(b, &id(b))], b + 1);
+        let planner = |b: u64| PlannerState {
+            next_bucket: b,
+            cursor: Cursor {
+                byte: b,
+                line: b + 1,
+                row: b,
+            },
+            exhausted: false,
         };
         {
             let s = SledStore::open(&path, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
@@ -1747,31 +1998,30 @@ mod tests {
                 "nothing written yet past the default threshold"
             );
             s.set_reopen_after(1);
-            s.plan(&one_row_buckets(n), &PlannerState::default())
-                .unwrap();
-            s.sync().await.unwrap();
 
             // A reader holding the database: the reopen waits for it, then gives up.
             let before = s.reopens();
             let held = s.t().unwrap();
-            let first: Vec<_> = (0..10).map(|b| (format!("id{b}"), big(b))).collect();
-            s.record(&first).unwrap();
+            let first: Vec<_> = (0..10).map(bucket).collect();
+            s.plan(&first, &planner(10)).unwrap();
             s.sync().await.unwrap();
             assert_eq!(s.reopens(), before, "reopened under a reader");
-            assert!(held.items.contains_key("id0").unwrap());
+            assert!(held.offsets.contains_key(0u64.to_be_bytes()).unwrap());
             drop(held);
             // The same writes, nobody holding the database now: this sync reopens it.
             s.sync().await.unwrap();
             assert_eq!(s.reopens(), before + 1);
 
-            let mut commits = Vec::new();
             for b in 10..n {
-                s.record(&[(format!("id{b}"), big(b))]).unwrap();
+                s.plan(&[bucket(b)], &planner(b + 1)).unwrap();
                 if b % 10 == 9 {
                     s.sync().await.unwrap();
                 }
             }
+            let results: Vec<_> = (0..n).map(|b| (id(b), done(b, b, ok(b)))).collect();
+            s.record(&results).unwrap();
             s.sync().await.unwrap();
+            let mut commits = Vec::new();
             for b in 0..n {
                 let mut tally = Tally::default();
                 tally.add(&done(b, b, ok(b)));
@@ -1781,10 +2031,7 @@ mod tests {
             s.sync().await.unwrap();
             assert!(s.reopens() >= before + 5, "{} reopens", s.reopens());
             for b in 0..n {
-                let r = s
-                    .item(&format!("id{b}"))
-                    .unwrap()
-                    .expect("kept across reopens");
+                let r = s.item(&id(b)).unwrap().expect("kept across reopens");
                 assert_eq!((r.row, r.is_final()), (b, true));
             }
         }
@@ -1806,7 +2053,7 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        let expected: Vec<_> = (0..n).map(|b| (format!("id{b}"), b)).collect();
+        let expected: Vec<_> = (0..n).map(|b| (id(b), b)).collect();
         assert_eq!(seen, expected);
     }
 
@@ -2106,7 +2353,8 @@ mod tests {
         assert!(s.for_each_final(&mut |_, _| Ok(())).is_err());
     }
 
-    /// A format 1 store (one offset record per bucket) opens, is marked format 2, and reads.
+    /// A format 1 store (one offset record per bucket, results in sled) opens, is upgraded to
+    /// the current format (its results moved to the results log), and reads.
     #[tokio::test]
     async fn format_1_stores_open_and_read() {
         let dir = tempfile::tempdir().unwrap();
@@ -2136,25 +2384,35 @@ mod tests {
                 .commits
                 .insert(2u64.to_be_bytes(), json(&commit))
                 .unwrap();
-            s.record(&[("d".into(), done(3, 2, true))]).unwrap();
+            // Format 1 and 2 kept each result in sled, under its ID.
+            let items = &s.t().unwrap().items;
+            items.insert("d", json(&done(3, 2, true))).unwrap();
             s.t()
                 .unwrap()
                 .meta
                 .insert("version", &1u32.to_be_bytes())
                 .unwrap();
-            s.record(&[("a".into(), done(0, 0, true))]).unwrap();
+            items.insert("a", json(&done(0, 0, true))).unwrap();
             s.sync().await.unwrap();
         }
+        // What an upgrade that stopped half way left: it starts over.
+        fs::write(
+            dir.path().join(super::super::results_log::LOG_FILE),
+            b"half an upgrade",
+        )
+        .unwrap();
         let marker = dir.path().join(MARKER);
         let text = fs::read_to_string(&marker).unwrap();
-        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
+        let current = format!("\"version\":{FORMAT_VERSION}");
+        fs::write(&marker, text.replace(&current, "\"version\":1")).unwrap();
         assert!(fs::read_to_string(&marker)
             .unwrap()
             .contains("\"version\":1"));
         let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        assert!(fs::read_to_string(&marker)
-            .unwrap()
-            .contains("\"version\":2"));
+        assert!(fs::read_to_string(&marker).unwrap().contains(&current));
+        assert!(s.t().unwrap().items.is_empty(), "moved out of sled");
+        assert!(s.has_result("a").unwrap() && !s.has_result("b").unwrap());
+        assert_eq!(s.item("d").unwrap().map(|r| r.row), Some(3));
         assert_eq!(
             s.t()
                 .unwrap()
@@ -2197,11 +2455,9 @@ mod tests {
         // An upgrade that stopped between the database and the marker is finished.
         drop(s);
         let text = fs::read_to_string(&marker).unwrap();
-        fs::write(&marker, text.replace("\"version\":2", "\"version\":1")).unwrap();
+        fs::write(&marker, text.replace(&current, "\"version\":1")).unwrap();
         drop(SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap());
-        assert!(fs::read_to_string(&marker)
-            .unwrap()
-            .contains("\"version\":2"));
+        assert!(fs::read_to_string(&marker).unwrap().contains(&current));
     }
 
     /// sled's own file lock, still held for a moment by the threads of a handle just dropped,

@@ -552,6 +552,11 @@ fn a_store_of_another_version_is_refused() {
 /// With `intact_allowed`, a command may instead succeed if it shows exactly what the store
 /// held before: sled reuses freed log segments, so cutting its file can cut only stale ones.
 fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
+    check_damaged_state(|state| damage(&state.join("sled")), intact_allowed)
+}
+
+/// [`check_damaged_store`] with `damage` given the whole state directory.
+fn check_damaged_state(damage: impl Fn(&Path), intact_allowed: bool) {
     let h = Harness::new(ApiConfig::fast());
     let (input, state) = h.finished_job(&ids(600), &["--bucket-size", "50"]);
     let calls = h.api.total_calls();
@@ -567,7 +572,7 @@ fn check_damaged_store(damage: impl Fn(&Path), intact_allowed: bool) {
         (run.code, run.stdout.replace(p(&copy), p(&state)))
     };
     let mut any_intact = false;
-    damage(&state.join("sled"));
+    damage(&state);
     let url = h.url();
     let mut problems = Vec::new();
     for args in [
@@ -760,6 +765,127 @@ fn damaged_store_sled_conf_overwritten_is_refused() {
         },
         false,
     );
+}
+
+fn cut_to_half(file: &Path) {
+    let len = std::fs::metadata(file).unwrap().len();
+    assert!(len > 0, "{} is empty", file.display());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+}
+
+#[test]
+fn damaged_store_results_log_truncated_is_refused() {
+    check_damaged_state(|state| cut_to_half(&state.join("results.log")), false);
+}
+
+#[test]
+fn damaged_store_results_log_deleted_is_refused() {
+    check_damaged_state(
+        |state| std::fs::remove_file(state.join("results.log")).unwrap(),
+        false,
+    );
+}
+
+#[test]
+fn damaged_store_positions_deleted_is_refused() {
+    check_damaged_state(
+        |state| std::fs::remove_file(state.join("positions")).unwrap(),
+        false,
+    );
+}
+
+/// The ID index is derived from the offset log: deleted, or with its headers overwritten, it
+/// is built again, and every command reads the store as it was; a job continued on the
+/// larger input still sees the old IDs as duplicates.
+#[test]
+fn a_lost_or_damaged_id_index_is_built_again() {
+    for (what, damage) in [
+        (
+            "deleted",
+            Box::new(|index: &Path| std::fs::remove_file(index).unwrap()) as Box<dyn Fn(&Path)>,
+        ),
+        (
+            "headers overwritten",
+            Box::new(|index: &Path| {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().write(true).open(index).unwrap();
+                f.write_all(&garbage(256 << 10)).unwrap();
+            }),
+        ),
+    ] {
+        let h = Harness::new(ApiConfig::fast());
+        let all = ids(400);
+        let (input, state) = h.finished_job(&all[..300], &["--bucket-size", "50"]);
+        let before = (h.export(&state), h.status(&state));
+        damage(&state.join("ids.idx"));
+        assert_eq!((h.export(&state), h.status(&state)), before, "{what}");
+        // The input grows, repeating 20 old IDs: they are duplicates, not called again.
+        let mut grown = all.clone();
+        grown.extend(all[..20].iter().cloned());
+        std::fs::write(&input, grown.join("\n") + "\n").unwrap();
+        let calls = h.api.total_calls();
+        h.run(&["run", "--state", p(&state)]).expect_code(0);
+        assert_eq!(
+            h.api.total_calls() - calls,
+            100,
+            "{what}: only the new IDs are called"
+        );
+        let status = h.status(&state);
+        assert_eq!(status["stats"]["duplicates"], 20, "{what}: {status}");
+        h.check_export_exactly_once(&h.export(&state), &grown);
+    }
+}
+
+/// Damage that only a full read meets: an open does not read every result back, so `status`
+/// (which counts from the commit log) still answers, but an export reads every record and
+/// refuses rather than leave any out.
+#[test]
+fn damaged_results_are_refused_by_export_never_left_out() {
+    for (what, damage) in [
+        (
+            "garbage in the middle of results.log",
+            Box::new(|state: &Path| {
+                use std::os::unix::fs::FileExt;
+                let f = state.join("results.log");
+                let len = std::fs::metadata(&f).unwrap().len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .write_all_at(&garbage(64), len / 2)
+                    .unwrap();
+            }) as Box<dyn Fn(&Path)>,
+        ),
+        (
+            "positions cut to half",
+            Box::new(|state: &Path| cut_to_half(&state.join("positions"))),
+        ),
+    ] {
+        let h = Harness::new(ApiConfig::fast());
+        let (_, state) = h.finished_job(&ids(600), &["--bucket-size", "50"]);
+        damage(&state);
+        for format in ["jsonl", "csv"] {
+            let run = h.run(&["export", "--state", p(&state), "--format", format]);
+            assert_eq!(
+                run.code,
+                1,
+                "{what}: export --format {format} exited {} ({} bytes out): {}",
+                run.code,
+                run.stdout.len(),
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains("corrupt") && !run.stderr.contains("panicked"),
+                "{what}: {}",
+                run.stderr
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

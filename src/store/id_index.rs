@@ -1,0 +1,631 @@
+//! ID index: a persistent hash index from an ID to the input row of its first occurrence.
+//!
+//! Owns the file `ids.idx` of a state directory and its format. Nothing per ID is kept in
+//! process memory: every lookup and insert is a `pread`/`pwrite` on the file, so the data lives
+//! in the OS page cache, which the kernel can evict, not in the process.
+//!
+//! Layout (all integers little-endian):
+//!
+//! ```text
+//! 0         header copy 0 ┐ magic "HWIDX001", version u32, subtables u32 (4096),
+//! 100 KiB   header copy 1 ┘ generation u64, per subtable (region offset, slots, entries)
+//!                           u64 each, CRC32 of the preceding bytes
+//! 200 KiB   regions, 4 KiB aligned, each one subtable: `slots` entries of 16 bytes,
+//!           [tag u64][(check24 << 40) | row u64], empty iff tag == 0
+//! ```
+//!
+//! The 128-bit xxh3 of an ID picks its subtable (top 12 bits), its 64-bit tag (high half,
+//! 0 taken as 1; its low bits also pick the first slot to probe) and 24 check bits (low half).
+//! A subtable is an open-addressing table with linear probing, at most half full: to grow, it
+//! is rebuilt at twice the size in a new region appended to the file. Regions are never
+//! reused, so a header on disk always points at regions that are still intact.
+//!
+//! The header is written only by [`IdIndex::sync`], after the regions are durable, into the
+//! copy with the older generation: a torn header write leaves the other copy valid. Its
+//! entry counts are a lower bound (inserts after the last sync may or may not survive a
+//! crash); callers insert again what they need after a crash: inserting is idempotent.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError, RwLock};
+
+const MAGIC: &[u8; 8] = b"HWIDX001";
+const VERSION: u32 = 1;
+const SUBTABLES: usize = 4096;
+const ENTRY: u64 = 16;
+/// Slots read at once while probing.
+const WINDOW: u64 = 4;
+const INITIAL_SLOTS: u64 = 256;
+const ALIGN: u64 = 4096;
+/// Rows must be below this (they share a word with the check bits).
+const ROW_LIMIT: u64 = 1 << 40;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8 + SUBTABLES * 24 + 4;
+const HEADER_SPAN: u64 = align_up(HEADER_LEN as u64);
+const DATA_START: u64 = 2 * HEADER_SPAN;
+
+const fn align_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// One subtable as the header records it.
+#[derive(Debug, Clone, Copy)]
+struct Sub {
+    offset: u64,
+    slots: u64,
+    entries: u64,
+}
+
+struct Inner {
+    subs: Vec<Sub>,
+    /// Where the next region goes.
+    end: u64,
+    /// Sum of the subtables' entries.
+    total: u64,
+}
+
+/// What an ID hashes to.
+struct Key {
+    sub: usize,
+    tag: u64,
+    check: u64,
+}
+
+impl Key {
+    fn new(id: &str) -> Key {
+        let h = xxhash_rust::xxh3::xxh3_128(id.as_bytes());
+        let hi = (h >> 64) as u64;
+        Key {
+            sub: (hi >> 52) as usize,
+            tag: hi.max(1),
+            check: (h as u64) >> 40,
+        }
+    }
+}
+
+enum Probe {
+    Found(u64),
+    Empty(u64),
+    Full,
+}
+
+/// The on-disk ID → first-row index. See the module documentation.
+pub struct IdIndex {
+    path: PathBuf,
+    file: File,
+    inner: RwLock<Inner>,
+    /// Serializes [`IdIndex::sync`]; holds the generation of the newest header on disk.
+    generation: Mutex<u64>,
+}
+
+impl std::fmt::Debug for IdIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdIndex")
+            .field("path", &self.path)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl IdIndex {
+    /// Open the index at `path`, creating it if it does not exist.
+    ///
+    /// A file that is not a valid index (bad magic, version or checksum, truncated) is an
+    /// error of kind [`ErrorKind::InvalidData`] whose message names the file.
+    pub fn open(path: &Path) -> io::Result<IdIndex> {
+        IdIndex::open_with(path, INITIAL_SLOTS)
+    }
+
+    fn open_with(path: &Path, initial_slots: u64) -> io::Result<IdIndex> {
+        let file = match OpenOptions::new().read(true).write(true).open(path) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                create(path, initial_slots)?;
+                OpenOptions::new().read(true).write(true).open(path)?
+            }
+            r => r?,
+        };
+        let invalid = |reason: String| {
+            io::Error::new(
+                ErrorKind::InvalidData,
+                format!("{} is not a valid ID index: {reason}", path.display()),
+            )
+        };
+        let len = file.metadata()?.len();
+        if len < DATA_START {
+            return Err(invalid(format!("truncated ({len} bytes)")));
+        }
+        let mut best: Option<(u64, Vec<Sub>)> = None;
+        let mut reasons = Vec::new();
+        for copy in 0..2 {
+            let mut buf = vec![0u8; HEADER_LEN];
+            file.read_exact_at(&mut buf, copy * HEADER_SPAN)?;
+            match decode(&buf, len) {
+                Ok((generation, subs)) => {
+                    if best.as_ref().is_none_or(|(g, _)| generation > *g) {
+                        best = Some((generation, subs));
+                    }
+                }
+                Err(reason) => reasons.push(format!("header copy {copy}: {reason}")),
+            }
+        }
+        let (generation, subs) = best.ok_or_else(|| invalid(reasons.join("; ")))?;
+        let total = subs.iter().map(|s| s.entries).sum();
+        Ok(IdIndex {
+            path: path.to_owned(),
+            file,
+            inner: RwLock::new(Inner {
+                subs,
+                end: align_up(len),
+                total,
+            }),
+            generation: Mutex::new(generation),
+        })
+    }
+
+    /// The row recorded for `id`, if any.
+    pub fn get(&self, id: &str) -> io::Result<Option<u64>> {
+        let key = Key::new(id);
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        match self.probe(&inner.subs[key.sub], &key)? {
+            Probe::Found(row) => Ok(Some(row)),
+            Probe::Empty(_) | Probe::Full => Ok(None),
+        }
+    }
+
+    /// Record `id` at `row` unless it is there already: returns the row already recorded
+    /// (unchanged) or None if it was inserted now. Rows must be below 2^40.
+    pub fn insert(&self, id: &str, row: u64) -> io::Result<Option<u64>> {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        self.insert_locked(&mut inner, id, row)
+    }
+
+    /// Insert many at once (same semantics, one lock); returns for each the existing row or
+    /// None. On an error, the items before the failing one are inserted.
+    pub fn insert_all<'a>(
+        &self,
+        items: impl IntoIterator<Item = (u64, &'a str)>,
+    ) -> io::Result<Vec<Option<u64>>> {
+        let items = items.into_iter();
+        let mut out = Vec::with_capacity(items.size_hint().0);
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        for (row, id) in items {
+            out.push(self.insert_locked(&mut inner, id, row)?);
+        }
+        Ok(out)
+    }
+
+    /// Make every earlier insert durable: sync the regions, then write the header (into the
+    /// older of its two copies), then sync again.
+    pub fn sync(&self) -> io::Result<()> {
+        let mut generation = self
+            .generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let subs = self
+            .inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .subs
+            .clone();
+        // Every region `subs` points at was written before this.
+        self.file.sync_data()?;
+        let next = *generation + 1;
+        self.file
+            .write_all_at(&encode(next, &subs), (next % 2) * HEADER_SPAN)?;
+        self.file.sync_data()?;
+        *generation = next;
+        Ok(())
+    }
+
+    /// Entries counted (a lower bound after a crash).
+    pub fn len(&self) -> u64 {
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .total
+    }
+
+    /// Whether no entry is counted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn insert_locked(&self, inner: &mut Inner, id: &str, row: u64) -> io::Result<Option<u64>> {
+        if row >= ROW_LIMIT {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("row {row} of ID {id:?} is too large for the ID index (limit 2^40)"),
+            ));
+        }
+        let key = Key::new(id);
+        loop {
+            let sub = inner.subs[key.sub];
+            match self.probe(&sub, &key)? {
+                Probe::Found(existing) => return Ok(Some(existing)),
+                Probe::Empty(slot) if sub.entries < sub.slots / 2 => {
+                    let mut entry = [0u8; ENTRY as usize];
+                    entry[..8].copy_from_slice(&key.tag.to_le_bytes());
+                    entry[8..].copy_from_slice(&(key.check << 40 | row).to_le_bytes());
+                    self.file.write_all_at(&entry, sub.offset + slot * ENTRY)?;
+                    inner.subs[key.sub].entries += 1;
+                    inner.total += 1;
+                    return Ok(None);
+                }
+                Probe::Empty(_) | Probe::Full => self.grow(inner, key.sub)?,
+            }
+        }
+    }
+
+    /// Walk the probe sequence of `key` in `sub`, a window of slots per read.
+    fn probe(&self, sub: &Sub, key: &Key) -> io::Result<Probe> {
+        let mut buf = [0u8; (WINDOW * ENTRY) as usize];
+        let mut pos = key.tag & (sub.slots - 1);
+        let mut seen = 0;
+        while seen < sub.slots {
+            let n = WINDOW.min(sub.slots - pos).min(sub.slots - seen);
+            let window = &mut buf[..(n * ENTRY) as usize];
+            self.file.read_exact_at(window, sub.offset + pos * ENTRY)?;
+            for (i, entry) in window.chunks_exact(ENTRY as usize).enumerate() {
+                let (tag, word) = split(entry);
+                if tag == 0 {
+                    return Ok(Probe::Empty(pos + i as u64));
+                }
+                if tag == key.tag && word >> 40 == key.check {
+                    return Ok(Probe::Found(word & (ROW_LIMIT - 1)));
+                }
+            }
+            seen += n;
+            pos = (pos + n) & (sub.slots - 1);
+        }
+        Ok(Probe::Full)
+    }
+
+    /// Rebuild subtable `s` at (at least) twice its size in a new region at the end of the
+    /// file. Its entries are counted anew (the recorded count may be low after a crash).
+    fn grow(&self, inner: &mut Inner, s: usize) -> io::Result<()> {
+        let old = inner.subs[s];
+        let mut buf = vec![0u8; (old.slots * ENTRY) as usize];
+        self.file.read_exact_at(&mut buf, old.offset)?;
+        let live = || buf.chunks_exact(ENTRY as usize).filter(|e| split(e).0 != 0);
+        let entries = live().count() as u64;
+        let mut slots = old.slots * 2;
+        while entries >= slots / 2 {
+            slots *= 2;
+        }
+        let mut table = vec![0u8; (slots * ENTRY) as usize];
+        for entry in live() {
+            let mut pos = split(entry).0 & (slots - 1);
+            while split(&table[(pos * ENTRY) as usize..]).0 != 0 {
+                pos = (pos + 1) & (slots - 1);
+            }
+            let at = (pos * ENTRY) as usize;
+            table[at..at + ENTRY as usize].copy_from_slice(entry);
+        }
+        let offset = inner.end;
+        self.file.write_all_at(&table, offset)?;
+        inner.end = align_up(offset + slots * ENTRY);
+        inner.total = inner.total - old.entries + entries;
+        inner.subs[s] = Sub {
+            offset,
+            slots,
+            entries,
+        };
+        Ok(())
+    }
+}
+
+/// The tag and the (check, row) word of an entry at the start of `entry`.
+fn split(entry: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u64::from_le_bytes(entry[i..i + 8].try_into().expect("8 bytes"));
+    (word(0), word(8))
+}
+
+/// Create a fresh index at `path` atomically: written in full beside it, then renamed.
+fn create(path: &Path, initial_slots: u64) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".ids.idx-")
+        .tempfile_in(dir)?;
+    let stride = align_up(initial_slots * ENTRY);
+    let subs: Vec<Sub> = (0..SUBTABLES as u64)
+        .map(|i| Sub {
+            offset: DATA_START + i * stride,
+            slots: initial_slots,
+            entries: 0,
+        })
+        .collect();
+    // The regions are holes that read as zeros: empty slots.
+    tmp.as_file()
+        .set_len(DATA_START + SUBTABLES as u64 * stride)?;
+    tmp.as_file().write_all_at(&encode(0, &subs), 0)?;
+    tmp.as_file().sync_all()?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => {}
+        // Another opener created it first: use theirs.
+        Err(e) if e.error.kind() == ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e.error),
+    }
+    File::open(dir)?.sync_all()
+}
+
+fn encode(generation: u64, subs: &[Sub]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(HEADER_LEN);
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&VERSION.to_le_bytes());
+    buf.extend_from_slice(&(SUBTABLES as u32).to_le_bytes());
+    buf.extend_from_slice(&generation.to_le_bytes());
+    for s in subs {
+        for v in [s.offset, s.slots, s.entries] {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    buf.extend_from_slice(&crc32fast::hash(&buf).to_le_bytes());
+    buf
+}
+
+/// Parse and check one header copy of a file of `file_len` bytes.
+fn decode(buf: &[u8], file_len: u64) -> Result<(u64, Vec<Sub>), String> {
+    let u32_at = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+    if &buf[..8] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let crc = u32_at(HEADER_LEN - 4);
+    if crc32fast::hash(&buf[..HEADER_LEN - 4]) != crc {
+        return Err("checksum mismatch".into());
+    }
+    let version = u32_at(8);
+    if version != VERSION {
+        return Err(format!("version {version}, expected {VERSION}"));
+    }
+    if u32_at(12) as usize != SUBTABLES {
+        return Err(format!("{} subtables, expected {SUBTABLES}", u32_at(12)));
+    }
+    let mut subs = Vec::with_capacity(SUBTABLES);
+    for i in 0..SUBTABLES {
+        let at = 24 + i * 24;
+        let (offset, slots, entries) = (u64_at(at), u64_at(at + 8), u64_at(at + 16));
+        let fits = slots
+            .checked_mul(ENTRY)
+            .and_then(|bytes| bytes.checked_add(offset))
+            .is_some_and(|end| end <= file_len);
+        if !slots.is_power_of_two()
+            || slots >= ROW_LIMIT
+            || offset < DATA_START
+            || offset % ALIGN != 0
+            || entries > slots
+            || !fits
+        {
+            return Err(format!(
+                "subtable {i} (region at {offset}, {slots} slots, {entries} entries) does not \
+                 fit a file of {file_len} bytes"
+            ));
+        }
+        subs.push(Sub {
+            offset,
+            slots,
+            entries,
+        });
+    }
+    Ok((u64_at(16), subs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn id(i: u64) -> String {
+        match i % 5 {
+            0..=2 => format!("id-{i}"),
+            3 => format!("ключ-{i}-日本語-🦀"),
+            _ if i % 1000 == 4 => format!("{}{i}", "long-".repeat(600)),
+            _ => format!("{i}"),
+        }
+    }
+
+    fn flip(path: &Path, at: u64) {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    }
+
+    #[test]
+    fn send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<IdIndex>();
+    }
+
+    #[test]
+    fn insert_get() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = IdIndex::open(&dir.path().join("ids.idx")).unwrap();
+        assert!(idx.is_empty());
+        assert_eq!(idx.get("a").unwrap(), None);
+        assert_eq!(idx.insert("a", 7).unwrap(), None);
+        assert_eq!(idx.insert("", 0).unwrap(), None);
+        assert_eq!(idx.get("a").unwrap(), Some(7));
+        assert_eq!(idx.get("").unwrap(), Some(0));
+        assert_eq!(idx.insert("a", 9).unwrap(), Some(7));
+        assert_eq!(idx.get("a").unwrap(), Some(7));
+        assert_eq!(idx.get("b").unwrap(), None);
+        assert_eq!(
+            idx.insert_all([(1, "x"), (2, "a"), (3, "x")]).unwrap(),
+            vec![None, Some(7), Some(1)]
+        );
+        assert_eq!(idx.len(), 3);
+    }
+
+    #[test]
+    fn many_with_growth_and_reopen() {
+        const N: u64 = 200_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let idx = IdIndex::open_with(&path, 8).unwrap();
+        let ids: Vec<String> = (0..N).map(id).collect();
+        for chunk in (0..N).collect::<Vec<_>>().chunks(1000) {
+            if chunk[0] % 2000 == 0 {
+                for &i in chunk {
+                    assert_eq!(idx.insert(&ids[i as usize], i).unwrap(), None);
+                }
+            } else {
+                let items = chunk.iter().map(|&i| (i, ids[i as usize].as_str()));
+                assert!(idx.insert_all(items).unwrap().iter().all(Option::is_none));
+            }
+        }
+        let grown = idx.inner.read().unwrap().subs.iter().all(|s| s.slots >= 64);
+        assert!(grown, "every subtable grew at least three times");
+        for (i, s) in ids.iter().enumerate() {
+            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+        }
+        assert_eq!(idx.len(), N);
+        idx.sync().unwrap();
+        drop(idx);
+        eprintln!(
+            "file size: {} bytes",
+            std::fs::metadata(&path).unwrap().len()
+        );
+        let idx = IdIndex::open(&path).unwrap();
+        assert_eq!(idx.len(), N);
+        for (i, s) in ids.iter().enumerate() {
+            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+        }
+        assert_eq!(idx.insert(&ids[5], 99).unwrap(), Some(5));
+        assert_eq!(idx.get("absent").unwrap(), None);
+    }
+
+    #[test]
+    fn reopen_without_sync() {
+        const N: u64 = 30_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let ids: Vec<String> = (0..N).map(id).collect();
+        let idx = IdIndex::open_with(&path, 8).unwrap();
+        for i in 0..N / 3 {
+            idx.insert(&ids[i as usize], i).unwrap();
+        }
+        idx.sync().unwrap();
+        // Grows every subtable after the sync; the header on disk stays the old one.
+        for i in N / 3..N {
+            idx.insert(&ids[i as usize], i).unwrap();
+        }
+        drop(idx);
+        let idx = IdIndex::open(&path).unwrap();
+        assert!(idx.len() >= N / 3);
+        for i in 0..N / 3 {
+            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+        }
+        for i in 0..N {
+            let got = idx.insert(&ids[i as usize], i).unwrap();
+            assert!(got.is_none() || got == Some(i));
+        }
+        for i in 0..N {
+            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+        }
+        idx.sync().unwrap();
+        drop(idx);
+        let idx = IdIndex::open(&path).unwrap();
+        for i in 0..N {
+            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+        }
+    }
+
+    #[test]
+    fn corrupt_and_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let idx = IdIndex::open(&path).unwrap();
+        idx.insert("a", 1).unwrap();
+        drop(idx);
+        flip(&path, 100);
+        let e = IdIndex::open(&path).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+
+        // A damaged newest copy falls back to the older one; both damaged is an error.
+        let path = dir.path().join("two.idx");
+        let idx = IdIndex::open(&path).unwrap();
+        idx.insert("a", 1).unwrap();
+        idx.sync().unwrap(); // generation 1, copy 1
+        idx.insert("b", 2).unwrap();
+        idx.sync().unwrap(); // generation 2, copy 0
+        drop(idx);
+        flip(&path, 30);
+        let idx = IdIndex::open(&path).unwrap();
+        assert_eq!(idx.get("a").unwrap(), Some(1));
+        drop(idx);
+        flip(&path, HEADER_SPAN + 30);
+        let e = IdIndex::open(&path).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+
+        for len in [0, 1000, DATA_START + 100] {
+            let path = dir.path().join(format!("short-{len}.idx"));
+            drop(IdIndex::open(&path).unwrap());
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len)
+                .unwrap();
+            let e = IdIndex::open(&path).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
+            assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+        }
+    }
+
+    #[test]
+    fn row_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = IdIndex::open(&dir.path().join("ids.idx")).unwrap();
+        assert_eq!(idx.insert("max", ROW_LIMIT - 1).unwrap(), None);
+        assert_eq!(idx.get("max").unwrap(), Some(ROW_LIMIT - 1));
+        for row in [ROW_LIMIT, u64::MAX] {
+            let e = idx.insert("big", row).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput);
+            assert!(idx.insert_all([(row, "big")]).is_err());
+        }
+        assert_eq!(idx.get("big").unwrap(), None);
+    }
+
+    #[test]
+    fn concurrent_get_and_insert() {
+        const N: u64 = 40_000;
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Arc::new(IdIndex::open_with(&dir.path().join("ids.idx"), 8).unwrap());
+        let ids: Vec<String> = (0..N).map(id).collect();
+        for i in 0..N / 4 {
+            idx.insert(&ids[i as usize], i).unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in N / 4..N {
+                    assert_eq!(idx.insert(&ids[i as usize], i).unwrap(), None);
+                }
+            });
+            s.spawn(|| {
+                for round in 0..4 {
+                    for i in 0..N {
+                        let got = idx.get(&ids[i as usize]).unwrap();
+                        if i < N / 4 {
+                            assert_eq!(got, Some(i), "round {round}");
+                        } else {
+                            assert!(got.is_none() || got == Some(i));
+                        }
+                    }
+                }
+            });
+        });
+        for i in 0..N {
+            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+        }
+    }
+}

@@ -1,0 +1,767 @@
+//! Results log: where the items' final records live, beside sled rather than inside it.
+//!
+//! Owns two files of a state directory and their crash rules:
+//!
+//! ```text
+//! DIR/results.log   append-only: one entry per record written, each
+//!                   [payload length u32 LE][CRC-32 of payload u32 LE][payload]
+//!                   payload = [row u64 LE][ID length u32 LE][ID UTF-8][record bytes]
+//! DIR/positions     dense array by input row: u64 LE = 1 + the log offset of the row's
+//!                   current record, 0 = none (holes read as none)
+//! ```
+//!
+//! A row's current record is the last one appended for it (a rerun's new result replaces the
+//! old one). Appends go to the log at once (one write per batch) and their positions wait in
+//! memory until [`ResultsLog::sync`], which makes the log durable first and only then writes
+//! the positions of what it made durable: so the positions file never points at a record that
+//! might not be on disk. The positions file itself is synced less often; the log offset from
+//! which every position is durable ([`Durable::covers`]) is kept by the caller (in sled, with
+//! the commit log), and an open replays the log from there, cutting off a torn tail. A bad
+//! entry before [`Durable::synced`] (the log length made durable) is damage, not a torn
+//! tail, and is an error.
+//!
+//! Nothing here grows with the number of records in memory: reads are `pread`s served by the
+//! page cache. That is the point: one sled key per ID cost about 35 bytes of RSS per ID in
+//! sled's page table, for ever.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub const LOG_FILE: &str = "results.log";
+pub const POSITIONS_FILE: &str = "positions";
+
+/// How often (at most) a sync also makes the positions durable and moves
+/// [`Durable::covers`]: the replay after a crash is bounded by what was appended in that time.
+const COVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Positions waiting in memory past this many rows make a record call sync the log itself
+/// (a huge bucket synced only at its commit must not hold all its positions in memory).
+const MAX_PENDING: usize = 1 << 18;
+
+const HEADER: usize = 8;
+/// Most records are smaller: one read gets header and payload.
+const READ_AHEAD: usize = 1024;
+
+/// What the caller keeps, durably, for the next open (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Durable {
+    /// Every record before this log offset has its position durable in the positions file.
+    pub covers: u64,
+    /// The log was durable up to here.
+    pub synced: u64,
+}
+
+impl Durable {
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&self.covers.to_be_bytes());
+        out[8..].copy_from_slice(&self.synced.to_be_bytes());
+        out
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Durable> {
+        let bytes: [u8; 16] = bytes.try_into().ok()?;
+        Some(Durable {
+            covers: u64::from_be_bytes(bytes[..8].try_into().ok()?),
+            synced: u64::from_be_bytes(bytes[8..].try_into().ok()?),
+        })
+    }
+}
+
+/// Errors of the results log; the store says which directory.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Damaged { path: PathBuf, reason: String },
+}
+
+/// A row's position not yet written to the positions file.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// Where its current record starts.
+    latest: u64,
+    /// The first record appended for the row since its position was last written: a replay
+    /// from here finds every record the positions file does not know.
+    earliest: u64,
+}
+
+struct Appender {
+    /// The log's length: where the next entry goes.
+    len: u64,
+    /// Scratch for encoding a batch.
+    buf: Vec<u8>,
+}
+
+struct Synced {
+    /// The log length last made durable.
+    log: u64,
+    durable: Durable,
+    covered_at: std::time::Instant,
+}
+
+/// The open results log and positions file of one state directory.
+pub struct ResultsLog {
+    log_path: PathBuf,
+    positions_path: PathBuf,
+    log: File,
+    positions: File,
+    appender: Mutex<Appender>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    synced: Mutex<Synced>,
+}
+
+/// One record read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub row: u64,
+    pub id: String,
+    pub record: Vec<u8>,
+}
+
+impl ResultsLog {
+    /// Open (creating if missing) the files in `dir`, given what the store last recorded as
+    /// durable, and replay the log from `durable.covers`.
+    pub fn open(dir: &Path, durable: Durable) -> Result<ResultsLog, LogError> {
+        let log_path = dir.join(LOG_FILE);
+        let positions_path = dir.join(POSITIONS_FILE);
+        let open = |path: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|source| LogError::Io {
+                    path: path.to_owned(),
+                    source,
+                })
+        };
+        let log = open(&log_path)?;
+        let positions = open(&positions_path)?;
+        let io = |source| LogError::Io {
+            path: log_path.clone(),
+            source,
+        };
+        let damaged = |reason: String| LogError::Damaged {
+            path: log_path.clone(),
+            reason,
+        };
+        let file_len = log.metadata().map_err(io)?.len();
+        if file_len < durable.synced || durable.covers > durable.synced {
+            return Err(damaged(format!(
+                "it holds {file_len} bytes, but {} were durable (truncated or replaced)",
+                durable.synced
+            )));
+        }
+        let positions_len = positions
+            .metadata()
+            .map_err(|source| LogError::Io {
+                path: positions_path.clone(),
+                source,
+            })?
+            .len();
+        if durable.covers > 0 && positions_len == 0 {
+            return Err(LogError::Damaged {
+                path: positions_path.clone(),
+                reason: "it is empty, but positions were durable in it (emptied or replaced)"
+                    .into(),
+            });
+        }
+        // Replay: every entry from `covers` on gets its position back in memory.
+        let mut pending = HashMap::new();
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, &log);
+        std::io::Seek::seek(&mut reader, std::io::SeekFrom::Start(durable.covers)).map_err(io)?;
+        let mut at = durable.covers;
+        let mut payload = Vec::new();
+        loop {
+            let mut header = [0u8; HEADER];
+            match read_full(&mut reader, &mut header).map_err(io)? {
+                0 => break,
+                HEADER => {}
+                _ => {
+                    if at < durable.synced {
+                        return Err(damaged(format!("the entry at byte {at} is cut short")));
+                    }
+                    break;
+                }
+            }
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            payload.resize(len, 0);
+            let got = read_full(&mut reader, &mut payload).map_err(io)?;
+            let valid = got == len && crc32fast::hash(&payload) == crc && parse(&payload).is_some();
+            if !valid {
+                if at < durable.synced {
+                    return Err(damaged(format!(
+                        "the entry at byte {at} is damaged (bad length or checksum)"
+                    )));
+                }
+                break;
+            }
+            let (row, _, _) = parse(&payload).expect("checked");
+            pending
+                .entry(row)
+                .and_modify(|p: &mut Pending| p.latest = at)
+                .or_insert(Pending {
+                    latest: at,
+                    earliest: at,
+                });
+            at += (HEADER + len) as u64;
+        }
+        drop(reader);
+        if at < file_len {
+            // A torn tail: never durable, and nothing refers to it. Cut it off so the next
+            // entry starts at a boundary.
+            log.set_len(at).map_err(io)?;
+            tracing::debug!(
+                at,
+                file_len,
+                "cut off the results log's torn tail after a crash"
+            );
+        }
+        Ok(ResultsLog {
+            log_path,
+            positions_path,
+            log,
+            positions,
+            appender: Mutex::new(Appender {
+                len: at,
+                buf: Vec::new(),
+            }),
+            pending: Mutex::new(pending),
+            synced: Mutex::new(Synced {
+                log: durable.synced,
+                durable,
+                covered_at: std::time::Instant::now(),
+            }),
+        })
+    }
+
+    fn io(&self, path: &Path) -> impl Fn(std::io::Error) -> LogError {
+        let path = path.to_owned();
+        move |source| LogError::Io {
+            path: path.clone(),
+            source,
+        }
+    }
+
+    fn damaged(&self, reason: String) -> LogError {
+        LogError::Damaged {
+            path: self.log_path.clone(),
+            reason,
+        }
+    }
+
+    /// Append records (row, ID, record bytes) in one write. They are readable at once and
+    /// durable after the next [`ResultsLog::sync`].
+    pub fn append<'a>(
+        &self,
+        records: impl IntoIterator<Item = (u64, &'a str, &'a [u8])>,
+    ) -> Result<(), LogError> {
+        let mut appender = self.appender.lock().expect("never poisoned");
+        let Appender { len, buf } = &mut *appender;
+        buf.clear();
+        let mut placed = Vec::new();
+        for (row, id, record) in records {
+            let start = buf.len();
+            buf.extend_from_slice(&[0; HEADER]);
+            buf.extend_from_slice(&row.to_le_bytes());
+            buf.extend_from_slice(&(id.len() as u32).to_le_bytes());
+            buf.extend_from_slice(id.as_bytes());
+            buf.extend_from_slice(record);
+            let payload = &buf[start + HEADER..];
+            let (plen, crc) = (payload.len() as u32, crc32fast::hash(payload));
+            buf[start..start + 4].copy_from_slice(&plen.to_le_bytes());
+            buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+            placed.push((row, *len + start as u64));
+        }
+        if placed.is_empty() {
+            return Ok(());
+        }
+        self.log
+            .write_all_at(buf, *len)
+            .map_err(self.io(&self.log_path))?;
+        *len += buf.len() as u64;
+        if buf.capacity() > 4 << 20 {
+            *buf = Vec::new();
+        }
+        // Positions are published under the appender's lock, so they reach `pending` in log
+        // order and the latest one wins.
+        let mut pending = self.pending.lock().expect("never poisoned");
+        for (row, at) in placed {
+            pending
+                .entry(row)
+                .and_modify(|p| p.latest = at)
+                .or_insert(Pending {
+                    latest: at,
+                    earliest: at,
+                });
+        }
+        let full = pending.len() > MAX_PENDING;
+        drop(pending);
+        drop(appender);
+        if full {
+            self.sync(false)?;
+        }
+        Ok(())
+    }
+
+    /// Where the current record of `row` starts, if it has one.
+    fn position(&self, row: u64) -> Result<Option<u64>, LogError> {
+        if let Some(p) = self.pending.lock().expect("never poisoned").get(&row) {
+            return Ok(Some(p.latest));
+        }
+        let mut bytes = [0u8; 8];
+        let got = read_at_most(&self.positions, &mut bytes, row * 8)
+            .map_err(self.io(&self.positions_path))?;
+        let value = if got == 8 {
+            u64::from_le_bytes(bytes)
+        } else {
+            0
+        };
+        Ok(value.checked_sub(1))
+    }
+
+    /// Whether `row` has a record.
+    pub fn contains(&self, row: u64) -> Result<bool, LogError> {
+        Ok(self.position(row)?.is_some())
+    }
+
+    /// The current record of `row`, which must be `id`'s.
+    pub fn get(&self, row: u64, id: &str) -> Result<Option<Vec<u8>>, LogError> {
+        match self.position(row)? {
+            Some(at) => self.entry_of(at, row, id).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The current records of many rows (each with its ID), in order: one read of the
+    /// positions file for their whole row range when they are close together (a bucket).
+    pub fn get_many(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        let (Some(lo), Some(hi)) = (
+            rows.iter().map(|r| r.0).min(),
+            rows.iter().map(|r| r.0).max(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        if hi - lo > 4 * rows.len() as u64 + 64 {
+            return rows.iter().map(|(row, id)| self.get(*row, id)).collect();
+        }
+        let mut bytes = vec![0u8; ((hi - lo + 1) * 8) as usize];
+        let got = read_at_most(&self.positions, &mut bytes, lo * 8)
+            .map_err(self.io(&self.positions_path))?;
+        bytes.truncate(got - got % 8);
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, id) in rows {
+            let pending = self
+                .pending
+                .lock()
+                .expect("never poisoned")
+                .get(row)
+                .map(|p| p.latest);
+            let at = pending.or_else(|| {
+                let i = ((row - lo) * 8) as usize;
+                let v = bytes.get(i..i + 8)?;
+                u64::from_le_bytes(v.try_into().expect("8 bytes")).checked_sub(1)
+            });
+            out.push(match at {
+                Some(at) => Some(self.entry_of(at, *row, id)?),
+                None => None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The record at `at`, which must be `row`'s and `id`'s.
+    fn entry_of(&self, at: u64, row: u64, id: &str) -> Result<Vec<u8>, LogError> {
+        let entry = self.read_entry(at)?;
+        if entry.row != row || entry.id != id {
+            return Err(self.damaged(format!(
+                "row {row} ({id:?}) points at byte {at}, which holds row {} ({:?})",
+                entry.row, entry.id
+            )));
+        }
+        Ok(entry.record)
+    }
+
+    /// The entry starting at `at`.
+    fn read_entry(&self, at: u64) -> Result<Entry, LogError> {
+        let io = self.io(&self.log_path);
+        let mut buf = vec![0u8; READ_AHEAD];
+        let got = read_at_most(&self.log, &mut buf, at).map_err(&io)?;
+        let bad = |what: &str| self.damaged(format!("the entry at byte {at} is {what}"));
+        if got < HEADER {
+            return Err(bad("missing"));
+        }
+        let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        if HEADER + len > got {
+            buf.resize(HEADER + len, 0);
+            let more = read_at_most(&self.log, &mut buf[got..], at + got as u64).map_err(&io)?;
+            if got + more < HEADER + len {
+                return Err(bad("cut short"));
+            }
+        }
+        let payload = &buf[HEADER..HEADER + len];
+        if crc32fast::hash(payload) != crc {
+            return Err(bad("damaged (checksum)"));
+        }
+        let (row, id, record) = parse(payload).ok_or_else(|| bad("undecodable"))?;
+        Ok(Entry {
+            row,
+            id: id.to_owned(),
+            record: record.to_vec(),
+        })
+    }
+
+    /// Make every append so far durable, then write their positions. Returns what the store
+    /// keeps for the next open. Moves [`Durable::covers`] at most every [`COVER_EVERY`], or
+    /// now if `force` (a store being closed: the next open then replays nothing).
+    pub fn sync(&self, force: bool) -> Result<Durable, LogError> {
+        let mut synced = self.synced.lock().expect("never poisoned");
+        let len = self.appender.lock().expect("never poisoned").len;
+        if len > synced.log {
+            self.log.sync_data().map_err(self.io(&self.log_path))?;
+            synced.log = len;
+        }
+        // Positions of records now durable go to the file, then leave memory: a reader looks
+        // in memory first, so it sees one or the other, never neither.
+        let mut ready: Vec<(u64, u64)> = self
+            .pending
+            .lock()
+            .expect("never poisoned")
+            .iter()
+            .filter(|(_, p)| p.latest < len)
+            .map(|(row, p)| (*row, p.latest))
+            .collect();
+        ready.sort_unstable();
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0;
+        let write = |start: u64, bytes: &[u8]| {
+            self.positions
+                .write_all_at(bytes, start * 8)
+                .map_err(self.io(&self.positions_path))
+        };
+        for (i, (row, at)) in ready.iter().enumerate() {
+            if i > 0 && *row != ready[i - 1].0 + 1 {
+                write(run_start, &run)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = *row;
+            }
+            run.extend_from_slice(&(at + 1).to_le_bytes());
+        }
+        if !run.is_empty() {
+            write(run_start, &run)?;
+        }
+        let oldest_left = {
+            let mut pending = self.pending.lock().expect("never poisoned");
+            for (row, at) in &ready {
+                if pending.get(row).is_some_and(|p| p.latest == *at) {
+                    pending.remove(row);
+                }
+            }
+            pending.values().map(|p| p.earliest).min()
+        };
+        synced.durable.synced = synced.log;
+        if force || synced.covered_at.elapsed() >= COVER_EVERY || synced.durable.covers == 0 {
+            self.positions
+                .sync_data()
+                .map_err(self.io(&self.positions_path))?;
+            // Rows still waiting (appended after `len`, or rewritten after it) are replayed
+            // from their first unwritten record.
+            synced.durable.covers = oldest_left.map_or(len, |e| e.min(len));
+            synced.covered_at = std::time::Instant::now();
+        }
+        Ok(synced.durable)
+    }
+
+    /// Every entry of the log from its start, in order (for checks and upgrades).
+    pub fn for_each_entry(
+        &self,
+        f: &mut dyn FnMut(u64, Entry) -> Result<(), LogError>,
+    ) -> Result<(), LogError> {
+        let len = self.appender.lock().expect("never poisoned").len;
+        let mut at = 0;
+        while at < len {
+            let entry = self.read_entry(at)?;
+            let size = HEADER + 12 + entry.id.len() + entry.record.len();
+            f(at, entry)?;
+            at += size as u64;
+        }
+        Ok(())
+    }
+
+    /// The log's length.
+    pub fn len(&self) -> u64 {
+        self.appender.lock().expect("never poisoned").len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Empty both files (an upgrade that starts over).
+    pub fn clear(&self) -> Result<(), LogError> {
+        let mut appender = self.appender.lock().expect("never poisoned");
+        let mut synced = self.synced.lock().expect("never poisoned");
+        self.log.set_len(0).map_err(self.io(&self.log_path))?;
+        self.positions
+            .set_len(0)
+            .map_err(self.io(&self.positions_path))?;
+        appender.len = 0;
+        self.pending.lock().expect("never poisoned").clear();
+        *synced = Synced {
+            log: 0,
+            durable: Durable::default(),
+            covered_at: std::time::Instant::now(),
+        };
+        Ok(())
+    }
+}
+
+fn parse(payload: &[u8]) -> Option<(u64, &str, &[u8])> {
+    let row = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
+    let len = u32::from_le_bytes(payload.get(8..12)?.try_into().ok()?) as usize;
+    let id = std::str::from_utf8(payload.get(12..12 + len)?).ok()?;
+    Some((row, id, &payload[12 + len..]))
+}
+
+/// Read into `buf` until it is full or the reader ends; returns the bytes read.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// `read_at` until `buf` is full or the file ends; returns the bytes read.
+fn read_at_most(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(n: u64) -> Vec<u8> {
+        format!(
+            "{{\"n\":{n},\"pad\":\"{}\"}}",
+            "x".repeat((n % 2000) as usize)
+        )
+        .into_bytes()
+    }
+
+    fn append(log: &ResultsLog, rows: impl Iterator<Item = u64>) {
+        let items: Vec<(u64, String, Vec<u8>)> =
+            rows.map(|r| (r, format!("id/{r} ü"), rec(r))).collect();
+        log.append(
+            items
+                .iter()
+                .map(|(r, id, b)| (*r, id.as_str(), b.as_slice())),
+        )
+        .unwrap();
+    }
+
+    fn check(log: &ResultsLog, rows: impl Iterator<Item = u64>) {
+        for r in rows {
+            assert_eq!(
+                log.get(r, &format!("id/{r} ü")).unwrap(),
+                Some(rec(r)),
+                "row {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn appends_read_back_before_and_after_sync_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..100);
+        append(&log, (200..300).rev());
+        check(&log, (0..100).chain(200..300));
+        assert_eq!(log.get(150, "id/150 ü").unwrap(), None);
+        assert!(!log.contains(100).unwrap());
+        let durable = log.sync(false).unwrap();
+        assert_eq!(durable.synced, log.len());
+        check(&log, (0..100).chain(200..300));
+        // A later record for a row replaces the earlier one.
+        log.append([(5, "id/5 ü", b"new".as_slice())]).unwrap();
+        assert_eq!(log.get(5, "id/5 ü").unwrap().unwrap(), b"new");
+        let durable = log.sync(false).unwrap();
+        drop(log);
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        assert_eq!(log.get(5, "id/5 ü").unwrap().unwrap(), b"new");
+        check(&log, (0..5).chain(6..100).chain(200..300));
+        // The ID must match: a row read for another ID is damage, not a silent answer.
+        assert!(log.get(7, "someone else").is_err());
+    }
+
+    #[test]
+    fn a_kill_before_sync_replays_from_covers_and_cuts_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..50);
+        let durable = log.sync(false).unwrap();
+        assert_eq!(durable.covers, durable.synced);
+        // Written after the last sync: in the page cache, as after a kill -9.
+        append(&log, 50..80);
+        log.append([(3, "id/3 ü", b"rewritten".as_slice())])
+            .unwrap();
+        let len = log.len();
+        drop(log);
+        // A torn entry at the end: half a header and payload.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(LOG_FILE))
+            .unwrap();
+        f.write_all_at(&[9, 0, 0, 0, 1, 2, 3], len).unwrap();
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        assert_eq!(log.len(), len, "the torn tail is cut off");
+        check(&log, (0..3).chain(4..80));
+        assert_eq!(log.get(3, "id/3 ü").unwrap().unwrap(), b"rewritten");
+        append(&log, 80..90);
+        check(&log, 80..90);
+    }
+
+    #[test]
+    fn positions_not_durable_are_rebuilt_by_the_replay() {
+        // covers moves at most every second: a sync before that leaves it behind, and the
+        // replay must rebuild the positions the file may not hold (here: none at all).
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..10);
+        let first = log.sync(false).unwrap();
+        append(&log, 10..40);
+        let second = log.sync(false).unwrap();
+        assert_eq!(second.covers, first.covers, "covers waits for COVER_EVERY");
+        drop(log);
+        std::fs::write(dir.path().join(POSITIONS_FILE), [0u8; 80]).unwrap();
+        let log = ResultsLog::open(dir.path(), second).unwrap();
+        check(&log, 10..40);
+    }
+
+    #[test]
+    fn a_row_rewritten_across_a_sync_keeps_its_durable_record_on_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..5);
+        let durable = log.sync(false).unwrap();
+        log.append([(2, "id/2 ü", b"first".as_slice())]).unwrap();
+        let d2 = log.sync(false).unwrap();
+        log.append([(2, "id/2 ü", b"second".as_slice())]).unwrap();
+        let cut = log.len() - (HEADER + 12 + "id/2 ü".len() + 6) as u64;
+        drop(log);
+        // The second record never reached the disk (power loss): cut it away.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(LOG_FILE))
+            .unwrap();
+        f.set_len(cut).unwrap();
+        let log = ResultsLog::open(dir.path(), d2).unwrap();
+        assert_eq!(log.get(2, "id/2 ü").unwrap().unwrap(), b"first");
+        assert!(durable.synced <= d2.synced);
+    }
+
+    #[test]
+    fn damage_inside_the_durable_part_is_an_error_not_a_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..20);
+        let durable = log.sync(false).unwrap();
+        drop(log);
+        // Replay starts at 0 (say the positions were never made durable) and meets damage.
+        let replay_all = Durable {
+            covers: 0,
+            synced: durable.synced,
+        };
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(LOG_FILE))
+            .unwrap();
+        f.write_all_at(b"XXXX", 40).unwrap();
+        let err = ResultsLog::open(dir.path(), replay_all).err().unwrap();
+        assert!(err.to_string().contains("results.log"), "{err}");
+        // A log shorter than what was durable is refused.
+        f.set_len(durable.synced - 1).unwrap();
+        let err = ResultsLog::open(dir.path(), durable).err().unwrap();
+        assert!(err.to_string().contains("durable"), "{err}");
+    }
+
+    #[test]
+    fn many_pending_positions_sync_themselves() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        let n = MAX_PENDING as u64 + 10;
+        let items: Vec<(u64, String)> = (0..n).map(|r| (r, r.to_string())).collect();
+        log.append(
+            items
+                .iter()
+                .map(|(r, id)| (*r, id.as_str(), b"{}".as_slice())),
+        )
+        .unwrap();
+        assert!(log.pending.lock().unwrap().is_empty());
+        for (r, id) in items.iter().step_by(997) {
+            assert_eq!(log.get(*r, id).unwrap().unwrap(), b"{}");
+        }
+    }
+
+    #[test]
+    fn get_many_reads_what_get_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, (0..50).filter(|r| r % 3 != 0));
+        log.sync(false).unwrap();
+        append(&log, 50..60);
+        let ids: Vec<(u64, String)> = (0..70).map(|r| (r, format!("id/{r} ü"))).collect();
+        let rows: Vec<(u64, &str)> = ids.iter().map(|(r, id)| (*r, id.as_str())).collect();
+        let many = log.get_many(&rows).unwrap();
+        let one: Vec<_> = rows
+            .iter()
+            .map(|(r, id)| log.get(*r, id).unwrap())
+            .collect();
+        assert_eq!(many, one);
+        assert_eq!(many.iter().filter(|r| r.is_some()).count(), 33 + 10);
+        // Far-apart rows take the one-by-one path, with the same answers.
+        let sparse = [(1, "id/1 ü"), (1_000_000, "id/1000000 ü"), (55, "id/55 ü")];
+        assert_eq!(
+            log.get_many(&sparse).unwrap(),
+            vec![Some(rec(1)), None, Some(rec(55))]
+        );
+    }
+
+    #[test]
+    fn durable_round_trips_through_bytes() {
+        let d = Durable {
+            covers: 7,
+            synced: 1 << 40,
+        };
+        assert_eq!(Durable::from_bytes(&d.to_bytes()), Some(d));
+        assert_eq!(Durable::from_bytes(b"short"), None);
+    }
+}
