@@ -53,7 +53,7 @@ use tokio::task::JoinSet;
 use crate::handler::{millis, Handler};
 use crate::input::InputReader;
 use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
-use crate::plan::{PendingIds, PlanError, Planner};
+use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
 use crate::store::{
@@ -184,7 +184,6 @@ pub async fn run_log<S: Store>(
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     // Everything that can fail comes before any task is spawned.
-    let pending = Arc::new(PendingIds::default());
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
     match log {
@@ -195,7 +194,6 @@ pub async fn run_log<S: Store>(
                     match record.status {
                         ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
                         ItemStatus::Pending => {
-                            pending.insert(&id);
                             todo.push(Item {
                                 id,
                                 row: record.row,
@@ -259,7 +257,6 @@ pub async fn run_log<S: Store>(
         counters: counters.clone(),
         max_failures: opts.max_failures,
         halt: halt.clone(),
-        pending: pending.clone(),
         open: HashMap::new(),
         log,
     };
@@ -285,7 +282,6 @@ pub async fn run_log<S: Store>(
         Some(tokio::task::spawn_blocking(plan_ahead(
             planner,
             store.clone(),
-            pending.clone(),
             plan_tx,
             stop.clone(),
             counters.clone(),
@@ -390,7 +386,6 @@ fn rerun_work(rerun: u32, bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tal
 fn plan_ahead<S: Store>(
     mut planner: Planner,
     store: Arc<S>,
-    pending: Arc<PendingIds>,
     out: mpsc::Sender<Vec<PlannedBucket>>,
     stop: Stop,
     counters: Arc<Counters>,
@@ -399,7 +394,7 @@ fn plan_ahead<S: Store>(
         let runtime = tokio::runtime::Handle::current();
         while !stop.is_stopping() {
             let before = planner.state();
-            let batch = planner.next_batch(&*store, &pending, PLAN_BATCH_ROWS)?;
+            let batch = planner.next_batch(&*store, PLAN_BATCH_ROWS)?;
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
@@ -763,7 +758,6 @@ struct Writer<S> {
     counters: Arc<Counters>,
     max_failures: Option<FailureLimit>,
     halt: Arc<Halt>,
-    pending: Arc<PendingIds>,
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
@@ -818,9 +812,6 @@ impl<S: Store> Writer<S> {
         let start = Instant::now();
         self.store.record(results)?;
         Counters::add_elapsed(&self.counters.record_write_ns, start);
-        // Now in the store (visible to the planner's duplicate check): no longer pending.
-        self.pending
-            .remove_all(results.iter().map(|(id, _)| id.as_str()));
         for ((_, record), &track) in results.iter().zip(tracks) {
             let ok = record.status == ItemStatus::Ok;
             Counters::add(
@@ -1096,9 +1087,7 @@ mod tests {
         // Plan everything ahead as a crashed run would have, and finish some items of bucket 1.
         let reader = InputReader::open(&s.spec.input, Default::default()).unwrap();
         let mut planner = Planner::new(reader, Default::default(), 100, false, s.spec.fingerprint);
-        let batch = planner
-            .next_batch(&*s.store, &PendingIds::default(), 1000)
-            .unwrap();
+        let batch = planner.next_batch(&*s.store, 1000).unwrap();
         s.store.plan(&batch, &planner.state()).unwrap();
         let mut done = Vec::new();
         for (row, id) in batch[1].items.iter().take(60) {
@@ -1268,8 +1257,8 @@ mod tests {
         fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
             self.inner.planner()
         }
-        fn has_result(&self, id: &str) -> Result<bool, StoreError> {
-            self.inner.has_result(id)
+        fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError> {
+            self.inner.first_row(id, row)
         }
         fn plan(
             &self,

@@ -7,15 +7,12 @@
 //! usable ID stops planning with an error naming the file and line, or, with
 //! `--skip-bad-lines`, is counted and recorded.
 //!
-//! Duplicates are judged against the IDs planned but not yet final ([`PendingIds`], shared
-//! with the engine, which removes IDs once their results are in the store) and then against
-//! the store's results, in that order, so an ID moving from one to the other is never missed.
+//! Duplicates are judged by the store, which notes every ID read with its first row
+//! ([`crate::store::Store::first_row`]): an ID first read at an earlier row is a duplicate,
+//! whether that row is in this batch, an earlier one or an earlier run.
 //!
 //! The planner only reads and decides; writing the planned buckets ahead of their work is the
 //! engine's job (through [`crate::store::Store::plan`]).
-
-use std::collections::HashSet;
-use std::sync::Mutex;
 
 use crate::input::{Fingerprint, InputError, InputReader};
 use crate::job::now_ms;
@@ -28,29 +25,6 @@ pub enum PlanError {
     Input(#[from] InputError),
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// IDs planned (in this run, or replayed) whose results are not in the store yet.
-#[derive(Debug, Default)]
-pub struct PendingIds(Mutex<HashSet<String>>);
-
-impl PendingIds {
-    pub fn contains(&self, id: &str) -> bool {
-        self.0.lock().expect("never poisoned").contains(id)
-    }
-
-    /// Add `id`; false if it was there already.
-    pub fn insert(&self, id: &str) -> bool {
-        self.0.lock().expect("never poisoned").insert(id.to_owned())
-    }
-
-    /// Forget IDs whose results are now in the store.
-    pub fn remove_all<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
-        let mut set = self.0.lock().expect("never poisoned");
-        for id in ids {
-            set.remove(id);
-        }
-    }
 }
 
 /// Reads the input from the planner's position and cuts buckets.
@@ -87,12 +61,10 @@ impl Planner {
 
     /// Cut whole buckets until at least `min_rows` rows are read or the input ends. Returns
     /// the buckets and the planner position after them; no buckets once the input is
-    /// exhausted. Duplicates are judged against `pending` and `store`; the new buckets' IDs
-    /// are added to `pending`.
+    /// exhausted. Duplicates are judged by `store`, which notes every ID read.
     pub fn next_batch(
         &mut self,
         store: &impl Store,
-        pending: &PendingIds,
         min_rows: u64,
     ) -> Result<Vec<PlannedBucket>, PlanError> {
         let mut buckets = Vec::new();
@@ -124,11 +96,9 @@ impl Planner {
                 taken += 1;
                 match row.id {
                     Ok(id) => {
-                        // Pending first, then the store: see the module doc.
-                        if pending.contains(&id) || store.has_result(&id)? {
+                        if store.first_row(&id, row.index)?.is_some() {
                             bucket.offset.duplicates += 1;
                         } else {
-                            pending.insert(&id);
                             bucket.items.push((row.index, id));
                         }
                     }
@@ -202,7 +172,6 @@ mod tests {
     fn cut_all(
         spec: &InputSpec,
         store: &SledStore,
-        pending: &PendingIds,
         size: u64,
         min_rows: u64,
         state: PlannerState,
@@ -211,7 +180,7 @@ mod tests {
         let mut p = Planner::new(reader, state, size, true, fp());
         let mut all = vec![];
         loop {
-            let batch = p.next_batch(store, pending, min_rows).unwrap();
+            let batch = p.next_batch(store, min_rows).unwrap();
             if batch.is_empty() {
                 break;
             }
@@ -225,14 +194,7 @@ mod tests {
     #[test]
     fn buckets_are_fixed_row_ranges_and_duplicates_are_judged_in_order() {
         let (_d, spec, store) = setup("a\nb\na\n\nc\nd\nb\ne\n");
-        let buckets = cut_all(
-            &spec,
-            &store,
-            &PendingIds::default(),
-            3,
-            1,
-            PlannerState::default(),
-        );
+        let buckets = cut_all(&spec, &store, 3, 1, PlannerState::default());
         let ranges: Vec<_> = buckets
             .iter()
             .map(|b| (b.offset.bucket, b.offset.start.row, b.offset.end.row))
@@ -250,22 +212,14 @@ mod tests {
     fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
         let content: String = (0..100).map(|i| format!("id{}\n", i % 70)).collect();
         let (_d1, spec1, store1) = setup(&content);
-        let one_go = cut_all(
-            &spec1,
-            &store1,
-            &PendingIds::default(),
-            7,
-            1000,
-            PlannerState::default(),
-        );
+        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default());
         let (_d2, spec2, store2) = setup(&content);
         let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
         let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
-        let pending = PendingIds::default();
-        let first = p.next_batch(&store2, &pending, 10).unwrap();
+        let first = p.next_batch(&store2, 10).unwrap();
         store2.plan(&first, &p.state()).unwrap();
         let mut resumed = first;
-        resumed.extend(cut_all(&spec2, &store2, &pending, 7, 3, p.state()));
+        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()));
         let key = |b: &PlannedBucket| {
             (
                 b.offset.bucket,
@@ -287,22 +241,12 @@ mod tests {
         std::fs::write(&spec.path, b"a\n\xff\nb\n").unwrap();
         let reader = InputReader::open(&spec, Cursor::default()).unwrap();
         let mut p = Planner::new(reader, PlannerState::default(), 10, false, fp());
-        let err = p
-            .next_batch(&store, &PendingIds::default(), 1)
-            .unwrap_err()
-            .to_string();
+        let err = p.next_batch(&store, 1).unwrap_err().to_string();
         assert!(
             err.contains("in.txt:2:") && err.contains("--skip-bad-lines"),
             "{err}"
         );
-        let buckets = cut_all(
-            &spec,
-            &store,
-            &PendingIds::default(),
-            10,
-            1,
-            PlannerState::default(),
-        );
+        let buckets = cut_all(&spec, &store, 10, 1, PlannerState::default());
         assert_eq!(
             buckets[0].bad_lines,
             vec![BadLine {

@@ -388,8 +388,11 @@ pub trait Store: Send + Sync + 'static {
     fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError>;
     /// Where the planner stands.
     fn planner(&self) -> Result<PlannerState, StoreError>;
-    /// Whether an ID has a final result (its first occurrence was in an earlier bucket).
-    fn has_result(&self, id: &str) -> Result<bool, StoreError>;
+    /// Note that the planner read `id` at input `row`, and say whether that is a repeat: the
+    /// row of its first occurrence if that is an earlier row, else none (a first occurrence,
+    /// also when this row was noted before: planning again after a crash reads the same
+    /// rows). Notes are durable with the plan that holds the row.
+    fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError>;
     /// Atomically write planned buckets (offset records, their unique IDs, bad lines)
     /// together with the planner's new position.
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError>;

@@ -118,6 +118,8 @@ pub struct SledStore {
     results: ResultsLog,
     /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
     indexed_at: std::sync::Mutex<std::time::Instant>,
+    /// Rows below this were noted in the index by [`Store::first_row`].
+    noted: AtomicU64,
     /// Held for the store's lifetime; the flock goes with it.
     _lock: File,
 }
@@ -407,6 +409,7 @@ impl SledStore {
             index,
             results,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
+            noted: AtomicU64::new(0),
             _lock: lock,
         };
         if let Some(c) = &marker.checkpoint {
@@ -1370,22 +1373,24 @@ impl Store for SledStore {
             .unwrap_or_default())
     }
 
-    fn has_result(&self, id: &str) -> Result<bool, StoreError> {
-        match self.index.get(id).map_err(|e| self.index_err(e))? {
-            Some(row) => self.results.contains(row).map_err(|e| self.log_err(e)),
-            None => Ok(false),
-        }
+    fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError> {
+        let first = self.index.insert(id, row).map_err(|e| self.index_err(e))?;
+        self.noted.fetch_max(row + 1, Ordering::AcqRel);
+        Ok(first.filter(|first| *first < row))
     }
 
     fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
         let t = self.t()?;
-        // The index first: an ID indexed for a plan that then fails is planned again at the
-        // same row (planning is deterministic), which the index takes as already there.
+        // The index first (IDs the planner noted through `first_row` are there already): an
+        // ID indexed for a plan that then fails is planned again at the same row (planning is
+        // deterministic), which the index takes as already there.
+        let noted = self.noted.load(Ordering::Acquire);
         self.index
             .insert_all(
                 buckets
                     .iter()
                     .flat_map(|b| &b.items)
+                    .filter(|(row, _)| *row >= noted)
                     .map(|(row, id)| (*row, id.as_str())),
             )
             .map_err(|e| self.index_err(e))?;
@@ -2081,14 +2086,19 @@ mod tests {
             )
             .unwrap();
             s.sync().await.unwrap();
-            assert!(!s.has_result("c").unwrap());
+            assert!(s.item("c").unwrap().is_none());
+            // Planned IDs are noted with their first rows: a repeat is a duplicate.
+            assert_eq!(s.first_row("c", 7).unwrap(), Some(2));
+            assert_eq!(s.first_row("c", 2).unwrap(), None, "the same row again");
+            assert_eq!(s.first_row("new", 8).unwrap(), None);
+            assert_eq!(s.first_row("new", 9).unwrap(), Some(8));
             s.record(&[
                 ("a".into(), done(0, 0, true)),
                 ("b".into(), done(1, 0, false)),
             ])
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.has_result("a").unwrap());
+            assert!(s.item("a").unwrap().is_some_and(|r| r.is_final()));
             s.commit(&[CommitRecord {
                 bucket: 0,
                 ok: 1,
@@ -2411,7 +2421,12 @@ mod tests {
         let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
         assert!(fs::read_to_string(&marker).unwrap().contains(&current));
         assert!(s.t().unwrap().items.is_empty(), "moved out of sled");
-        assert!(s.has_result("a").unwrap() && !s.has_result("b").unwrap());
+        assert!(s.item("a").unwrap().is_some() && s.item("b").unwrap().is_none());
+        assert_eq!(
+            s.first_row("b", 9).unwrap(),
+            Some(1),
+            "the IDs were indexed"
+        );
         assert_eq!(s.item("d").unwrap().map(|r| r.row), Some(3));
         assert_eq!(
             s.t()
