@@ -22,6 +22,7 @@
 //! implements to let several workers share a job.
 
 pub mod id_index;
+pub mod id_lists;
 pub mod results_log;
 pub mod sled_store;
 

@@ -552,7 +552,7 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// `read_at` until `buf` is full or the file ends; returns the bytes read.
-fn read_at_most(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+pub(crate) fn read_at_most(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match file.read_at(&mut buf[got..], at + got as u64) {

@@ -8,6 +8,7 @@
 //! DIR/results.log      the items' final records, appended (see [`super::results_log`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`super::id_index`])
+//! DIR/ids.log          the segments' ID lists (see [`super::id_lists`])
 //! DIR/sled/            the sled database, trees:
 //!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
@@ -15,8 +16,9 @@
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
-//!     ids      first bucket (u64 BE) → the segment's unique IDs with their rows, in input
-//!              order, bucket after bucket (binary: per ID, row u64 LE, length u32 LE, UTF-8)
+//!     ids      first bucket (u64 BE) → where the segment's list of unique IDs with their
+//!              rows (in input order, bucket after bucket; binary: per ID, row u64 LE, length
+//!              u32 LE, UTF-8) is in DIR/ids.log ([`ListRef`]; formats 1-2 kept the list here)
 //!     items    (formats 1 and 2 only) ID bytes → ItemRecord JSON; moved to results.log
 //!              when such a store is opened
 //!     bad      row (u64 BE) → BadLine JSON
@@ -69,6 +71,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
 use super::id_index::IdIndex;
+use super::id_lists::{IdLists, ListRef};
 use super::results_log::{Durable, LogError, ResultsLog};
 use super::*;
 
@@ -116,6 +119,8 @@ pub struct SledStore {
     index: IdIndex,
     /// The items' final records.
     results: ResultsLog,
+    /// The segments' ID lists.
+    id_lists: IdLists,
     /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
     indexed_at: std::sync::Mutex<std::time::Instant>,
     /// Rows below this were noted in the index by [`Store::first_row`].
@@ -375,6 +380,24 @@ impl SledStore {
             _ => Durable::default(),
         };
         let results = ResultsLog::open(path, durable).map_err(|e| log_error(path, e))?;
+        // Where the last ID list the offset log points at ends (in an upgrade, some lists may
+        // still be inline in sled: look at all of them).
+        let mut lists_end = 0;
+        let last = if upgrading {
+            Box::new(trees.ids.iter())
+                as Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>>
+        } else {
+            Box::new(trees.ids.iter().next_back().into_iter())
+        };
+        for entry in last {
+            let (_, value) = entry.map_err(sled_err)?;
+            if let Some(list) = ListRef::from_bytes(&value) {
+                lists_end = lists_end.max(list.end());
+            } else if !upgrading {
+                return Err(corrupt("an offset record has no place in ids.log".into()));
+            }
+        }
+        let id_lists = IdLists::open(path, lists_end).map_err(|e| log_error(path, e))?;
         let index_path = path.join(INDEX_FILE);
         let index_io = |source| StoreError::Io {
             path: index_path.clone(),
@@ -408,6 +431,7 @@ impl SledStore {
             }),
             index,
             results,
+            id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
             _lock: lock,
@@ -794,11 +818,14 @@ impl SledStore {
                 segment.last()
             ),
         };
-        let blob = t
+        let value = t
             .ids
             .get(segment.first.to_be_bytes())
             .map_err(|e| self.err(e))?
             .ok_or_else(|| corrupt("are missing"))?;
+        let list =
+            ListRef::from_bytes(&value).ok_or_else(|| corrupt("have no place in ids.log"))?;
+        let blob = self.id_lists.read(list).map_err(|e| self.log_err(e))?;
         let mut ids = decode_ids(&blob)
             .ok_or_else(|| corrupt("are undecodable"))?
             .into_iter();
@@ -952,11 +979,37 @@ impl SledStore {
         Ok(())
     }
 
+    /// Write inline ID lists (key, list) to ids.log and point the offset log at them.
+    fn move_lists(&self, t: &Trees, lists: Vec<(sled::IVec, Vec<u8>)>) -> Result<(), StoreError> {
+        let blobs: Vec<Vec<u8>> = lists.iter().map(|(_, l)| l.clone()).collect();
+        let refs = self.id_lists.append(&blobs).map_err(|e| self.log_err(e))?;
+        let mut batch = sled::Batch::default();
+        for ((key, _), list) in lists.iter().zip(refs) {
+            batch.insert(key, &list.to_bytes());
+        }
+        t.ids.apply_batch(batch).map_err(|e| self.err(e))?;
+        t.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     /// Move a format 1 or 2 store's results out of sled (see the module doc). An upgrade that
     /// stops half way starts over at the next open: the database says format 2 until the end.
     fn upgrade(&self) -> Result<(), StoreError> {
         let t = self.t()?;
         self.results.clear().map_err(|e| self.log_err(e))?;
+        // ID lists kept inline in sled move to ids.log (lists moved by an upgrade that
+        // stopped half way are references already).
+        let mut inline = Vec::new();
+        for entry in t.ids.iter() {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            if ListRef::from_bytes(&value).is_none() {
+                inline.push((key, value.to_vec()));
+            }
+            if inline.len() == 256 {
+                self.move_lists(&t, std::mem::take(&mut inline))?;
+            }
+        }
+        self.move_lists(&t, inline)?;
         let mut planned = 0;
         let mut moved = 0u64;
         for segment in self.segments()? {
@@ -1398,16 +1451,24 @@ impl Store for SledStore {
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
         let mut bytes = 0;
-        for run in Segment::runs(buckets) {
+        // The ID lists go to ids.log, durable before the offset records that point at them.
+        let runs: Vec<&[PlannedBucket]> = Segment::runs(buckets).collect();
+        let lists: Vec<Vec<u8>> = runs
+            .iter()
+            .map(|run| encode_ids(run.iter().flat_map(|b| &b.items)))
+            .collect();
+        let refs = self.id_lists.append(&lists).map_err(|e| self.log_err(e))?;
+        for (run, list) in runs.iter().zip(refs) {
             let segment = Segment::of(run);
             let key = segment.first.to_be_bytes();
-            offsets.insert(&key, json(&segment));
-            let items: Vec<&(u64, String)> = run.iter().flat_map(|b| &b.items).collect();
-            let blob = encode_ids(items);
-            bytes += blob.len();
-            ids.insert(&key, blob);
+            let value = json(&segment);
+            bytes += value.len() + ListRef::SIZE;
+            offsets.insert(&key, value);
+            ids.insert(&key, &list.to_bytes());
             for line in run.iter().flat_map(|b| &b.bad_lines) {
-                bad.insert(&line.row.to_be_bytes(), json(line));
+                let value = json(line);
+                bytes += value.len();
+                bad.insert(&line.row.to_be_bytes(), value);
             }
         }
         let planner = json(planner);
@@ -1457,9 +1518,12 @@ impl Store for SledStore {
         let mut batch = sled::Batch::default();
         // The last run written: its first bucket and length.
         let mut last: Option<(u64, usize)> = None;
+        let mut bytes = 0;
         let mut write = |run: &[&CommitRecord]| {
             for part in run.chunks(MAX_COMMIT_RUN) {
-                batch.insert(&part[0].bucket.to_be_bytes(), json(&part));
+                let value = json(&part);
+                bytes += value.len();
+                batch.insert(&part[0].bucket.to_be_bytes(), value);
                 last = Some((part[0].bucket, part.len()));
             }
         };
@@ -1481,6 +1545,7 @@ impl Store for SledStore {
             }
         }
         t.commits.apply_batch(batch).map_err(|e| self.err(e))?;
+        self.wrote(bytes);
         // The next commit checks the run before its buckets: usually this one. Keep it, as
         // `commit_run_of` would (new runs never change an existing one).
         if let Some((first, len)) = last {
@@ -1978,13 +2043,14 @@ mod tests {
     async fn a_sync_past_the_threshold_reopens_the_database_and_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
-        let n = 60;
         let ok = |b: u64| b % 3 != 0;
-        // IDs of 100 KiB (results no longer go to sled; the offset log's ID lists do): ten of
-        // them are past the threshold (at least 1/32 of the store's size on disk) while the
-        // store stays under 32 MiB.
-        let id = |b: u64| format!("id{b}-{}", "x".repeat(100 << 10));
+        // Results and ID lists no longer go to sled, offset and commit records do: plans of
+        // 2,000 one-row buckets each, every one past the threshold (at least 1/32 of the
+        // store's size on disk) while the store stays small.
+        let id = |b: u64| format!("id{b}");
         let bucket = |b: u64| planned(b, &[(b, &id(b))], b + 1);
+        let n = 12_000;
+        let round = 2_000;
         let planner = |b: u64| PlannerState {
             next_bucket: b,
             cursor: Cursor {
@@ -2007,8 +2073,8 @@ mod tests {
             // A reader holding the database: the reopen waits for it, then gives up.
             let before = s.reopens();
             let held = s.t().unwrap();
-            let first: Vec<_> = (0..10).map(bucket).collect();
-            s.plan(&first, &planner(10)).unwrap();
+            let first: Vec<_> = (0..round).map(bucket).collect();
+            s.plan(&first, &planner(round)).unwrap();
             s.sync().await.unwrap();
             assert_eq!(s.reopens(), before, "reopened under a reader");
             assert!(held.offsets.contains_key(0u64.to_be_bytes()).unwrap());
@@ -2017,11 +2083,10 @@ mod tests {
             s.sync().await.unwrap();
             assert_eq!(s.reopens(), before + 1);
 
-            for b in 10..n {
-                s.plan(&[bucket(b)], &planner(b + 1)).unwrap();
-                if b % 10 == 9 {
-                    s.sync().await.unwrap();
-                }
+            for b in (round..n).step_by(round as usize) {
+                let next: Vec<_> = (b..b + round).map(bucket).collect();
+                s.plan(&next, &planner(b + round)).unwrap();
+                s.sync().await.unwrap();
             }
             let results: Vec<_> = (0..n).map(|b| (id(b), done(b, b, ok(b)))).collect();
             s.record(&results).unwrap();
@@ -2349,10 +2414,14 @@ mod tests {
             &PlannerState::default(),
         )
         .unwrap();
+        let short = s
+            .id_lists
+            .append(&[encode_ids(&[(0, "a".to_string())])])
+            .unwrap()[0];
         s.t()
             .unwrap()
             .ids
-            .insert(0u64.to_be_bytes(), encode_ids(&[(0, "a".to_string())]))
+            .insert(0u64.to_be_bytes(), &short.to_bytes())
             .unwrap();
         let err = s.bucket_items(&s.offset(1).unwrap().unwrap()).unwrap_err();
         assert!(

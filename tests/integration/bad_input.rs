@@ -792,6 +792,11 @@ fn damaged_store_results_log_deleted_is_refused() {
 }
 
 #[test]
+fn damaged_store_id_lists_truncated_is_refused() {
+    check_damaged_state(|state| cut_to_half(&state.join("ids.log")), false);
+}
+
+#[test]
 fn damaged_store_positions_deleted_is_refused() {
     check_damaged_state(
         |state| std::fs::remove_file(state.join("positions")).unwrap(),
