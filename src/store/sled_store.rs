@@ -116,9 +116,9 @@ pub struct SledStore {
     runs_rewritten: AtomicU64,
     marker: std::sync::Mutex<MarkerState>,
     /// Every unique ID planned, with its row.
-    index: IdIndex,
+    index: Arc<IdIndex>,
     /// The items' final records.
-    results: ResultsLog,
+    results: Arc<ResultsLog>,
     /// The segments' ID lists.
     id_lists: IdLists,
     /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
@@ -429,8 +429,8 @@ impl SledStore {
                 written: marker.checkpoint.clone(),
                 at: std::time::Instant::now(),
             }),
-            index,
-            results,
+            index: Arc::new(index),
+            results: Arc::new(results),
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
@@ -908,18 +908,36 @@ impl SledStore {
     /// (durable with sled's next flush). `planned`: the planned-bucket watermark read before
     /// (every bucket below it had its IDs indexed before it was planned).
     fn sync_side_files(&self, t: &Trees, planned: u64, force: bool) -> Result<(), StoreError> {
-        let durable = self.results.sync(force).map_err(|e| self.log_err(e))?;
+        let index_due = self.index_due(planned, force);
+        let (durable, indexed) = side_sync(&self.results, &self.index, index_due, force);
+        self.note_side_files(t, planned, durable, indexed)
+    }
+
+    /// Whether a sync should make the ID index durable: it can always be rebuilt from the
+    /// offset log's ID lists, so only now and then (an open indexes again the buckets planned
+    /// since).
+    fn index_due(&self, planned: u64, force: bool) -> bool {
+        planned > 0
+            && (force
+                || self.indexed_at.lock().expect("never poisoned").elapsed() >= INDEX_SYNC_EVERY)
+    }
+
+    /// Write into sled how far the side files are durable (after [`side_sync`]).
+    fn note_side_files(
+        &self,
+        t: &Trees,
+        planned: u64,
+        durable: Result<Durable, LogError>,
+        indexed: Option<std::io::Result<()>>,
+    ) -> Result<(), StoreError> {
+        let durable = durable.map_err(|e| self.log_err(e))?;
         let mut batch = sled::Batch::default();
         batch.insert("results", &durable.to_bytes());
-        // The index can always be rebuilt from the offset log's ID lists, so it is made
-        // durable only now and then: an open indexes again the buckets planned since.
-        let mut indexed_at = self.indexed_at.lock().expect("never poisoned");
-        if planned > 0 && (force || indexed_at.elapsed() >= INDEX_SYNC_EVERY) {
-            self.index.sync().map_err(|e| self.index_err(e))?;
+        if let Some(indexed) = indexed {
+            indexed.map_err(|e| self.index_err(e))?;
             batch.insert("indexed", &planned.to_be_bytes());
-            *indexed_at = std::time::Instant::now();
+            *self.indexed_at.lock().expect("never poisoned") = std::time::Instant::now();
         }
-        drop(indexed_at);
         t.meta.apply_batch(batch).map_err(|e| self.err(e))
     }
 
@@ -1284,6 +1302,19 @@ fn decode_ids(mut blob: &[u8]) -> Option<Vec<(u64, String)>> {
     Some(out)
 }
 
+/// Make the results log durable (and the ID index, if `index_due`): the blocking part of a
+/// sync. The index's result is there only if it was synced.
+fn side_sync(
+    results: &ResultsLog,
+    index: &IdIndex,
+    index_due: bool,
+    force: bool,
+) -> (Result<Durable, LogError>, Option<std::io::Result<()>>) {
+    let durable = results.sync(force);
+    let indexed = (durable.is_ok() && index_due).then(|| index.sync());
+    (durable, indexed)
+}
+
 fn log_error(path: &Path, e: LogError) -> StoreError {
     match e {
         LogError::Io { path, source } => StoreError::Io { path, source },
@@ -1566,8 +1597,18 @@ impl Store for SledStore {
         let _gate = self.sync_gate.lock().await;
         let planned = self.written.planned.load(Ordering::Acquire);
         let committed = self.written.committed.load(Ordering::Acquire);
+        // fdatasync blocks: off the async workers, which serve the HTTP calls meanwhile.
+        let index_due = self.index_due(planned, false);
+        let (results, index) = (self.results.clone(), self.index.clone());
+        let (durable, indexed) =
+            tokio::task::spawn_blocking(move || side_sync(&results, &index, index_due, false))
+                .await
+                .map_err(|e| StoreError::Backend {
+                    path: self.path.clone(),
+                    reason: format!("syncing the results log: {e}"),
+                })?;
         let t = self.t()?;
-        self.sync_side_files(&t, planned, false)?;
+        self.note_side_files(&t, planned, durable, indexed)?;
         let db = t.db.clone();
         drop(t);
         db.flush_async().await.map_err(|e| self.err(e))?;
