@@ -10,9 +10,10 @@
 //! million IDs, whatever its cache size), so an export of a 10M-ID store peaked at 310 MB.
 //! Here they are read with `pread`: the page cache holds them, not the process.
 //!
-//! An open cuts off whatever follows the last entry the offset log points at: entries of a
-//! plan whose sled write never happened (a crash between the two). A file shorter than that
-//! entry's end lost data and is an error.
+//! Whatever follows the last entry the offset log points at (entries of a plan whose sled
+//! write never happened: a crash between the two) is written over by the next appends; an
+//! open never cuts it, so an open that then finds the store damaged has destroyed nothing. A
+//! file shorter than that entry's end lost data and is an error.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -92,10 +93,8 @@ impl IdLists {
                 ),
             });
         }
-        if len > end {
-            // A plan that never reached sled: nothing points at it.
-            file.set_len(end).map_err(io)?;
-        }
+        // Past `end`: a plan that never reached sled. Nothing points at it; the next append
+        // writes over it.
         Ok(IdLists {
             path,
             file,
@@ -163,7 +162,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lists_read_back_and_an_unreferenced_tail_is_cut() {
+    fn lists_read_back_and_an_unreferenced_tail_is_written_over() {
         let dir = tempfile::tempdir().unwrap();
         let lists = IdLists::open(dir.path(), 0).unwrap();
         let refs = lists
@@ -174,13 +173,17 @@ mod tests {
         assert_eq!(lists.read(refs[2]).unwrap(), vec![7; 5000]);
         let later = lists.append(&[b"later".to_vec()]).unwrap()[0];
         drop(lists);
-        // The offset log only knows the first three: the fourth is cut off.
+        // The offset log only knows the first three: the fourth is written over.
         let lists = IdLists::open(dir.path(), refs[2].end()).unwrap();
         assert_eq!(lists.read(refs[2]).unwrap(), vec![7; 5000]);
-        assert!(lists.read(later).is_err());
         let again = lists.append(&[b"again".to_vec()]).unwrap()[0];
         assert_eq!(again.at, later.at);
         assert_eq!(lists.read(again).unwrap(), b"again");
+        assert_eq!(
+            lists.read(later).unwrap(),
+            b"again",
+            "the old entry is gone"
+        );
         // Refs round-trip through their 12 bytes; inline format-2 lists are never 12 bytes.
         assert_eq!(ListRef::from_bytes(&again.to_bytes()), Some(again));
         assert_eq!(ListRef::from_bytes(b"short"), None);
