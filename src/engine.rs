@@ -6,9 +6,10 @@
 //!   buckets ([`crate::plan`]), writes them ahead of their work with [`Store::plan`] and makes
 //!   them durable with [`Store::sync`], then hands them over (at most two batches ahead);
 //! - the **dispatcher** first replays the buckets that have an offset record but no commit
-//!   record, calling only their IDs that have no final result, then dispatches new buckets;
-//!   it starts one task per item, at most `concurrency` at once, so workers never wait at a
-//!   bucket boundary and buckets may commit out of order;
+//!   record, calling only their IDs that have no final result, then dispatches new buckets:
+//!   it queues their items for a fixed pool of `concurrency` **workers** (one API call in
+//!   flight each, under the throttle's adaptive limit), so workers never wait at a bucket
+//!   boundary and buckets may commit out of order;
 //! - the **writer** receives final results and writes them in groups. By default
 //!   ([`Durability::Sync`]) it makes each group durable with one sync (group commit) before
 //!   taking the next, and only then writes the commit records of the buckets whose last
@@ -60,6 +61,9 @@ use crate::store::{
     CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError, Tally,
 };
 use crate::throttle::{Observed, Throttle};
+
+mod queue;
+use queue::WorkQueue;
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
 pub const PLAN_BATCH_ROWS: u64 = 1000;
@@ -288,19 +292,30 @@ pub async fn run_log<S: Store>(
         )))
     };
 
+    let workers = opts.concurrency.max(1);
+    let queue = Arc::new(WorkQueue::new(work_queue(workers)));
+    let mut pool = JoinSet::new();
+    for _ in 0..workers {
+        let task = ItemTask {
+            throttle: throttle.clone(),
+            spec: spec.clone(),
+            handler: handler.clone(),
+            counters: counters.clone(),
+            stop: stop.clone(),
+            writer: writer_tx.clone(),
+            rerun: match log {
+                Log::Job => None,
+                Log::Rerun(k) => Some(k),
+            },
+        };
+        pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
+    }
     let mut dispatcher = Dispatcher {
-        spec: spec.clone(),
-        handler,
-        counters: counters.clone(),
         stop: stop.clone(),
-        permits,
-        throttle: throttle.clone(),
-        tasks: JoinSet::new(),
+        queue,
+        workers: pool,
         writer: writer_tx,
-        rerun: match log {
-            Log::Job => None,
-            Log::Rerun(k) => Some(k),
-        },
+        replaying: matches!(log, Log::Job),
     };
     let mut result = dispatcher.replay(replay).await;
     if let Log::Rerun(k) = log {
@@ -334,7 +349,7 @@ pub async fn run_log<S: Store>(
         }
     }
     drop(plan_rx);
-    dispatcher.finish(opts.shutdown_timeout).await;
+    let finished = dispatcher.finish(opts.shutdown_timeout).await;
     drop(dispatcher);
     let written = writer
         .await
@@ -347,6 +362,7 @@ pub async fn run_log<S: Store>(
             .map_err(|e| EngineError::Internal(format!("planner: {e}")))?,
         None => Ok(()),
     };
+    finished?;
     written?;
     result?;
     planned?;
@@ -421,23 +437,26 @@ fn plan_ahead<S: Store>(
     }
 }
 
+/// The most items queued for the workers: enough that none waits for the dispatcher, which
+/// is woken to refill it only once it has drained to half.
+fn work_queue(workers: usize) -> usize {
+    (4 * workers).max(64)
+}
+
 struct Dispatcher {
-    spec: Arc<JobSpec>,
-    handler: Arc<Handler>,
-    counters: Arc<Counters>,
     stop: Stop,
-    permits: Arc<Semaphore>,
-    throttle: Arc<Throttle>,
-    tasks: JoinSet<()>,
+    queue: Arc<WorkQueue<Item>>,
+    /// `concurrency` workers, each calling the API for one item at a time.
+    workers: JoinSet<()>,
     writer: mpsc::Sender<WriterMsg>,
-    /// The rerun being run, if any: its number is stamped on each new record.
-    rerun: Option<u32>,
+    /// Whether replayed buckets are the job's own (logged as such), not a rerun's.
+    replaying: bool,
 }
 
 impl Dispatcher {
     /// Replay buckets written ahead but never committed: only their unfinished items.
     async fn replay(&mut self, open: Vec<Replay>) -> Result<(), EngineError> {
-        if !open.is_empty() && self.rerun.is_none() {
+        if !open.is_empty() && self.replaying {
             tracing::info!(
                 buckets = open.len(),
                 "replaying buckets that were not committed"
@@ -485,8 +504,8 @@ impl Dispatcher {
         self.dispatch(tracks, work).await
     }
 
-    /// Have the writer track the buckets, then dispatch their items, bucket after bucket,
-    /// until done or asked to stop.
+    /// Have the writer track the buckets, then queue their items for the workers, bucket
+    /// after bucket, until done or asked to stop.
     async fn dispatch(
         &mut self,
         tracks: Vec<Track>,
@@ -497,53 +516,27 @@ impl Dispatcher {
             .await
             .map_err(|_| writer_gone())?;
         for items in work {
-            self.dispatch_items(items).await?;
-            if self.stop.is_stopping() {
+            if self.writer.is_closed() {
+                return Err(writer_gone());
+            }
+            if !self.queue.push_all(items, &self.stop).await {
                 break;
             }
         }
         Ok(())
     }
 
-    async fn dispatch_items(&mut self, items: Vec<Item>) -> Result<(), EngineError> {
-        for item in items {
-            let permit = tokio::select! {
-                permit = self.permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-                _ = self.stop.stopping() => return Ok(()),
-            };
-            if self.writer.is_closed() {
-                return Err(writer_gone());
-            }
-            let task = ItemTask {
-                throttle: self.throttle.clone(),
-                spec: self.spec.clone(),
-                handler: self.handler.clone(),
-                counters: self.counters.clone(),
-                stop: self.stop.clone(),
-                writer: self.writer.clone(),
-                rerun: self.rerun,
-            };
-            self.tasks.spawn(async move {
-                let throttle = task.throttle.clone();
-                task.process(item).await;
-                drop(permit);
-                if let Some(c) = throttle.concurrency() {
-                    c.settle();
-                }
-            });
-            while let Some(done) = self.tasks.try_join_next() {
-                done.map_err(|e| EngineError::Internal(format!("item task: {e}")))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Wait for the items in flight; after a stop request, for at most `timeout`.
-    async fn finish(&mut self, timeout: Duration) {
+    /// Let the workers finish what is queued and in flight; after a stop request, wait for
+    /// the items in flight for at most `timeout`, then abandon them (they stay pending and
+    /// are replayed). A worker that panicked fails the run.
+    async fn finish(&mut self, timeout: Duration) -> Result<(), EngineError> {
+        self.queue.close();
+        let mut panicked = None;
         let all_done = async {
-            while let Some(done) = self.tasks.join_next().await {
+            while let Some(done) = self.workers.join_next().await {
                 if let Err(e) = done {
-                    tracing::error!("item task failed: {e}");
+                    tracing::error!("item worker failed: {e}");
+                    panicked.get_or_insert(e.to_string());
                 }
             }
         };
@@ -555,14 +548,70 @@ impl Dispatcher {
                 _ = async { self.stop.stopping().await; tokio::time::sleep(timeout).await } => {}
             }
         }
-        let left = self.tasks.len() as u64;
+        // Workers still running are each in the middle of an item (idle ones ended at the
+        // stop); aborting one counts its item abandoned.
+        let left = self.workers.len() as u64;
         if left > 0 {
             tracing::warn!(
                 items = left,
                 "stopping with items still in flight; they stay pending and are replayed"
             );
-            Counters::add(&self.counters.abandoned, left);
-            self.tasks.shutdown().await;
+            self.workers.shutdown().await;
+        }
+        match panicked {
+            Some(e) => Err(EngineError::Internal(format!("item worker: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A worker: take items from the queue and process them, one at a time, each under a
+/// permit of the run's (adaptive) concurrency limit, until the queue is closed and empty or
+/// a stop is asked for.
+async fn work(
+    task: ItemTask,
+    queue: Arc<WorkQueue<Item>>,
+    permits: Arc<Semaphore>,
+    halt: Arc<Halt>,
+) {
+    // A panic in a worker stops the run (finish reports it) instead of leaving its share of
+    // the queue to the others unnoticed.
+    let _halt_on_panic = HaltOnPanic(&halt);
+    while let Some(item) = queue.pop(&task.stop).await {
+        let permit = tokio::select! {
+            permit = permits.acquire() => permit.expect("the semaphore is never closed"),
+            // Not started: the item stays pending, like the rest of the queue.
+            _ = task.stop.stopping() => return,
+        };
+        let mut started = Abandon(Some(&task.counters));
+        task.process(item).await;
+        started.0 = None;
+        drop(permit);
+        if let Some(c) = task.throttle.concurrency() {
+            c.settle();
+        }
+    }
+}
+
+/// Counts an item abandoned if dropped while it holds the counters: its worker was aborted
+/// mid-item.
+struct Abandon<'a>(Option<&'a Counters>);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if let Some(counters) = self.0 {
+            Counters::add(&counters.abandoned, 1);
+        }
+    }
+}
+
+struct HaltOnPanic<'a>(&'a Halt);
+
+impl Drop for HaltOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .halt("internal error: an item worker panicked".into());
         }
     }
 }
@@ -582,7 +631,7 @@ struct ItemTask {
 }
 
 impl ItemTask {
-    async fn process(self, item: Item) {
+    async fn process(&self, item: Item) {
         let handler = &self.handler;
         let counters = &self.counters;
         let throttle = &*self.throttle;
