@@ -675,11 +675,16 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
         )
         .await?;
         eprintln!(
-            "rep {rep}: highwater {:>9.0} items/s ({:.2} s, {:.1} us CPU/item), server calls {}",
+            "rep {rep}: highwater {:>9.0} items/s ({:.2} s, {:.1} us CPU/item), server calls {}; \
+             {} store syncs ({:.0} ms in result syncs, {:.0} ms in plan syncs), {} waits for the writer",
             rate(n, hw.elapsed),
             hw.elapsed.as_secs_f64(),
             us_per(hw.cpu, n),
-            thousands(hw.calls)
+            thousands(hw.calls),
+            hw.counters.store_syncs,
+            hw.counters.result_sync_ns as f64 / 1e6,
+            hw.counters.plan_sync_ns as f64 / 1e6,
+            hw.counters.writer_backpressure,
         );
         raws.push(raw);
         hws.push(hw);

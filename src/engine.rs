@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::handler::{millis, Handler};
@@ -88,7 +88,8 @@ fn writer_queue(concurrency: usize) -> usize {
     (4 * concurrency).max(256)
 }
 
-/// How long the writer gathers results before one flush makes them durable.
+/// How long the writer gathers results before one flush makes them durable, unless a
+/// group's worth ([`group_target`]) is queued sooner.
 pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
 
 /// The most items whose API call may be repeated after a kill -9: those in flight, plus
@@ -255,6 +256,9 @@ pub async fn run_log<S: Store>(
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
+    // Rung by a worker that finds the writer's queue full: the writer, gathering a group,
+    // is not woken by each result sent, only by this or its group's deadline.
+    let writer_full = Arc::new(Notify::new());
     let durability = opts.durability;
     let writer = Writer {
         store: store.clone(),
@@ -263,6 +267,7 @@ pub async fn run_log<S: Store>(
         halt: halt.clone(),
         open: HashMap::new(),
         log,
+        full: writer_full.clone(),
     };
     let writer = tokio::spawn(async move {
         match durability {
@@ -303,6 +308,7 @@ pub async fn run_log<S: Store>(
             counters: counters.clone(),
             stop: stop.clone(),
             writer: writer_tx.clone(),
+            writer_full: writer_full.clone(),
             rerun: match log {
                 Log::Job => None,
                 Log::Rerun(k) => Some(k),
@@ -627,6 +633,7 @@ struct ItemTask {
     counters: Arc<Counters>,
     stop: Stop,
     writer: mpsc::Sender<WriterMsg>,
+    writer_full: Arc<Notify>,
     rerun: Option<u32>,
 }
 
@@ -729,10 +736,22 @@ impl ItemTask {
             track: item.track,
             record,
         };
-        if let Err(mpsc::error::TrySendError::Full(msg)) = self.writer.try_send(msg) {
-            // The writer is behind: this item (and so dispatch) waits for room.
-            Counters::add(&counters.writer_backpressure, 1);
-            let _ = self.writer.send(msg).await;
+        match self.writer.try_send(msg) {
+            Ok(()) => {
+                // A group is ready: have the writer take it before the queue fills up and
+                // workers have to wait.
+                let queue = self.writer.max_capacity();
+                if queue - self.writer.capacity() >= group_target(queue) {
+                    self.writer_full.notify_one();
+                }
+            }
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                // The writer is behind: this item (and so its worker) waits for room.
+                Counters::add(&counters.writer_backpressure, 1);
+                self.writer_full.notify_one();
+                let _ = self.writer.send(msg).await;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
     }
 }
@@ -810,6 +829,8 @@ struct Writer<S> {
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
+    /// Rung when a sender finds the queue full.
+    full: Arc<Notify>,
 }
 
 impl<S: Store> Writer<S> {
@@ -928,7 +949,7 @@ impl<S: Store> Writer<S> {
         let max_group = rx.max_capacity();
         while rx.recv_many(&mut msgs, max_group).await > 0 {
             // One flush covers the whole group. Nobody waits on it but the commit records.
-            gather(&mut rx, &mut msgs).await;
+            gather(&mut rx, &mut msgs, &self.full).await;
             self.sort(&mut msgs, &mut results, &mut tracks, &mut ready);
             if !results.is_empty() {
                 let mut done = Vec::new();
@@ -967,7 +988,7 @@ impl<S: Store> Writer<S> {
                         break;
                     }
                     // Fewer, larger store writes.
-                    gather(&mut rx, &mut msgs).await;
+                    gather(&mut rx, &mut msgs, &self.full).await;
                     self.sort(&mut msgs, &mut results, &mut tracks, &mut unsynced);
                     self.record(&results, &tracks, &mut unsynced)?;
                     dirty |= !results.is_empty() || !unsynced.is_empty();
@@ -1013,16 +1034,46 @@ async fn timed_sync<S: Store>(store: &S, counters: &Counters) -> Result<(), Stor
 }
 
 /// Add to `msgs` what arrives within [`GROUP_COMMIT_DELAY`], up to a full group.
-async fn gather(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>) {
+async fn gather(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>, full: &Notify) {
+    // Woken by the deadline or a queue holding a group, not by every message: at tens of
+    // thousands of results per second a wake-up per result cost more than writing them.
     let max_group = rx.max_capacity();
-    let deadline = tokio::time::Instant::now() + GROUP_COMMIT_DELAY;
-    while msgs.len() < max_group {
-        let room = max_group - msgs.len();
+    let target = group_target(max_group);
+    let deadline = tokio::time::sleep(GROUP_COMMIT_DELAY);
+    tokio::pin!(deadline);
+    loop {
+        let open = take_queued(rx, msgs, max_group);
+        if !open || msgs.len() >= target {
+            return;
+        }
         tokio::select! {
-            n = rx.recv_many(msgs, room) => if n == 0 { break },
-            _ = tokio::time::sleep_until(deadline) => break,
+            biased;
+            _ = full.notified() => {}
+            _ = &mut deadline => {
+                take_queued(rx, msgs, max_group);
+                return;
+            }
         }
     }
+}
+
+/// How many results the writer gathers before it writes them without waiting for the group
+/// commit delay: three quarters of its queue, so the rest takes the results that come while
+/// it writes and syncs, and workers seldom wait for room.
+fn group_target(queue: usize) -> usize {
+    queue - queue / 4
+}
+
+/// Move queued messages to `msgs` until it holds `max`; false once no sender is left.
+fn take_queued(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>, max: usize) -> bool {
+    while msgs.len() < max {
+        match rx.try_recv() {
+            Ok(msg) => msgs.push(msg),
+            Err(mpsc::error::TryRecvError::Empty) => break,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+    true
 }
 
 #[cfg(test)]
