@@ -1242,6 +1242,40 @@ mod tests {
         assert!(s.api.total_calls() <= 3000 + max_unsynced_items(4) as u64);
     }
 
+    #[tokio::test]
+    async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_abandoned() {
+        let (handle, stop) = stop_pair();
+        let halt = Arc::new(Halt {
+            stop: handle,
+            reason: std::sync::Mutex::new(None),
+        });
+        let panicking = tokio::spawn({
+            let halt = halt.clone();
+            async move {
+                let _guard = HaltOnPanic(&halt);
+                panic!("a bug in an item");
+            }
+        });
+        assert!(panicking.await.unwrap_err().is_panic());
+        assert!(stop.is_stopping(), "the panic stopped the run");
+        assert!(halt.reason().unwrap().contains("panicked"));
+        // A worker ending normally halts nothing.
+        let (handle, stop) = stop_pair();
+        let calm = Halt {
+            stop: handle,
+            reason: std::sync::Mutex::new(None),
+        };
+        drop(HaltOnPanic(&calm));
+        assert!(!stop.is_stopping());
+
+        let counters = Counters::default();
+        let mut finished = Abandon(Some(&counters));
+        finished.0 = None;
+        drop(finished);
+        drop(Abandon(Some(&counters)));
+        assert_eq!(counters.snapshot().abandoned, 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn permanent_failures_are_recorded_and_committed() {
         let ids = ids(1000);
