@@ -311,7 +311,7 @@ fn main() -> ExitCode {
     let command = format!(
         "cargo run --release --example bench --{}",
         raw.iter().fold(String::new(), |mut s, a| {
-            let _ = write!(s, " {}", shell_quote(a));
+            let _ = write!(s, " {}", highwater::console::shell_word(a));
             s
         })
     );
@@ -469,17 +469,6 @@ fn median(values: &[f64]) -> f64 {
         0 => 0.0,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::console::shell_path;
 use crate::engine::{self, StopHandle};
 use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
@@ -549,7 +550,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
             open.number,
             open.selection,
-            args.state.display(),
+            shell_path(&args.state),
             open.selection
         );
     }
@@ -602,13 +603,13 @@ pub async fn run_job(
         if !summary.job.finished() {
             say!(
                 "stopped: {reason}\nresume with: highwater run --state {}",
-                state.display()
+                shell_path(state)
             );
             return Ok(exit::ERROR);
         }
     }
     if summary.interrupted && !summary.job.finished() {
-        say!("resume with: highwater run --state {}", state.display());
+        say!("resume with: highwater run --state {}", shell_path(state));
         return Ok(exit::SIGNAL);
     }
     Ok(if summary.job.failed > 0 {
@@ -799,14 +800,14 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         if let Some(reason) = &summary.halted {
             say!(
                 "stopped: {reason}\nresume with: highwater rerun --state {} {}",
-                state.display(),
+                shell_path(&state),
                 rerun.selection
             );
             return Ok(exit::ERROR);
         }
         say!(
             "resume with: highwater rerun --state {} {}",
-            state.display(),
+            shell_path(&state),
             rerun.selection
         );
         return Ok(if summary.interrupted {
@@ -1024,7 +1025,7 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                 s.run_id,
                 live::format_ms(s.started_ms),
                 live::format_ms(s.updated_ms),
-                args.state.display()
+                shell_path(&args.state)
             ));
         }
         text.push_str(&render_status(&args.state, &spec, &stats, &bad));

@@ -140,3 +140,49 @@ pub fn json() -> bool {
 pub fn quiet() -> bool {
     QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
+
+/// `text` as one POSIX shell word, quoted only when it must be, so a command the console
+/// suggests (`resume with: highwater run --state DIR`) can be pasted as it is whatever the
+/// path holds (spaces, quotes, `$`, non-ASCII).
+pub fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=./:,@%+".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// A path as one shell word (see [`shell_word`]).
+pub fn shell_path(path: &std::path::Path) -> String {
+    shell_word(&path.to_string_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_words_survive_a_posix_shell() {
+        assert_eq!(shell_word("/tmp/state-1"), "/tmp/state-1");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word(""), "''");
+        // Each quoted word, read back by sh, is the text itself.
+        for text in [
+            "a b",
+            "it's",
+            "$HOME",
+            "x;rm -rf y",
+            "naïve dir",
+            "back\\slash",
+            "*",
+        ] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_word(text)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+        }
+    }
+}

@@ -166,7 +166,7 @@ pub fn choose<S: Store>(store: &S, ask: &RerunAsk, state: &Path) -> Result<Chose
         return Err(RerunError::Unfinished {
             number: open.number,
             selection: open.selection.to_string(),
-            state: state.display().to_string(),
+            state: crate::console::shell_path(state),
         });
     }
     let in_flight = store.stats()?.buckets_in_flight;

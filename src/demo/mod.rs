@@ -104,8 +104,9 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
     say!(
         "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \
          {me} demo --dir {d}    # resumes this demo if it was stopped",
-        s = state.display(),
-        d = dir.display(),
+        me = crate::console::shell_word(&me),
+        s = crate::console::shell_path(&state),
+        d = crate::console::shell_path(&dir),
     );
     Ok(code)
 }

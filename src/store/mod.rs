@@ -284,7 +284,9 @@ impl std::fmt::Display for RerunSelection {
                 }
                 Ok(())
             }
-            RerunSelection::Ids { file, .. } => write!(f, "--ids {}", file.display()),
+            RerunSelection::Ids { file, .. } => {
+                write!(f, "--ids {}", crate::console::shell_path(file))
+            }
         }
     }
 }

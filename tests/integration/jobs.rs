@@ -887,3 +887,51 @@ fn demo_runs_to_completion_and_prints_the_next_commands() {
     let failed = status["stats"]["failed"].as_u64().unwrap();
     assert_eq!(run.code, if failed > 0 { 3 } else { 0 }, "{status}");
 }
+
+#[test]
+fn the_printed_resume_command_works_pasted_into_a_shell_whatever_the_state_path() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(2),
+        ..ApiConfig::fast()
+    });
+    let ids = ids(2000);
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.path("it's a $state");
+    let url = h.url();
+    let mut args = vec![
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+    ];
+    args.extend(QUICK);
+    args.extend(["--concurrency", "2"]);
+    let mut child = h.spawn(&args);
+    assert!(h.wait_for_calls(&mut child, 100), "the run ended early");
+    signal(&child, libc::SIGTERM);
+    let stopped = finish(child);
+    stopped.expect_no_panic().expect_code(130);
+    let suggested = stopped
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("resume with: highwater "))
+        .unwrap_or_else(|| panic!("no resume command in:\n{}", stopped.stderr))
+        .to_string();
+    // What a shell makes of the suggestion: its words, one per line.
+    let words = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\n' {suggested}"))
+        .output()
+        .unwrap();
+    let words = String::from_utf8(words.stdout).unwrap();
+    let words: Vec<&str> = words.lines().collect();
+    assert_eq!(words, ["run", "--state", p(&state)], "{suggested}");
+    let mut resume = words.clone();
+    resume.extend(QUICK);
+    h.run(&resume).expect_no_panic().expect_code(0);
+    h.check_export_exactly_once(&h.export(&state), &ids);
+}
