@@ -1,15 +1,17 @@
 //! Engine: running a job's buckets to the end, crash-safely.
 //!
-//! Three kinds of task share a run:
+//! Four kinds of task share a run:
 //!
 //! - the **planner** (a blocking thread) reads the input from the stored position, cuts
 //!   buckets ([`crate::plan`]), writes them ahead of their work with [`Store::plan`] and makes
 //!   them durable with [`Store::sync`], then hands them over (at most two batches ahead);
 //! - the **dispatcher** first replays the buckets that have an offset record but no commit
 //!   record, calling only their IDs that have no final result, then dispatches new buckets:
-//!   it queues their items for a fixed pool of `concurrency` **workers** (one API call in
-//!   flight each, under the throttle's adaptive limit), so workers never wait at a bucket
+//!   it queues their items (a bounded queue, [`queue`]), so workers never wait at a bucket
 //!   boundary and buckets may commit out of order;
+//! - the **workers**, a fixed pool of `concurrency` tasks, each takes an item, calls the API
+//!   under the throttle (rate limit, adaptive concurrency limit, retries) and hands the final
+//!   result to the writer;
 //! - the **writer** receives final results and writes them in groups. By default
 //!   ([`Durability::Sync`]) it makes each group durable with one sync (group commit) before
 //!   taking the next, and only then writes the commit records of the buckets whose last
@@ -256,8 +258,9 @@ pub async fn run_log<S: Store>(
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
-    // Rung by a worker that finds the writer's queue full: the writer, gathering a group,
-    // is not woken by each result sent, only by this or its group's deadline.
+    // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
+    // full: the writer, gathering a group, is not woken by each result sent, only by this or
+    // its group's deadline.
     let writer_full = Arc::new(Notify::new());
     let durability = opts.durability;
     let writer = Writer {
@@ -269,10 +272,20 @@ pub async fn run_log<S: Store>(
         log,
         full: writer_full.clone(),
     };
-    let writer = tokio::spawn(async move {
-        match durability {
-            Durability::Sync => writer.run_sync(writer_rx).await,
-            Durability::Async { interval } => writer.run_async(writer_rx, interval).await,
+    let writer = tokio::spawn({
+        let halt = halt.clone();
+        async move {
+            // A writer that fails (or panics) stops the run: the workers would otherwise call
+            // the API for results nobody can store.
+            let mut stop_unless_done = StopOnDrop(Some(&halt.stop));
+            let written = match durability {
+                Durability::Sync => writer.run_sync(writer_rx).await,
+                Durability::Async { interval } => writer.run_async(writer_rx, interval).await,
+            };
+            if written.is_ok() {
+                stop_unless_done.0 = None;
+            }
+            written
         }
     });
 
@@ -538,12 +551,18 @@ impl Dispatcher {
     async fn finish(&mut self, timeout: Duration) -> Result<(), EngineError> {
         self.queue.close();
         let mut panicked = None;
-        let all_done = async {
-            while let Some(done) = self.workers.join_next().await {
-                if let Err(e) = done {
+        let mut note = |done: Result<(), tokio::task::JoinError>| {
+            if let Err(e) = done {
+                if e.is_panic() {
                     tracing::error!("item worker failed: {e}");
                     panicked.get_or_insert(e.to_string());
                 }
+            }
+        };
+        let workers = &mut self.workers;
+        let all_done = async {
+            while let Some(done) = workers.join_next().await {
+                note(done);
             }
         };
         if self.stop.is_stopping() {
@@ -554,15 +573,20 @@ impl Dispatcher {
                 _ = async { self.stop.stopping().await; tokio::time::sleep(timeout).await } => {}
             }
         }
-        // Workers still running are each in the middle of an item (idle ones ended at the
-        // stop); aborting one counts its item abandoned.
+        // Workers still running are busy with an item (idle ones end at the stop, unless the
+        // timeout was too short for them to see it); aborting one mid-item counts its item
+        // abandoned.
         let left = self.workers.len() as u64;
         if left > 0 {
             tracing::warn!(
-                items = left,
-                "stopping with items still in flight; they stay pending and are replayed"
+                workers = left,
+                "stopping with workers still busy; their items stay pending and are replayed"
             );
-            self.workers.shutdown().await;
+            self.workers.abort_all();
+            // Joined one by one, not `shutdown`, so a panic on the way out is still reported.
+            while let Some(done) = self.workers.join_next().await {
+                note(done);
+            }
         }
         match panicked {
             Some(e) => Err(EngineError::Internal(format!("item worker: {e}"))),
@@ -589,6 +613,10 @@ async fn work(
             // Not started: the item stays pending, like the rest of the queue.
             _ = task.stop.stopping() => return,
         };
+        // A permit and a stop at once: the stop wins.
+        if task.stop.is_stopping() {
+            return;
+        }
         let mut started = Abandon(Some(&task.counters));
         task.process(item).await;
         started.0 = None;
@@ -607,6 +635,17 @@ impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if let Some(counters) = self.0 {
             Counters::add(&counters.abandoned, 1);
+        }
+    }
+}
+
+/// Stops the run if dropped while it holds the stop handle.
+struct StopOnDrop<'a>(Option<&'a StopHandle>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(stop) = self.0 {
+            stop.stop();
         }
     }
 }
@@ -829,7 +868,7 @@ struct Writer<S> {
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
-    /// Rung when a sender finds the queue full.
+    /// Rung when a sender finds the queue holding a group, or full.
     full: Arc<Notify>,
 }
 
@@ -1033,7 +1072,8 @@ async fn timed_sync<S: Store>(store: &S, counters: &Counters) -> Result<(), Stor
     Ok(())
 }
 
-/// Add to `msgs` what arrives within [`GROUP_COMMIT_DELAY`], up to a full group.
+/// Add to `msgs` what arrives within [`GROUP_COMMIT_DELAY`], until it holds a group
+/// ([`group_target`]) or the delay is over.
 async fn gather(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>, full: &Notify) {
     // Woken by the deadline or a queue holding a group, not by every message: at tens of
     // thousands of results per second a wake-up per result cost more than writing them.
@@ -1300,6 +1340,8 @@ mod tests {
         inner: Arc<SledStore>,
         log: std::sync::Mutex<Vec<Event>>,
         syncs: std::sync::atomic::AtomicU64,
+        /// Every write of results fails (a disk gone bad).
+        fail_records: bool,
     }
 
     #[derive(Debug, Clone)]
@@ -1411,6 +1453,12 @@ mod tests {
             self.inner.plan(buckets, planner)
         }
         fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+            if self.fail_records {
+                return Err(StoreError::Io {
+                    path: "results.log".into(),
+                    source: std::io::Error::other("injected write failure"),
+                });
+            }
             self.push(Event::Record(
                 results.iter().map(|(id, _)| id.clone()).collect(),
             ));
@@ -1516,6 +1564,7 @@ mod tests {
             inner: s.store.clone(),
             log: Default::default(),
             syncs: Default::default(),
+            fail_records: false,
         });
         let summary = run_with(audit.clone(), &s, stop_pair().1, durability).await;
         assert!(summary.job.finished());
@@ -1524,6 +1573,53 @@ mod tests {
         let (commits, syncs) = audit.check();
         assert_eq!(commits as u64, 3000_u64.div_ceil(bucket_size));
         assert!(syncs >= 2, "{syncs} syncs");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_writer_stops_the_calls_and_fails_the_run() {
+        for durability in [
+            Durability::Sync,
+            Durability::Async {
+                interval: Duration::from_millis(50),
+            },
+        ] {
+            // One bucket of 3000: nothing at a bucket boundary would notice the writer.
+            let ids = ids(3000);
+            let s = setup(&ids, 3000, ApiConfig::fast()).await;
+            let audit = Arc::new(Audit {
+                inner: s.store.clone(),
+                log: Default::default(),
+                syncs: Default::default(),
+                fail_records: true,
+            });
+            let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
+            let opts = RunOptions {
+                concurrency: 4,
+                progress_interval: Duration::ZERO,
+                durability,
+                ..RunOptions::default()
+            };
+            let counters = Arc::new(Counters::default());
+            let result = run(
+                audit,
+                s.spec.clone(),
+                handler,
+                &opts,
+                counters,
+                stop_pair().1,
+            )
+            .await;
+            let err = result.expect_err("the run fails");
+            assert!(err.to_string().contains("injected write failure"), "{err}");
+            // The calls stop soon after the first failed write: at most what was in flight,
+            // queued for the writer or queued for the workers by then.
+            let calls = s.api.total_calls();
+            let bound = (max_unsynced_items(4) + work_queue(4)) as u64;
+            assert!(
+                calls <= bound,
+                "{durability:?}: {calls} calls after the writer failed (bound {bound})"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
