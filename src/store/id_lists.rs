@@ -1,17 +1,18 @@
 //! ID lists: the file holding each planned segment's unique IDs, beside sled.
 //!
-//! Owns `DIR/ids.log`, append-only: one entry per segment the planner wrote,
-//! `[length u32 LE][CRC-32 of the list u32 LE][the list]`. The offset log in sled keeps, per
-//! segment, where its entry starts ([`ListRef`]), written in the same plan and only after the
-//! entry is durable: an offset record never points at a list that is not on disk.
+//! Owns `DIR/ids.log`, append-only: one entry per segment the planner wrote and per bucket of
+//! a rerun, `[length u32 LE][CRC-32 of the list u32 LE][the list]`. The offset log in sled
+//! keeps, per segment (and a rerun's offset log per rerun bucket), where its entry starts
+//! ([`ListRef`]), written only after the entry is durable: an offset record never points at a
+//! list that is not on disk.
 //!
 //! The lists are most of what a plan writes (about 24 bytes per ID); kept in sled they made
 //! sled hold every list read or written since it was opened in memory (about 25 MB per
 //! million IDs, whatever its cache size), so an export of a 10M-ID store peaked at 310 MB.
 //! Here they are read with `pread`: the page cache holds them, not the process.
 //!
-//! Whatever follows the last entry the offset log points at (entries of a plan whose sled
-//! write never happened: a crash between the two) is written over by the next appends; an
+//! Whatever follows the last entry an offset log points at (entries of a plan or a rerun whose
+//! sled write never happened: a crash between the two) is written over by the next appends; an
 //! open never cuts it, so an open that then finds the store damaged has destroyed nothing. A
 //! file shorter than that entry's end lost data and is an error.
 

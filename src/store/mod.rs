@@ -39,8 +39,9 @@ use crate::retry::ErrorClass;
 
 pub use sled_store::SledStore;
 
-/// The store format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 3;
+/// The store format this build reads and writes. 4: a rerun's ID lists are in `ids.log`
+/// like the job's (format 3 kept them in sled, where this build still reads them).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Errors of the store. Each says which state directory it is about.
 #[derive(Debug, thiserror::Error)]

@@ -3,12 +3,12 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":2}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":4}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
 //! DIR/results.log      the items' final records, appended (see [`super::results_log`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`super::id_index`])
-//! DIR/ids.log          the segments' ID lists (see [`super::id_lists`])
+//! DIR/ids.log          the segments' and reruns' ID lists (see [`super::id_lists`])
 //! DIR/sled/            the sled database, trees:
 //!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
@@ -24,7 +24,8 @@
 //!     bad      row (u64 BE) → BadLine JSON
 //!     reruns         rerun (u32 BE) → RerunRecord JSON
 //!     rerun_offsets  rerun (u32 BE) ++ bucket (u64 BE) → RerunOffset JSON (a rerun's offset log)
-//!     rerun_ids      same key → the rerun bucket's IDs with their rows (as in `ids`)
+//!     rerun_ids      same key → where the rerun bucket's IDs with their rows (as in `ids`)
+//!                    are in DIR/ids.log ([`ListRef`]; format 3 kept the list here)
 //!     rerun_commits  same key → CommitRecord JSON                (a rerun's commit log)
 //! ```
 //!
@@ -80,9 +81,14 @@ pub const MARKER: &str = "highwater.json";
 /// The ID index's file in a state directory.
 pub const INDEX_FILE: &str = "ids.idx";
 
-/// Store formats this build opens: the current one, format 2 (results in sled) and format 1
+/// Store formats this build opens: the current one; format 3 (rerun ID lists in sled, still
+/// read there; it only marks the store format 4); format 2 (results in sled) and format 1
 /// (also one offset record per bucket), which it upgrades in place.
-const READS_VERSIONS: [u32; 3] = [1, 2, FORMAT_VERSION];
+const READS_VERSIONS: [u32; 4] = [1, 2, 3, FORMAT_VERSION];
+
+/// The first format with results and the job's ID lists out of sled: older ones are upgraded
+/// by moving them.
+const FILES_SINCE: u32 = 3;
 const MARKER_FORMAT: &str = "highwater-state";
 
 /// Default sled page cache: small, because the working set is the tail of the logs.
@@ -373,7 +379,7 @@ impl SledStore {
                 Some(found)
             }
         };
-        let upgrading = stored_version.is_some_and(|v| v < FORMAT_VERSION);
+        let upgrading = stored_version.is_some_and(|v| v < FILES_SINCE);
         let durable = match trees.meta.get("results").map_err(sled_err)? {
             Some(bytes) if !upgrading => Durable::from_bytes(&bytes)
                 .ok_or_else(|| corrupt("its record of the results log is undecodable".into()))?,
@@ -381,7 +387,9 @@ impl SledStore {
         };
         let results = ResultsLog::open(path, durable).map_err(|e| log_error(path, e))?;
         // Where the last ID list the offset log points at ends (in an upgrade, some lists may
-        // still be inline in sled: look at all of them).
+        // still be inline in sled: look at all of them). A rerun's lists are appended when it
+        // is created, in bucket order, after every list before them: the last one of the
+        // latest rerun ends after all other reruns' (a format 3 rerun's lists are inline).
         let mut lists_end = 0;
         let last = if upgrading {
             Box::new(trees.ids.iter())
@@ -389,6 +397,12 @@ impl SledStore {
         } else {
             Box::new(trees.ids.iter().next_back().into_iter())
         };
+        if let Some(entry) = trees.rerun_ids.iter().next_back() {
+            let (_, value) = entry.map_err(sled_err)?;
+            if let Some(list) = ListRef::from_bytes(&value) {
+                lists_end = list.end();
+            }
+        }
         for entry in last {
             let (_, value) = entry.map_err(sled_err)?;
             if let Some(list) = ListRef::from_bytes(&value) {
@@ -461,7 +475,18 @@ impl SledStore {
                 trees.db.flush().map_err(sled_err)?;
             }
             Some(_) if upgrading => store.upgrade()?,
-            Some(_) => store.index_again()?,
+            Some(version) => {
+                store.index_again()?;
+                if version < FORMAT_VERSION {
+                    // Format 3: nothing to move (its reruns' inline lists are read where
+                    // they are); from now on an older build must refuse the store.
+                    trees
+                        .meta
+                        .insert("version", &FORMAT_VERSION.to_be_bytes())
+                        .map_err(sled_err)?;
+                    trees.db.flush().map_err(sled_err)?;
+                }
+            }
         }
         if marker.version != FORMAT_VERSION {
             // The database is the current format now (upgraded above, maybe by an earlier
@@ -1249,11 +1274,17 @@ impl SledStore {
                 offset.bucket, offset.rerun
             ),
         };
-        let blob = t
+        let value = t
             .rerun_ids
             .get(rerun_key(offset.rerun, offset.bucket))
             .map_err(|e| self.err(e))?
             .ok_or_else(|| corrupt("are missing"))?;
+        // In ids.log; inline in sled for a rerun created by format 3 (never 12 bytes long,
+        // see `ListRef::from_bytes`).
+        let blob = match ListRef::from_bytes(&value) {
+            Some(list) => self.id_lists.read(list).map_err(|e| self.log_err(e))?,
+            None => value.to_vec(),
+        };
         let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
         let mut out = Vec::with_capacity(ids.len());
         for (row, id) in ids {
@@ -1825,12 +1856,17 @@ impl Store for SledStore {
 
     fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError> {
         let t = self.t()?;
+        // The lists first, durable in ids.log before the offset records that point at them
+        // (kept in sled, a rerun of millions of IDs would have sled hold them all in memory).
+        let lists: Vec<Vec<u8>> = buckets.iter().map(|b| encode_ids(&b.items)).collect();
+        let refs = self.id_lists.append(&lists).map_err(|e| self.log_err(e))?;
+        drop(lists);
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
-        for b in buckets {
+        for (b, list) in buckets.iter().zip(refs) {
             let key = rerun_key(b.offset.rerun, b.offset.bucket);
             offsets.insert(&key, json(&b.offset));
-            ids.insert(&key, encode_ids(&b.items));
+            ids.insert(&key, &list.to_bytes());
         }
         let record = json(rerun);
         (&t.reruns, &t.rerun_offsets, &t.rerun_ids)
@@ -2695,6 +2731,102 @@ mod tests {
                 .collect(),
         };
         (rerun, bucket)
+    }
+
+    /// A rerun's ID lists go to ids.log, not sled; a reopen followed by more planning (a grown
+    /// input) does not write over them; a format 3 rerun's inline lists still read, and
+    /// opening such a store marks it format 4.
+    #[tokio::test]
+    async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning() {
+        let dir = tempfile::tempdir().unwrap();
+        let rerun_ids = |s: &SledStore| -> Vec<String> {
+            let offset = s.rerun_open_buckets(1).unwrap().remove(0);
+            s.rerun_bucket_items(&offset)
+                .unwrap()
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect()
+        };
+        let log_len = || {
+            fs::metadata(dir.path().join(super::super::id_lists::FILE))
+                .unwrap()
+                .len()
+        };
+        {
+            let s = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
+                .unwrap();
+            let plan = vec![planned(0, &[(0, "a"), (1, "b")], 2)];
+            s.plan(&plan, &PlannerState::default()).unwrap();
+            let failed: Vec<(String, ItemRecord)> = [(0u64, "a"), (1, "b")]
+                .iter()
+                .map(|(row, id)| (id.to_string(), done(*row, 0, false)))
+                .collect();
+            s.record(&failed).unwrap();
+            s.commit(&[CommitRecord {
+                bucket: 0,
+                failed: 2,
+                failed_by_class: unknown(2),
+                ..CommitRecord::default()
+            }])
+            .unwrap();
+            s.sync().await.unwrap();
+            let before = log_len();
+            let (rerun, bucket) = failed_rerun(&[(0, "a", 0), (1, "b", 0)]);
+            s.create_rerun(&rerun, &[bucket]).unwrap();
+            assert!(log_len() > before, "the list went to ids.log");
+            let value = s
+                .t()
+                .unwrap()
+                .rerun_ids
+                .get(rerun_key(1, 0))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                value.len(),
+                ListRef::SIZE,
+                "sled holds where it is, not the list"
+            );
+            s.sync().await.unwrap();
+        }
+        {
+            let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
+            // The input grew: a new bucket is planned after the rerun's list.
+            let plan = vec![planned(1, &[(2, "c"), (3, "d")], 4)];
+            s.plan(&plan, &PlannerState::default()).unwrap();
+            s.sync().await.unwrap();
+            assert_eq!(rerun_ids(&s), ["a", "b"]);
+            // What format 3 wrote: the list inline in sled, the store marked 3.
+            let t = s.t().unwrap();
+            t.rerun_ids
+                .insert(
+                    rerun_key(1, 0),
+                    encode_ids(&[(0, "a".to_string()), (1, "b".to_string())]),
+                )
+                .unwrap();
+            t.meta.insert("version", &3u32.to_be_bytes()).unwrap();
+            t.db.flush().unwrap();
+        }
+        let marker = dir.path().join(MARKER);
+        let text = fs::read_to_string(&marker).unwrap();
+        fs::write(
+            &marker,
+            text.replace(&format!("\"version\":{FORMAT_VERSION}"), "\"version\":3"),
+        )
+        .unwrap();
+        let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
+        assert_eq!(rerun_ids(&s), ["a", "b"]);
+        let version = s.t().unwrap().meta.get("version").unwrap().unwrap();
+        assert_eq!(version.as_ref(), FORMAT_VERSION.to_be_bytes());
+        assert!(fs::read_to_string(&marker)
+            .unwrap()
+            .contains(&format!("\"version\":{FORMAT_VERSION}")));
+        let items: Vec<String> = s
+            .bucket_items(&s.offset(1).unwrap().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(items, ["c", "d"]);
     }
 
     /// A rerun that heals IDs of several buckets of one commit run rewrites that run once,
