@@ -11,14 +11,15 @@
 //! failed; only `--all-items` (explicit) and `--ids` (an explicit list) select IDs that
 //! succeeded.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use crate::input::Fingerprint;
 use crate::job::{now_ms, JobSpec};
+use crate::retry::ErrorClass;
 use crate::store::{
-    class_name, ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset,
+    class_label, ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset,
     RerunRecord, RerunSelection, Store, StoreError,
 };
 
@@ -103,11 +104,35 @@ pub enum Chosen {
     Resume(RerunRecord),
     /// The selection is empty; nothing to call.
     Nothing(String),
-    /// A new rerun of these IDs (with their records, in input order).
+    /// A new rerun of these IDs (in input order).
     New {
         selection: RerunSelection,
-        selected: Vec<(String, ItemRecord)>,
+        selected: Vec<Selected>,
     },
+}
+
+/// One selected ID and what its rerun bucket records of it: not its whole record (error text,
+/// attempt history), which for a rerun of a million failures held 380 MB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    pub id: String,
+    pub row: u64,
+    /// Its job bucket.
+    pub bucket: u64,
+    pub status: ItemStatus,
+    pub class: Option<ErrorClass>,
+}
+
+impl Selected {
+    fn of(id: &str, record: &ItemRecord) -> Selected {
+        Selected {
+            id: id.to_owned(),
+            row: record.row,
+            bucket: record.bucket,
+            status: record.status,
+            class: record.class,
+        }
+    }
 }
 
 /// Decide what `ask` means for this store, reading only: resume the unfinished rerun if
@@ -207,12 +232,13 @@ pub async fn start<S: Store>(
         } => (selection, selected),
     };
     let number = store.reruns()?.last().map_or(1, |r| r.number + 1);
-    let buckets = cut(number, &selected, spec.bucket_size);
+    let ids = selected.len() as u64;
+    let buckets = cut(number, selected, spec.bucket_size);
     let rerun = RerunRecord {
         number,
         selection,
         buckets: buckets.len() as u64,
-        ids: selected.len() as u64,
+        ids,
         created_at_ms: now_ms(),
     };
     store.create_rerun(&rerun, &buckets)?;
@@ -223,15 +249,12 @@ pub async fn start<S: Store>(
     })
 }
 
-/// The selected IDs with their records, in input order.
-fn select<S: Store>(
-    store: &S,
-    selection: &RerunSelection,
-) -> Result<Vec<(String, ItemRecord)>, RerunError> {
+/// The selected IDs, in input order.
+fn select<S: Store>(store: &S, selection: &RerunSelection) -> Result<Vec<Selected>, RerunError> {
     let mut out = Vec::new();
     match selection {
         RerunSelection::Failed => store.for_each_failure(None, &mut |id, r| {
-            out.push((id.to_owned(), r.clone()));
+            out.push(Selected::of(id, r));
             Ok(())
         })?,
         RerunSelection::Buckets { buckets, all_items } => {
@@ -244,10 +267,15 @@ fn select<S: Store>(
                     )));
                 };
                 if *all_items {
-                    out.extend(store.bucket_items(&offset)?);
+                    out.extend(
+                        store
+                            .bucket_items(&offset)?
+                            .iter()
+                            .map(|(id, r)| Selected::of(id, r)),
+                    );
                 } else {
                     store.for_each_failure(Some(b), &mut |id, r| {
-                        out.push((id.to_owned(), r.clone()));
+                        out.push(Selected::of(id, r));
                         Ok(())
                     })?;
                 }
@@ -259,7 +287,6 @@ fn select<S: Store>(
                 source,
             };
             let reader = std::io::BufReader::new(std::fs::File::open(file).map_err(io)?);
-            let mut seen = HashSet::new();
             for (n, line) in reader.split(b'\n').enumerate() {
                 let line_no = n as u64 + 1;
                 let line = line.map_err(io)?;
@@ -269,11 +296,12 @@ fn select<S: Store>(
                     reason: "the line is not UTF-8".into(),
                 })?;
                 let id = text.trim();
-                if id.is_empty() || !seen.insert(id.to_owned()) {
+                // A repeated line is dropped with the other duplicates below.
+                if id.is_empty() {
                     continue;
                 }
                 match store.item(id)? {
-                    Some(r) if r.is_final() => out.push((id.to_owned(), r)),
+                    Some(r) if r.is_final() => out.push(Selected::of(id, &r)),
                     _ => {
                         return Err(RerunError::UnknownId {
                             file: file.clone(),
@@ -283,49 +311,53 @@ fn select<S: Store>(
                     }
                 }
             }
-            out.sort_by_key(|(_, r)| r.row);
         }
     }
-    // A bucket listed twice, or buckets overlapping --ids, never select an ID twice.
-    let mut seen = HashSet::new();
-    out.retain(|(id, _)| seen.insert(id.clone()));
+    // Input order; an ID is never selected twice (an ID has one row: its first occurrence).
+    out.sort_by_key(|s| s.row);
+    out.dedup_by_key(|s| s.row);
     Ok(out)
 }
 
 /// Cut the selection into rerun buckets of `bucket_size` IDs, in order.
-fn cut(number: u32, selected: &[(String, ItemRecord)], bucket_size: u64) -> Vec<RerunBucket> {
+fn cut(number: u32, selected: Vec<Selected>, bucket_size: u64) -> Vec<RerunBucket> {
     let planned_at_ms = now_ms();
-    selected
-        .chunks(bucket_size.max(1) as usize)
-        .enumerate()
-        .map(|(i, chunk)| {
-            let mut before: BTreeMap<u64, JobBucketShare> = BTreeMap::new();
-            for (_, r) in chunk {
-                let share = before.entry(r.bucket).or_insert_with(|| JobBucketShare {
-                    bucket: r.bucket,
-                    ..JobBucketShare::default()
-                });
-                match r.status {
-                    ItemStatus::Ok => share.ok += 1,
-                    ItemStatus::Failed => {
-                        share.failed += 1;
-                        *share.failed_by_class.entry(class_name(r)).or_default() += 1;
-                    }
-                    ItemStatus::Pending => {}
+    let size = bucket_size.max(1) as usize;
+    let mut buckets = Vec::with_capacity(selected.len().div_ceil(size));
+    let mut selected = selected.into_iter().peekable();
+    while selected.peek().is_some() {
+        let mut before: BTreeMap<u64, JobBucketShare> = BTreeMap::new();
+        let mut items = Vec::with_capacity(size);
+        for s in selected.by_ref().take(size) {
+            let share = before.entry(s.bucket).or_insert_with(|| JobBucketShare {
+                bucket: s.bucket,
+                ..JobBucketShare::default()
+            });
+            match s.status {
+                ItemStatus::Ok => share.ok += 1,
+                ItemStatus::Failed => {
+                    share.failed += 1;
+                    *share
+                        .failed_by_class
+                        .entry(class_label(s.class))
+                        .or_default() += 1;
                 }
+                ItemStatus::Pending => {}
             }
-            RerunBucket {
-                offset: RerunOffset {
-                    rerun: number,
-                    bucket: i as u64,
-                    items: chunk.len() as u64,
-                    before: before.into_values().collect(),
-                    planned_at_ms,
-                },
-                items: chunk.iter().map(|(id, r)| (r.row, id.clone())).collect(),
-            }
-        })
-        .collect()
+            items.push((s.row, s.id));
+        }
+        buckets.push(RerunBucket {
+            offset: RerunOffset {
+                rerun: number,
+                bucket: buckets.len() as u64,
+                items: items.len() as u64,
+                before: before.into_values().collect(),
+                planned_at_ms,
+            },
+            items,
+        });
+    }
+    buckets
 }
 
 #[cfg(test)]
@@ -344,14 +376,15 @@ mod tests {
 
     #[test]
     fn cut_is_in_order_and_counts_shares_per_job_bucket() {
-        let sel = vec![
+        let sel = [
             rec(0, 0, false),
             rec(3, 0, true),
             rec(5, 1, false),
             rec(9, 2, false),
             rec(11, 2, false),
         ];
-        let buckets = cut(4, &sel, 2);
+        let sel = sel.iter().map(|(id, r)| Selected::of(id, r)).collect();
+        let buckets = cut(4, sel, 2);
         assert_eq!(buckets.len(), 3);
         assert_eq!(
             buckets[0].items,

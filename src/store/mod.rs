@@ -142,9 +142,12 @@ impl Tally {
 
 /// The error class of a failed record, as `failures --class` names it.
 pub fn class_name(record: &ItemRecord) -> String {
-    record
-        .class
-        .map_or_else(|| "unknown".to_string(), |c| c.to_string())
+    class_label(record.class)
+}
+
+/// The name a failure class is counted under ("unknown" for none).
+pub fn class_label(class: Option<ErrorClass>) -> String {
+    class.map_or_else(|| "unknown".to_string(), |c| c.to_string())
 }
 
 /// Where an item stands.
