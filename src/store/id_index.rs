@@ -20,6 +20,14 @@
 //! is rebuilt at twice the size in a new region appended to the file. Regions are never
 //! reused, so a header on disk always points at regions that are still intact.
 //!
+//! Regions left behind by growth are punched out of the file (`fallocate` with
+//! `FALLOC_FL_PUNCH_HOLE`: the space goes back to the filesystem, the file keeps its size)
+//! once a header that no longer points at them is durable: by the sync after the growth, and
+//! at open for whatever a crash left (every gap between the live regions). The older header
+//! copy may still point at them, but it is only read if the newer one is damaged, and the
+//! newer one is never written before the older one has become the newer (see below). Where the
+//! filesystem cannot punch holes, the space simply stays allocated.
+//!
 //! The header is written only by [`IdIndex::sync`], after the regions are durable, into the
 //! copy with the older generation: a torn header write leaves the other copy valid. Its
 //! entry counts are a lower bound (inserts after the last sync may or may not survive a
@@ -63,6 +71,8 @@ struct Inner {
     end: u64,
     /// Sum of the subtables' entries.
     total: u64,
+    /// Regions (offset, length) left behind by growth since the last sync's header.
+    abandoned: Vec<(u64, u64)>,
 }
 
 /// What an ID hashes to.
@@ -151,6 +161,7 @@ impl IdIndex {
         }
         let (generation, subs) = best.ok_or_else(|| invalid(reasons.join("; ")))?;
         let total = subs.iter().map(|s| s.entries).sum();
+        punch_gaps(&file, &subs, len)?;
         Ok(IdIndex {
             path: path.to_owned(),
             file,
@@ -158,6 +169,7 @@ impl IdIndex {
                 subs,
                 end: align_up(len),
                 total,
+                abandoned: Vec::new(),
             }),
             generation: Mutex::new(generation),
         })
@@ -202,12 +214,10 @@ impl IdIndex {
             .generation
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let subs = self
-            .inner
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .subs
-            .clone();
+        let (subs, abandoned) = {
+            let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            (inner.subs.clone(), std::mem::take(&mut inner.abandoned))
+        };
         // Every region `subs` points at was written before this.
         self.file.sync_data()?;
         let next = *generation + 1;
@@ -215,6 +225,10 @@ impl IdIndex {
             .write_all_at(&encode(next, &subs), (next % 2) * HEADER_SPAN)?;
         self.file.sync_data()?;
         *generation = next;
+        // Replaced before `subs` was taken: the durable header no longer points at them.
+        for (at, len) in abandoned {
+            punch(&self.file, at, len);
+        }
         Ok(())
     }
 
@@ -305,6 +319,7 @@ impl IdIndex {
         let offset = inner.end;
         self.file.write_all_at(&table, offset)?;
         inner.end = align_up(offset + slots * ENTRY);
+        inner.abandoned.push((old.offset, region_len(old.slots)));
         inner.total = inner.total - old.entries + entries;
         inner.subs[s] = Sub {
             offset,
@@ -313,6 +328,63 @@ impl IdIndex {
         };
         Ok(())
     }
+}
+
+/// The bytes a region of `slots` slots takes in the file.
+fn region_len(slots: u64) -> u64 {
+    align_up(slots * ENTRY)
+}
+
+/// Give the space of `len` bytes at `at` back to the filesystem, keeping the file's size;
+/// best effort (a filesystem without hole punching keeps it allocated).
+fn punch(file: &File, at: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: a plain syscall on a file descriptor this process owns; no memory is shared.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            at,
+            len,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            at,
+            len,
+            error = %io::Error::last_os_error(),
+            "could not punch a hole in the ID index"
+        );
+    }
+}
+
+/// Punch every gap between the live regions of `subs` (what growth left behind, written
+/// before a crash or by an older build), unless the file holds no more than they need.
+fn punch_gaps(file: &File, subs: &[Sub], len: u64) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut live: Vec<(u64, u64)> = subs
+        .iter()
+        .map(|s| (s.offset, region_len(s.slots)))
+        .collect();
+    let needed = DATA_START + live.iter().map(|(_, l)| l).sum::<u64>();
+    if file.metadata()?.blocks() * 512 <= needed {
+        return Ok(());
+    }
+    live.sort_unstable();
+    let mut at = DATA_START;
+    for (offset, region) in live {
+        if offset > at {
+            punch(file, at, offset - at);
+        }
+        at = at.max(offset + region);
+    }
+    if align_up(len) > at {
+        punch(file, at, align_up(len) - at);
+    }
+    Ok(())
 }
 
 /// The tag and the (check, row) word of an entry at the start of `entry`.
@@ -501,6 +573,70 @@ mod tests {
         }
         assert_eq!(idx.insert(&ids[5], 99).unwrap(), Some(5));
         assert_eq!(idx.get("absent").unwrap(), None);
+    }
+
+    /// Bytes the file takes on disk.
+    fn allocated(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().blocks() * 512
+    }
+
+    /// What the live regions and the headers take, and 2% for the filesystem's own blocks
+    /// (a file with many holes needs more extent blocks).
+    fn live_bytes(idx: &IdIndex) -> u64 {
+        let inner = idx.inner.read().unwrap();
+        let live = DATA_START + inner.subs.iter().map(|s| region_len(s.slots)).sum::<u64>();
+        live + live / 50
+    }
+
+    #[test]
+    fn regions_left_by_growth_go_back_to_the_filesystem_at_sync_and_at_open() {
+        const N: u64 = 60_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let ids: Vec<String> = (0..N).map(id).collect();
+        let idx = IdIndex::open_with(&path, 8).unwrap();
+        let half = (N / 2) as usize;
+        idx.insert_all((0..).zip(ids[..half].iter().map(String::as_str)))
+            .unwrap();
+        let written = allocated(&path);
+        assert!(written > 2 * live_bytes(&idx), "growth left regions behind");
+        idx.sync().unwrap();
+        assert!(
+            allocated(&path) <= live_bytes(&idx),
+            "{} bytes allocated for {} live",
+            allocated(&path),
+            live_bytes(&idx)
+        );
+        // Growth after that sync, then a crash: the next open punches what it left.
+        idx.insert_all((half as u64..).zip(ids[half..].iter().map(String::as_str)))
+            .unwrap();
+        assert!(allocated(&path) > live_bytes(&idx));
+        drop(idx);
+        let idx = IdIndex::open(&path).unwrap();
+        assert!(
+            allocated(&path) <= live_bytes(&idx),
+            "{} bytes allocated for {} live",
+            allocated(&path),
+            live_bytes(&idx)
+        );
+        // What the durable header holds is intact; the rest is inserted again, as after any
+        // crash (some of it survived: written into regions that did not move).
+        for (i, s) in ids[..half].iter().enumerate() {
+            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+        }
+        let again = idx
+            .insert_all((half as u64..).zip(ids[half..].iter().map(String::as_str)))
+            .unwrap();
+        for (i, found) in again.into_iter().enumerate() {
+            assert!(found.is_none_or(|row| row == (half + i) as u64), "{found:?}");
+        }
+        idx.sync().unwrap();
+        drop(idx);
+        let idx = IdIndex::open(&path).unwrap();
+        for (i, s) in ids.iter().enumerate() {
+            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+        }
     }
 
     #[test]
