@@ -367,10 +367,27 @@ pub fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            say!("error: {e:#}");
+            say!("error: {}", error_text(&e));
             ExitCode::from(exit::ERROR)
         }
     }
+}
+
+/// An error and its causes, joined by ": ", leaving out a cause whose text the message before
+/// it already ends with (`cannot open input X: No such file or directory`, not that twice).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn init_logging(verbose: u8, quiet: bool, json: bool) {
@@ -530,6 +547,19 @@ async fn run(args: RunArgs) -> Result<u8> {
         );
         return Ok(exit::USAGE);
     }
+    // A new job's templates and input are checked before its state directory is created, so
+    // a mistyped flag leaves nothing behind.
+    if fresh {
+        match crate::job::check_new_job(&request) {
+            Ok(()) => {}
+            Err(crate::job::JobError::Usage(message)) => {
+                say!("error: {message}");
+                return Ok(exit::USAGE);
+            }
+            Err(crate::job::JobError::Request(e)) => return Ok(template_error(e)),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let mode = if request.input.is_some() {
         OpenMode::CreateIfMissing
     } else {
@@ -543,6 +573,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             say!("error: {message}");
             return Ok(exit::USAGE);
         }
+        Err(crate::job::JobError::Request(e)) => return Ok(template_error(e)),
         Err(e) => return Err(e.into()),
     };
     if let Some(open) = crate::rerun::unfinished(&store)? {
@@ -569,6 +600,7 @@ async fn run(args: RunArgs) -> Result<u8> {
         });
     }
     let handler = Handler::new(&spec.request)?;
+    let resume = format!("highwater run --state {}", shell_path(&args.state));
     run_job(
         Arc::new(store),
         spec,
@@ -576,11 +608,23 @@ async fn run(args: RunArgs) -> Result<u8> {
         &args.options(),
         &args.state,
         metrics,
+        &resume,
     )
     .await
 }
 
+/// Report a request template's error: a malformed --url, --header or --body is a usage error
+/// (2); a variable missing from the environment or a client that cannot be built is not (1).
+fn template_error(e: crate::handler::HandlerError) -> u8 {
+    say!("error: {e}");
+    match e {
+        crate::handler::HandlerError::Invalid { .. } => exit::USAGE,
+        _ => exit::ERROR,
+    }
+}
+
 /// Run a prepared job with signal handling, print the summary, and return the exit code.
+/// `resume` is the command that resumes it, suggested if it stops unfinished.
 pub async fn run_job(
     store: Arc<SledStore>,
     spec: JobSpec,
@@ -588,6 +632,7 @@ pub async fn run_job(
     options: &RunOptions,
     state: &Path,
     metrics: Option<tokio::net::TcpListener>,
+    resume: &str,
 ) -> Result<u8> {
     tracing::info!(
         job = %spec.job_id,
@@ -601,15 +646,12 @@ pub async fn run_job(
     say!("{}", summary.render());
     if let Some(reason) = &summary.halted {
         if !summary.job.finished() {
-            say!(
-                "stopped: {reason}\nresume with: highwater run --state {}",
-                shell_path(state)
-            );
+            say!("stopped: {reason}\nresume with: {resume}");
             return Ok(exit::ERROR);
         }
     }
     if summary.interrupted && !summary.job.finished() {
-        say!("resume with: highwater run --state {}", shell_path(state));
+        say!("resume with: {resume}");
         return Ok(exit::SIGNAL);
     }
     Ok(if summary.job.failed > 0 {

@@ -385,6 +385,29 @@ impl JobRequest {
     }
 }
 
+fn check_bucket_size(request: &JobRequest) -> Result<(), JobError> {
+    if request.bucket_size == Some(0) {
+        return Err(JobError::Usage("--bucket-size must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// What can be checked of a new job before its state directory exists: its request templates
+/// and bucket size, and that its input can be opened. [`open_job`] checks the same.
+pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
+    check_bucket_size(request)?;
+    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+        return Ok(());
+    };
+    let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
+    crate::handler::check_templates(&probe.request)?;
+    std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
+        path: input.path.clone(),
+        source,
+    })?;
+    Ok(())
+}
+
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
 /// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
@@ -395,9 +418,7 @@ pub fn open_job<S: crate::store::Store>(
     request: &JobRequest,
 ) -> Result<JobSpec, JobError> {
     use crate::input::{Cursor, InputReader};
-    if request.bucket_size == Some(0) {
-        return Err(JobError::Usage("--bucket-size must be at least 1".into()));
-    }
+    check_bucket_size(request)?;
     match store.job()? {
         None => {
             let (Some(input), Some(url)) = (&request.input, &request.url) else {
@@ -406,8 +427,8 @@ pub fn open_job<S: crate::store::Store>(
                         .into(),
                 ));
             };
+            check_new_job(request)?;
             let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-            crate::handler::check_templates(&probe.request)?;
             let fingerprint = Fingerprint::of_file(&input.path)?;
             let mut reader = InputReader::open(input, Cursor::default())?;
             if reader.next_row()?.is_none() {
@@ -452,9 +473,27 @@ pub fn open_job<S: crate::store::Store>(
             }
             // The input may have moved (a new --input path) or grown by appending, but
             // what was planned from it never changes.
+            let moved = asked.input.path != stored.input.path;
             let now = Fingerprint::of_file(&asked.input.path)?;
             if now != stored.fingerprint {
-                let skip = appended(&asked.input, &stored.fingerprint, now)?;
+                let skip =
+                    appended(&asked.input, &stored.fingerprint, now).map_err(|e| match e {
+                        JobError::InputChanged {
+                            path,
+                            what,
+                            then,
+                            now,
+                        } if moved => JobError::InputChanged {
+                            what: format!(
+                                "{what}; the job was created from {}, not from this file",
+                                stored.input.path.display()
+                            ),
+                            path,
+                            then,
+                            now,
+                        },
+                        e => e,
+                    })?;
                 let mut planner = store.planner()?;
                 if planner.cursor.byte == stored.fingerprint.len {
                     // The old last line had no newline: the appended newline still ends it.
@@ -472,6 +511,23 @@ pub fn open_job<S: crate::store::Store>(
                     previous_input: Some(stored.fingerprint),
                 });
                 asked.fingerprint = now;
+            }
+            if moved {
+                // The same content (or the same with rows appended) at a new place: the job is
+                // the same; say so, and keep it in the job's history.
+                let change = format!(
+                    "input moved from {} to {} (its content checked against the job's \
+                     fingerprint)",
+                    stored.input.path.display(),
+                    asked.input.path.display()
+                );
+                tracing::warn!("{change}");
+                asked.history.push(SpecChange {
+                    at_ms: now_ms(),
+                    command: request.command.clone(),
+                    changes: vec![change],
+                    previous_input: None,
+                });
             }
             request.apply_operational(&mut asked);
             crate::handler::check_templates(&asked.request)?;

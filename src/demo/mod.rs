@@ -95,12 +95,27 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         progress_interval: Duration::from_secs(5),
         ..RunOptions::default()
     };
-    let code = crate::cli::run_job(Arc::new(store), spec, handler, &options, &state, None).await?;
-    api.shutdown().await;
     let me = std::env::current_exe()
         .ok()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "highwater".into());
+    // The demo's API lives in this process: only the demo itself can resume its job.
+    let resume = format!(
+        "{} demo --dir {}",
+        crate::console::shell_word(&me),
+        crate::console::shell_path(&dir)
+    );
+    let code = crate::cli::run_job(
+        Arc::new(store),
+        spec,
+        handler,
+        &options,
+        &state,
+        None,
+        &resume,
+    )
+    .await?;
+    api.shutdown().await;
     say!(
         "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \
          {me} demo --dir {d}    # resumes this demo if it was stopped",

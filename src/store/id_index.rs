@@ -629,7 +629,10 @@ mod tests {
             .insert_all((half as u64..).zip(ids[half..].iter().map(String::as_str)))
             .unwrap();
         for (i, found) in again.into_iter().enumerate() {
-            assert!(found.is_none_or(|row| row == (half + i) as u64), "{found:?}");
+            assert!(
+                found.is_none_or(|row| row == (half + i) as u64),
+                "{found:?}"
+            );
         }
         idx.sync().unwrap();
         drop(idx);

@@ -45,9 +45,20 @@ fn empty_input_is_refused_naming_the_file() {
 fn missing_input_file_names_the_path() {
     let h = Harness::new(ApiConfig::fast());
     let input = h.path("no-such-ids.txt");
-    let run = h.run_new(&h.state(), &input, &h.url(), &[]);
-    run.expect_no_panic().expect_stderr(p(&input));
-    assert_ne!(run.code, 0, "{run:?}");
+    let state = h.state();
+    let run = h.run_new(&state, &input, &h.url(), &[]);
+    run.expect_refused(1, &[p(&input)]);
+    // The cause once, not repeated by the error chain.
+    assert_eq!(
+        run.stderr.matches("No such file").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !state.exists(),
+        "nothing is created for a job that cannot start"
+    );
     assert_eq!(h.api.total_calls(), 0);
 }
 
@@ -294,6 +305,39 @@ fn changed_input_on_resume_is_refused() {
     std::fs::write(&input, &original).unwrap();
     h.resume(&state, &[])
         .expect_refused(1, &["changed", "shorter than at creation"]);
+}
+
+#[test]
+fn a_moved_input_is_accepted_said_and_recorded_and_a_different_file_is_refused_naming_both() {
+    let h = Harness::new(ApiConfig::fast());
+    let ids = ids(50);
+    let (input, state) = h.finished_job(&ids, &[]);
+    let calls = h.api.total_calls();
+
+    // Another file: refused, naming the file given and the job's own.
+    let other = h.ids_file("other.txt", &ids[..40]);
+    h.resume(&state, &["--input", p(&other)])
+        .expect_refused(1, &[&canonical(&other), "created from", &canonical(&input)]);
+
+    // The same content somewhere else (a redeploy moved it), with a row appended: accepted.
+    let moved = h.path("moved.txt");
+    let mut content = std::fs::read(&input).unwrap();
+    content.extend_from_slice(b"id-new\n");
+    std::fs::write(&moved, &content).unwrap();
+    h.resume(&state, &["--input", p(&moved)])
+        .expect_no_panic()
+        .expect_code(0)
+        .expect_stderr("input moved from");
+    assert_eq!(
+        h.api.total_calls(),
+        calls + 1,
+        "only the appended row is called"
+    );
+    let status = h.status(&state);
+    assert_eq!(status["input"], canonical(&moved), "{status}");
+    let history = status["spec_history"].to_string();
+    assert!(history.contains("input moved from"), "{history}");
+    assert!(history.contains(&canonical(&input)), "{history}");
 }
 
 #[test]
@@ -935,10 +979,13 @@ fn an_invalid_url_template_can_be_corrected_in_the_same_state_directory() {
     // A typo: no {id} in the template.
     let typo = format!("http://{}/items/id", h.api.addr());
     h.run_new(&state, &input, &typo, &[])
-        .expect_refused(1, &["--url", "{id}"]);
+        .expect_refused(2, &["--url", "{id}"]);
     let not_a_url = "htp:/nowhere/{id}";
     h.run_new(&state, &input, not_a_url, &[])
-        .expect_refused(1, &["--url"]);
+        .expect_refused(2, &["--url"]);
+    h.run_new(&state, &input, &h.url(), &["--header", "no colon here"])
+        .expect_refused(2, &["--header", "Name: value"]);
+    assert!(!state.exists(), "a mistyped flag leaves nothing behind");
     assert_eq!(h.api.total_calls(), 0);
     // The user fixes the flag and runs the same command again.
     h.run_new(&state, &input, &h.url(), &[])

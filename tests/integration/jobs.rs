@@ -889,6 +889,48 @@ fn demo_runs_to_completion_and_prints_the_next_commands() {
 }
 
 #[test]
+fn a_stopped_demo_says_to_resume_it_with_the_demo_and_that_works() {
+    let h = Harness::new(ApiConfig::demo());
+    let dir = h.path("a demo");
+    let mut child = h.spawn(&["demo", "--dir", p(&dir), "--ids", "20000"]);
+    // Stopped once results are being written (the demo's API is inside the process).
+    let results = dir.join("state").join("results.log");
+    let started = std::time::Instant::now();
+    while std::fs::metadata(&results).map_or(0, |m| m.len()) == 0 {
+        assert!(child.try_wait().unwrap().is_none(), "the demo ended early");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no result in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&child, libc::SIGINT);
+    let stopped = finish(child);
+    stopped.expect_no_panic().expect_code(130);
+    let suggested = stopped
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("resume with: "))
+        .unwrap_or_else(|| panic!("no resume command in:\n{}", stopped.stderr))
+        .to_string();
+    // Not `run --state`: that job's URL names the demo's own API, which only the demo starts.
+    assert!(suggested.contains(" demo --dir "), "{suggested}");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&suggested)
+        .output()
+        .unwrap();
+    let code = out.status.code();
+    assert!(
+        code == Some(0) || code == Some(3),
+        "{suggested}: {code:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = std::fs::canonicalize(&dir).unwrap().join("state");
+    assert_eq!(h.status(&state)["finished"], true);
+}
+
+#[test]
 fn the_printed_resume_command_works_pasted_into_a_shell_whatever_the_state_path() {
     let h = Harness::new(ApiConfig {
         latency_min: Duration::from_millis(2),
