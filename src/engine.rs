@@ -1170,6 +1170,16 @@ mod tests {
         stop: Stop,
         durability: Durability,
     ) -> RunSummary {
+        try_run_with(store, s, stop, durability).await.unwrap()
+    }
+
+    /// A run at concurrency 4 over `store`.
+    async fn try_run_with<T: Store>(
+        store: Arc<T>,
+        s: &Setup,
+        stop: Stop,
+        durability: Durability,
+    ) -> Result<RunSummary, EngineError> {
         let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
         let opts = RunOptions {
             concurrency: 4,
@@ -1186,7 +1196,6 @@ mod tests {
             stop,
         )
         .await
-        .unwrap()
     }
 
     fn ids(n: usize) -> Vec<String> {
@@ -1592,23 +1601,7 @@ mod tests {
                 syncs: Default::default(),
                 fail_records: true,
             });
-            let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
-            let opts = RunOptions {
-                concurrency: 4,
-                progress_interval: Duration::ZERO,
-                durability,
-                ..RunOptions::default()
-            };
-            let counters = Arc::new(Counters::default());
-            let result = run(
-                audit,
-                s.spec.clone(),
-                handler,
-                &opts,
-                counters,
-                stop_pair().1,
-            )
-            .await;
+            let result = try_run_with(audit, &s, stop_pair().1, durability).await;
             let err = result.expect_err("the run fails");
             assert!(err.to_string().contains("injected write failure"), "{err}");
             // The calls stop soon after the first failed write: at most what was in flight,

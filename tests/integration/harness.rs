@@ -252,6 +252,21 @@ pub fn finish(child: Child) -> Run {
 // Helpers for the bad-input and whole-job tests.
 
 /// A path as the `&str` the command line wants.
+/// `run` arguments creating a job in `state` from `input` against `url`, with [`QUICK`].
+pub fn new_job_args<'a>(state: &'a Path, input: &'a Path, url: &'a str) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--state",
+        p(state),
+        "--input",
+        p(input),
+        "--url",
+        url,
+    ];
+    args.extend(QUICK);
+    args
+}
+
 pub fn p(path: &Path) -> &str {
     path.to_str().expect("test paths are UTF-8")
 }
@@ -332,16 +347,7 @@ impl Run {
 impl Harness {
     /// `run` creating a job in `state` from `input` against `url`, with [`QUICK`] and `extra`.
     pub fn run_new(&self, state: &Path, input: &Path, url: &str, extra: &[&str]) -> Run {
-        let mut args = vec![
-            "run",
-            "--state",
-            p(state),
-            "--input",
-            p(input),
-            "--url",
-            url,
-        ];
-        args.extend(QUICK);
+        let mut args = new_job_args(state, input, url);
         args.extend_from_slice(extra);
         self.run(&args)
     }

@@ -941,16 +941,7 @@ fn the_printed_resume_command_works_pasted_into_a_shell_whatever_the_state_path(
     let input = h.ids_file("ids.txt", &ids);
     let state = h.path("it's a $state");
     let url = h.url();
-    let mut args = vec![
-        "run",
-        "--state",
-        p(&state),
-        "--input",
-        p(&input),
-        "--url",
-        &url,
-    ];
-    args.extend(QUICK);
+    let mut args = new_job_args(&state, &input, &url);
     args.extend(["--concurrency", "2"]);
     let mut child = h.spawn(&args);
     assert!(h.wait_for_calls(&mut child, 100), "the run ended early");

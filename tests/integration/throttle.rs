@@ -24,16 +24,7 @@ fn start_new_job(
     let input = h.ids_file("ids.txt", ids);
     let state = h.state();
     let url = h.url();
-    let mut args = vec![
-        "run",
-        "--state",
-        p(&state),
-        "--input",
-        p(&input),
-        "--url",
-        &url,
-    ];
-    args.extend(QUICK);
+    let mut args = new_job_args(&state, &input, &url);
     args.extend_from_slice(extra);
     let child = h.spawn(&args);
     (state, child)
