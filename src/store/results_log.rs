@@ -53,22 +53,30 @@ pub struct Durable {
     pub covers: u64,
     /// The log was durable up to here.
     pub synced: u64,
+    /// The positions file was durable up to here (it only grows): an open refuses a shorter
+    /// one. 0 in records written before it was kept (16 bytes long): not checked.
+    pub positions: u64,
 }
 
 impl Durable {
-    pub fn to_bytes(self) -> [u8; 16] {
-        let mut out = [0; 16];
+    pub fn to_bytes(self) -> [u8; 24] {
+        let mut out = [0; 24];
         out[..8].copy_from_slice(&self.covers.to_be_bytes());
-        out[8..].copy_from_slice(&self.synced.to_be_bytes());
+        out[8..16].copy_from_slice(&self.synced.to_be_bytes());
+        out[16..].copy_from_slice(&self.positions.to_be_bytes());
         out
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Option<Durable> {
-        let bytes: [u8; 16] = bytes.try_into().ok()?;
-        Some(Durable {
-            covers: u64::from_be_bytes(bytes[..8].try_into().ok()?),
-            synced: u64::from_be_bytes(bytes[8..].try_into().ok()?),
-        })
+        let word = |i: usize| Some(u64::from_be_bytes(bytes.get(i..i + 8)?.try_into().ok()?));
+        match bytes.len() {
+            16 | 24 => Some(Durable {
+                covers: word(0)?,
+                synced: word(8)?,
+                positions: if bytes.len() == 24 { word(16)? } else { 0 },
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -174,6 +182,15 @@ impl ResultsLog {
                 path: positions_path.clone(),
                 reason: "it is empty, but positions were durable in it (emptied or replaced)"
                     .into(),
+            });
+        }
+        if positions_len < durable.positions {
+            return Err(LogError::Damaged {
+                path: positions_path.clone(),
+                reason: format!(
+                    "it holds {positions_len} bytes, but {} were durable (truncated or replaced)",
+                    durable.positions
+                ),
             });
         }
         // Replay: every entry from `covers` on gets its position back in memory.
@@ -478,6 +495,11 @@ impl ResultsLog {
             self.positions
                 .sync_data()
                 .map_err(self.io(&self.positions_path))?;
+            synced.durable.positions = self
+                .positions
+                .metadata()
+                .map_err(self.io(&self.positions_path))?
+                .len();
             // Rows still waiting (appended after `len`, or rewritten after it) are replayed
             // from their first unwritten record.
             synced.durable.covers = oldest_left.map_or(len, |e| e.min(len));
@@ -699,6 +721,7 @@ mod tests {
         let replay_all = Durable {
             covers: 0,
             synced: durable.synced,
+            positions: 0,
         };
         let f = OpenOptions::new()
             .write(true)
@@ -760,8 +783,12 @@ mod tests {
         let d = Durable {
             covers: 7,
             synced: 1 << 40,
+            positions: 800,
         };
         assert_eq!(Durable::from_bytes(&d.to_bytes()), Some(d));
         assert_eq!(Durable::from_bytes(b"short"), None);
+        // As stored before the positions' length was kept.
+        let old = Durable::from_bytes(&d.to_bytes()[..16]).unwrap();
+        assert_eq!(old, Durable { positions: 0, ..d });
     }
 }
