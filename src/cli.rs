@@ -550,14 +550,8 @@ async fn run(args: RunArgs) -> Result<u8> {
     // A new job's templates and input are checked before its state directory is created, so
     // a mistyped flag leaves nothing behind.
     if fresh {
-        match crate::job::check_new_job(&request) {
-            Ok(()) => {}
-            Err(crate::job::JobError::Usage(message)) => {
-                say!("error: {message}");
-                return Ok(exit::USAGE);
-            }
-            Err(crate::job::JobError::Request(e)) => return Ok(template_error(e)),
-            Err(e) => return Err(e.into()),
+        if let Err(e) = crate::job::check_new_job(&request) {
+            return refused(e);
         }
     }
     let mode = if request.input.is_some() {
@@ -569,12 +563,7 @@ async fn run(args: RunArgs) -> Result<u8> {
     store.set_reopen_after(args.store_reopen_after);
     let spec = match open_job(&store, &request) {
         Ok(spec) => spec,
-        Err(crate::job::JobError::Usage(message)) => {
-            say!("error: {message}");
-            return Ok(exit::USAGE);
-        }
-        Err(crate::job::JobError::Request(e)) => return Ok(template_error(e)),
-        Err(e) => return Err(e.into()),
+        Err(e) => return refused(e),
     };
     if let Some(open) = crate::rerun::unfinished(&store)? {
         say!(
@@ -613,14 +602,19 @@ async fn run(args: RunArgs) -> Result<u8> {
     .await
 }
 
-/// Report a request template's error: a malformed --url, --header or --body is a usage error
-/// (2); a variable missing from the environment or a client that cannot be built is not (1).
-fn template_error(e: crate::handler::HandlerError) -> u8 {
+/// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
+/// malformed --url, --header or --body included; 1 for a variable missing from the
+/// environment or a client that cannot be built; anything else is the command's error.
+fn refused(e: crate::job::JobError) -> Result<u8> {
+    use crate::handler::HandlerError;
+    use crate::job::JobError;
+    let code = match &e {
+        JobError::Usage(_) | JobError::Request(HandlerError::Invalid { .. }) => exit::USAGE,
+        JobError::Request(_) => exit::ERROR,
+        _ => return Err(e.into()),
+    };
     say!("error: {e}");
-    match e {
-        crate::handler::HandlerError::Invalid { .. } => exit::USAGE,
-        _ => exit::ERROR,
-    }
+    Ok(code)
 }
 
 /// Run a prepared job with signal handling, print the summary, and return the exit code.
@@ -786,11 +780,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
     };
     let spec = match open_job(&store, &request) {
         Ok(spec) => spec,
-        Err(crate::job::JobError::Usage(message)) => {
-            say!("error: {message}");
-            return Ok(exit::USAGE);
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => return refused(e),
     };
     // A missing ${VAR} is refused before the rerun is written.
     let handler = Handler::new(&spec.request)?;
