@@ -459,4 +459,47 @@ mod tests {
         assert_eq!(item(&client, job, "b0-1").await.0, "pending");
         assert_eq!(item(&client, job, "b1-1").await.0, "ok");
     }
+
+    #[tokio::test]
+    async fn a_token_from_an_earlier_lease_of_the_same_session_is_refused() {
+        let (_db, mut client, job) = with_job().await;
+        add_buckets(&client, job, 1).await;
+        let a = worker(&client, job).await;
+        let old = acquire(&client, job, &a, Log::Job, 1).await.unwrap()[0].lease;
+        crate::store::postgres::buckets::release(&client, job, &a, &[old])
+            .await
+            .unwrap();
+        let new = acquire(&client, job, &a, Log::Job, 1).await.unwrap()[0].lease;
+        assert!(new.token > old.token);
+        // Same owner, older token: a flush left over from the first lease counts for nothing.
+        let late = flush(
+            &mut client,
+            job,
+            &a,
+            Log::Job,
+            &bucket_results(old, "1"),
+            &[(old, tally(3))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            late.results,
+            Written {
+                written: 0,
+                fenced: 3
+            }
+        );
+        assert_eq!(late.lost, vec![old]);
+        let now = flush(
+            &mut client,
+            job,
+            &a,
+            Log::Job,
+            &bucket_results(new, "2"),
+            &[(new, tally(3))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(now.committed, vec![new]);
+    }
 }
