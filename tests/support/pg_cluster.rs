@@ -36,6 +36,8 @@ pub struct PgCluster {
     dir: PathBuf,
     port: u16,
     as_postgres: bool,
+    /// The CA that signed the server's certificate, if it serves TLS.
+    ca: Option<PathBuf>,
     watchdog: Mutex<Option<(Child, ChildStdin)>>,
 }
 
@@ -89,6 +91,16 @@ impl PgCluster {
     /// initdb and start a new cluster. Panics with a clear message if PostgreSQL's server
     /// binaries are missing or the server does not start.
     pub fn start() -> PgCluster {
+        Self::start_with(false)
+    }
+
+    /// A cluster that also serves TLS, with a certificate for `localhost` (only) signed by a
+    /// throwaway CA ([`PgCluster::ca_pem`]). Needs the `openssl` command.
+    pub fn start_tls() -> PgCluster {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> PgCluster {
         let bin = server_bin();
         // SAFETY: geteuid has no preconditions.
         let as_postgres = unsafe { libc::geteuid() } == 0;
@@ -105,10 +117,14 @@ impl PgCluster {
             dir,
             port: 0,
             as_postgres,
+            ca: None,
             watchdog: Mutex::new(None),
         };
         cluster.start_watchdog();
         cluster.initdb();
+        if tls {
+            cluster.ca = Some(cluster.make_certificates());
+        }
         // A free port can be taken by someone else between our probe and the server's bind:
         // try a few.
         let mut last_error = String::new();
@@ -131,6 +147,108 @@ impl PgCluster {
 
     fn log(&self) -> PathBuf {
         self.dir.join("server.log")
+    }
+
+    /// The PEM file of the CA that signed the server's certificate (TLS clusters only).
+    pub fn ca_pem(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// A CA and a server certificate for DNS name `localhost`, installed in the data
+    /// directory with `ssl = on`. Returns the CA's PEM file.
+    fn make_certificates(&self) -> PathBuf {
+        let data = self.data();
+        let ca_key = self.dir.join("ca.key");
+        let ca = self.dir.join("ca.pem");
+        let csr = self.dir.join("server.csr");
+        let ext = self.dir.join("server.ext");
+        std::fs::write(
+            &ext,
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write the certificate extensions");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let openssl = |args: &[&std::ffi::OsStr]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("run openssl (the TLS test needs the openssl command)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let os = |s: &'static str| std::ffi::OsStr::new(s);
+        let mut args: Vec<&std::ffi::OsStr> = vec![os("req"), os("-x509")];
+        args.extend(ec.iter().map(|a| os(a)));
+        args.extend([
+            os("-keyout"),
+            ca_key.as_os_str(),
+            os("-out"),
+            ca.as_os_str(),
+            os("-days"),
+            os("2"),
+            os("-subj"),
+            os("/CN=highwater test CA"),
+            os("-addext"),
+            os("basicConstraints=critical,CA:TRUE"),
+            os("-addext"),
+            os("keyUsage=critical,keyCertSign,cRLSign"),
+        ]);
+        openssl(&args);
+        let key = data.join("server.key");
+        let crt = data.join("server.crt");
+        let mut args: Vec<&std::ffi::OsStr> = vec![os("req")];
+        args.extend(ec.iter().map(|a| os(a)));
+        args.extend([
+            os("-keyout"),
+            key.as_os_str(),
+            os("-out"),
+            csr.as_os_str(),
+            os("-subj"),
+            os("/CN=localhost"),
+        ]);
+        openssl(&args);
+        openssl(&[
+            os("x509"),
+            os("-req"),
+            os("-in"),
+            csr.as_os_str(),
+            os("-CA"),
+            ca.as_os_str(),
+            os("-CAkey"),
+            ca_key.as_os_str(),
+            os("-CAcreateserial"),
+            os("-out"),
+            crt.as_os_str(),
+            os("-days"),
+            os("2"),
+            os("-extfile"),
+            ext.as_os_str(),
+        ]);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod server.key");
+        if self.as_postgres {
+            for f in [&key, &crt] {
+                chown_to_postgres(f);
+            }
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .expect("open postgresql.conf");
+        conf.write_all(b"ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
+            .expect("append to postgresql.conf");
+        ca
     }
 
     /// The directory holding the server's unix socket.

@@ -383,7 +383,7 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::test_db::{fresh, Db};
+    use crate::store::postgres::test_db::{self, fresh, Db};
 
     const PASSWORD: &str = "s3cret-Pw.42";
 
@@ -577,6 +577,70 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error_chain(&err).contains("TLS"), "{}", error_chain(&err));
+    }
+
+    #[tokio::test]
+    async fn tls_by_sslmode_against_a_server_with_a_test_ca() {
+        let cluster = tokio::task::spawn_blocking(test_db::PgCluster::start_tls)
+            .await
+            .unwrap();
+        let sql = format!("CREATE ROLE hw LOGIN PASSWORD '{PASSWORD}'");
+        cluster.psql("postgres", &sql);
+        let ca = cluster.ca_pem().unwrap().display().to_string();
+        let port = cluster.port();
+        let env = |k: &str| (k == "PGPASSWORD").then(|| PASSWORD.to_string());
+        let url =
+            |host: &str, query: &str| format!("postgresql://hw@{host}:{port}/postgres?{query}");
+        let encrypted = |target: PgTarget| async move {
+            let client = connect(&target, &ConnectOptions::default()).await?;
+            let row = client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            Ok::<bool, PgError>(row.get(0))
+        };
+        let parse = |u: String| PgTarget::parse_with_env(&u, &env).unwrap();
+        // Encrypted whenever the server offers it; require and prefer do not authenticate it.
+        for query in [
+            "sslmode=require".to_string(),
+            "sslmode=prefer".to_string(),
+            String::new(),
+        ] {
+            assert!(
+                encrypted(parse(url("127.0.0.1", &query))).await.unwrap(),
+                "{query}"
+            );
+        }
+        // verify-full: the chain and the name.
+        let full = format!("sslmode=verify-full&sslrootcert={ca}");
+        assert!(encrypted(parse(url("localhost", &full))).await.unwrap());
+        let err = encrypted(parse(url("127.0.0.1", &full))).await.unwrap_err();
+        let chain = error_chain(&err);
+        assert!(
+            chain.contains("not valid for name") || chain.contains("NotValidForName"),
+            "{chain}"
+        );
+        // verify-ca: the chain only.
+        let ca_only = format!("sslmode=verify-ca&sslrootcert={ca}");
+        assert!(encrypted(parse(url("127.0.0.1", &ca_only))).await.unwrap());
+        // require with a root certificate checks the chain (libpq): the system's roots do not
+        // know the test CA.
+        let system = "sslmode=verify-full&sslrootcert=system";
+        let err = encrypted(parse(url("localhost", system)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PgError::Connect { .. }), "{err:?}");
+        let other_ca = format!(
+            "sslmode=require&sslrootcert={}",
+            cluster.socket_dir().join("server.ext").display()
+        );
+        assert!(
+            PgTarget::parse_with_env(&url("localhost", &other_ca), &env).is_err(),
+            "not a PEM certificate"
+        );
     }
 
     #[test]

@@ -80,7 +80,20 @@ impl std::fmt::Display for PgCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_db_error() {
             Some(db) => write!(f, "{db}"),
-            None => write!(f, "{}", self.0),
+            None => {
+                // Its causes (the TLS or I/O error) are not in its own text.
+                let mut text = self.0.to_string();
+                let mut source = std::error::Error::source(&self.0);
+                while let Some(cause) = source {
+                    let cause_text = cause.to_string();
+                    if !text.ends_with(&cause_text) {
+                        text.push_str(": ");
+                        text.push_str(&cause_text);
+                    }
+                    source = cause.source();
+                }
+                f.write_str(&text)
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 #[path = "../../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
 
-pub use pg_cluster::{shared, TestDb};
+pub use pg_cluster::{shared, PgCluster, TestDb};
 use tokio_postgres::Client;
 
 use super::{connect, ConnectOptions, PgTarget};
