@@ -114,3 +114,22 @@ pub async fn add_buckets(client: &Client, job: super::JobId, n: i64) {
         .await
         .expect("insert items");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PgCluster;
+
+    #[test]
+    fn a_cluster_is_stopped_and_removed_when_a_test_panics() {
+        let dir = std::sync::Mutex::new(None);
+        let unwound = std::panic::catch_unwind(|| {
+            let cluster = PgCluster::start();
+            assert_eq!(cluster.psql("postgres", "SELECT 1"), "1");
+            *dir.lock().unwrap() = Some(cluster.socket_dir().to_path_buf());
+            panic!("the test fails while its cluster runs");
+        });
+        assert!(unwound.is_err());
+        let dir = dir.lock().unwrap().clone().unwrap();
+        assert!(!dir.exists(), "{} is left behind", dir.display());
+    }
+}
