@@ -1,6 +1,7 @@
 //! Where the database is and how to connect: a `postgres://` / `postgresql://` URL with
 //! `${VAR}` expanded from the environment at run time (the templates' expansion,
-//! [`crate::handler::expand_env`]), the libpq environment variables for whatever the URL
+//! [`crate::handler::expand_env`]; a value landing in the user info or a query value is
+//! percent-encoded, so any password works), the libpq environment variables for whatever the URL
 //! leaves out, TLS by `sslmode` (see `tls`), and per-connection `statement_timeout` and
 //! `idle_in_transaction_session_timeout`.
 //!
@@ -76,9 +77,10 @@ impl PgTarget {
                 reason: "a database URL starts with postgres:// or postgresql://".into(),
             });
         }
-        let expanded = crate::handler::expand_env(url, "the database URL", env)?;
+        let expanded = expand_url(url, env)?;
+        // Shown as written (`${VAR}` unexpanded), a literal password redacted.
         let bad = |reason: String| PgError::Url {
-            url: redact_url(&expanded),
+            url: redact_url(url),
             reason,
         };
         // tokio-postgres knows only disable/prefer/require and no root certificates: take
@@ -307,6 +309,56 @@ pub async fn connect(target: &PgTarget, options: &ConnectOptions) -> Result<Clie
     Ok(client)
 }
 
+/// Expand `${VAR}` in a URL template. Values that land in the user info or in a query
+/// value are percent-encoded, so a password holding `@`, `/`, `:` or `&` works as written
+/// (and cannot break the URL apart); elsewhere (hosts, database) they go in as they are.
+fn expand_url(template: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, PgError> {
+    const WHAT: &str = "the database URL";
+    let encoded = |name: &str| {
+        env(name).map(|v| percent_encoding::utf8_percent_encode(&v, COMPONENT).to_string())
+    };
+    let expand = |part: &str, encode: bool| {
+        if encode {
+            crate::handler::expand_env(part, WHAT, &encoded)
+        } else {
+            crate::handler::expand_env(part, WHAT, env)
+        }
+    };
+    let start = template.find("://").map_or(0, |i| i + 3);
+    let rest = &template[start..];
+    let authority_end = start + rest.find(['/', '?']).unwrap_or(rest.len());
+    let hosts_start = template[start..authority_end]
+        .rfind('@')
+        .map_or(start, |i| start + i + 1);
+    let (path, query) = match template[authority_end..].split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (&template[authority_end..], None),
+    };
+    let mut out = String::from(&template[..start]);
+    out.push_str(&expand(&template[start..hosts_start], true)?);
+    out.push_str(&expand(&template[hosts_start..authority_end], false)?);
+    out.push_str(&expand(path, false)?);
+    if let Some(query) = query {
+        let pairs: Result<Vec<String>, PgError> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) => Ok(format!("{}={}", expand(k, false)?, expand(v, true)?)),
+                None => Ok(expand(pair, false)?),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs?.join("&"));
+    }
+    Ok(out)
+}
+
+/// What a `${VAR}` value is percent-encoded with in the user info and query values.
+const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// `url` (without its query) with `port` given to each host of its authority that names
 /// none; unchanged if it names no host.
 fn with_default_port(url: &str, port: &str) -> String {
@@ -431,6 +483,34 @@ mod tests {
         let target = PgTarget::parse_with_env(&url, &env).unwrap();
         assert_eq!(current_db(&target).await, db.db.name);
         assert_eq!(target.ssl_mode(), "disable");
+        // A password with the URL's own delimiters, through ${VAR}: encoded, so it works.
+        let odd = "p@ss/w:rd&x=1%?";
+        // Its own role: other tests log in as hw at the same time.
+        db.psql(&format!("CREATE ROLE hw_odd LOGIN PASSWORD '{odd}'"));
+        let url = format!(
+            "postgres://hw_odd:${{DB_PASSWORD}}@127.0.0.1:{}/{}?sslmode=disable&application_name=${{APP}}",
+            db.db.port(),
+            db.db.name
+        );
+        let env = |k: &str| match k {
+            "DB_PASSWORD" => Some(odd.to_string()),
+            "APP" => Some("a&b=c".to_string()),
+            _ => None,
+        };
+        let target = PgTarget::parse_with_env(&url, &env).unwrap();
+        let client = connect(&target, &ConnectOptions::default()).await.unwrap();
+        let app: String = client
+            .query_one("SHOW application_name", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(app, "a&b=c");
+        for shown in [target.to_string(), format!("{target:?}")] {
+            assert!(
+                !shown.contains("p@ss") && !shown.contains("w:rd"),
+                "{shown}"
+            );
+        }
         // A missing variable names the variable, not a value.
         let err = PgTarget::parse_with_env(&url, &|_| None).unwrap_err();
         assert!(err.to_string().contains("DB_PASSWORD"), "{err}");
