@@ -83,23 +83,9 @@ impl Template {
                 pieces.push(Piece::Id);
                 rest = after;
             } else if let Some(after) = rest.strip_prefix("${") {
-                let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
-                    what: what.into(),
-                    reason: "unclosed ${ (write ${NAME})".into(),
-                })?;
-                let name = &after[..end];
-                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    return Err(HandlerError::Invalid {
-                        what: what.into(),
-                        reason: format!("invalid variable name ${{{name}}}"),
-                    });
-                }
-                let value = env(name).ok_or_else(|| HandlerError::MissingVar {
-                    what: what.into(),
-                    name: name.into(),
-                })?;
+                let (value, after) = expand_var(after, what, env)?;
                 text.push_str(&value);
-                rest = &after[end + 1..];
+                rest = after;
             } else {
                 let c = rest.chars().next().expect("rest is not empty");
                 text.push(c);
@@ -162,6 +148,50 @@ impl Template {
         }
         out
     }
+}
+
+/// Expand one `${NAME}`: `after` is the text after `${`. Returns the value and the text
+/// after the closing `}`. `what` names the setting for messages (never the value).
+fn expand_var<'a>(
+    after: &'a str,
+    what: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(String, &'a str), HandlerError> {
+    let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
+        what: what.into(),
+        reason: "unclosed ${ (write ${NAME})".into(),
+    })?;
+    let name = &after[..end];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(HandlerError::Invalid {
+            what: what.into(),
+            reason: format!("invalid variable name ${{{name}}}"),
+        });
+    }
+    let value = env(name).ok_or_else(|| HandlerError::MissingVar {
+        what: what.into(),
+        name: name.into(),
+    })?;
+    Ok((value, &after[end + 1..]))
+}
+
+/// Expand every `${NAME}` of `source` with `env`, as the templates do (for settings that
+/// are not templates, such as a database URL). Errors name `what` and the variable only.
+pub fn expand_env(
+    source: &str,
+    what: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, HandlerError> {
+    let mut out = String::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let (value, after) = expand_var(&rest[at + 2..], what, env)?;
+        out.push_str(&value);
+        rest = after;
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Makes one attempt for an ID. Cheap to share behind an `Arc`.

@@ -23,6 +23,8 @@
 
 pub mod id_index;
 pub mod id_lists;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod results_log;
 pub mod sled_store;
 

@@ -1,0 +1,441 @@
+//! The planner lease and the planning transaction (`hw_job`, `hw_item`, `hw_bucket`).
+//!
+//! One planner at a time: the lease is (planner session, token) on the job row, valid while
+//! that session lives, taken by another live worker once it expires (River's elect and
+//! re-elect, tied to the session like the bucket leases). [`plan`] writes a batch of buckets
+//! in one transaction fenced by the lease: the items (`ON CONFLICT DO NOTHING`: an ID already
+//! planned is a duplicate, found by the table's key, across workers and restarts), the
+//! bucket rows with their final counts, the bad lines, and the planner's new position.
+
+use tokio_postgres::{Client, GenericClient};
+
+use super::error::PgError;
+use super::job::to_i64;
+use super::{JobId, WorkerId};
+use crate::store::{BadLine, PlannerState};
+
+/// Take the planner lease, or keep it if this session holds it. Its token, or none if another
+/// live session holds it or the input is planned to its end.
+pub async fn acquire_planner(
+    client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+) -> Result<Option<i64>, PgError> {
+    let row = client
+        .query_opt(
+            "UPDATE hw_job j
+             SET planner = $2::text::uuid,
+                 planner_token = CASE WHEN j.planner = $2::text::uuid THEN j.planner_token
+                                      ELSE nextval('hw_lease_token') END
+             WHERE j.job_id = $1 AND NOT j.planner_exhausted
+               AND EXISTS (SELECT 1 FROM hw_worker me
+                           WHERE me.job_id = $1 AND me.worker_id = $2::text::uuid
+                             AND me.expires_at > now() AND NOT me.draining)
+               AND (j.planner IS NULL OR j.planner = $2::text::uuid OR NOT EXISTS (
+                     SELECT 1 FROM hw_worker w
+                     WHERE w.job_id = j.job_id AND w.worker_id = j.planner
+                       AND w.expires_at > now()))
+             RETURNING planner_token",
+            &[&job.0, &me.0],
+        )
+        .await
+        .map_err(PgError::sql("taking the planner lease"))?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Give the planner lease up (drain, end of session).
+pub async fn release_planner(
+    client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+) -> Result<(), PgError> {
+    client
+        .execute(
+            "UPDATE hw_job SET planner = NULL WHERE job_id = $1 AND planner = $2::text::uuid",
+            &[&job.0, &me.0],
+        )
+        .await
+        .map_err(PgError::sql("releasing the planner lease"))?;
+    Ok(())
+}
+
+/// One bucket as the planner cut it: its unique-in-the-input-so-far IDs with their rows.
+#[derive(Debug, Clone)]
+pub struct PlanBucket {
+    pub bucket: u64,
+    /// (row, ID), in input order.
+    pub items: Vec<(u64, String)>,
+}
+
+/// A bucket's counts after the database found the duplicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketCounts {
+    pub bucket: u64,
+    /// IDs inserted: first occurrences, the bucket's items to call.
+    pub items: u64,
+    /// IDs already planned (in an earlier bucket, or earlier in this one).
+    pub duplicates: u64,
+}
+
+/// A batch of planning: buckets, the bad lines met, and where the planner stands after.
+#[derive(Debug, Clone)]
+pub struct Plan<'a> {
+    pub buckets: &'a [PlanBucket],
+    pub bad_lines: &'a [BadLine],
+    pub position: PlannerState,
+}
+
+/// Plan a batch under the planner lease `token`, in one transaction: insert the items, let
+/// `offset_record` make each bucket's write-ahead record (JSON text) from its final counts,
+/// insert the bucket rows and bad lines, and move the planner to the batch's position.
+/// [`PgError::PlannerLeaseLost`] (nothing written) if the lease moved.
+pub async fn plan(
+    client: &mut Client,
+    job: JobId,
+    me: &WorkerId,
+    token: i64,
+    batch: &Plan<'_>,
+    offset_record: impl Fn(&BucketCounts) -> String,
+) -> Result<Vec<BucketCounts>, PgError> {
+    let (buckets, bad_lines, position) = (batch.buckets, batch.bad_lines, &batch.position);
+    let tx = client
+        .transaction()
+        .await
+        .map_err(PgError::sql("starting a planning transaction"))?;
+    // The lock keeps the lease where it is until this transaction ends.
+    let held = tx
+        .query_opt(
+            "SELECT 1 FROM hw_job
+             WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
+             FOR NO KEY UPDATE",
+            &[&job.0, &me.0, &token],
+        )
+        .await
+        .map_err(PgError::sql("checking the planner lease"))?;
+    if held.is_none() {
+        return Err(PgError::PlannerLeaseLost { token });
+    }
+    let (mut ids, mut item_buckets, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+    for b in buckets {
+        for (row, id) in &b.items {
+            ids.push(id.as_str());
+            item_buckets.push(to_i64(b.bucket)?);
+            rows.push(to_i64(*row)?);
+        }
+    }
+    let inserted = tx
+        .query(
+            "WITH ins AS (
+                 INSERT INTO hw_item (job_id, id, bucket, \"row\")
+                 SELECT $1, u.id, u.bucket, u.item_row
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY
+                     AS u(id, bucket, item_row, ord)
+                 ORDER BY u.ord
+                 ON CONFLICT (job_id, id) DO NOTHING
+                 RETURNING bucket)
+             SELECT bucket, count(*) FROM ins GROUP BY bucket",
+            &[&job.0, &ids, &item_buckets, &rows],
+        )
+        .await
+        .map_err(PgError::sql("inserting planned items"))?;
+    let inserted: std::collections::HashMap<i64, i64> =
+        inserted.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let counts: Vec<BucketCounts> = buckets
+        .iter()
+        .map(|b| {
+            let items = inserted.get(&(b.bucket as i64)).copied().unwrap_or(0) as u64;
+            BucketCounts {
+                bucket: b.bucket,
+                items,
+                duplicates: b.items.len() as u64 - items,
+            }
+        })
+        .collect();
+    let mut numbers = Vec::new();
+    let mut records = Vec::new();
+    let mut items = Vec::new();
+    for c in &counts {
+        numbers.push(to_i64(c.bucket)?);
+        records.push(offset_record(c));
+        items.push(to_i64(c.items)?);
+    }
+    tx.execute(
+        "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items)
+         SELECT $1, 0, u.bucket, u.record::jsonb, u.items
+         FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS u(bucket, record, items)",
+        &[&job.0, &numbers, &records, &items],
+    )
+    .await
+    .map_err(PgError::sql("inserting planned buckets"))?;
+    if !bad_lines.is_empty() {
+        let mut bad_rows = Vec::new();
+        let mut lines = Vec::new();
+        let mut reasons = Vec::new();
+        for b in bad_lines {
+            bad_rows.push(to_i64(b.row)?);
+            lines.push(to_i64(b.line)?);
+            reasons.push(b.reason.as_str());
+        }
+        tx.execute(
+            "INSERT INTO hw_bad_line (job_id, \"row\", line, reason)
+             SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[])
+             ON CONFLICT DO NOTHING",
+            &[&job.0, &bad_rows, &lines, &reasons],
+        )
+        .await
+        .map_err(PgError::sql("inserting bad lines"))?;
+    }
+    tx.execute(
+        "UPDATE hw_job SET next_bucket = $2, cursor_byte = $3, cursor_line = $4,
+             cursor_row = $5, planner_exhausted = $6
+         WHERE job_id = $1",
+        &[
+            &job.0,
+            &to_i64(position.next_bucket)?,
+            &to_i64(position.cursor.byte)?,
+            &to_i64(position.cursor.line)?,
+            &to_i64(position.cursor.row)?,
+            &position.exhausted,
+        ],
+    )
+    .await
+    .map_err(PgError::sql("moving the planner"))?;
+    tx.commit()
+        .await
+        .map_err(PgError::sql("committing a plan"))?;
+    Ok(counts)
+}
+
+/// Where the planner stands.
+pub async fn planner_state(
+    client: &impl GenericClient,
+    job: JobId,
+) -> Result<PlannerState, PgError> {
+    let row = client
+        .query_one(
+            "SELECT next_bucket, cursor_byte, cursor_line, cursor_row, planner_exhausted
+             FROM hw_job WHERE job_id = $1",
+            &[&job.0],
+        )
+        .await
+        .map_err(PgError::sql("reading the planner's position"))?;
+    Ok(PlannerState {
+        next_bucket: row.get::<_, i64>(0) as u64,
+        cursor: crate::input::Cursor {
+            byte: row.get::<_, i64>(1) as u64,
+            line: row.get::<_, i64>(2) as u64,
+            row: row.get::<_, i64>(3) as u64,
+        },
+        exhausted: row.get(4),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::Cursor;
+    use crate::store::postgres::test_db::{expire, with_job, worker};
+
+    fn ids(bucket: u64, first_row: u64, ids: &[&str]) -> PlanBucket {
+        PlanBucket {
+            bucket,
+            items: ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (first_row + i as u64, id.to_string()))
+                .collect(),
+        }
+    }
+
+    fn position(next_bucket: u64, row: u64, exhausted: bool) -> PlannerState {
+        PlannerState {
+            next_bucket,
+            cursor: Cursor {
+                byte: row * 2,
+                line: row + 1,
+                row,
+            },
+            exhausted,
+        }
+    }
+
+    fn record(c: &BucketCounts) -> String {
+        format!(
+            r#"{{"bucket":{},"items":{},"duplicates":{}}}"#,
+            c.bucket, c.items, c.duplicates
+        )
+    }
+
+    #[tokio::test]
+    async fn the_planner_lease_is_exclusive_and_moves_only_when_its_session_expires() {
+        let (_db, client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        let b = worker(&client, job).await;
+        let t = acquire_planner(&client, job, &a)
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(acquire_planner(&client, job, &b).await.unwrap(), None);
+        assert_eq!(
+            acquire_planner(&client, job, &a).await.unwrap(),
+            Some(t),
+            "kept"
+        );
+        expire(&client, job, &a).await;
+        let t2 = acquire_planner(&client, job, &b)
+            .await
+            .unwrap()
+            .expect("taken over");
+        assert!(t2 > t);
+        assert_eq!(acquire_planner(&client, job, &a).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn concurrent_candidates_get_one_planner() {
+        let (db, client, job) = with_job().await;
+        let mut tasks = Vec::new();
+        for _ in 0..6 {
+            let c = db.connect().await;
+            let me = worker(&c, job).await;
+            tasks.push(tokio::spawn(async move {
+                acquire_planner(&c, job, &me).await.unwrap()
+            }));
+        }
+        let mut won = 0;
+        for t in tasks {
+            won += usize::from(t.await.unwrap().is_some());
+        }
+        assert_eq!(won, 1);
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        let t = acquire_planner(&client, job, &a).await.unwrap().unwrap();
+        let buckets = [ids(0, 0, &["x", "y", "x", "z"]), ids(1, 4, &["z", "w"])];
+        let bad = [BadLine {
+            row: 6,
+            line: 7,
+            reason: "empty".into(),
+        }];
+        let batch = Plan {
+            buckets: &buckets,
+            bad_lines: &bad,
+            position: position(2, 7, false),
+        };
+        let counts = plan(&mut client, job, &a, t, &batch, record).await.unwrap();
+        assert_eq!(
+            counts,
+            vec![
+                BucketCounts {
+                    bucket: 0,
+                    items: 3,
+                    duplicates: 1
+                },
+                BucketCounts {
+                    bucket: 1,
+                    items: 1,
+                    duplicates: 1
+                },
+            ]
+        );
+        // Across batches too: "y" was planned before.
+        let more = [ids(2, 7, &["y", "v"])];
+        let batch2 = Plan {
+            buckets: &more,
+            bad_lines: &[],
+            position: position(3, 9, true),
+        };
+        let counts = plan(&mut client, job, &a, t, &batch2, record)
+            .await
+            .unwrap();
+        assert_eq!(
+            counts,
+            vec![BucketCounts {
+                bucket: 2,
+                items: 1,
+                duplicates: 1
+            }]
+        );
+
+        let rows = client
+            .query(
+                "SELECT bucket, items, offset_record->>'duplicates', state FROM hw_bucket
+                 WHERE job_id = $1 ORDER BY bucket",
+                &[&job.0],
+            )
+            .await
+            .unwrap();
+        let got: Vec<(i64, i64, String, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 3, "1".into(), "open".into()),
+                (1, 1, "1".into(), "open".into()),
+                (2, 1, "1".into(), "open".into()),
+            ]
+        );
+        // An ID keeps the bucket and row of its first occurrence.
+        let z = client
+            .query_one(
+                "SELECT bucket, \"row\" FROM hw_item WHERE job_id = $1 AND id = 'z'",
+                &[&job.0],
+            )
+            .await
+            .unwrap();
+        assert_eq!((z.get::<_, i64>(0), z.get::<_, i64>(1)), (0, 3));
+        assert_eq!(
+            planner_state(&client, job).await.unwrap(),
+            position(3, 9, true)
+        );
+        // Planned to its end: no planner lease to take any more.
+        let b = worker(&client, job).await;
+        expire(&client, job, &a).await;
+        assert_eq!(acquire_planner(&client, job, &b).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_planner_that_lost_its_lease_writes_nothing() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        let b = worker(&client, job).await;
+        let old = acquire_planner(&client, job, &a).await.unwrap().unwrap();
+        expire(&client, job, &a).await;
+        let new = acquire_planner(&client, job, &b).await.unwrap().unwrap();
+        let buckets = [ids(0, 0, &["x"])];
+        let batch = Plan {
+            buckets: &buckets,
+            bad_lines: &[],
+            position: position(1, 1, false),
+        };
+        let err = plan(&mut client, job, &a, old, &batch, record)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PgError::PlannerLeaseLost { token } if token == old),
+            "{err:?}"
+        );
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM hw_item WHERE job_id = $1", &[&job.0])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0);
+        assert_eq!(
+            planner_state(&client, job).await.unwrap(),
+            PlannerState::default()
+        );
+        plan(&mut client, job, &b, new, &batch, record)
+            .await
+            .unwrap();
+        assert_eq!(
+            planner_state(&client, job).await.unwrap(),
+            position(1, 1, false)
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! The fleet's rate limit and shared pause on the job row. Shares themselves are granted in
+//! the heartbeat ([`super::session`]).
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use super::error::PgError;
+use super::JobId;
+
+/// Change the job's total rate (none: unlimited) and burst. Every share is reset in the same
+/// transaction (and regrows from the new rate at the next heartbeats), so a lower rate is
+/// never exceeded by shares granted under the old one.
+pub async fn set_rate(
+    client: &mut Client,
+    job: JobId,
+    rate_per_s: Option<f64>,
+    burst: u32,
+) -> Result<(), PgError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(PgError::sql("starting a rate change"))?;
+    tx.execute(
+        "UPDATE hw_job SET rate_per_s = $2, burst = $3 WHERE job_id = $1",
+        &[
+            &job.0,
+            &rate_per_s,
+            &i32::try_from(burst.max(1)).unwrap_or(i32::MAX),
+        ],
+    )
+    .await
+    .map_err(PgError::sql("setting the rate"))?;
+    tx.execute(
+        "UPDATE hw_worker SET rate_share = CASE WHEN $2::float8 IS NULL THEN NULL ELSE 0 END
+         WHERE job_id = $1",
+        &[&job.0, &rate_per_s],
+    )
+    .await
+    .map_err(PgError::sql("resetting rate shares"))?;
+    tx.commit()
+        .await
+        .map_err(PgError::sql("committing a rate change"))?;
+    Ok(())
+}
+
+/// Pause every worker of the job for `pause` from now (database time), unless it is
+/// already paused for longer (a `Retry-After` seen by one worker). Returns how long the
+/// job is paused from now.
+pub async fn pause(client: &Client, job: JobId, pause: Duration) -> Result<Duration, PgError> {
+    let row = client
+        .query_one(
+            "UPDATE hw_job
+             SET paused_until = greatest(coalesce(paused_until, now()),
+                                         now() + make_interval(secs => $2))
+             WHERE job_id = $1
+             RETURNING extract(epoch FROM paused_until - now())::float8",
+            &[&job.0, &pause.as_secs_f64()],
+        )
+        .await
+        .map_err(PgError::sql("pausing the job"))?;
+    Ok(Duration::from_secs_f64(row.get::<_, f64>(0).max(0.0)))
+}

@@ -1,0 +1,421 @@
+//! Worker sessions (`hw_worker`): one row per process start with a random id. Liveness is
+//! the session: a heartbeat renews `expires_at = now() + ttl` in database time, and every
+//! lease the worker holds is valid only while its session is. The heartbeat also grants the
+//! worker's **rate share** from free capacity and reports the job's shared pause.
+//!
+//! Rate shares, computed in the heartbeat's transaction under a per-job advisory lock (not
+//! the job row's lock, so a planning transaction never delays a heartbeat):
+//! fair = R / live non-draining workers; free = R - the other live workers' shares;
+//! share = max(0, min(fair, free)); a draining worker's share is 0. Every grant leaves the
+//! live shares' sum at most R, and an expired session's share stops counting at once, so
+//! the sum never exceeds R. A newcomer starts at 0 and grows as others' next heartbeats
+//! give up their excess. The worker must stop using its share (and its leases) when its
+//! own monotonic deadline (`ttl` after it sent the heartbeat) passes without a renewal.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, GenericClient};
+
+use super::error::PgError;
+use super::{JobId, WorkerId};
+
+/// Who a worker is, for `status`.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo<'a> {
+    pub host: &'a str,
+    pub pid: u32,
+    pub version: &'a str,
+}
+
+/// What a renewed session may use until its next heartbeat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    /// Calls per second this worker may make (none: the job has no rate limit).
+    pub rate_share: Option<f64>,
+    /// This worker's part of the job's burst (at least 1 while it has a share).
+    pub burst: u32,
+    /// The job is paused (a shared `Retry-After`) for this much longer.
+    pub paused_for: Option<Duration>,
+    pub draining: bool,
+}
+
+/// A heartbeat's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Heartbeat {
+    Renewed(Grant),
+    /// The session had expired: its leases may be anyone's. Drop them all, register again.
+    Expired,
+}
+
+/// The advisory lock class under which a job's rate shares are computed ("hwra").
+const RATE_LOCK: i32 = 0x6877_7261;
+
+/// Register a new session for this process start; it lives `ttl` unless renewed.
+pub async fn register(
+    client: &impl GenericClient,
+    job: JobId,
+    info: &WorkerInfo<'_>,
+    ttl: Duration,
+) -> Result<WorkerId, PgError> {
+    let row = client
+        .query_one(
+            "INSERT INTO hw_worker (job_id, host, pid, version, expires_at)
+             VALUES ($1, $2, $3, $4, clock_timestamp() + make_interval(secs => $5))
+             RETURNING worker_id::text",
+            &[
+                &job.0,
+                &info.host,
+                &i32::try_from(info.pid).unwrap_or(i32::MAX),
+                &info.version,
+                &ttl.as_secs_f64(),
+            ],
+        )
+        .await
+        .map_err(PgError::sql("registering the worker"))?;
+    Ok(WorkerId(row.get(0)))
+}
+
+/// Renew the session for `ttl` (database time), store `stats`, and take this worker's rate
+/// share. [`Heartbeat::Expired`] if the session had already expired (nothing is renewed).
+pub async fn heartbeat(
+    client: &mut Client,
+    job: JobId,
+    me: &WorkerId,
+    ttl: Duration,
+    stats: &serde_json::Value,
+) -> Result<Heartbeat, PgError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(PgError::sql("starting a heartbeat"))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::integer)",
+        &[&RATE_LOCK, &job.0],
+    )
+    .await
+    .map_err(PgError::sql("taking the rate-share lock"))?;
+    // clock_timestamp, not now(): the lock may have been waited for.
+    let row = tx
+        .query_opt(
+            "UPDATE hw_worker w
+             SET heartbeat_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + make_interval(secs => $3),
+                 stats = $4,
+                 rate_share = CASE
+                     WHEN j.rate_per_s IS NULL THEN NULL
+                     WHEN w.draining THEN 0
+                     ELSE greatest(0, least(j.rate_per_s / live.n, j.rate_per_s - others.s))
+                 END
+             FROM (SELECT rate_per_s, burst, paused_until FROM hw_job WHERE job_id = $1) j,
+                  (SELECT count(*) AS n FROM hw_worker
+                   WHERE job_id = $1 AND NOT draining AND expires_at > clock_timestamp()) live,
+                  (SELECT coalesce(sum(rate_share), 0) AS s FROM hw_worker
+                   WHERE job_id = $1 AND worker_id <> $2::text::uuid
+                     AND expires_at > clock_timestamp()) others
+             WHERE w.job_id = $1 AND w.worker_id = $2::text::uuid
+               AND w.expires_at > clock_timestamp()
+             RETURNING w.rate_share, j.rate_per_s, j.burst, w.draining,
+                       extract(epoch FROM j.paused_until - clock_timestamp())::float8",
+            &[&job.0, &me.0, &ttl.as_secs_f64(), stats],
+        )
+        .await
+        .map_err(PgError::sql("renewing the worker session"))?;
+    let Some(row) = row else {
+        return Ok(Heartbeat::Expired);
+    };
+    tx.commit()
+        .await
+        .map_err(PgError::sql("committing a heartbeat"))?;
+    let rate_share: Option<f64> = row.get(0);
+    let rate: Option<f64> = row.get(1);
+    let burst: i32 = row.get(2);
+    let paused: Option<f64> = row.get(4);
+    Ok(Heartbeat::Renewed(Grant {
+        rate_share,
+        burst: share_of_burst(burst, rate_share, rate),
+        paused_for: paused.filter(|s| *s > 0.0).map(Duration::from_secs_f64),
+        draining: row.get(3),
+    }))
+}
+
+/// ceil(burst · share / R), at least 1 while the share is positive.
+fn share_of_burst(burst: i32, share: Option<f64>, rate: Option<f64>) -> u32 {
+    let burst = burst.max(1) as u32;
+    match (share, rate) {
+        (Some(share), Some(rate)) if share > 0.0 && rate > 0.0 => {
+            ((f64::from(burst) * share / rate).ceil() as u32).clamp(1, burst)
+        }
+        (Some(_), Some(_)) => 0,
+        _ => burst,
+    }
+}
+
+/// Start draining: no new buckets, and the rate share goes back to the others at once.
+pub async fn drain(client: &impl GenericClient, job: JobId, me: &WorkerId) -> Result<(), PgError> {
+    client
+        .execute(
+            "UPDATE hw_worker SET draining = true,
+                 rate_share = CASE WHEN rate_share IS NULL THEN NULL ELSE 0 END
+             WHERE job_id = $1 AND worker_id = $2::text::uuid",
+            &[&job.0, &me.0],
+        )
+        .await
+        .map_err(PgError::sql("marking the worker draining"))?;
+    Ok(())
+}
+
+/// End the session: release every bucket and the planner lease it holds, and delete its
+/// row, in one transaction. Returns how many buckets were released.
+pub async fn end(client: &mut Client, job: JobId, me: &WorkerId) -> Result<u64, PgError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(PgError::sql("starting the session's end"))?;
+    let released = super::buckets::release_all(&tx, job, me).await?;
+    super::planner::release_planner(&tx, job, me).await?;
+    tx.execute(
+        "DELETE FROM hw_worker WHERE job_id = $1 AND worker_id = $2::text::uuid",
+        &[&job.0, &me.0],
+    )
+    .await
+    .map_err(PgError::sql("deleting the worker session"))?;
+    tx.commit()
+        .await
+        .map_err(PgError::sql("committing the session's end"))?;
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::test_db::{add_buckets, expire, with_job, worker};
+    use crate::store::Log;
+    use rand::{Rng, SeedableRng};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    async fn beat(client: &mut Client, job: JobId, me: &WorkerId) -> Heartbeat {
+        heartbeat(client, job, me, TTL, &serde_json::json!({"ok": 1}))
+            .await
+            .unwrap()
+    }
+
+    fn share(h: &Heartbeat) -> f64 {
+        match h {
+            Heartbeat::Renewed(g) => g.rate_share.unwrap(),
+            Heartbeat::Expired => panic!("expected a renewal"),
+        }
+    }
+
+    /// The live sessions' shares, summed.
+    async fn live_sum(client: &Client, job: JobId) -> f64 {
+        client
+            .query_one(
+                "SELECT coalesce(sum(rate_share), 0) FROM hw_worker
+                 WHERE job_id = $1 AND expires_at > clock_timestamp()",
+                &[&job.0],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_renews_in_database_time_and_stores_stats() {
+        let (_db, mut client, job) = with_job().await;
+        let me = worker(&client, job).await;
+        assert!(matches!(
+            beat(&mut client, job, &me).await,
+            Heartbeat::Renewed(_)
+        ));
+        let row = client
+            .query_one(
+                "SELECT extract(epoch FROM expires_at - heartbeat_at)::float8, stats
+                 FROM hw_worker WHERE worker_id = $1::text::uuid",
+                &[&me.0],
+            )
+            .await
+            .unwrap();
+        let ttl: f64 = row.get(0);
+        assert!(
+            (30.0..31.0).contains(&ttl),
+            "expires_at = heartbeat_at + ttl, got {ttl}"
+        );
+        assert_eq!(
+            row.get::<_, serde_json::Value>(1),
+            serde_json::json!({"ok": 1})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_after_expiry_says_so_and_renews_nothing() {
+        let (_db, mut client, job) = with_job().await;
+        let me = worker(&client, job).await;
+        expire(&client, job, &me).await;
+        assert_eq!(beat(&mut client, job, &me).await, Heartbeat::Expired);
+        let alive: bool = client
+            .query_one(
+                "SELECT expires_at > now() FROM hw_worker WHERE worker_id = $1::text::uuid",
+                &[&me.0],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!alive, "an expired session stays expired");
+        let unknown = WorkerId("00000000-0000-0000-0000-000000000000".into());
+        assert_eq!(beat(&mut client, job, &unknown).await, Heartbeat::Expired);
+    }
+
+    #[tokio::test]
+    async fn shares_come_from_free_capacity_and_converge_to_fair() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        assert_eq!(share(&beat(&mut client, job, &a).await), 100.0);
+        let b = worker(&client, job).await;
+        // Fair is 50, but A still holds 100: nothing is free yet.
+        assert_eq!(share(&beat(&mut client, job, &b).await), 0.0);
+        assert_eq!(share(&beat(&mut client, job, &a).await), 50.0);
+        assert_eq!(share(&beat(&mut client, job, &b).await), 50.0);
+        // A crashed session's share frees with the session.
+        expire(&client, job, &a).await;
+        assert_eq!(share(&beat(&mut client, job, &b).await), 100.0);
+        // Draining gives the share back at once.
+        let c = worker(&client, job).await;
+        drain(&client, job, &b).await.unwrap();
+        match beat(&mut client, job, &b).await {
+            Heartbeat::Renewed(g) => {
+                assert!(g.draining);
+                assert_eq!(g.rate_share, Some(0.0));
+                assert_eq!(g.burst, 0);
+            }
+            Heartbeat::Expired => panic!("draining is not expired"),
+        }
+        match beat(&mut client, job, &c).await {
+            Heartbeat::Renewed(g) => {
+                assert_eq!(g.rate_share, Some(100.0));
+                assert_eq!(g.burst, 10);
+            }
+            Heartbeat::Expired => panic!("c is live"),
+        }
+    }
+
+    #[tokio::test]
+    async fn shares_never_sum_above_the_rate_as_workers_join_beat_drain_and_expire() {
+        let (db, mut client, job) = with_job().await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let mut live: Vec<WorkerId> = Vec::new();
+        for step in 0..300 {
+            match rng.random_range(0..10) {
+                0 | 1 => live.push(worker(&client, job).await),
+                2 if !live.is_empty() => {
+                    let w = live.swap_remove(rng.random_range(0..live.len()));
+                    expire(&client, job, &w).await;
+                }
+                3 if !live.is_empty() => {
+                    let w = &live[rng.random_range(0..live.len())];
+                    drain(&client, job, w).await.unwrap();
+                }
+                _ if !live.is_empty() => {
+                    let w = live[rng.random_range(0..live.len())].clone();
+                    beat(&mut client, job, &w).await;
+                }
+                _ => {}
+            }
+            let sum = live_sum(&client, job).await;
+            assert!(sum <= 100.0 + 1e-9, "step {step}: shares sum to {sum}");
+        }
+        // Concurrent heartbeats of many workers, from their own connections.
+        let mut tasks = Vec::new();
+        for _ in 0..6 {
+            let mut c = db.connect().await;
+            let me = worker(&c, job).await;
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    heartbeat(&mut c, job, &me, TTL, &serde_json::json!({}))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        let watcher = db.connect().await;
+        for t in tasks {
+            let sum = live_sum(&watcher, job).await;
+            assert!(sum <= 100.0 + 1e-9, "shares sum to {sum}");
+            t.await.unwrap();
+        }
+        assert!(live_sum(&watcher, job).await <= 100.0 + 1e-9);
+    }
+
+    #[tokio::test]
+    async fn a_pause_is_shared_and_never_shortened() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        let left = crate::store::postgres::rate::pause(&client, job, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(left > Duration::from_secs(50) && left <= Duration::from_secs(60));
+        let shorter = crate::store::postgres::rate::pause(&client, job, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(
+            shorter > Duration::from_secs(50),
+            "a shorter pause does not shorten it"
+        );
+        match beat(&mut client, job, &a).await {
+            Heartbeat::Renewed(g) => {
+                let p = g.paused_for.expect("paused");
+                assert!(p > Duration::from_secs(50) && p <= Duration::from_secs(60));
+            }
+            Heartbeat::Expired => panic!("a is live"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lower_rate_resets_every_share() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        assert_eq!(share(&beat(&mut client, job, &a).await), 100.0);
+        crate::store::postgres::rate::set_rate(&mut client, job, Some(10.0), 2)
+            .await
+            .unwrap();
+        assert_eq!(live_sum(&client, job).await, 0.0);
+        assert_eq!(share(&beat(&mut client, job, &a).await), 10.0);
+    }
+
+    #[tokio::test]
+    async fn ending_a_session_releases_its_leases_and_deletes_it() {
+        let (_db, mut client, job) = with_job().await;
+        add_buckets(&client, job, 3).await;
+        let a = worker(&client, job).await;
+        let b = worker(&client, job).await;
+        crate::store::postgres::buckets::acquire(&client, job, &a, Log::Job, 2)
+            .await
+            .unwrap();
+        assert!(
+            crate::store::postgres::planner::acquire_planner(&client, job, &a)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(end(&mut client, job, &a).await.unwrap(), 2);
+        assert_eq!(beat(&mut client, job, &a).await, Heartbeat::Expired);
+        let got = crate::store::postgres::buckets::acquire(&client, job, &b, Log::Job, 10)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 3, "released buckets are open at once");
+        assert!(
+            crate::store::postgres::planner::acquire_planner(&client, job, &b)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn burst_is_shared_in_proportion_and_never_zero_with_a_share() {
+        assert_eq!(share_of_burst(10, Some(50.0), Some(100.0)), 5);
+        assert_eq!(share_of_burst(10, Some(1.0), Some(100.0)), 1);
+        assert_eq!(share_of_burst(10, Some(0.0), Some(100.0)), 0);
+        assert_eq!(share_of_burst(10, None, None), 10);
+    }
+}
