@@ -169,11 +169,11 @@ struct RunArgs {
     /// With adaptive control (the default) this is the ceiling.
     #[arg(long, value_name = "RATE")]
     rate: Option<Rate>,
-    /// Requests that may start at once above the rate. At high rates (hundreds per second
-    /// and more) give about 10 ms worth (e.g. --rate 2000/s --burst 20): with a burst of 1
-    /// every late timer wake-up is lost and the rate achieved falls short.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    burst: u32,
+    /// Requests that may start at once above the rate: the API sees at most R*t + N in any
+    /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
+    /// worth at high ones), enough to make up for late timer wake-ups without tuning.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: Option<u32>,
     /// Follow the API's pushback (429, 503, timeouts, rising latency): the rate between
     /// --min-rate and --rate, or, without --rate, the concurrency up to --concurrency.
     #[arg(long, value_enum, default_value = "on")]
