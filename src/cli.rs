@@ -533,6 +533,9 @@ async fn run(args: RunArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     };
+    if let Some(code) = open_files(&args) {
+        return Ok(code);
+    }
     // Listen first: a bad --metrics-addr stops the run before anything is created.
     let metrics = match args.metrics_addr {
         Some(addr) => Some(crate::metrics::bind(addr).await?),
@@ -605,6 +608,18 @@ async fn run(args: RunArgs) -> Result<u8> {
 /// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
 /// malformed --url, --header or --body included; 1 for a variable missing from the
 /// environment or a client that cannot be built; anything else is the command's error.
+/// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
+/// connections open is a usage error (exit 2), said before anything is created.
+fn open_files(run: &RunArgs) -> Option<u8> {
+    match crate::os::open_files_for(u64::from(run.concurrency)) {
+        Ok(_) => None,
+        Err(e) => {
+            say!("error: --concurrency {}: {e}", run.concurrency);
+            Some(exit::USAGE)
+        }
+    }
+}
+
 fn refused(e: crate::job::JobError) -> Result<u8> {
     use crate::handler::HandlerError;
     use crate::job::JobError;
@@ -735,6 +750,9 @@ async fn run_log(
 }
 
 async fn rerun(args: RerunArgs) -> Result<u8> {
+    if let Some(code) = open_files(&args.run) {
+        return Ok(code);
+    }
     let state = args.run.state.clone();
     let mut request = match args.run.request() {
         Ok(r) => r,
