@@ -127,9 +127,8 @@ impl RateLimiter {
         f64::from_bits(self.rate.load(Relaxed))
     }
 
-    /// Change the rate. The schedule carries over: what is owed at the old rate is owed in
-    /// the same number of grants at the new one, so a change lets no burst through and the
-    /// new rate holds from the next grant.
+    /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
+    /// lets no burst through and the new rate holds from the next grant.
     pub fn set_rate(&self, rate: Rate) {
         self.schedule.lock().expect("never poisoned").set_rate(
             rate.0,
@@ -160,9 +159,7 @@ impl RateLimiter {
             }
         }
     }
-}
 
-impl RateLimiter {
     /// Take a grant if one is due now (None), or say when the next one is.
     fn try_grant(&self) -> Option<tokio::time::Instant> {
         let mut s = self.schedule.lock().expect("never poisoned");
