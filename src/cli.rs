@@ -169,11 +169,11 @@ struct RunArgs {
     /// With adaptive control (the default) this is the ceiling.
     #[arg(long, value_name = "RATE")]
     rate: Option<Rate>,
-    /// Requests that may start at once above the rate. At high rates (hundreds per second
-    /// and more) give about 10 ms worth (e.g. --rate 2000/s --burst 20): with a burst of 1
-    /// every late timer wake-up is lost and the rate achieved falls short.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    burst: u32,
+    /// Requests that may start at once above the rate: the API sees at most R*t + N in any
+    /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
+    /// worth at high ones), enough to make up for late timer wake-ups without tuning.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: Option<u32>,
     /// Follow the API's pushback (429, 503, timeouts, rising latency): the rate between
     /// --min-rate and --rate, or, without --rate, the concurrency up to --concurrency.
     #[arg(long, value_enum, default_value = "on")]
@@ -533,6 +533,9 @@ async fn run(args: RunArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     };
+    if let Some(code) = open_files(&args) {
+        return Ok(code);
+    }
     // Listen first: a bad --metrics-addr stops the run before anything is created.
     let metrics = match args.metrics_addr {
         Some(addr) => Some(crate::metrics::bind(addr).await?),
@@ -605,6 +608,18 @@ async fn run(args: RunArgs) -> Result<u8> {
 /// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
 /// malformed --url, --header or --body included; 1 for a variable missing from the
 /// environment or a client that cannot be built; anything else is the command's error.
+/// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
+/// connections open is a usage error (exit 2), said before anything is created.
+fn open_files(run: &RunArgs) -> Option<u8> {
+    match crate::os::open_files_for(u64::from(run.concurrency)) {
+        Ok(_) => None,
+        Err(e) => {
+            say!("error: --concurrency {}: {e}", run.concurrency);
+            Some(exit::USAGE)
+        }
+    }
+}
+
 fn refused(e: crate::job::JobError) -> Result<u8> {
     use crate::handler::HandlerError;
     use crate::job::JobError;
@@ -735,6 +750,9 @@ async fn run_log(
 }
 
 async fn rerun(args: RerunArgs) -> Result<u8> {
+    if let Some(code) = open_files(&args.run) {
+        return Ok(code);
+    }
     let state = args.run.state.clone();
     let mut request = match args.run.request() {
         Ok(r) => r,

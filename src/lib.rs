@@ -20,6 +20,7 @@ pub mod job;
 pub mod live;
 pub mod metrics;
 pub mod monitor;
+pub mod os;
 pub mod plan;
 pub mod progress;
 pub mod rerun;

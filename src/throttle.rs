@@ -1,13 +1,9 @@
 //! Throttle: how fast requests may start, and how that speed follows the API's pushback.
 //!
-//! Owns the request rate limit ([`RateLimiter`], GCRA from `governor`, with jittered waits),
-//! the parsing of `--rate` values ([`Rate`]), and the control law that moves the effective
-//! rate between a floor and a ceiling from what the API says ([`RateController`]).
-//!
-//! governor fixes a quota when a limiter is built, so a rate change builds a new limiter and
-//! swaps it in. A fresh GCRA limiter would grant its whole burst at once; the swap first
-//! spends that burst, so the first request after a change waits one new interval: no burst
-//! at the swap.
+//! Owns the request rate limit ([`RateLimiter`]: a GCRA virtual clock that absorbs late
+//! wake-ups, with a default burst derived from the rate, and rate changes that keep the
+//! schedule), the parsing of `--rate` values ([`Rate`]), and the control law that moves the
+//! effective rate between a floor and a ceiling from what the API says ([`RateController`]).
 //!
 //! ## The control law
 //!
@@ -43,10 +39,8 @@ use std::sync::atomic::{
     AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use governor::{DefaultDirectRateLimiter, Jitter, Quota};
 
 /// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,59 +82,188 @@ impl FromStr for Rate {
 }
 
 /// A request rate limit whose rate can change while requests wait on it.
+///
+/// A virtual clock ([`Schedule`], GCRA): grant `k` is due at `t0 + k/R`, and a grant may go
+/// up to a tolerance of `burst − 1` intervals early. A waiter that wakes late (timers fire
+/// on a 1 ms tick, a loaded machine schedules late) does not move the schedule: the grants
+/// it missed are still due, and the next waiters take them at once, within the tolerance.
+/// So lateness shorter than the tolerance costs no rate, and since every grant is checked
+/// against the clock when it is taken, no window ever sees more than `R·t + burst` grants.
+///
+/// A request that finds a grant due takes it at once. The others line up (FIFO): only the
+/// first sleeps on the clock, and hands over to the next when it is granted. Workers never
+/// wake in lockstep to race for one permit (what a jitter on every wait used to prevent, at
+/// the cost of the rate), and one timer is armed at a time however many workers wait.
 pub struct RateLimiter {
-    current: RwLock<(f64, Arc<DefaultDirectRateLimiter>)>,
-    burst: NonZeroU32,
+    /// The rate in force (f64 bits): read without a lock when it is [`UNLIMITED`].
+    rate: AtomicU64,
+    schedule: Mutex<Schedule>,
+    /// `--burst`, if given; else derived from the rate ([`default_grants`]).
+    burst: Option<NonZeroU32>,
+    /// Held by the waiter that sleeps on the clock; the others queue for it in order.
+    turn: tokio::sync::Mutex<()>,
     changed: tokio::sync::Notify,
 }
 
 impl RateLimiter {
-    /// A limiter at `rate` requests per second allowing bursts of `burst`.
-    pub fn new(rate: Rate, burst: u32) -> RateLimiter {
-        let burst = NonZeroU32::new(burst.max(1)).expect("at least 1");
-        let limiter = Arc::new(DefaultDirectRateLimiter::direct(quota(rate.0, burst)));
+    /// A limiter at `rate` requests per second; `burst`: `--burst` (None: derived from R).
+    pub fn new(rate: Rate, burst: Option<u32>) -> RateLimiter {
+        let burst = burst.map(|b| NonZeroU32::new(b.max(1)).expect("at least 1"));
         RateLimiter {
-            current: RwLock::new((rate.0, limiter)),
+            rate: AtomicU64::new(rate.0.to_bits()),
+            schedule: Mutex::new(Schedule::new(
+                rate.0,
+                grants_at_once(rate.0, burst),
+                tokio::time::Instant::now(),
+            )),
             burst,
+            turn: tokio::sync::Mutex::new(()),
             changed: tokio::sync::Notify::new(),
         }
     }
 
     /// The rate in force.
     pub fn rate(&self) -> f64 {
-        self.current.read().expect("never poisoned").0
+        f64::from_bits(self.rate.load(Relaxed))
     }
 
-    /// Change the rate. The new limiter starts with its burst spent: no burst at the swap.
+    /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
+    /// lets no burst through and the new rate holds from the next grant.
     pub fn set_rate(&self, rate: Rate) {
-        let limiter = DefaultDirectRateLimiter::direct(quota(rate.0, self.burst));
-        let _ = limiter.check_n(granted_burst(rate.0, self.burst));
-        *self.current.write().expect("never poisoned") = (rate.0, Arc::new(limiter));
+        self.schedule.lock().expect("never poisoned").set_rate(
+            rate.0,
+            grants_at_once(rate.0, self.burst),
+            tokio::time::Instant::now(),
+        );
+        self.rate.store(rate.0.to_bits(), Relaxed);
         self.changed.notify_waiters();
     }
 
-    /// Wait until one request may start. Waits are jittered by up to a tenth of the interval
-    /// (at most 10 ms) so waiting workers do not wake in lockstep.
+    /// Wait until one request may start.
     pub async fn until_ready(&self) {
+        if self.rate() >= UNLIMITED || self.try_grant().is_none() {
+            return;
+        }
+        let _turn = self.turn.lock().await;
         loop {
-            // Registered before the limiter is read: a swap after this wakes us.
+            // Registered before the clock is read: a rate change after this wakes us.
             let changed = self.changed.notified();
-            let (rate, limiter) = {
-                let guard = self.current.read().expect("never poisoned");
-                (guard.0, guard.1.clone())
-            };
-            if rate >= UNLIMITED || limiter.check().is_ok() {
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let Some(due) = self.try_grant() else {
                 return;
-            }
-            let jitter = Duration::from_secs_f64((0.1 / rate).min(0.010));
-            // A waiter on a retired limiter would keep drawing permits at the old rate,
-            // beside the new limiter: on a swap, wait again on the new one.
+            };
             tokio::select! {
-                _ = limiter.until_ready_with_jitter(Jitter::up_to(jitter)) => return,
+                _ = tokio::time::sleep_until(due) => {}
                 _ = changed => {}
             }
         }
     }
+
+    /// Take a grant if one is due now (None), or say when the next one is.
+    fn try_grant(&self) -> Option<tokio::time::Instant> {
+        let mut s = self.schedule.lock().expect("never poisoned");
+        if s.rate >= UNLIMITED {
+            return None;
+        }
+        s.grant(tokio::time::Instant::now()).err()
+    }
+}
+
+/// The limiter's virtual clock: GCRA, in the time of [`tokio::time::Instant`] (so tests can
+/// run it on a paused clock).
+#[derive(Debug, Clone)]
+struct Schedule {
+    rate: f64,
+    interval: Duration,
+    /// How early a grant may be taken: `grants at once − 1` intervals.
+    tolerance: Duration,
+    /// When the next grant is due (GCRA's theoretical arrival time).
+    due: tokio::time::Instant,
+}
+
+impl Schedule {
+    /// A schedule whose first grant is due at `now`. It starts with no grant banked: the
+    /// first request goes at once, the next one interval later, no burst at the start.
+    fn new(rate: f64, at_once: NonZeroU32, now: tokio::time::Instant) -> Schedule {
+        let mut s = Schedule {
+            rate,
+            interval: Duration::ZERO,
+            tolerance: Duration::ZERO,
+            due: now,
+        };
+        s.set_rate(rate, at_once, now);
+        s
+    }
+
+    /// Change the rate at `now`, keeping the schedule's place: a grant waited for is due
+    /// after the same share of the new interval, grants banked stay banked (up to the new
+    /// burst). Coming from no limit, or new: nothing banked, the next grant at once.
+    fn set_rate(&mut self, rate: f64, at_once: NonZeroU32, now: tokio::time::Instant) {
+        let interval = if rate >= UNLIMITED {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1))
+        };
+        let tolerance = interval * (at_once.get() - 1);
+        let next = match self.due.checked_sub(self.tolerance) {
+            Some(earliest) if !self.interval.is_zero() => {
+                let old = self.interval.as_secs_f64();
+                if earliest > now {
+                    now + interval.mul_f64((earliest - now).as_secs_f64() / old)
+                } else {
+                    let banked =
+                        ((now - earliest).as_secs_f64() / old).min(f64::from(at_once.get() - 1));
+                    now.checked_sub(interval.mul_f64(banked)).unwrap_or(now)
+                }
+            }
+            _ => now,
+        };
+        self.due = next + tolerance;
+        self.rate = rate;
+        self.interval = interval;
+        self.tolerance = tolerance;
+    }
+
+    /// Take a grant at `now`, or say when one is due.
+    fn grant(&mut self, now: tokio::time::Instant) -> Result<(), tokio::time::Instant> {
+        let earliest = self.due.checked_sub(self.tolerance).unwrap_or(now);
+        if now < earliest {
+            return Err(earliest);
+        }
+        // Late by more than the tolerance (the limiter was idle, or no waiter could keep
+        // up): the clock restarts from now, banking at most the tolerance.
+        self.due = self.due.max(now) + self.interval;
+        Ok(())
+    }
+}
+
+/// How many grants the limiter may give at once (GCRA's burst): from `--burst` when given
+/// ([`granted_burst`]), else derived from the rate ([`default_grants`]).
+fn grants_at_once(rate: f64, burst: Option<NonZeroU32>) -> NonZeroU32 {
+    match burst {
+        Some(b) => granted_burst(rate, b),
+        None => default_grants(rate),
+    }
+}
+
+/// The default burst: as many grants at once as keep the API's counts, with
+/// [`SEND_JITTER`] of arrival jitter, within `1.01 R + 2` in any second and
+/// `0.1 R + max(2, 0.01 R) + 1` in any 100 ms. That is about 5 ms worth at high rates (the
+/// lateness the limiter absorbs without losing rate), and 2 at low ones.
+///
+/// In a window of length `w` the API sees the grants of a window `w + J` long (`J` the
+/// arrival jitter), and GCRA grants fewer than `(w + J)·R + b` there: at most
+/// `ceil((w + J)·R) + b − 1`.
+pub fn default_grants(rate: f64) -> NonZeroU32 {
+    if rate >= UNLIMITED {
+        return NonZeroU32::MIN;
+    }
+    let j = SEND_JITTER.as_secs_f64();
+    // (Rounded with a margin: 0.105 * 2000 must not ceil to 211.)
+    let fits = |w: f64, bound: f64| (bound + 1e-6).floor() - ((w + j) * rate - 1e-6).ceil() + 1.0;
+    let b = fits(1.0, 1.01 * rate + 2.0).min(fits(0.1, 0.1 * rate + (0.01 * rate).max(2.0) + 1.0));
+    NonZeroU32::new(b.clamp(1.0, u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN)
 }
 
 /// How much of `--burst` the limiter grants at once: the burst less what [`SEND_JITTER`]
@@ -156,13 +279,6 @@ fn granted_burst(rate: f64, burst: NonZeroU32) -> NonZeroU32 {
 /// The spread of the delay between a grant and the request reaching the API that the
 /// limiter leaves room for (see [`granted_burst`]).
 pub const SEND_JITTER: Duration = Duration::from_millis(5);
-
-fn quota(rate: f64, burst: NonZeroU32) -> Quota {
-    let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
-    Quota::with_period(period)
-        .expect("period is above zero")
-        .allow_burst(granted_burst(rate, burst))
-}
 
 /// Constants of the control law (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -387,9 +503,179 @@ mod tests {
         assert_eq!(g(10.0, 3), 2);
     }
 
+    #[test]
+    fn the_default_burst_is_two_at_low_rates_and_about_5_ms_at_high_ones() {
+        let d = |rate: f64| default_grants(rate).get();
+        assert_eq!(d(0.1), 2);
+        assert_eq!(d(5.0), 2);
+        assert_eq!(d(50.0), 2);
+        assert_eq!(d(300.0), 3);
+        assert_eq!(d(2000.0), 12);
+        assert_eq!(d(20000.0), 102);
+        assert_eq!(d(UNLIMITED), 1);
+    }
+
+    /// A waiter that sleeps until each grant is due and wakes late by up to `late`, then
+    /// hands over to the next (who finds the next grant due or not), driving `s` until
+    /// `until`. The grant times, from `t0`.
+    fn drive(
+        s: &mut Schedule,
+        t0: tokio::time::Instant,
+        from: Duration,
+        until: Duration,
+        late: Duration,
+        rng: &mut rand::rngs::StdRng,
+    ) -> Vec<Duration> {
+        use rand::Rng;
+        let mut now = t0 + from;
+        let mut grants = Vec::new();
+        while now < t0 + until {
+            match s.grant(now) {
+                Ok(()) => {
+                    grants.push(now - t0);
+                    // The hand-over to the next waiter.
+                    now += Duration::from_micros(2);
+                }
+                Err(due) => {
+                    // Timers fire on a 1 ms tick, and later on a busy machine.
+                    let ms = (due - t0).as_nanos().div_ceil(1_000_000) as u32;
+                    let rounded = Duration::from_millis(1) * ms;
+                    let extra = late.mul_f64(rng.random::<f64>());
+                    now = (t0 + rounded + extra).max(due);
+                }
+            }
+        }
+        grants
+    }
+
+    /// The most of `times` (sorted) within any half-open window `[t, t + w)`.
+    fn most_in(times: &[Duration], w: Duration) -> usize {
+        let (mut most, mut a) = (0, 0);
+        for b in 0..times.len() {
+            while times[b] - times[a] >= w {
+                a += 1;
+            }
+            most = most.max(b - a + 1);
+        }
+        most
+    }
+
+    /// Arrivals at the API: each grant delayed on its way by up to [`SEND_JITTER`].
+    fn arrivals(grants: &[Duration], rng: &mut rand::rngs::StdRng) -> Vec<Duration> {
+        use rand::Rng;
+        let mut a: Vec<Duration> = grants
+            .iter()
+            .map(|g| *g + SEND_JITTER.mul_f64(rng.random::<f64>()))
+            .collect();
+        a.sort_unstable();
+        a
+    }
+
+    fn assert_within_bounds(rate: f64, arrivals: &[Duration], what: &str) {
+        let s1 = most_in(arrivals, Duration::from_secs(1));
+        let s01 = most_in(arrivals, Duration::from_millis(100));
+        assert!(
+            s1 as f64 <= 1.01 * rate + 2.0,
+            "{what}: {s1} in a second at {rate}/s"
+        );
+        assert!(
+            s01 as f64 <= 0.1 * rate + (0.01 * rate).max(2.0) + 1.0,
+            "{what}: {s01} in 100 ms at {rate}/s"
+        );
+    }
+
+    #[test]
+    fn late_wake_ups_cost_no_rate_and_the_api_never_sees_more_than_the_bound() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(18);
+        for rate in [0.1, 5.0, 50.0, 300.0, 2000.0, 8000.0, 20000.0] {
+            let t0 = tokio::time::Instant::now();
+            let mut s = Schedule::new(rate, default_grants(rate), t0);
+            let run = Duration::from_secs_f64((8.0f64).max(40.0 / rate));
+            // Late by up to 2 ms beyond the 1 ms timer tick.
+            let grants = drive(
+                &mut s,
+                t0,
+                Duration::ZERO,
+                run,
+                Duration::from_millis(2),
+                &mut rng,
+            );
+            assert_eq!(grants[0], Duration::ZERO, "the first request goes at once");
+            let achieved =
+                grants.len() as f64 / (grants.last().unwrap().as_secs_f64() + 1.0 / rate);
+            assert!(
+                achieved >= 0.99 * rate,
+                "{rate}/s: achieved {:.4} of R",
+                achieved / rate
+            );
+            assert_within_bounds(rate, &arrivals(&grants, &mut rng), &format!("{rate}/s"));
+            // A stall far past the tolerance loses rate, but never breaks the bound.
+            let stalled = drive(
+                &mut s,
+                t0,
+                run + Duration::from_millis(300),
+                run * 2,
+                Duration::from_millis(2),
+                &mut rng,
+            );
+            let all: Vec<Duration> = grants.iter().chain(&stalled).copied().collect();
+            assert_within_bounds(
+                rate,
+                &arrivals(&all, &mut rng),
+                &format!("{rate}/s, stalled"),
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_rate_change_the_new_rate_holds_within_a_second_without_a_burst() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let steps = [2000.0, 1000.0, 8000.0, 300.0, 20000.0, 50.0, 5000.0];
+        let t0 = tokio::time::Instant::now();
+        let mut s = Schedule::new(steps[0], default_grants(steps[0]), t0);
+        let step = Duration::from_secs(3);
+        let late = Duration::from_millis(2);
+        let mut all = Vec::new();
+        for (i, &rate) in steps.iter().enumerate() {
+            let from = step * i as u32;
+            if i > 0 {
+                s.set_rate(rate, default_grants(rate), t0 + from);
+            }
+            let grants = drive(&mut s, t0, from, from + step, late, &mut rng);
+            let first_second = grants
+                .iter()
+                .filter(|g| **g < from + Duration::from_secs(1))
+                .count() as f64;
+            assert!(
+                (first_second - rate).abs() <= 0.02 * rate + 1.0,
+                "{rate}/s after a change: {first_second} in the first second"
+            );
+            all.extend(grants);
+        }
+        // Around every change, no more than the higher of the two rates allows.
+        let arrivals = arrivals(&all, &mut rng);
+        for (i, pair) in steps.windows(2).enumerate() {
+            let change = step * (i as u32 + 1);
+            let near: Vec<Duration> = arrivals
+                .iter()
+                .copied()
+                .filter(|a| {
+                    *a + Duration::from_secs(1) > change && *a < change + Duration::from_secs(1)
+                })
+                .collect();
+            assert_within_bounds(
+                pair[0].max(pair[1]),
+                &near,
+                &format!("change to {}", pair[1]),
+            );
+        }
+    }
+
     #[tokio::test]
-    async fn the_limiter_holds_its_rate_and_swaps_without_a_burst() {
-        let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), 1);
+    async fn the_limiter_holds_its_rate() {
+        let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), None);
         let start = std::time::Instant::now();
         for _ in 0..21 {
             limiter.until_ready().await;
@@ -400,13 +686,31 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
-        limiter.set_rate(Rate::new(20.0).unwrap());
-        assert_eq!(limiter.rate(), 20.0);
-        let swapped = std::time::Instant::now();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_are_granted_one_at_a_time_and_a_change_wakes_them() {
+        let limiter = Arc::new(RateLimiter::new(Rate::new(0.5).unwrap(), None));
+        // The first grant is free; the next would be due in 2 s.
         limiter.until_ready().await;
+        let granted = Arc::new(AtomicU64::new(0));
+        let mut waiters = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (limiter, granted) = (limiter.clone(), granted.clone());
+            waiters.spawn(async move {
+                limiter.until_ready().await;
+                granted.fetch_add(1, Relaxed);
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(granted.load(Relaxed), 0, "nothing is due yet");
+        let changed = std::time::Instant::now();
+        limiter.set_rate(Rate::new(UNLIMITED).unwrap());
+        while waiters.join_next().await.is_some() {}
+        assert_eq!(granted.load(Relaxed), 8);
         assert!(
-            swapped.elapsed() >= Duration::from_millis(45),
-            "no free permit right after a swap"
+            changed.elapsed() < Duration::from_secs(1),
+            "the change woke the waiters"
         );
     }
 }
@@ -416,7 +720,9 @@ mod tests {
 pub struct ThrottleOptions {
     /// Requests per second at most (the ceiling when adaptive). `None`: no rate limit.
     pub rate: Option<Rate>,
-    pub burst: u32,
+    /// Requests that may start at once above the rate (`--burst`); `None`: derived from the
+    /// rate ([`default_grants`]).
+    pub burst: Option<u32>,
     /// Follow the API's pushback (rate when `rate` is set, concurrency otherwise).
     pub adaptive: bool,
     /// Floor of the adaptive rate (default: a hundredth of the ceiling, at least 0.1/s).
@@ -437,7 +743,7 @@ impl Default for ThrottleOptions {
     fn default() -> Self {
         ThrottleOptions {
             rate: None,
-            burst: 1,
+            burst: None,
             adaptive: true,
             min_rate: None,
             initial_rate: None,
@@ -455,8 +761,9 @@ pub const UNLIMITED: f64 = 1e9;
 /// How fast the adaptive rate climbs while the API keeps up: 10% per second.
 pub const INCREASE_PER_SECOND: f64 = 0.10;
 
-/// Relative change of the adaptive rate below which the limiter is not swapped.
-pub const SWAP_THRESHOLD: f64 = 0.03;
+/// Relative change of the adaptive rate below which the limiter is not told: none, so the
+/// achieved rate follows the controller's (a change costs a lock and a wake-up).
+pub const SWAP_THRESHOLD: f64 = 0.0;
 
 /// Failures in a row, with no answer in between, that mean the API is out rather than
 /// failing some items.
@@ -856,7 +1163,7 @@ impl Throttle {
             self.controller.lock().expect("never poisoned").as_mut(),
         ) {
             let after = c.update(&signals);
-            // Every swap restarts the limiter's schedule: swap on changes that matter only.
+            // A change keeps the limiter's schedule (RateLimiter::set_rate): follow every one.
             let current = l.rate();
             if (after - current).abs() > current * SWAP_THRESHOLD {
                 tracing::debug!(rate = after, pushback, attempts, "rate adjusted");

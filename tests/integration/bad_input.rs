@@ -1123,3 +1123,61 @@ fn export_to_an_unwritable_place_names_it() {
     let v: Value = h.status(&state);
     assert_eq!(v["finished"], true);
 }
+
+#[test]
+fn a_concurrency_past_the_open_file_limit_is_refused_before_anything_is_created() {
+    use std::os::unix::process::CommandExt;
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &ids(10));
+    let state = h.state();
+    let url = h.url();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(["--concurrency", "1000"]);
+    let mut cmd = h.cmd(&args);
+    // SAFETY: setrlimit is async-signal-safe; it only lowers this child's own limit.
+    unsafe {
+        cmd.pre_exec(|| {
+            let l = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 512,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--concurrency 1000") && stderr.contains("at most 512"),
+        "{stderr}"
+    );
+    assert!(!state.exists(), "nothing was created");
+    assert_eq!(h.api.total_calls(), 0);
+    // Within the hard limit (raised from the soft 256 at start) the same run works.
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(["--concurrency", "400"]);
+    let mut cmd = h.cmd(&args);
+    // SAFETY: as above.
+    unsafe {
+        cmd.pre_exec(|| {
+            let l = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 512,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,98 @@
+//! What the process asks of the operating system at start: as many open files as it may
+//! have, so that `concurrency` in the thousands gets its connections. The platform calls
+//! live here, behind `cfg(unix)`; elsewhere the limit is left as it is and not checked.
+
+/// Descriptors a run needs besides one connection per item in flight: stdio, the state
+/// directory's files (sled's, the results log, positions, the ID index and lists), the
+/// input, the runtime's own (epoll, eventfds), a metrics listener, and connections being
+/// replaced.
+pub const RESERVED_FILES: u64 = 64;
+
+/// The process may not open enough files for the requests it is asked to keep in flight.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{in_flight} requests in flight need about {needed} open files, but this process may \
+     open at most {limit} (its hard limit; raise it with `ulimit -Hn` as root or in \
+     limits.conf / systemd's LimitNOFILE)"
+)]
+pub struct TooFewFiles {
+    pub in_flight: u64,
+    pub needed: u64,
+    pub limit: u64,
+}
+
+/// Raise the soft limit on open files to the hard limit, and check that `in_flight`
+/// connections (plus [`RESERVED_FILES`]) fit under it. Returns the limit in force.
+pub fn open_files_for(in_flight: u64) -> Result<Option<u64>, TooFewFiles> {
+    let Some(limit) = raise_open_files() else {
+        return Ok(None);
+    };
+    let needed = in_flight + RESERVED_FILES;
+    if needed > limit {
+        return Err(TooFewFiles {
+            in_flight,
+            needed,
+            limit,
+        });
+    }
+    Ok(Some(limit))
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard one (where the hard one is unlimited, to the
+/// most the kernel takes); the soft limit in force after, or None where it is not known.
+#[cfg(unix)]
+fn raise_open_files() -> Option<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return None;
+    }
+    if l.rlim_cur < l.rlim_max {
+        // An unlimited hard limit is refused by some kernels (macOS caps at OPEN_MAX):
+        // then try a large finite one.
+        for want in [l.rlim_max, 1 << 20] {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(l.rlim_max),
+                rlim_max: l.rlim_max,
+            };
+            // SAFETY: setrlimit reads one rlimit through a valid pointer.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                l.rlim_cur = raised.rlim_cur;
+                break;
+            }
+        }
+    }
+    // rlim_t is u64 on Linux and macOS, but not on every unix.
+    #[allow(clippy::unnecessary_cast)]
+    Some(l.rlim_cur as u64)
+}
+
+#[cfg(not(unix))]
+fn raise_open_files() -> Option<u64> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_limit_is_raised_to_the_hard_one_and_checked() {
+        let limit = open_files_for(1).unwrap().expect("known on unix");
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+        #[allow(clippy::unnecessary_cast)]
+        let cur = l.rlim_cur as u64;
+        assert_eq!(cur, limit);
+        assert!(l.rlim_cur == l.rlim_max || l.rlim_cur >= 1 << 20);
+        let e = open_files_for(limit).unwrap_err();
+        assert_eq!(e.needed, limit + RESERVED_FILES);
+        assert!(e.to_string().contains(&format!("at most {limit}")), "{e}");
+    }
+}
