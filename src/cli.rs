@@ -918,7 +918,7 @@ async fn watch_signals(stop: StopHandle) {
 /// Open a state directory that must hold a job, for reading.
 fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
     let store = SledStore::open(state, OpenMode::Existing, 16 << 20)?;
-    let spec = store.job()?.with_context(|| {
+    let spec = crate::job::stored_job(&store)?.with_context(|| {
         format!(
             "{} holds no job yet (its first run stopped before creating one)",
             state.display()
@@ -960,7 +960,8 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
     let (store, spec) = match open_existing(&args.state) {
         Ok(opened) => opened,
         Err(e) => {
-            let Some(crate::store::StoreError::Busy { pid, .. }) = e.downcast_ref() else {
+            let busy = e.downcast_ref().map(crate::store::StoreError::root);
+            let Some(crate::store::StoreError::Busy { pid, .. }) = busy else {
                 return Err(e);
             };
             // A run holds the store: show what it publishes. The snapshot is read after the

@@ -1433,11 +1433,11 @@ mod tests {
     }
 
     impl Store for Audit {
-        fn job(&self) -> Result<Option<JobSpec>, StoreError> {
+        fn job(&self) -> Result<Option<crate::store::StoredJob>, StoreError> {
             self.inner.job()
         }
-        fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
-            self.inner.put_job(spec)
+        fn put_job(&self, job: &crate::store::StoredJob) -> Result<(), StoreError> {
+            self.inner.put_job(job)
         }
         fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
             self.inner.planner()
@@ -1463,10 +1463,9 @@ mod tests {
         }
         fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
             if self.fail_records {
-                return Err(StoreError::Io {
-                    path: "results.log".into(),
-                    source: std::io::Error::other("injected write failure"),
-                });
+                return Err(StoreError::Io(std::io::Error::other(
+                    "injected write failure",
+                )));
             }
             self.push(Event::Record(
                 results.iter().map(|(id, _)| id.clone()).collect(),

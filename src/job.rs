@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::input::{Fingerprint, InputSpec};
+use crate::store::{Store, StoreError, StoredJob};
 
 /// The request made for each ID, as templates.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +110,31 @@ impl std::fmt::Display for SpecChange {
 }
 
 impl JobSpec {
+    /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
+    pub const STORED_VERSION: u32 = 1;
+
+    /// The spec as a store keeps it (opaque to the store).
+    pub fn to_stored(&self) -> StoredJob {
+        StoredJob {
+            id: self.job_id.clone(),
+            version: Self::STORED_VERSION,
+            spec: serde_json::to_vec(self).expect("a job spec serializes"),
+        }
+    }
+
+    /// Decode what [`JobSpec::to_stored`] wrote.
+    pub fn from_stored(stored: &StoredJob) -> Result<JobSpec, StoreError> {
+        if stored.version != Self::STORED_VERSION {
+            return Err(StoreError::corrupt(format!(
+                "the job's spec is stored in encoding version {}; this highwater reads version {}",
+                stored.version,
+                Self::STORED_VERSION
+            )));
+        }
+        serde_json::from_slice(&stored.spec)
+            .map_err(|e| StoreError::corrupt(format!("undecodable job record: {e}")))
+    }
+
     /// The differences between `self` (stored) and `other` (asked for) that change what the job
     /// means, one human line each. Empty when `other` may resume this job. The input's path
     /// is not among them: a moved input is accepted when its content is unchanged (the caller
@@ -260,13 +286,7 @@ impl Default for RunOptions {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::store::now_ms;
 
 mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -302,7 +322,7 @@ pub enum JobError {
     #[error(transparent)]
     Input(#[from] crate::input::InputError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] StoreError),
 }
 
 /// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
@@ -408,18 +428,20 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     Ok(())
 }
 
+/// The job `store` holds, decoded.
+pub fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
+    store.job()?.map(|j| JobSpec::from_stored(&j)).transpose()
+}
+
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
 /// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
 /// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
-pub fn open_job<S: crate::store::Store>(
-    store: &S,
-    request: &JobRequest,
-) -> Result<JobSpec, JobError> {
+pub fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
     use crate::input::{Cursor, InputReader};
     check_bucket_size(request)?;
-    match store.job()? {
+    match stored_job(store)? {
         None => {
             let (Some(input), Some(url)) = (&request.input, &request.url) else {
                 return Err(JobError::Usage(
@@ -438,7 +460,7 @@ pub fn open_job<S: crate::store::Store>(
                 fingerprint,
                 ..probe
             };
-            store.put_job(&spec)?;
+            store.put_job(&spec.to_stored())?;
             Ok(spec)
         }
         Some(stored) => {
@@ -532,7 +554,7 @@ pub fn open_job<S: crate::store::Store>(
             request.apply_operational(&mut asked);
             crate::handler::check_templates(&asked.request)?;
             if asked != stored {
-                store.put_job(&asked)?;
+                store.put_job(&asked.to_stored())?;
             }
             Ok(asked)
         }
@@ -608,7 +630,6 @@ mod tests {
     use super::*;
     use crate::input::InputFormat;
     use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
-    use crate::store::Store;
 
     fn setup() -> (tempfile::TempDir, SledStore, JobRequest) {
         let dir = tempfile::tempdir().unwrap();
@@ -653,7 +674,7 @@ mod tests {
         assert_eq!(resumed.job_id, created.job_id);
         assert_eq!(resumed.request.timeout, Duration::from_secs(3));
         assert_eq!(resumed.retry.max_attempts, 9);
-        assert_eq!(store.job().unwrap().unwrap(), resumed);
+        assert_eq!(stored_job(&store).unwrap().unwrap(), resumed);
     }
 
     #[test]
@@ -757,7 +778,7 @@ mod tests {
             "{:?}",
             spec.history
         );
-        assert_eq!(store.job().unwrap().unwrap(), spec);
+        assert_eq!(stored_job(&store).unwrap().unwrap(), spec);
         // A bucket size change stays refused, allowed or not.
         let bucket = JobRequest {
             bucket_size: Some(3),

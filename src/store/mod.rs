@@ -21,6 +21,7 @@
 //! The embedded default is [`sled`](sled_store::SledStore); the trait is what a shared backend
 //! implements to let several workers share a job.
 
+mod error;
 pub mod id_index;
 pub mod id_lists;
 pub mod results_log;
@@ -34,37 +35,32 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::input::{Cursor, Fingerprint};
-use crate::job::JobSpec;
 use crate::retry::ErrorClass;
 
+pub use error::StoreError;
 pub use sled_store::SledStore;
 
 /// The store format this build reads and writes. 4: a rerun's ID lists are in `ids.log`
 /// like the job's (format 3 kept them in sled, where this build still reads them).
 pub const FORMAT_VERSION: u32 = 4;
 
-/// Errors of the store. Each says which state directory it is about.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{path} is not a highwater state directory: {reason}")]
-    NotAStore { path: PathBuf, reason: String },
-    #[error("{path} is in use by another highwater process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
-    Busy { path: PathBuf, pid: Option<u32> },
-    #[error("{path} holds store format version {found}; this highwater reads version {supported}")]
-    Version {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
-    #[error("the store in {path} is corrupt or truncated: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("store error in {path}: {reason}")]
-    Backend { path: PathBuf, reason: String },
+/// A job's spec as a store keeps it: opaque bytes in an encoding the job module owns and
+/// versions ([`crate::job::JobSpec::to_stored`]), with the job's id, which a store may use to
+/// tell its job from another (the sled backend checks it at open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredJob {
+    pub id: String,
+    /// The encoding's version.
+    pub version: u32,
+    pub spec: Vec<u8>,
+}
+
+/// Milliseconds since the Unix epoch: the time records are stamped with.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The write-ahead record of one bucket.
@@ -106,7 +102,7 @@ impl CommitRecord {
             bucket,
             ok: tally.ok,
             failed: tally.failed,
-            committed_at_ms: crate::job::now_ms(),
+            committed_at_ms: now_ms(),
             failed_by_class: tally.failed_by_class,
         }
     }
@@ -390,9 +386,9 @@ impl StoreStats {
 /// Writes become durable only once a later `sync` returns.
 pub trait Store: Send + Sync + 'static {
     /// The stored job, if the job was created.
-    fn job(&self) -> Result<Option<JobSpec>, StoreError>;
-    /// Store the job spec (at creation, or with changed operational fields).
-    fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError>;
+    fn job(&self) -> Result<Option<StoredJob>, StoreError>;
+    /// Store the job spec (at creation, or with changed operational fields), durably.
+    fn put_job(&self, job: &StoredJob) -> Result<(), StoreError>;
     /// Where the planner stands.
     fn planner(&self) -> Result<PlannerState, StoreError>;
     /// Note that the planner read `id` at input `row`, and say whether that is a repeat: the

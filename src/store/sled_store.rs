@@ -232,14 +232,13 @@ impl Trees {
             }
         };
         let db = db.map_err(|e| match e {
-            sled::Error::Io(source) => StoreError::Io {
-                path: path.to_owned(),
-                source,
-            },
-            other => StoreError::Corrupt {
-                path: path.to_owned(),
-                reason: other.to_string(),
-            },
+            sled::Error::Io(source) => StoreError::at(path.display(), StoreError::Io(source)),
+            other => StoreError::at(
+                path.display(),
+                StoreError::Corrupt {
+                    reason: other.to_string(),
+                },
+            ),
         })?;
         let tree = |name: &str| db.open_tree(name).map_err(|e| backend(path, e));
         Ok(Trees {
@@ -282,13 +281,15 @@ pub enum OpenMode {
 impl SledStore {
     /// Open (or create) the state directory at `path`.
     pub fn open(path: &Path, mode: OpenMode, cache_bytes: u64) -> Result<SledStore, StoreError> {
-        let io = |source| StoreError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let not_store = |reason: &str| StoreError::NotAStore {
-            path: path.to_owned(),
-            reason: reason.to_owned(),
+        let io = |source| StoreError::at(path.display(), StoreError::Io(source));
+        let not_store = |reason: &str| {
+            StoreError::at(
+                path.display(),
+                StoreError::NotAStore {
+                    kind: "state directory",
+                    reason: reason.to_owned(),
+                },
+            )
         };
         let marker_path = path.join(MARKER);
         match fs::metadata(path) {
@@ -336,18 +337,18 @@ impl SledStore {
             )));
         }
         if !READS_VERSIONS.contains(&marker.version) {
-            return Err(StoreError::Version {
-                path: path.to_owned(),
-                found: marker.version,
-                supported: FORMAT_VERSION,
-            });
+            return Err(StoreError::at(
+                path.display(),
+                StoreError::Version {
+                    found: marker.version,
+                    supported: FORMAT_VERSION,
+                },
+            ));
         }
         let lock = lock(path)?;
         let trees = Arc::new(Trees::open(&path.join("sled"), cache_bytes)?);
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: path.to_owned(),
-            reason,
-        };
+        let corrupt =
+            |reason: String| StoreError::at(path.display(), StoreError::Corrupt { reason });
         let lost = |what: String| {
             corrupt(format!(
                 "{what}, although it was durable at {} (files truncated, emptied or replaced); \
@@ -370,11 +371,13 @@ impl SledStore {
                     .map(u32::from_be_bytes)
                     .unwrap_or(0);
                 if !READS_VERSIONS.contains(&found) {
-                    return Err(StoreError::Version {
-                        path: path.to_owned(),
-                        found,
-                        supported: FORMAT_VERSION,
-                    });
+                    return Err(StoreError::at(
+                        path.display(),
+                        StoreError::Version {
+                            found,
+                            supported: FORMAT_VERSION,
+                        },
+                    ));
                 }
                 Some(found)
             }
@@ -413,10 +416,7 @@ impl SledStore {
         }
         let id_lists = IdLists::open(path, lists_end).map_err(|e| log_error(path, e))?;
         let index_path = path.join(INDEX_FILE);
-        let index_io = |source| StoreError::Io {
-            path: index_path.clone(),
-            source,
-        };
+        let index_io = |source| StoreError::at(index_path.display(), StoreError::Io(source));
         let index = match IdIndex::open(&index_path) {
             // Derived data: the offset log holds every ID, so a damaged index is built again
             // (`index_again` sees it empty).
@@ -452,7 +452,7 @@ impl SledStore {
         };
         if let Some(c) = &marker.checkpoint {
             match store.job()? {
-                Some(job) if job.job_id == c.job_id => {}
+                Some(job) if job.id == c.job_id => {}
                 _ => return Err(lost(format!("the database lost job {}", c.job_id))),
             }
             if let Some(b) = c.last_planned_bucket {
@@ -511,11 +511,15 @@ impl SledStore {
             .read()
             .expect("never poisoned")
             .clone()
-            .ok_or_else(|| StoreError::Backend {
-                path: self.path.clone(),
-                reason: "the database could not be reopened after a checkpoint (see the \
+            .ok_or_else(|| {
+                StoreError::at(
+                    self.path.display(),
+                    StoreError::Backend {
+                        reason: "the database could not be reopened after a checkpoint (see the \
                          error logged then); stop this run and resume it"
-                    .into(),
+                            .into(),
+                    },
+                )
             })
     }
 
@@ -581,7 +585,7 @@ impl SledStore {
         };
         let last = state.written.as_ref();
         let checkpoint = Checkpoint {
-            job_id: job.job_id,
+            job_id: job.id,
             last_planned_bucket: planned
                 .checked_sub(1)
                 .max(last.and_then(|c| c.last_planned_bucket)),
@@ -611,9 +615,8 @@ impl SledStore {
             &self.path.join(MARKER),
             &serde_json::to_vec(&marker).expect("marker serializes"),
         )
-        .map_err(|source| StoreError::Io {
-            path: self.path.join(MARKER),
-            source,
+        .map_err(|source| {
+            StoreError::at(self.path.join(MARKER).display(), StoreError::Io(source))
         })?;
         state.written = Some(checkpoint);
         state.at = std::time::Instant::now();
@@ -639,10 +642,19 @@ impl SledStore {
         backend(&self.path, e)
     }
 
+    /// Corruption found in this state directory.
+    fn corrupt(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::at(self.path.display(), StoreError::corrupt(reason))
+    }
+
     fn decode<T: DeserializeOwned>(&self, what: &str, bytes: &[u8]) -> Result<T, StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason: format!("undecodable {what} record: {e}"),
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: format!("undecodable {what} record: {e}"),
+                },
+            )
         })
     }
 
@@ -673,10 +685,8 @@ impl SledStore {
     }
 
     fn segment(&self, key: &[u8], value: &[u8]) -> Result<Segment, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason,
-        };
+        let corrupt =
+            |reason: String| StoreError::at(self.path.display(), StoreError::Corrupt { reason });
         let segment = match serde_json::from_slice::<OffsetValue>(value) {
             Ok(OffsetValue::Segment(s)) => s,
             Ok(OffsetValue::Bucket(o)) => Segment::of_record(o),
@@ -743,10 +753,8 @@ impl SledStore {
 
     /// Decode a commit log entry: its first bucket and the records of its run.
     fn commit_run(&self, key: &[u8], value: &[u8]) -> Result<(u64, Vec<CommitRecord>), StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason,
-        };
+        let corrupt =
+            |reason: String| StoreError::at(self.path.display(), StoreError::Corrupt { reason });
         let first = <[u8; 8]>::try_from(key)
             .map(u64::from_be_bytes)
             .map_err(|_| corrupt(format!("a commit record has the key {key:02x?}")))?;
@@ -835,13 +843,17 @@ impl SledStore {
 
     fn read_segment_ids(&self, segment: &Segment) -> Result<SegmentIds, StoreError> {
         let t = self.t()?;
-        let corrupt = |reason: &str| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason: format!(
-                "the IDs of buckets {}..={} {reason}",
-                segment.first,
-                segment.last()
-            ),
+        let corrupt = |reason: &str| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: format!(
+                        "the IDs of buckets {}..={} {reason}",
+                        segment.first,
+                        segment.last()
+                    ),
+                },
+            )
         };
         let value = t
             .ids
@@ -873,12 +885,14 @@ impl SledStore {
 
     /// A bucket's items: each ID with its final record, or a pending one.
     fn items_of(&self, offset: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let segment = self
-            .segment_of(offset.bucket)?
-            .ok_or_else(|| StoreError::Corrupt {
-                path: self.path.clone(),
-                reason: format!("bucket {} has no offset record", offset.bucket),
-            })?;
+        let segment = self.segment_of(offset.bucket)?.ok_or_else(|| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: format!("bucket {} has no offset record", offset.bucket),
+                },
+            )
+        })?;
         let ids = self.segment_ids(&segment)?;
         self.records(offset, &ids[(offset.bucket - segment.first) as usize])
     }
@@ -918,14 +932,13 @@ impl SledStore {
 
     fn index_err(&self, e: std::io::Error) -> StoreError {
         match e.kind() {
-            std::io::ErrorKind::InvalidData => StoreError::Corrupt {
-                path: self.path.clone(),
-                reason: e.to_string(),
-            },
-            _ => StoreError::Io {
-                path: self.path.join(INDEX_FILE),
-                source: e,
-            },
+            std::io::ErrorKind::InvalidData => StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: e.to_string(),
+                },
+            ),
+            _ => StoreError::at(self.path.join(INDEX_FILE).display(), StoreError::Io(e)),
         }
     }
 
@@ -991,9 +1004,13 @@ impl SledStore {
         let mut from = match t.meta.get("indexed").map_err(|e| self.err(e))? {
             Some(v) => <[u8; 8]>::try_from(v.as_ref())
                 .map(u64::from_be_bytes)
-                .map_err(|_| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    reason: "its record of the ID index is undecodable".into(),
+                .map_err(|_| {
+                    StoreError::at(
+                        self.path.display(),
+                        StoreError::Corrupt {
+                            reason: "its record of the ID index is undecodable".into(),
+                        },
+                    )
                 })?,
             None => 0,
         };
@@ -1267,12 +1284,16 @@ impl SledStore {
     /// A rerun bucket's IDs with their current records (every ID of a rerun has one).
     fn rerun_items(&self, offset: &RerunOffset) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         let t = self.t()?;
-        let corrupt = |reason: &str| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason: format!(
-                "the IDs of bucket {} of rerun {} {reason}",
-                offset.bucket, offset.rerun
-            ),
+        let corrupt = |reason: &str| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: format!(
+                        "the IDs of bucket {} of rerun {} {reason}",
+                        offset.bucket, offset.rerun
+                    ),
+                },
+            )
         };
         let value = t
             .rerun_ids
@@ -1348,28 +1369,31 @@ fn side_sync(
 
 fn log_error(path: &Path, e: LogError) -> StoreError {
     match e {
-        LogError::Io { path, source } => StoreError::Io { path, source },
-        LogError::Damaged { path: file, reason } => StoreError::Corrupt {
-            path: path.to_owned(),
-            reason: format!("{}: {reason}", file.display()),
-        },
+        LogError::Io { path, source } => StoreError::at(path.display(), StoreError::Io(source)),
+        LogError::Damaged { path: file, reason } => StoreError::at(
+            path.display(),
+            StoreError::Corrupt {
+                reason: format!("{}: {reason}", file.display()),
+            },
+        ),
     }
 }
 
 fn backend(path: &Path, e: sled::Error) -> StoreError {
     match e {
-        sled::Error::Io(source) => StoreError::Io {
-            path: path.to_owned(),
-            source,
-        },
-        sled::Error::Corruption { .. } => StoreError::Corrupt {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        },
-        other => StoreError::Backend {
-            path: path.to_owned(),
-            reason: other.to_string(),
-        },
+        sled::Error::Io(source) => StoreError::at(path.display(), StoreError::Io(source)),
+        sled::Error::Corruption { .. } => StoreError::at(
+            path.display(),
+            StoreError::Corrupt {
+                reason: e.to_string(),
+            },
+        ),
+        other => StoreError::at(
+            path.display(),
+            StoreError::Backend {
+                reason: other.to_string(),
+            },
+        ),
     }
 }
 
@@ -1407,10 +1431,7 @@ fn log_size(sled_dir: &Path) -> u64 {
 /// Take the directory's advisory lock, or say who holds it.
 fn lock(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join("lock");
-    let io = |source| StoreError::Io {
-        path: path.clone(),
-        source,
-    };
+    let io = |source| StoreError::at(path.display(), StoreError::Io(source));
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -1425,10 +1446,12 @@ fn lock(dir: &Path) -> Result<File, StoreError> {
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
             let mut text = String::new();
             let _ = file.read_to_string(&mut text);
-            return Err(StoreError::Busy {
-                path: dir.to_owned(),
-                pid: text.trim().parse().ok(),
-            });
+            return Err(StoreError::at(
+                dir.display(),
+                StoreError::Busy {
+                    pid: text.trim().parse().ok(),
+                },
+            ));
         }
         return Err(io(err));
     }
@@ -1469,14 +1492,44 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 impl Store for SledStore {
-    fn job(&self) -> Result<Option<JobSpec>, StoreError> {
+    fn job(&self) -> Result<Option<StoredJob>, StoreError> {
         let t = self.t()?;
-        self.get(&t.meta, b"job", "job")
+        let Some(spec) = t.meta.get("job").map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        let version = match t.meta.get("job_version").map_err(|e| self.err(e))? {
+            Some(v) => <[u8; 4]>::try_from(v.as_ref())
+                .map(u32::from_be_bytes)
+                .map_err(|_| self.corrupt("its job record's version is undecodable"))?,
+            // Stores written before the spec was opaque hold version 1.
+            None => 1,
+        };
+        let id = match t.meta.get("job_id").map_err(|e| self.err(e))? {
+            Some(id) => String::from_utf8(id.to_vec())
+                .map_err(|_| self.corrupt("its job id is not UTF-8"))?,
+            // Before, the id was only inside the spec (version 1: JSON with a `job_id`).
+            None => {
+                #[derive(Deserialize)]
+                struct Id {
+                    job_id: String,
+                }
+                self.decode::<Id>("job", &spec)?.job_id
+            }
+        };
+        Ok(Some(StoredJob {
+            id,
+            version,
+            spec: spec.to_vec(),
+        }))
     }
 
-    fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
+    fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let t = self.t()?;
-        t.meta.insert("job", json(spec)).map_err(|e| self.err(e))?;
+        let mut batch = sled::Batch::default();
+        batch.insert("job", job.spec.as_slice());
+        batch.insert("job_version", &job.version.to_be_bytes());
+        batch.insert("job_id", job.id.as_bytes());
+        t.meta.apply_batch(batch).map_err(|e| self.err(e))?;
         t.db.flush().map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -1549,10 +1602,12 @@ impl Store for SledStore {
             })
             .map_err(|e| match e {
                 TransactionError::Storage(e) => self.err(e),
-                TransactionError::Abort(()) => StoreError::Backend {
-                    path: self.path.clone(),
-                    reason: "plan aborted".into(),
-                },
+                TransactionError::Abort(()) => StoreError::at(
+                    self.path.display(),
+                    StoreError::Backend {
+                        reason: "plan aborted".into(),
+                    },
+                ),
             });
         self.written.planned.fetch_max(highest, Ordering::AcqRel);
         self.wrote(bytes);
@@ -1634,9 +1689,13 @@ impl Store for SledStore {
         let (durable, indexed) =
             tokio::task::spawn_blocking(move || side_sync(&results, &index, index_due, false))
                 .await
-                .map_err(|e| StoreError::Backend {
-                    path: self.path.clone(),
-                    reason: format!("syncing the results log: {e}"),
+                .map_err(|e| {
+                    StoreError::at(
+                        self.path.display(),
+                        StoreError::Backend {
+                            reason: format!("syncing the results log: {e}"),
+                        },
+                    )
                 })?;
         let t = self.t()?;
         self.note_side_files(&t, planned, durable, indexed)?;
@@ -1697,15 +1756,17 @@ impl Store for SledStore {
                 if let Some(c) = committed.get(&offset.bucket) {
                     let finals = records.iter().filter(|(_, r)| r.is_final()).count() as u64;
                     if finals != c.ok + c.failed {
-                        return Err(StoreError::Corrupt {
-                            path: self.path.clone(),
-                            reason: format!(
-                                "bucket {} is committed with {} results, but {finals} are \
+                        return Err(StoreError::at(
+                            self.path.display(),
+                            StoreError::Corrupt {
+                                reason: format!(
+                                    "bucket {} is committed with {} results, but {finals} are \
                                  found (the results files were damaged)",
-                                offset.bucket,
-                                c.ok + c.failed
-                            ),
-                        }
+                                    offset.bucket,
+                                    c.ok + c.failed
+                                ),
+                            },
+                        )
                         .into());
                     }
                 }
@@ -1921,9 +1982,16 @@ impl Store for SledStore {
             }
             let offset: RerunOffset = self
                 .get(&t.rerun_offsets, &key, "rerun offset")?
-                .ok_or_else(|| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    reason: format!("rerun {rerun} commits bucket {} it never planned", c.bucket),
+                .ok_or_else(|| {
+                    StoreError::at(
+                        self.path.display(),
+                        StoreError::Corrupt {
+                            reason: format!(
+                                "rerun {rerun} commits bucket {} it never planned",
+                                c.bucket
+                            ),
+                        },
+                    )
                 })?;
             for share in &offset.before {
                 let m = moved.entry(share.bucket).or_default();
@@ -2038,10 +2106,12 @@ impl SledStore {
     fn tx_err(&self, e: TransactionError<()>, what: &str) -> StoreError {
         match e {
             TransactionError::Storage(e) => self.err(e),
-            TransactionError::Abort(()) => StoreError::Backend {
-                path: self.path.clone(),
-                reason: what.into(),
-            },
+            TransactionError::Abort(()) => StoreError::at(
+                self.path.display(),
+                StoreError::Backend {
+                    reason: what.into(),
+                },
+            ),
         }
     }
 }
@@ -2502,7 +2572,8 @@ mod tests {
             .unwrap();
         let err = s.bucket_items(&s.offset(1).unwrap().unwrap()).unwrap_err();
         assert!(
-            matches!(err, StoreError::Corrupt { .. }) && err.to_string().contains("buckets 0..=1"),
+            matches!(err.root(), StoreError::Corrupt { .. })
+                && err.to_string().contains("buckets 0..=1"),
             "{err}"
         );
         assert!(s.stats().is_err());
@@ -2644,28 +2715,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
-        match SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES) {
-            Err(StoreError::Busy { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
-            other => panic!("{:?}", other.err()),
+        let err = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES)
+            .err()
+            .unwrap();
+        match err.root() {
+            StoreError::Busy { pid, .. } => assert_eq!(*pid, Some(std::process::id())),
+            other => panic!("{other:?}"),
         }
     }
 
     #[test]
     fn foreign_directories_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(
-            SledStore::open(
-                &dir.path().join("nope"),
-                OpenMode::Existing,
-                DEFAULT_CACHE_BYTES
-            ),
-            Err(StoreError::NotAStore { .. })
-        ));
+        let err = SledStore::open(
+            &dir.path().join("nope"),
+            OpenMode::Existing,
+            DEFAULT_CACHE_BYTES,
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(err.root(), StoreError::NotAStore { .. }), "{err}");
         fs::write(dir.path().join("file.txt"), "x").unwrap();
         let err = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
             .err()
             .unwrap();
-        assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+        assert!(matches!(err.root(), StoreError::NotAStore { .. }), "{err}");
         let err = SledStore::open(
             &dir.path().join("file.txt"),
             OpenMode::CreateIfMissing,
@@ -2673,7 +2747,7 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+        assert!(matches!(err.root(), StoreError::NotAStore { .. }), "{err}");
     }
 
     #[test]
@@ -2689,7 +2763,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(
-            matches!(err, StoreError::Version { found: 99, .. }),
+            matches!(err.root(), StoreError::Version { found: 99, .. }),
             "{err}"
         );
     }
