@@ -1082,7 +1082,8 @@ async fn highwater_run_with(
     let calls_before = api.total_calls();
     let cpu = process_cpu();
     let started = Instant::now();
-    let (store, spec, handler) = new_job(api, input, state, Default::default(), bucket_size)?;
+    let (store, spec, handler) =
+        new_job(api, input, state, Default::default(), bucket_size).await?;
     let (_stop_handle, stop) = engine::stop_pair();
     let options = RunOptions {
         concurrency,
@@ -1799,7 +1800,7 @@ fn limit_at(trace: &[(Instant, f64)], t: Instant, initial: f64) -> f64 {
 }
 
 /// A fresh sled state dir holding a new job over `input` against `api`.
-fn new_job(
+async fn new_job(
     api: &FakeApi,
     input: &Path,
     state: &Path,
@@ -1818,7 +1819,9 @@ fn new_job(
         bucket_size,
         ..JobRequest::default()
     };
-    let spec = open_job(&store, &request).context("creating the job")?;
+    let spec = open_job(&store, &request)
+        .await
+        .context("creating the job")?;
     let handler = Handler::new(&spec.request).context("building the request handler")?;
     Ok((store, spec, handler))
 }
@@ -2033,7 +2036,7 @@ async fn rate_case(
         .await
         .context("starting the fake API")?;
     let (store, spec, handler) =
-        new_job(&api, &input, &dir.join("state"), Default::default(), None)?;
+        new_job(&api, &input, &dir.join("state"), Default::default(), None).await?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,
@@ -2522,7 +2525,7 @@ async fn capacity_run(
         max_interval: Some(Duration::from_secs(5)),
         ..RetryOverrides::default()
     };
-    let (store, spec, handler) = new_job(&api, input, state, retry, None)?;
+    let (store, spec, handler) = new_job(&api, input, state, retry, None).await?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::input::{Fingerprint, InputSpec};
-use crate::store::{Store, StoreError, StoredJob};
+use crate::store::{JobView, Store, StoreError, StoredJob};
 
 /// The request made for each ID, as templates.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -429,8 +429,12 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
 }
 
 /// The job `store` holds, decoded.
-pub fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
-    store.job()?.map(|j| JobSpec::from_stored(&j)).transpose()
+pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
+    store
+        .job()
+        .await?
+        .map(|j| JobSpec::from_stored(&j))
+        .transpose()
 }
 
 /// Create the job in `store`, or resume the one it holds, and check the input.
@@ -438,10 +442,10 @@ pub fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
 /// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
 /// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
-pub fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
+pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
     use crate::input::{Cursor, InputReader};
     check_bucket_size(request)?;
-    match stored_job(store)? {
+    match stored_job(store).await? {
         None => {
             let (Some(input), Some(url)) = (&request.input, &request.url) else {
                 return Err(JobError::Usage(
@@ -460,7 +464,7 @@ pub fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, Jo
                 fingerprint,
                 ..probe
             };
-            store.put_job(&spec.to_stored())?;
+            store.put_job(&spec.to_stored()).await?;
             Ok(spec)
         }
         Some(stored) => {
@@ -516,13 +520,13 @@ pub fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, Jo
                         },
                         e => e,
                     })?;
-                let mut planner = store.planner()?;
+                let mut planner = store.planner().await?;
                 if planner.cursor.byte == stored.fingerprint.len {
                     // The old last line had no newline: the appended newline still ends it.
                     planner.cursor.byte += skip;
                 }
                 planner.exhausted = false;
-                store.set_planner(&planner)?;
+                store.set_planner(&planner).await?;
                 asked.history.push(SpecChange {
                     at_ms: now_ms(),
                     command: request.command.clone(),
@@ -554,7 +558,7 @@ pub fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, Jo
             request.apply_operational(&mut asked);
             crate::handler::check_templates(&asked.request)?;
             if asked != stored {
-                store.put_job(&asked.to_stored())?;
+                store.put_job(&asked.to_stored()).await?;
             }
             Ok(asked)
         }
@@ -653,10 +657,10 @@ mod tests {
         (dir, store, request)
     }
 
-    #[test]
-    fn create_then_resume_keeps_templates_and_applies_operational_changes() {
+    #[tokio::test]
+    async fn create_then_resume_keeps_templates_and_applies_operational_changes() {
         let (_d, store, request) = setup();
-        let created = open_job(&store, &request).unwrap();
+        let created = open_job(&store, &request).await.unwrap();
         assert_eq!(created.bucket_size, DEFAULT_BUCKET_SIZE);
         assert_eq!(
             created.request.headers,
@@ -670,17 +674,17 @@ mod tests {
             },
             ..JobRequest::default()
         };
-        let resumed = open_job(&store, &resume).unwrap();
+        let resumed = open_job(&store, &resume).await.unwrap();
         assert_eq!(resumed.job_id, created.job_id);
         assert_eq!(resumed.request.timeout, Duration::from_secs(3));
         assert_eq!(resumed.retry.max_attempts, 9);
-        assert_eq!(stored_job(&store).unwrap().unwrap(), resumed);
+        assert_eq!(stored_job(&store).await.unwrap().unwrap(), resumed);
     }
 
-    #[test]
-    fn meaning_changes_are_refused_and_named() {
+    #[tokio::test]
+    async fn meaning_changes_are_refused_and_named() {
         let (_d, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         for (req, flag) in [
             (
                 JobRequest {
@@ -711,17 +715,17 @@ mod tests {
                 "--body",
             ),
         ] {
-            let err = open_job(&store, &req).unwrap_err().to_string();
+            let err = open_job(&store, &req).await.unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");
         }
         // The same values given again are fine.
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
     }
 
-    #[test]
-    fn moved_input_is_accepted_changed_input_is_not() {
+    #[tokio::test]
+    async fn moved_input_is_accepted_changed_input_is_not() {
         let (dir, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         let moved = dir.path().join("moved.txt");
         std::fs::rename(&request.input.as_ref().unwrap().path, &moved).unwrap();
         let req = JobRequest {
@@ -731,45 +735,45 @@ mod tests {
             }),
             ..JobRequest::default()
         };
-        assert_eq!(open_job(&store, &req).unwrap().input.path, moved);
+        assert_eq!(open_job(&store, &req).await.unwrap().input.path, moved);
         std::fs::write(&moved, "a\nc\n").unwrap();
-        let err = open_job(&store, &JobRequest::default()).unwrap_err();
+        let err = open_job(&store, &JobRequest::default()).await.unwrap_err();
         assert!(matches!(err, JobError::InputChanged { .. }), "{err}");
     }
 
-    #[test]
-    fn empty_input_and_missing_flags_are_refused() {
+    #[tokio::test]
+    async fn empty_input_and_missing_flags_are_refused() {
         let (_d, store, mut request) = setup();
         std::fs::write(&request.input.as_ref().unwrap().path, "\n  \n").unwrap();
         assert!(matches!(
-            open_job(&store, &request),
+            open_job(&store, &request).await,
             Err(JobError::EmptyInput(_))
         ));
         request.url = None;
         assert!(matches!(
-            open_job(&store, &request),
+            open_job(&store, &request).await,
             Err(JobError::Usage(_))
         ));
     }
 
-    #[test]
-    fn request_changes_need_allow_spec_change_and_are_recorded() {
+    #[tokio::test]
+    async fn request_changes_need_allow_spec_change_and_are_recorded() {
         let (_d, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         let change = JobRequest {
             url: Some("http://127.0.0.1:9/v2/{id}".into()),
             command: "rerun".into(),
             ..JobRequest::default()
         };
         assert!(matches!(
-            open_job(&store, &change),
+            open_job(&store, &change).await,
             Err(JobError::MeaningChanged(_))
         ));
         let allowed = JobRequest {
             allow_spec_change: true,
             ..change.clone()
         };
-        let spec = open_job(&store, &allowed).unwrap();
+        let spec = open_job(&store, &allowed).await.unwrap();
         assert_eq!(spec.request.url, "http://127.0.0.1:9/v2/{id}");
         assert_eq!(spec.history.len(), 1);
         assert_eq!(spec.history[0].command, "rerun");
@@ -778,21 +782,21 @@ mod tests {
             "{:?}",
             spec.history
         );
-        assert_eq!(stored_job(&store).unwrap().unwrap(), spec);
+        assert_eq!(stored_job(&store).await.unwrap().unwrap(), spec);
         // A bucket size change stays refused, allowed or not.
         let bucket = JobRequest {
             bucket_size: Some(3),
             allow_spec_change: true,
             ..JobRequest::default()
         };
-        let err = open_job(&store, &bucket).unwrap_err().to_string();
+        let err = open_job(&store, &bucket).await.unwrap_err().to_string();
         assert!(err.contains("--bucket-size"), "{err}");
     }
 
-    #[test]
-    fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
+    #[tokio::test]
+    async fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
         let (_d, store, request) = setup();
-        let created = open_job(&store, &request).unwrap();
+        let created = open_job(&store, &request).await.unwrap();
         let exhausted = crate::store::PlannerState {
             next_bucket: 1,
             cursor: crate::input::Cursor {
@@ -802,13 +806,13 @@ mod tests {
             },
             exhausted: true,
         };
-        store.set_planner(&exhausted).unwrap();
+        store.set_planner(&exhausted).await.unwrap();
         let path = &request.input.as_ref().unwrap().path;
         std::fs::write(path, "a\nb\nc\n").unwrap();
-        let spec = open_job(&store, &JobRequest::default()).unwrap();
+        let spec = open_job(&store, &JobRequest::default()).await.unwrap();
         assert_eq!(spec.fingerprint, Fingerprint::of_file(path).unwrap());
         assert_eq!(spec.history[0].previous_input, Some(created.fingerprint));
-        let planner = store.planner().unwrap();
+        let planner = store.planner().await.unwrap();
         assert!(!planner.exhausted);
         assert_eq!(planner.cursor, exhausted.cursor);
     }
@@ -841,10 +845,10 @@ mod tests {
         assert!(err.contains("same length"), "{err}");
     }
 
-    #[test]
-    fn specs_stored_before_the_history_existed_still_load() {
+    #[tokio::test]
+    async fn specs_stored_before_the_history_existed_still_load() {
         let (_d, store, request) = setup();
-        let spec = open_job(&store, &request).unwrap();
+        let spec = open_job(&store, &request).await.unwrap();
         let mut value = serde_json::to_value(&spec).unwrap();
         value.as_object_mut().unwrap().remove("history");
         let old: JobSpec = serde_json::from_value(value).unwrap();

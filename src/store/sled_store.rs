@@ -131,6 +131,9 @@ pub struct SledStore {
     indexed_at: std::sync::Mutex<std::time::Instant>,
     /// Rows below this were noted in the index by [`Store::first_row`].
     noted: AtomicU64,
+    /// The last lease token granted (see [`Leases`]), and the one held now (0: none).
+    tokens: AtomicU64,
+    lease: AtomicU64,
     /// Held for the store's lifetime; the flock goes with it.
     _lock: File,
 }
@@ -427,6 +430,12 @@ impl SledStore {
             }
             other => other.map_err(index_io)?,
         };
+        let tokens = match trees.meta.get("lease").map_err(sled_err)? {
+            Some(v) => <[u8; 8]>::try_from(v.as_ref())
+                .map(u64::from_be_bytes)
+                .map_err(|_| corrupt("its last lease token is undecodable".into()))?,
+            None => 0,
+        };
         let store = SledStore {
             path: path.to_owned(),
             trees: std::sync::RwLock::new(Some(trees.clone())),
@@ -448,10 +457,12 @@ impl SledStore {
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
+            tokens: AtomicU64::new(tokens),
+            lease: AtomicU64::new(0),
             _lock: lock,
         };
         if let Some(c) = &marker.checkpoint {
-            match store.job()? {
+            match store.read_job()? {
                 Some(job) if job.id == c.job_id => {}
                 _ => return Err(lost(format!("the database lost job {}", c.job_id))),
             }
@@ -509,7 +520,7 @@ impl SledStore {
     fn t(&self) -> Result<Arc<Trees>, StoreError> {
         self.trees
             .read()
-            .expect("never poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
             .ok_or_else(|| {
                 StoreError::at(
@@ -528,7 +539,10 @@ impl SledStore {
     /// other users to let go of the current handle; returns false if they did not (nothing
     /// changed then). Writes made before the reopen are flushed first.
     fn reopen(&self) -> Result<bool, StoreError> {
-        let mut slot = self.trees.write().expect("never poisoned");
+        let mut slot = self
+            .trees
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let deadline = std::time::Instant::now() + REOPEN_WAIT;
         loop {
             match slot.as_ref() {
@@ -579,8 +593,11 @@ impl SledStore {
         committed: u64,
         force: bool,
     ) -> Result<(), StoreError> {
-        let mut state = self.marker.lock().expect("never poisoned");
-        let Some(job) = self.job()? else {
+        let mut state = self
+            .marker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(job) = self.read_job()? else {
             return Ok(());
         };
         let last = state.written.as_ref();
@@ -724,7 +741,9 @@ impl SledStore {
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, ReadCache> {
-        self.cache.lock().expect("never poisoned")
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The commit records of a segment's buckets, by bucket.
@@ -957,7 +976,12 @@ impl SledStore {
     fn index_due(&self, planned: u64, force: bool) -> bool {
         planned > 0
             && (force
-                || self.indexed_at.lock().expect("never poisoned").elapsed() >= INDEX_SYNC_EVERY)
+                || self
+                    .indexed_at
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .elapsed()
+                    >= INDEX_SYNC_EVERY)
     }
 
     /// Write into sled how far the side files are durable (after [`side_sync`]).
@@ -974,7 +998,10 @@ impl SledStore {
         if let Some(indexed) = indexed {
             indexed.map_err(|e| self.index_err(e))?;
             batch.insert("indexed", &planned.to_be_bytes());
-            *self.indexed_at.lock().expect("never poisoned") = std::time::Instant::now();
+            *self
+                .indexed_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
         }
         t.meta.apply_batch(batch).map_err(|e| self.err(e))
     }
@@ -1491,63 +1518,13 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("store records always serialize")
 }
 
-impl Store for SledStore {
-    fn job(&self) -> Result<Option<StoredJob>, StoreError> {
-        let t = self.t()?;
-        let Some(spec) = t.meta.get("job").map_err(|e| self.err(e))? else {
-            return Ok(None);
-        };
-        let version = match t.meta.get("job_version").map_err(|e| self.err(e))? {
-            Some(v) => <[u8; 4]>::try_from(v.as_ref())
-                .map(u32::from_be_bytes)
-                .map_err(|_| self.corrupt("its job record's version is undecodable"))?,
-            // Stores written before the spec was opaque hold version 1.
-            None => 1,
-        };
-        let id = match t.meta.get("job_id").map_err(|e| self.err(e))? {
-            Some(id) => String::from_utf8(id.to_vec())
-                .map_err(|_| self.corrupt("its job id is not UTF-8"))?,
-            // Before, the id was only inside the spec (version 1: JSON with a `job_id`).
-            None => {
-                #[derive(Deserialize)]
-                struct Id {
-                    job_id: String,
-                }
-                self.decode::<Id>("job", &spec)?.job_id
-            }
-        };
-        Ok(Some(StoredJob {
-            id,
-            version,
-            spec: spec.to_vec(),
-        }))
-    }
-
-    fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
-        let t = self.t()?;
-        let mut batch = sled::Batch::default();
-        batch.insert("job", job.spec.as_slice());
-        batch.insert("job_version", &job.version.to_be_bytes());
-        batch.insert("job_id", job.id.as_bytes());
-        t.meta.apply_batch(batch).map_err(|e| self.err(e))?;
-        t.db.flush().map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    fn planner(&self) -> Result<PlannerState, StoreError> {
-        let t = self.t()?;
-        Ok(self
-            .get(&t.meta, b"planner", "planner")?
-            .unwrap_or_default())
-    }
-
-    fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError> {
-        let first = self.index.insert(id, row).map_err(|e| self.index_err(e))?;
-        self.noted.fetch_max(row + 1, Ordering::AcqRel);
-        Ok(first.filter(|first| *first < row))
-    }
-
-    fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError> {
+impl SledStore {
+    /// Write planned buckets and the planner position (see [`Store::plan`]).
+    fn write_plan(
+        &self,
+        buckets: &[PlannedBucket],
+        planner: &PlannerState,
+    ) -> Result<(), StoreError> {
         let t = self.t()?;
         // The index first (IDs the planner noted through `first_row` are there already): an
         // ID indexed for a plan that then fails is planned again at the same row (planning is
@@ -1614,19 +1591,97 @@ impl Store for SledStore {
         result
     }
 
-    fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-        let values: Vec<Vec<u8>> = results.iter().map(|(_, r)| json(r)).collect();
-        self.results
-            .append(
-                results
-                    .iter()
-                    .zip(&values)
-                    .map(|((id, r), v)| (r.row, id.as_str(), v.as_slice())),
-            )
-            .map_err(|e| self.log_err(e))
+    /// The stored job (see [`Store::job`]).
+    fn read_job(&self) -> Result<Option<StoredJob>, StoreError> {
+        let t = self.t()?;
+        let Some(spec) = t.meta.get("job").map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        let version = match t.meta.get("job_version").map_err(|e| self.err(e))? {
+            Some(v) => <[u8; 4]>::try_from(v.as_ref())
+                .map(u32::from_be_bytes)
+                .map_err(|_| self.corrupt("its job record's version is undecodable"))?,
+            // Stores written before the spec was opaque hold version 1.
+            None => 1,
+        };
+        let id = match t.meta.get("job_id").map_err(|e| self.err(e))? {
+            Some(id) => String::from_utf8(id.to_vec())
+                .map_err(|_| self.corrupt("its job id is not UTF-8"))?,
+            // Before, the id was only inside the spec (version 1: JSON with a `job_id`).
+            None => {
+                #[derive(Deserialize)]
+                struct Id {
+                    job_id: String,
+                }
+                self.decode::<Id>("job", &spec)?.job_id
+            }
+        };
+        Ok(Some(StoredJob {
+            id,
+            version,
+            spec: spec.to_vec(),
+        }))
     }
 
-    fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
+    /// Buckets from `from` on with their commit records (see [`Store::buckets`]).
+    fn read_buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
+        let mut out = Vec::new();
+        if limit == 1 {
+            // A point lookup: through the read cache, not a segment's whole commit log.
+            if let Some(segment) = self.segment_of(from)? {
+                let commit = self
+                    .commit_run_of(from)?
+                    .map(|(first, run)| run[(from - first) as usize].clone());
+                out.push(BucketState {
+                    offset: segment.offset(from),
+                    commit,
+                });
+                return Ok(out);
+            }
+        }
+        if limit == 0 {
+            return Ok(out);
+        }
+        for segment in self.segments_from(from)? {
+            let segment = segment?;
+            if segment.last() < from {
+                continue;
+            }
+            let mut committed = self.commits_of(&segment)?;
+            for offset in segment.offsets().filter(|o| o.bucket >= from) {
+                let commit = committed.remove(&offset.bucket);
+                out.push(BucketState { offset, commit });
+                if out.len() == limit {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A rerun's buckets from `from` on (see [`Store::rerun_buckets`]).
+    fn read_rerun_buckets(
+        &self,
+        rerun: u32,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<RerunBucketState>, StoreError> {
+        let t = self.t()?;
+        let mut out = Vec::new();
+        let range = rerun_key(rerun, from)..=rerun_key(rerun, u64::MAX);
+        for entry in t.rerun_offsets.range(range).take(limit) {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let commit = self.get(&t.rerun_commits, &key, "rerun commit")?;
+            out.push(RerunBucketState {
+                offset: self.decode("rerun offset", &value)?,
+                commit,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Write the commit records of job buckets (a bucket committed already keeps its record).
+    fn commit_job(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
         let t = self.t()?;
         let generation = self.runs_rewritten.load(Ordering::Acquire);
         let mut sorted: Vec<&CommitRecord> = commits.iter().collect();
@@ -1679,6 +1734,126 @@ impl Store for SledStore {
         Ok(())
     }
 
+    /// Write commit records of rerun buckets and the job buckets' records their counts moved
+    /// (rewriting the commit log runs that hold them), atomically.
+    fn commit_rerun(
+        &self,
+        rerun: u32,
+        buckets: &[CommitRecord],
+        moved: &[CommitRecord],
+    ) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let mut batch = sled::Batch::default();
+        for c in buckets {
+            batch.insert(&rerun_key(rerun, c.bucket), json(c));
+        }
+        // The commit log runs holding the moved buckets, rewritten whole.
+        let mut runs: BTreeMap<u64, Vec<CommitRecord>> = BTreeMap::new();
+        for moved in moved {
+            let bucket = moved.bucket;
+            let held = runs
+                .range(..=bucket)
+                .next_back()
+                .is_some_and(|(first, run)| bucket < first + run.len() as u64);
+            if !held {
+                if let Some((first, run)) = self.commit_run_of(bucket)? {
+                    runs.insert(first, Arc::unwrap_or_clone(run));
+                }
+            }
+            let found = runs
+                .range_mut(..=bucket)
+                .next_back()
+                .and_then(|(first, run)| run.get_mut((bucket - first) as usize));
+            if let Some(c) = found.filter(|c| c.bucket == bucket) {
+                *c = moved.clone();
+            }
+        }
+        let mut job = sled::Batch::default();
+        for (first, run) in &runs {
+            job.insert(&first.to_be_bytes(), json(run));
+        }
+        let _rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
+        (&t.rerun_commits, &t.commits)
+            .transaction(|(r, c)| {
+                r.apply_batch(&batch)?;
+                c.apply_batch(&job)?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| self.tx_err(e, "rerun commit aborted"))
+    }
+
+    /// Refuse a lease this store does not hold (see [`Leases`]).
+    fn check_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        if self.lease.load(Ordering::Acquire) == lease.token.0 {
+            return Ok(());
+        }
+        Err(StoreError::at(
+            self.path.display(),
+            StoreError::LeaseLost {
+                scope: format!("{:?}", lease.scope),
+                token: lease.token.0,
+            },
+        ))
+    }
+}
+
+/// The embedded store's async methods do their work inside the future: reads are `pread`s
+/// the page cache serves and sled lookups in memory, writes are appends and in-memory sled
+/// batches, all cheap and what the engine's threads did before the trait was async. Only a
+/// sync's fdatasync of the side files goes to the blocking pool (see [`Store::sync`] below).
+impl Store for SledStore {
+    async fn job(&self) -> Result<Option<StoredJob>, StoreError> {
+        self.read_job()
+    }
+
+    async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let mut batch = sled::Batch::default();
+        batch.insert("job", job.spec.as_slice());
+        batch.insert("job_version", &job.version.to_be_bytes());
+        batch.insert("job_id", job.id.as_bytes());
+        t.meta.apply_batch(batch).map_err(|e| self.err(e))?;
+        t.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn planner(&self) -> Result<PlannerState, StoreError> {
+        let t = self.t()?;
+        Ok(self
+            .get(&t.meta, b"planner", "planner")?
+            .unwrap_or_default())
+    }
+
+    async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
+        let mut out = Vec::with_capacity(rows.len());
+        for &(row, id) in rows {
+            let first = self.index.insert(id, row).map_err(|e| self.index_err(e))?;
+            self.noted.fetch_max(row + 1, Ordering::AcqRel);
+            out.push(first.filter(|first| *first < row));
+        }
+        Ok(out)
+    }
+
+    async fn plan(
+        &self,
+        buckets: &[PlannedBucket],
+        planner: &PlannerState,
+    ) -> Result<(), StoreError> {
+        self.write_plan(buckets, planner)
+    }
+
+    async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        let values: Vec<Vec<u8>> = results.iter().map(|(_, r)| json(r)).collect();
+        self.results
+            .append(
+                results
+                    .iter()
+                    .zip(&values)
+                    .map(|((id, r), v)| (r.row, id.as_str(), v.as_slice())),
+            )
+            .map_err(|e| self.log_err(e))
+    }
+
     async fn sync(&self) -> Result<(), StoreError> {
         let _gate = self.sync_gate.lock().await;
         let planned = self.written.planned.load(Ordering::Acquire);
@@ -1692,9 +1867,7 @@ impl Store for SledStore {
                 .map_err(|e| {
                     StoreError::at(
                         self.path.display(),
-                        StoreError::Backend {
-                            reason: format!("syncing the results log: {e}"),
-                        },
+                        StoreError::backend(format!("syncing the results log: {e}")),
                     )
                 })?;
         let t = self.t()?;
@@ -1722,65 +1895,25 @@ impl Store for SledStore {
         Ok(())
     }
 
-    fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError> {
-        let mut open = Vec::new();
-        for segment in self.segments()? {
-            let segment = segment?;
-            let committed = self.commits_of(&segment)?;
-            open.extend(
-                segment
-                    .offsets()
-                    .filter(|o| !committed.contains_key(&o.bucket)),
-            );
-        }
-        Ok(open)
+    async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
+        self.read_buckets(from, limit)
     }
 
-    fn bucket_items(&self, bucket: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+    async fn bucket_items(
+        &self,
+        bucket: &OffsetRecord,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         self.items_of(bucket)
     }
 
-    fn for_each_final(
-        &self,
-        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-    ) -> Result<(), ExportError> {
-        for segment in self.segments()? {
-            let segment = segment?;
-            let committed = self.commits_of(&segment)?;
-            // A full scan reads each segment once: past the cache, which it would only churn.
-            let ids = self.read_segment_ids(&segment)?;
-            for (offset, ids) in segment.offsets().zip(ids.iter()) {
-                let records = self.records(&offset, ids)?;
-                // A committed bucket's results are all final, as its record counts them: a
-                // result missing now was lost, and an export must not leave it out silently.
-                if let Some(c) = committed.get(&offset.bucket) {
-                    let finals = records.iter().filter(|(_, r)| r.is_final()).count() as u64;
-                    if finals != c.ok + c.failed {
-                        return Err(StoreError::at(
-                            self.path.display(),
-                            StoreError::Corrupt {
-                                reason: format!(
-                                    "bucket {} is committed with {} results, but {finals} are \
-                                 found (the results files were damaged)",
-                                    offset.bucket,
-                                    c.ok + c.failed
-                                ),
-                            },
-                        )
-                        .into());
-                    }
-                }
-                for (id, record) in records {
-                    if record.is_final() {
-                        f(&id, &record)?;
-                    }
-                }
-            }
+    async fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+        match self.index.get(id).map_err(|e| self.index_err(e))? {
+            Some(row) => self.result(row, id),
+            None => Ok(None),
         }
-        Ok(())
     }
 
-    fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError> {
+    async fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError> {
         let t = self.t()?;
         let mut out = Vec::new();
         for entry in t.bad.iter().take(limit) {
@@ -1790,132 +1923,16 @@ impl Store for SledStore {
         Ok(out)
     }
 
-    fn stats(&self) -> Result<StoreStats, StoreError> {
-        let planner = self.planner()?;
-        let mut s = StoreStats {
-            input_exhausted: planner.exhausted,
-            rows_read: planner.cursor.row,
-            input_bytes_read: planner.cursor.byte,
-            ..StoreStats::default()
-        };
-        for segment in self.segments()? {
-            let segment = segment?;
-            let committed = self.commits_of(&segment)?;
-            let mut open = Vec::new();
-            for offset in segment.offsets() {
-                s.buckets_planned += 1;
-                s.ids_planned += offset.items;
-                s.duplicates += offset.duplicates;
-                s.bad_lines += offset.bad_lines;
-                match committed.get(&offset.bucket) {
-                    Some(commit) => {
-                        s.buckets_committed += 1;
-                        s.ok += commit.ok;
-                        s.failed += commit.failed;
-                    }
-                    None => open.push(offset),
-                }
-            }
-            s.buckets_in_flight += open.len() as u64;
-            if open.is_empty() {
-                continue;
-            }
-            let ids = self.read_segment_ids(&segment)?;
-            for offset in open {
-                let ids = &ids[(offset.bucket - segment.first) as usize];
-                for (_, record) in self.records(&offset, ids)? {
-                    match record.status {
-                        ItemStatus::Ok => s.ok += 1,
-                        ItemStatus::Failed => s.failed += 1,
-                        ItemStatus::Pending => {}
-                    }
-                }
-            }
-        }
-        s.pending = s.ids_planned.saturating_sub(s.ok + s.failed);
-        Ok(s)
-    }
-
-    fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        match self.index.get(id).map_err(|e| self.index_err(e))? {
-            Some(row) => self.result(row, id),
-            None => Ok(None),
-        }
-    }
-
-    fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError> {
-        Ok(self.segment_of(bucket)?.map(|s| s.offset(bucket)))
-    }
-
-    fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
-        Ok(self
-            .commit_run_of(bucket)?
-            .map(|(first, run)| run[(bucket - first) as usize].clone()))
-    }
-
-    fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for entry in t.commits.iter() {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            let (_, run) = self.commit_run(&key, &value)?;
-            out.extend(run.into_iter().filter(|c| c.failed > 0));
-        }
-        Ok(out)
-    }
-
-    fn for_each_failure(
-        &self,
-        bucket: Option<u64>,
-        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-    ) -> Result<(), ExportError> {
-        let mut failed_in = |offset: &OffsetRecord, ids: &[(u64, String)]| {
-            for (id, record) in self.records(offset, ids)? {
-                if record.status == ItemStatus::Failed {
-                    f(&id, &record)?;
-                }
-            }
-            Ok::<(), ExportError>(())
-        };
-        // Buckets committed without failures hold none; the others are read.
-        if let Some(b) = bucket {
-            let Some(segment) = self.segment_of(b)? else {
-                return Ok(());
-            };
-            if self.commit_record(b)?.is_some_and(|c| c.failed == 0) {
-                return Ok(());
-            }
-            let ids = self.segment_ids(&segment)?;
-            return failed_in(&segment.offset(b), &ids[(b - segment.first) as usize]);
-        }
-        for segment in self.segments()? {
-            let segment = segment?;
-            let committed = self.commits_of(&segment)?;
-            let mut ids = None;
-            for offset in segment.offsets() {
-                if committed.get(&offset.bucket).is_some_and(|c| c.failed == 0) {
-                    continue;
-                }
-                let ids = match &ids {
-                    Some(ids) => ids,
-                    None => ids.insert(self.read_segment_ids(&segment)?),
-                };
-                failed_in(&offset, &ids[(offset.bucket - segment.first) as usize])?;
-            }
-        }
-        Ok(())
-    }
-
-    fn set_planner(&self, planner: &PlannerState) -> Result<(), StoreError> {
-        self.plan(&[], planner)
-    }
-
-    fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
+    async fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
         let t = self.t()?;
         self.decode_all(t.reruns.iter(), "rerun")
     }
 
-    fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError> {
+    async fn create_rerun(
+        &self,
+        rerun: &RerunRecord,
+        buckets: &[RerunBucket],
+    ) -> Result<(), StoreError> {
         let t = self.t()?;
         // The lists first, durable in ids.log before the offset records that point at them
         // (kept in sled, a rerun of millions of IDs would have sled hold them all in memory).
@@ -1940,165 +1957,62 @@ impl Store for SledStore {
             .map_err(|e| self.tx_err(e, "rerun creation aborted"))
     }
 
-    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for entry in t.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            if !t
-                .rerun_commits
-                .contains_key(&key)
-                .map_err(|e| self.err(e))?
-            {
-                out.push(self.decode("rerun offset", &value)?);
-            }
-        }
-        Ok(out)
+    async fn rerun_buckets(
+        &self,
+        rerun: u32,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<RerunBucketState>, StoreError> {
+        self.read_rerun_buckets(rerun, from, limit)
     }
 
-    fn rerun_bucket_items(
+    async fn rerun_bucket_items(
         &self,
         offset: &RerunOffset,
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         self.rerun_items(offset)
     }
+}
 
-    fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
+/// The state directory's flock is the lease: one process works on the job, so every scope
+/// is granted, under one token per acquisition (stored in sled, so tokens only grow across
+/// runs: the run number). A newer acquisition supersedes the older lease, whose commits are
+/// refused from then on, as are those of a released one.
+impl Leases for SledStore {
+    async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
         let t = self.t()?;
-        // What each commit moves in the job's commit log: per job bucket, the statuses of the
-        // rerun bucket's IDs now against before the rerun.
-        #[derive(Default)]
-        struct Moved {
-            ok: i64,
-            failed: i64,
-            classes: std::collections::BTreeMap<String, i64>,
-        }
-        let mut moved: std::collections::BTreeMap<u64, Moved> = Default::default();
-        let mut batch = sled::Batch::default();
-        for c in commits {
-            let key = rerun_key(rerun, c.bucket);
-            if t.rerun_commits.contains_key(key).map_err(|e| self.err(e))? {
-                continue; // already committed: its move is already applied
-            }
-            let offset: RerunOffset = self
-                .get(&t.rerun_offsets, &key, "rerun offset")?
-                .ok_or_else(|| {
-                    StoreError::at(
-                        self.path.display(),
-                        StoreError::Corrupt {
-                            reason: format!(
-                                "rerun {rerun} commits bucket {} it never planned",
-                                c.bucket
-                            ),
-                        },
-                    )
-                })?;
-            for share in &offset.before {
-                let m = moved.entry(share.bucket).or_default();
-                m.ok -= share.ok as i64;
-                m.failed -= share.failed as i64;
-                for (class, n) in &share.failed_by_class {
-                    *m.classes.entry(class.clone()).or_default() -= *n as i64;
-                }
-            }
-            for (_, record) in self.rerun_items(&offset)? {
-                let m = moved.entry(record.bucket).or_default();
-                match record.status {
-                    ItemStatus::Ok => m.ok += 1,
-                    ItemStatus::Failed => {
-                        m.failed += 1;
-                        *m.classes.entry(class_name(&record)).or_default() += 1;
-                    }
-                    ItemStatus::Pending => {}
-                }
-            }
-            batch.insert(&key, json(c));
-        }
-        // The commit log runs holding the moved buckets, rewritten whole.
-        let mut runs: BTreeMap<u64, Vec<CommitRecord>> = BTreeMap::new();
-        for (bucket, m) in moved {
-            if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
-                continue;
-            }
-            let held = runs
-                .range(..=bucket)
-                .next_back()
-                .is_some_and(|(first, run)| bucket < first + run.len() as u64);
-            if !held {
-                if let Some((first, run)) = self.commit_run_of(bucket)? {
-                    runs.insert(first, Arc::unwrap_or_clone(run));
-                }
-            }
-            let found = runs
-                .range_mut(..=bucket)
-                .next_back()
-                .and_then(|(first, run)| run.get_mut((bucket - first) as usize));
-            if let Some(c) = found.filter(|c| c.bucket == bucket) {
-                c.ok = (c.ok as i64 + m.ok).max(0) as u64;
-                c.failed = (c.failed as i64 + m.failed).max(0) as u64;
-                for (class, n) in m.classes {
-                    let count = c.failed_by_class.entry(class.clone()).or_default();
-                    *count = (*count as i64 + n).max(0) as u64;
-                    if *count == 0 {
-                        c.failed_by_class.remove(&class);
-                    }
-                }
-            }
-        }
-        let mut job = sled::Batch::default();
-        for (first, run) in &runs {
-            job.insert(&first.to_be_bytes(), json(run));
-        }
-        let _rewriting = (!runs.is_empty()).then(|| Rewriting::start(&self.runs_rewritten));
-        (&t.rerun_commits, &t.commits)
-            .transaction(|(r, c)| {
-                r.apply_batch(&batch)?;
-                c.apply_batch(&job)?;
-                Ok::<(), ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| self.tx_err(e, "rerun commit aborted"))
+        let token = self.tokens.fetch_add(1, Ordering::AcqRel) + 1;
+        t.meta
+            .insert("lease", &token.to_be_bytes())
+            .map_err(|e| self.err(e))?;
+        self.lease.store(token, Ordering::Release);
+        Ok(Some(Lease {
+            scope,
+            token: LeaseToken(token),
+        }))
     }
 
-    fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError> {
-        let t = self.t()?;
-        let record: Option<RerunRecord> = self.get(&t.reruns, &rerun.to_be_bytes(), "rerun")?;
-        let Some(record) = record else {
-            return Ok(RerunStats {
-                number: rerun,
-                ..RerunStats::default()
-            });
-        };
-        let mut s = RerunStats {
-            number: rerun,
-            buckets: record.buckets,
-            ids: record.ids,
-            ..RerunStats::default()
-        };
-        for entry in t.rerun_offsets.scan_prefix(rerun.to_be_bytes()) {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            match t.rerun_commits.get(&key).map_err(|e| self.err(e))? {
-                Some(c) => {
-                    let c: CommitRecord = self.decode("rerun commit", &c)?;
-                    s.buckets_committed += 1;
-                    s.ok += c.ok;
-                    s.failed += c.failed;
-                }
-                None => {
-                    let offset: RerunOffset = self.decode("rerun offset", &value)?;
-                    for (_, r) in self.rerun_items(&offset)? {
-                        if r.rerun == Some(rerun) {
-                            match r.status {
-                                ItemStatus::Ok => s.ok += 1,
-                                ItemStatus::Failed => s.failed += 1,
-                                ItemStatus::Pending => {}
-                            }
-                        }
-                    }
-                }
-            }
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.check_lease(lease)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let _ = self
+            .lease
+            .compare_exchange(lease.token.0, 0, Ordering::AcqRel, Ordering::Acquire);
+        Ok(())
+    }
+
+    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
+        self.check_lease(lease)?;
+        match commit {
+            Commit::Job(commits) => self.commit_job(commits),
+            Commit::Rerun {
+                rerun,
+                buckets,
+                moved,
+            } => self.commit_rerun(rerun, buckets, moved),
         }
-        s.pending = s.ids.saturating_sub(s.ok + s.failed);
-        Ok(s)
     }
 }
 
@@ -2119,6 +2033,24 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Commit job buckets under a lease, as a run does.
+    async fn commit(s: &SledStore, commits: &[CommitRecord]) {
+        let lease = s.acquire(LeaseScope::Job).await.unwrap().unwrap();
+        s.commit(&lease, Commit::Job(commits)).await.unwrap();
+    }
+
+    /// Commit rerun buckets under a lease, with the counts they move.
+    async fn commit_rerun(s: &SledStore, rerun: u32, commits: &[CommitRecord]) {
+        let lease = s.acquire(LeaseScope::Job).await.unwrap().unwrap();
+        super::super::view::commit(s, &lease, Log::Rerun(rerun), commits)
+            .await
+            .unwrap();
+    }
+
+    async fn first_row(s: &SledStore, id: &str, row: u64) -> Option<u64> {
+        s.first_rows(&[(row, id)]).await.unwrap()[0]
+    }
 
     fn offset(bucket: u64, start: u64, end: u64, items: u64) -> OffsetRecord {
         OffsetRecord {
@@ -2158,11 +2090,12 @@ mod tests {
     }
 
     /// A new store with [`one_row_buckets`]`(n)` planned.
-    fn store_of_one_row_buckets(n: u64) -> (tempfile::TempDir, SledStore) {
+    async fn store_of_one_row_buckets(n: u64) -> (tempfile::TempDir, SledStore) {
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
         s.plan(&one_row_buckets(n), &PlannerState::default())
+            .await
             .unwrap();
         (dir, s)
     }
@@ -2221,7 +2154,7 @@ mod tests {
             let before = s.reopens();
             let held = s.t().unwrap();
             let first: Vec<_> = (0..round).map(bucket).collect();
-            s.plan(&first, &planner(round)).unwrap();
+            s.plan(&first, &planner(round)).await.unwrap();
             s.sync().await.unwrap();
             assert_eq!(s.reopens(), before, "reopened under a reader");
             assert!(held.offsets.contains_key(0u64.to_be_bytes()).unwrap());
@@ -2232,11 +2165,11 @@ mod tests {
 
             for b in (round..n).step_by(round as usize) {
                 let next: Vec<_> = (b..b + round).map(bucket).collect();
-                s.plan(&next, &planner(b + round)).unwrap();
+                s.plan(&next, &planner(b + round)).await.unwrap();
                 s.sync().await.unwrap();
             }
             let results: Vec<_> = (0..n).map(|b| (id(b), done(b, b, ok(b)))).collect();
-            s.record(&results).unwrap();
+            s.record(&results).await.unwrap();
             s.sync().await.unwrap();
             let mut commits = Vec::new();
             for b in 0..n {
@@ -2244,16 +2177,16 @@ mod tests {
                 tally.add(&done(b, b, ok(b)));
                 commits.push(CommitRecord::new(b, tally));
             }
-            s.commit(&commits).unwrap();
+            commit(&s, &commits).await;
             s.sync().await.unwrap();
             assert!(s.reopens() >= before + 5, "{} reopens", s.reopens());
             for b in 0..n {
-                let r = s.item(&id(b)).unwrap().expect("kept across reopens");
+                let r = s.item(&id(b)).await.unwrap().expect("kept across reopens");
                 assert_eq!((r.row, r.is_final()), (b, true));
             }
         }
         let s = SledStore::open(&path, OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        let stats = s.stats().unwrap();
+        let stats = s.stats().await.unwrap();
         let oks = (0..n).filter(|b| ok(*b)).count() as u64;
         assert_eq!(
             (
@@ -2269,6 +2202,7 @@ mod tests {
             seen.push((id.to_string(), r.row));
             Ok(())
         })
+        .await
         .unwrap();
         let expected: Vec<_> = (0..n).map(|b| (id(b), b)).collect();
         assert_eq!(seen, expected);
@@ -2296,43 +2230,48 @@ mod tests {
                 ],
                 &p,
             )
+            .await
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.item("c").unwrap().is_none());
+            assert!(s.item("c").await.unwrap().is_none());
             // Planned IDs are noted with their first rows: a repeat is a duplicate.
-            assert_eq!(s.first_row("c", 7).unwrap(), Some(2));
-            assert_eq!(s.first_row("c", 2).unwrap(), None, "the same row again");
-            assert_eq!(s.first_row("new", 8).unwrap(), None);
-            assert_eq!(s.first_row("new", 9).unwrap(), Some(8));
+            assert_eq!(first_row(&s, "c", 7).await, Some(2));
+            assert_eq!(first_row(&s, "c", 2).await, None, "the same row again");
+            assert_eq!(first_row(&s, "new", 8).await, None);
+            assert_eq!(first_row(&s, "new", 9).await, Some(8));
             s.record(&[
                 ("a".into(), done(0, 0, true)),
                 ("b".into(), done(1, 0, false)),
             ])
+            .await
             .unwrap();
             s.sync().await.unwrap();
-            assert!(s.item("a").unwrap().is_some_and(|r| r.is_final()));
-            s.commit(&[CommitRecord {
-                bucket: 0,
-                ok: 1,
-                failed: 1,
-                ..CommitRecord::default()
-            }])
-            .unwrap();
-            s.record(&[("d".into(), done(3, 1, true))]).unwrap();
+            assert!(s.item("a").await.unwrap().is_some_and(|r| r.is_final()));
+            commit(
+                &s,
+                &[CommitRecord {
+                    bucket: 0,
+                    ok: 1,
+                    failed: 1,
+                    ..CommitRecord::default()
+                }],
+            )
+            .await;
+            s.record(&[("d".into(), done(3, 1, true))]).await.unwrap();
             s.sync().await.unwrap();
         }
         let s = SledStore::open(&path, OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        let open = s.open_buckets().unwrap();
+        let open = s.open_buckets().await.unwrap();
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].bucket, 1);
-        let items = s.bucket_items(&open[0]).unwrap();
+        let items = s.bucket_items(&open[0]).await.unwrap();
         assert_eq!(
             items.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(),
             vec!["c", "d"]
         );
         assert!(!items[0].1.is_final());
         assert!(items[1].1.is_final());
-        let stats = s.stats().unwrap();
+        let stats = s.stats().await.unwrap();
         assert_eq!((stats.ok, stats.failed, stats.pending), (2, 1, 1));
         assert_eq!(
             (
@@ -2348,6 +2287,7 @@ mod tests {
             seen.push((id.to_string(), r.status));
             Ok(())
         })
+        .await
         .unwrap();
         assert_eq!(
             seen,
@@ -2384,46 +2324,73 @@ mod tests {
             .collect();
         first.push(planned(7, &[(9, "z")], 10));
         let p = PlannerState::default();
-        s.plan(&first, &p).unwrap();
+        s.plan(&first, &p).await.unwrap();
         s.plan(
             &[planned(5, &[(5, "e")], 6), planned(6, &[(6, "f")], 7)],
             &p,
         )
+        .await
         .unwrap();
         assert_eq!(s.t().unwrap().offsets.len(), 3, "segments: 0..=4, 7, 5..=6");
         for b in first.iter().chain([&planned(5, &[(5, "e")], 6)]) {
-            assert_eq!(s.offset(b.offset.bucket).unwrap().as_ref(), Some(&b.offset));
+            assert_eq!(
+                s.offset(b.offset.bucket).await.unwrap().as_ref(),
+                Some(&b.offset)
+            );
         }
-        assert_eq!(s.offset(8).unwrap(), None);
-        assert_eq!(s.offset(70).unwrap(), None);
-        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        assert_eq!(s.offset(8).await.unwrap(), None);
+        assert_eq!(s.offset(70).await.unwrap(), None);
+        let open: Vec<u64> = s
+            .open_buckets()
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
         assert_eq!(open, vec![0, 1, 2, 3, 4, 5, 6, 7]);
         s.record(&[
             ("c".into(), done(3, 3, true)),
             ("f".into(), done(6, 6, false)),
         ])
+        .await
         .unwrap();
-        s.commit(&[CommitRecord {
-            bucket: 3,
-            ok: 1,
-            ..CommitRecord::default()
-        }])
-        .unwrap();
-        s.commit(&[CommitRecord {
-            bucket: 2,
-            ..CommitRecord::default()
-        }])
-        .unwrap();
-        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        commit(
+            &s,
+            &[CommitRecord {
+                bucket: 3,
+                ok: 1,
+                ..CommitRecord::default()
+            }],
+        )
+        .await;
+        commit(
+            &s,
+            &[CommitRecord {
+                bucket: 2,
+                ..CommitRecord::default()
+            }],
+        )
+        .await;
+        let open: Vec<u64> = s
+            .open_buckets()
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
         assert_eq!(open, vec![0, 1, 4, 5, 6, 7]);
-        let items = s.bucket_items(&s.offset(4).unwrap().unwrap()).unwrap();
+        let items = s
+            .bucket_items(&s.offset(4).await.unwrap().unwrap())
+            .await
+            .unwrap();
         assert_eq!(items.len(), 1);
         assert_eq!((items[0].0.as_str(), items[0].1.row), ("d", 4));
         assert!(s
-            .bucket_items(&s.offset(2).unwrap().unwrap())
+            .bucket_items(&s.offset(2).await.unwrap().unwrap())
+            .await
             .unwrap()
             .is_empty());
-        let stats = s.stats().unwrap();
+        let stats = s.stats().await.unwrap();
         assert_eq!(
             (
                 stats.buckets_planned,
@@ -2442,6 +2409,7 @@ mod tests {
             seen.push(id.to_string());
             Ok(())
         })
+        .await
         .unwrap();
         assert_eq!(seen, vec!["c", "f"]);
         let mut failed = vec![];
@@ -2449,89 +2417,93 @@ mod tests {
             failed.push((id.to_string(), r.bucket));
             Ok(())
         })
+        .await
         .unwrap();
         assert_eq!(failed, vec![("f".to_string(), 6)]);
     }
 
     /// Buckets committed by one write share a commit record per consecutive run; a bucket is
     /// committed once.
-    #[test]
-    fn commits_are_stored_in_runs_and_are_final() {
-        let (_dir, s) = store_of_one_row_buckets(8);
+    #[tokio::test]
+    async fn commits_are_stored_in_runs_and_are_final() {
+        let (_dir, s) = store_of_one_row_buckets(8).await;
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
             failed: 1 - ok,
             ..CommitRecord::default()
         };
-        s.commit(&[c(3, 1), c(1, 1), c(2, 0), c(5, 1), c(3, 1)])
-            .unwrap();
+        commit(&s, &[c(3, 1), c(1, 1), c(2, 0), c(5, 1), c(3, 1)]).await;
         assert_eq!(s.t().unwrap().commits.len(), 2, "runs 1..=3 and 5");
-        assert_eq!(s.commit_record(2).unwrap(), Some(c(2, 0)));
-        assert_eq!(s.commit_record(4).unwrap(), None);
-        assert_eq!(s.commit_record(0).unwrap(), None);
+        assert_eq!(s.commit_record(2).await.unwrap(), Some(c(2, 0)));
+        assert_eq!(s.commit_record(4).await.unwrap(), None);
+        assert_eq!(s.commit_record(0).await.unwrap(), None);
         // 2 is committed already and keeps its record; 4 joins the log.
-        s.commit(&[c(2, 1), c(4, 1)]).unwrap();
-        assert_eq!(s.commit_record(2).unwrap(), Some(c(2, 0)));
-        assert_eq!(s.commit_record(4).unwrap(), Some(c(4, 1)));
-        s.commit(&[c(0, 1), c(1, 1), c(6, 1), c(7, 1)]).unwrap();
-        assert_eq!(s.commit_record(1).unwrap(), Some(c(1, 1)));
-        let committed: Vec<u64> = (0..9)
-            .filter(|b| s.commit_record(*b).unwrap().is_some())
-            .collect();
+        commit(&s, &[c(2, 1), c(4, 1)]).await;
+        assert_eq!(s.commit_record(2).await.unwrap(), Some(c(2, 0)));
+        assert_eq!(s.commit_record(4).await.unwrap(), Some(c(4, 1)));
+        commit(&s, &[c(0, 1), c(1, 1), c(6, 1), c(7, 1)]).await;
+        assert_eq!(s.commit_record(1).await.unwrap(), Some(c(1, 1)));
+        let mut committed = Vec::new();
+        for b in 0..9 {
+            if s.commit_record(b).await.unwrap().is_some() {
+                committed.push(b);
+            }
+        }
         assert_eq!(committed, (0..8).collect::<Vec<_>>());
-        assert!(s.open_buckets().unwrap().is_empty());
+        assert!(s.open_buckets().await.unwrap().is_empty());
         let failed: Vec<u64> = s
             .failed_buckets()
+            .await
             .unwrap()
             .iter()
             .map(|c| c.bucket)
             .collect();
         assert_eq!(failed, vec![2]);
-        let stats = s.stats().unwrap();
+        let stats = s.stats().await.unwrap();
         assert_eq!((stats.buckets_committed, stats.ok, stats.failed), (8, 7, 1));
     }
 
     /// The run cache is neither used nor filled while a rewrite of runs is in progress (an
     /// odd generation), and what was cached before it is not served after it.
-    #[test]
-    fn the_run_cache_never_serves_a_run_across_a_rewrite() {
-        let (_dir, s) = store_of_one_row_buckets(2);
+    #[tokio::test]
+    async fn the_run_cache_never_serves_a_run_across_a_rewrite() {
+        let (_dir, s) = store_of_one_row_buckets(2).await;
         let c = |bucket: u64, ok: u64| CommitRecord {
             bucket,
             ok,
             ..CommitRecord::default()
         };
-        s.commit(&[c(0, 1), c(1, 1)]).unwrap();
-        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 1); // cached now
-                                                                // A rewrite starts; sled gets the new run while it is in progress.
+        commit(&s, &[c(0, 1), c(1, 1)]).await;
+        assert_eq!(s.commit_record(1).await.unwrap().unwrap().ok, 1); // cached now
+                                                                      // A rewrite starts; sled gets the new run while it is in progress.
         let rewriting = Rewriting::start(&s.runs_rewritten);
         s.t()
             .unwrap()
             .commits
             .insert(0u64.to_be_bytes(), json(&[c(0, 7), c(1, 7)]))
             .unwrap();
-        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 7);
+        assert_eq!(s.commit_record(1).await.unwrap().unwrap().ok, 7);
         s.t()
             .unwrap()
             .commits
             .insert(0u64.to_be_bytes(), json(&[c(0, 8), c(1, 8)]))
             .unwrap();
         assert_eq!(
-            s.commit_record(0).unwrap().unwrap().ok,
+            s.commit_record(0).await.unwrap().unwrap().ok,
             8,
             "nothing cached mid-rewrite"
         );
         drop(rewriting);
-        assert_eq!(s.commit_record(1).unwrap().unwrap().ok, 8);
-        assert_eq!(s.commit_record(0).unwrap().unwrap().ok, 8);
+        assert_eq!(s.commit_record(1).await.unwrap().unwrap().ok, 8);
+        assert_eq!(s.commit_record(0).await.unwrap().unwrap().ok, 8);
     }
 
     /// A long run of commits is split into records of at most [`MAX_COMMIT_RUN`] buckets.
-    #[test]
-    fn long_commit_runs_are_split() {
+    #[tokio::test]
+    async fn long_commit_runs_are_split() {
         let n = 2 * MAX_COMMIT_RUN as u64 + 88;
-        let (_dir, s) = store_of_one_row_buckets(n);
+        let (_dir, s) = store_of_one_row_buckets(n).await;
         assert_eq!(s.t().unwrap().offsets.len(), 1);
         let commits: Vec<CommitRecord> = (0..n)
             .map(|bucket| CommitRecord {
@@ -2540,19 +2512,19 @@ mod tests {
                 ..CommitRecord::default()
             })
             .collect();
-        s.commit(&commits).unwrap();
+        commit(&s, &commits).await;
         assert_eq!(s.t().unwrap().commits.len(), 3);
         for b in [0, 255, 256, 511, 512, n - 1] {
-            assert_eq!(s.commit_record(b).unwrap().map(|c| c.bucket), Some(b));
+            assert_eq!(s.commit_record(b).await.unwrap().map(|c| c.bucket), Some(b));
         }
-        assert_eq!(s.commit_record(n).unwrap(), None);
-        assert!(s.open_buckets().unwrap().is_empty());
-        assert_eq!(s.stats().unwrap().ok, n);
+        assert_eq!(s.commit_record(n).await.unwrap(), None);
+        assert!(s.open_buckets().await.unwrap().is_empty());
+        assert_eq!(s.stats().await.unwrap().ok, n);
     }
 
     /// A segment whose ID list disagrees with its counts is reported as corrupt.
-    #[test]
-    fn a_segment_with_missing_ids_is_corrupt() {
+    #[tokio::test]
+    async fn a_segment_with_missing_ids_is_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
@@ -2560,6 +2532,7 @@ mod tests {
             &[planned(0, &[(0, "a")], 1), planned(1, &[(1, "b")], 2)],
             &PlannerState::default(),
         )
+        .await
         .unwrap();
         let short = s
             .id_lists
@@ -2570,14 +2543,17 @@ mod tests {
             .ids
             .insert(0u64.to_be_bytes(), &short.to_bytes())
             .unwrap();
-        let err = s.bucket_items(&s.offset(1).unwrap().unwrap()).unwrap_err();
+        let err = s
+            .bucket_items(&s.offset(1).await.unwrap().unwrap())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err.root(), StoreError::Corrupt { .. })
                 && err.to_string().contains("buckets 0..=1"),
             "{err}"
         );
-        assert!(s.stats().is_err());
-        assert!(s.for_each_final(&mut |_, _| Ok(())).is_err());
+        assert!(s.stats().await.is_err());
+        assert!(s.for_each_final(&mut |_, _| Ok(())).await.is_err());
     }
 
     /// A format 1 store (one offset record per bucket, results in sled) opens, is upgraded to
@@ -2638,13 +2614,9 @@ mod tests {
         let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
         assert!(fs::read_to_string(&marker).unwrap().contains(&current));
         assert!(s.t().unwrap().items.is_empty(), "moved out of sled");
-        assert!(s.item("a").unwrap().is_some() && s.item("b").unwrap().is_none());
-        assert_eq!(
-            s.first_row("b", 9).unwrap(),
-            Some(1),
-            "the IDs were indexed"
-        );
-        assert_eq!(s.item("d").unwrap().map(|r| r.row), Some(3));
+        assert!(s.item("a").await.unwrap().is_some() && s.item("b").await.unwrap().is_none());
+        assert_eq!(first_row(&s, "b", 9).await, Some(1), "the IDs were indexed");
+        assert_eq!(s.item("d").await.unwrap().map(|r| r.row), Some(3));
         assert_eq!(
             s.t()
                 .unwrap()
@@ -2655,9 +2627,18 @@ mod tests {
                 .as_ref(),
             FORMAT_VERSION.to_be_bytes()
         );
-        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        let open: Vec<u64> = s
+            .open_buckets()
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
         assert_eq!(open, vec![0, 1]);
-        let items = s.bucket_items(&s.offset(0).unwrap().unwrap()).unwrap();
+        let items = s
+            .bucket_items(&s.offset(0).await.unwrap().unwrap())
+            .await
+            .unwrap();
         assert_eq!(
             items
                 .iter()
@@ -2665,8 +2646,8 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", true), ("b", false)]
         );
-        assert_eq!(s.commit_record(2).unwrap().map(|c| c.ok), Some(1));
-        let stats = s.stats().unwrap();
+        assert_eq!(s.commit_record(2).await.unwrap().map(|c| c.ok), Some(1));
+        let stats = s.stats().await.unwrap();
         assert_eq!(
             (stats.ids_planned, stats.ok, stats.buckets_committed),
             (4, 2, 1)
@@ -2676,13 +2657,23 @@ mod tests {
             &[planned(3, &[(4, "e")], 5), planned(4, &[(5, "f")], 6)],
             &PlannerState::default(),
         )
+        .await
         .unwrap();
-        s.commit(&[CommitRecord {
-            bucket: 3,
-            ..CommitRecord::default()
-        }])
-        .unwrap();
-        let open: Vec<u64> = s.open_buckets().unwrap().iter().map(|o| o.bucket).collect();
+        commit(
+            &s,
+            &[CommitRecord {
+                bucket: 3,
+                ..CommitRecord::default()
+            }],
+        )
+        .await;
+        let open: Vec<u64> = s
+            .open_buckets()
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
         assert_eq!(open, vec![0, 1, 4]);
         // An upgrade that stopped between the database and the marker is finished.
         drop(s);
@@ -2694,8 +2685,8 @@ mod tests {
 
     /// sled's own file lock, still held for a moment by the threads of a handle just dropped,
     /// does not fail the next open: it waits for it.
-    #[test]
-    fn an_open_waits_for_sleds_lock_to_be_let_go() {
+    #[tokio::test]
+    async fn an_open_waits_for_sleds_lock_to_be_let_go() {
         let dir = tempfile::tempdir().unwrap();
         drop(SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap());
         let db = File::open(dir.path().join("sled").join("db")).unwrap();
@@ -2710,8 +2701,8 @@ mod tests {
         assert!(s.is_ok(), "{:?}", s.err());
     }
 
-    #[test]
-    fn second_open_is_busy_and_names_the_pid() {
+    #[tokio::test]
+    async fn second_open_is_busy_and_names_the_pid() {
         let dir = tempfile::tempdir().unwrap();
         let _s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
@@ -2724,8 +2715,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn foreign_directories_are_refused() {
+    #[tokio::test]
+    async fn foreign_directories_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let err = SledStore::open(
             &dir.path().join("nope"),
@@ -2750,8 +2741,8 @@ mod tests {
         assert!(matches!(err.root(), StoreError::NotAStore { .. }), "{err}");
     }
 
-    #[test]
-    fn unknown_version_is_refused() {
+    #[tokio::test]
+    async fn unknown_version_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         drop(SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap());
         fs::write(
@@ -2813,14 +2804,15 @@ mod tests {
     #[tokio::test]
     async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning() {
         let dir = tempfile::tempdir().unwrap();
-        let rerun_ids = |s: &SledStore| -> Vec<String> {
-            let offset = s.rerun_open_buckets(1).unwrap().remove(0);
+        async fn rerun_ids(s: &SledStore) -> Vec<String> {
+            let offset = s.rerun_open_buckets(1).await.unwrap().remove(0);
             s.rerun_bucket_items(&offset)
+                .await
                 .unwrap()
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect()
-        };
+        }
         let log_len = || {
             fs::metadata(dir.path().join(super::super::id_lists::FILE))
                 .unwrap()
@@ -2830,23 +2822,26 @@ mod tests {
             let s = SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
                 .unwrap();
             let plan = vec![planned(0, &[(0, "a"), (1, "b")], 2)];
-            s.plan(&plan, &PlannerState::default()).unwrap();
+            s.plan(&plan, &PlannerState::default()).await.unwrap();
             let failed: Vec<(String, ItemRecord)> = [(0u64, "a"), (1, "b")]
                 .iter()
                 .map(|(row, id)| (id.to_string(), done(*row, 0, false)))
                 .collect();
-            s.record(&failed).unwrap();
-            s.commit(&[CommitRecord {
-                bucket: 0,
-                failed: 2,
-                failed_by_class: unknown(2),
-                ..CommitRecord::default()
-            }])
-            .unwrap();
+            s.record(&failed).await.unwrap();
+            commit(
+                &s,
+                &[CommitRecord {
+                    bucket: 0,
+                    failed: 2,
+                    failed_by_class: unknown(2),
+                    ..CommitRecord::default()
+                }],
+            )
+            .await;
             s.sync().await.unwrap();
             let before = log_len();
             let (rerun, bucket) = failed_rerun(&[(0, "a", 0), (1, "b", 0)]);
-            s.create_rerun(&rerun, &[bucket]).unwrap();
+            s.create_rerun(&rerun, &[bucket]).await.unwrap();
             assert!(log_len() > before, "the list went to ids.log");
             let value = s
                 .t()
@@ -2866,9 +2861,9 @@ mod tests {
             let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
             // The input grew: a new bucket is planned after the rerun's list.
             let plan = vec![planned(1, &[(2, "c"), (3, "d")], 4)];
-            s.plan(&plan, &PlannerState::default()).unwrap();
+            s.plan(&plan, &PlannerState::default()).await.unwrap();
             s.sync().await.unwrap();
-            assert_eq!(rerun_ids(&s), ["a", "b"]);
+            assert_eq!(rerun_ids(&s).await, ["a", "b"]);
             // What format 3 wrote: the list inline in sled, the store marked 3.
             let t = s.t().unwrap();
             t.rerun_ids
@@ -2888,14 +2883,15 @@ mod tests {
         )
         .unwrap();
         let s = SledStore::open(dir.path(), OpenMode::Existing, DEFAULT_CACHE_BYTES).unwrap();
-        assert_eq!(rerun_ids(&s), ["a", "b"]);
+        assert_eq!(rerun_ids(&s).await, ["a", "b"]);
         let version = s.t().unwrap().meta.get("version").unwrap().unwrap();
         assert_eq!(version.as_ref(), FORMAT_VERSION.to_be_bytes());
         assert!(fs::read_to_string(&marker)
             .unwrap()
             .contains(&format!("\"version\":{FORMAT_VERSION}")));
         let items: Vec<String> = s
-            .bucket_items(&s.offset(1).unwrap().unwrap())
+            .bucket_items(&s.offset(1).await.unwrap().unwrap())
+            .await
             .unwrap()
             .into_iter()
             .map(|(id, _)| id)
@@ -2914,11 +2910,11 @@ mod tests {
         let plan: Vec<PlannedBucket> = (0..4u64)
             .map(|i| planned(i, &[(i, ids[i as usize])], i + 1))
             .collect();
-        s.plan(&plan, &PlannerState::default()).unwrap();
+        s.plan(&plan, &PlannerState::default()).await.unwrap();
         let results: Vec<(String, ItemRecord)> = (0..4u64)
             .map(|i| (ids[i as usize].to_string(), done(i, i, i == 3)))
             .collect();
-        s.record(&results).unwrap();
+        s.record(&results).await.unwrap();
         let commits: Vec<CommitRecord> = (0..4u64)
             .map(|i| CommitRecord {
                 bucket: i,
@@ -2928,12 +2924,12 @@ mod tests {
                 failed_by_class: if i == 3 { BTreeMap::new() } else { unknown(1) },
             })
             .collect();
-        s.commit(&commits).unwrap();
+        commit(&s, &commits).await;
         assert_eq!(s.t().unwrap().commits.len(), 1);
-        assert_eq!(s.commit_record(1).unwrap().unwrap().failed, 1);
+        assert_eq!(s.commit_record(1).await.unwrap().unwrap().failed, 1);
         // Rerun bucket 0 holds a and c (buckets 0 and 2); both heal.
         let (rerun, bucket) = failed_rerun(&[(0, "a", 0), (2, "c", 2)]);
-        s.create_rerun(&rerun, &[bucket]).unwrap();
+        s.create_rerun(&rerun, &[bucket]).await.unwrap();
         let healed: Vec<(String, ItemRecord)> = [(0u64, "a"), (2, "c")]
             .iter()
             .map(|(row, id)| {
@@ -2942,8 +2938,9 @@ mod tests {
                 (id.to_string(), r)
             })
             .collect();
-        s.record(&healed).unwrap();
-        s.commit_rerun(
+        s.record(&healed).await.unwrap();
+        commit_rerun(
+            &s,
             1,
             &[CommitRecord {
                 bucket: 0,
@@ -2951,27 +2948,27 @@ mod tests {
                 ..CommitRecord::default()
             }],
         )
-        .unwrap();
+        .await;
         assert_eq!(
             s.t().unwrap().commits.len(),
             1,
             "the run was rewritten in place"
         );
-        let counts: Vec<(u64, u64)> = (0..4)
-            .map(|b| {
-                let c = s.commit_record(b).unwrap().unwrap();
-                (c.ok, c.failed)
-            })
-            .collect();
+        let mut counts: Vec<(u64, u64)> = Vec::new();
+        for b in 0..4 {
+            let c = s.commit_record(b).await.unwrap().unwrap();
+            counts.push((c.ok, c.failed));
+        }
         assert_eq!(counts, vec![(1, 0), (0, 1), (1, 0), (1, 0)]);
         let failed: Vec<u64> = s
             .failed_buckets()
+            .await
             .unwrap()
             .iter()
             .map(|c| c.bucket)
             .collect();
         assert_eq!(failed, vec![1]);
-        let stats = s.stats().unwrap();
+        let stats = s.stats().await.unwrap();
         assert_eq!((stats.ok, stats.failed), (3, 1));
     }
 
@@ -2987,6 +2984,7 @@ mod tests {
             ],
             &PlannerState::default(),
         )
+        .await
         .unwrap();
         s.record(&[
             ("a".into(), done(0, 0, true)),
@@ -2994,73 +2992,78 @@ mod tests {
             ("c".into(), done(2, 1, false)),
             ("d".into(), done(3, 1, false)),
         ])
+        .await
         .unwrap();
-        s.commit(&[
-            CommitRecord {
-                bucket: 0,
-                ok: 1,
-                failed: 1,
-                committed_at_ms: 0,
-                failed_by_class: unknown(1),
-            },
-            CommitRecord {
-                bucket: 1,
-                ok: 0,
-                failed: 2,
-                committed_at_ms: 0,
-                failed_by_class: unknown(2),
-            },
-        ])
-        .unwrap();
+        commit(
+            &s,
+            &[
+                CommitRecord {
+                    bucket: 0,
+                    ok: 1,
+                    failed: 1,
+                    committed_at_ms: 0,
+                    failed_by_class: unknown(1),
+                },
+                CommitRecord {
+                    bucket: 1,
+                    ok: 0,
+                    failed: 2,
+                    committed_at_ms: 0,
+                    failed_by_class: unknown(2),
+                },
+            ],
+        )
+        .await;
         let mut failed = vec![];
         s.for_each_failure(None, &mut |id, _| {
             failed.push(id.to_string());
             Ok(())
         })
+        .await
         .unwrap();
         assert_eq!(failed, ["b", "c", "d"]);
-        assert_eq!(s.failed_buckets().unwrap().len(), 2);
+        assert_eq!(s.failed_buckets().await.unwrap().len(), 2);
 
         let (rerun, bucket) = failed_rerun(&[(1, "b", 0), (2, "c", 1)]);
-        s.create_rerun(&rerun, &[bucket]).unwrap();
-        assert_eq!(s.reruns().unwrap(), vec![rerun]);
-        let open = s.rerun_open_buckets(1).unwrap();
+        s.create_rerun(&rerun, &[bucket]).await.unwrap();
+        assert_eq!(s.reruns().await.unwrap(), vec![rerun]);
+        let open = s.rerun_open_buckets(1).await.unwrap();
         assert_eq!(open.len(), 1);
-        assert_eq!(s.rerun_bucket_items(&open[0]).unwrap().len(), 2);
-        assert!(!s.rerun_stats(1).unwrap().finished());
+        assert_eq!(s.rerun_bucket_items(&open[0]).await.unwrap().len(), 2);
+        assert!(!s.rerun_stats(1).await.unwrap().finished());
 
         // b heals, c fails again.
         let mut b = done(1, 0, true);
         b.rerun = Some(1);
         let mut c = done(2, 1, false);
         c.rerun = Some(1);
-        s.record(&[("b".into(), b), ("c".into(), c)]).unwrap();
+        s.record(&[("b".into(), b), ("c".into(), c)]).await.unwrap();
         let commit = CommitRecord {
             bucket: 0,
             ok: 1,
             failed: 1,
             ..CommitRecord::default()
         };
-        s.commit_rerun(1, std::slice::from_ref(&commit)).unwrap();
-        s.commit_rerun(1, &[commit]).unwrap(); // a repeat moves nothing
-        let stats = s.stats().unwrap();
+        commit_rerun(&s, 1, std::slice::from_ref(&commit)).await;
+        commit_rerun(&s, 1, &[commit]).await; // a repeat moves nothing
+        let stats = s.stats().await.unwrap();
         assert_eq!((stats.ok, stats.failed), (2, 2));
         let (c0, c1) = (
-            s.commit_record(0).unwrap().unwrap(),
-            s.commit_record(1).unwrap().unwrap(),
+            s.commit_record(0).await.unwrap().unwrap(),
+            s.commit_record(1).await.unwrap().unwrap(),
         );
         assert_eq!((c0.failed, c0.failed_by_class.len()), (0, 0));
         assert_eq!((c1.failed, c1.failed_by_class.clone()), (2, unknown(2)));
         assert!(c0.classes_complete() && c1.classes_complete());
-        assert_eq!(s.failed_buckets().unwrap().len(), 1);
-        let r = s.rerun_stats(1).unwrap();
+        assert_eq!(s.failed_buckets().await.unwrap().len(), 1);
+        let r = s.rerun_stats(1).await.unwrap();
         assert!(r.finished());
         assert_eq!((r.ok, r.failed, r.pending), (1, 1, 0));
-        assert!(s.rerun_open_buckets(1).unwrap().is_empty());
+        assert!(s.rerun_open_buckets(1).await.unwrap().is_empty());
     }
 
-    #[test]
-    fn records_written_before_the_newer_fields_still_load() {
+    #[tokio::test]
+    async fn records_written_before_the_newer_fields_still_load() {
         let old = r#"{"bucket":4,"ok":9,"failed":1,"committed_at_ms":5}"#;
         let c: CommitRecord = serde_json::from_str(old).unwrap();
         assert!(c.failed_by_class.is_empty() && !c.classes_complete());
