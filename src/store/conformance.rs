@@ -675,6 +675,9 @@ mod tests {
                 .unwrap();
             runtime.block_on(run_all(&mut Forgetful));
         });
-        assert!(suite.join().is_err(), "the suite passed a store that loses commits");
+        assert!(
+            suite.join().is_err(),
+            "the suite passed a store that loses commits"
+        );
     }
 }
