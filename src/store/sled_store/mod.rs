@@ -10,7 +10,11 @@
 //! DIR/ids.idx          ID → row of its first occurrence (see [`super::id_index`])
 //! DIR/ids.log          the segments' and reruns' ID lists (see [`super::id_lists`])
 //! DIR/sled/            the sled database, trees:
-//!     meta     "version" → u32, "job" → JobSpec JSON, "planner" → PlannerState JSON,
+//!     meta     "version" → u32, "job" → the job spec's bytes (opaque: `StoredJob::spec`; a
+//!              JobSpec JSON in every store so far), "job_id" → its id (UTF-8), "job_version"
+//!              → its encoding version (u32 BE; both absent before: version 1, id read from
+//!              the JSON), "lease" → u64 BE: the last lease token granted (absent: none),
+//!              "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
 //!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
