@@ -1130,6 +1130,7 @@ mod tests {
     use crate::demo::api::{ApiConfig, FakeApi, Fault};
     use crate::input::{InputFormat, InputSpec};
     use crate::job::{open_job, JobRequest};
+    use crate::store::conformance::Audit;
     use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
     struct Setup {
@@ -1352,212 +1353,6 @@ mod tests {
         assert!(summary.job.finished());
     }
 
-    /// A store that logs the order of writes and syncs, to check the engine's invariants.
-    struct Audit {
-        inner: Arc<SledStore>,
-        log: std::sync::Mutex<Vec<Event>>,
-        syncs: std::sync::atomic::AtomicU64,
-        /// Every write of results fails (a disk gone bad).
-        fail_records: bool,
-    }
-
-    #[derive(Debug, Clone)]
-    enum Event {
-        Plan(Vec<(u64, Vec<String>)>),
-        Record(Vec<String>),
-        /// A sync began: it covers every write before it.
-        SyncStart(u64),
-        SyncEnd(u64),
-        Commit(Vec<u64>),
-    }
-
-    impl Audit {
-        fn push(&self, e: Event) {
-            self.log.lock().unwrap().push(e);
-        }
-
-        /// Check invariants 1 and 2 over the log: results are only recorded for planned
-        /// buckets whose offset records a finished sync covered, and a commit record only
-        /// follows a finished sync that covered every result of its bucket.
-        fn check(&self) -> (usize, usize) {
-            let log = self.log.lock().unwrap().clone();
-            let mut members: HashMap<u64, Vec<String>> = HashMap::new();
-            // Writes in order; a finished sync makes a prefix of them durable (syncs may
-            // overlap: the planner's and the writer's).
-            let (mut planned, mut recorded) = (Vec::new(), Vec::new());
-            let mut started: HashMap<u64, (usize, usize)> = HashMap::new();
-            let (mut durable_planned, mut durable_recorded) = (0, 0);
-            let mut durable = std::collections::HashSet::new();
-            let mut bucket_of: HashMap<String, u64> = HashMap::new();
-            let (mut commits, mut syncs) = (0, 0);
-            for e in log {
-                match e {
-                    Event::Plan(buckets) => {
-                        for (b, ids) in buckets {
-                            for id in &ids {
-                                bucket_of.insert(id.clone(), b);
-                            }
-                            members.insert(b, ids);
-                            planned.push(b);
-                        }
-                    }
-                    Event::Record(ids) => {
-                        for id in ids {
-                            let b = bucket_of[&id];
-                            assert!(
-                                planned[..durable_planned].contains(&b),
-                                "{id} was called before bucket {b}'s offset record was durable"
-                            );
-                            recorded.push(id);
-                        }
-                    }
-                    Event::SyncStart(n) => {
-                        started.insert(n, (planned.len(), recorded.len()));
-                    }
-                    Event::SyncEnd(n) => {
-                        syncs += 1;
-                        let (p, r) = started[&n];
-                        durable_planned = durable_planned.max(p);
-                        if r > durable_recorded {
-                            durable.extend(recorded[durable_recorded..r].iter().cloned());
-                            durable_recorded = r;
-                        }
-                    }
-                    Event::Commit(buckets) => {
-                        for b in buckets {
-                            commits += 1;
-                            for id in &members[&b] {
-                                assert!(
-                                    durable.contains(id),
-                                    "bucket {b} committed before the result of {id} was durable"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-            (commits, syncs)
-        }
-    }
-
-    impl Store for Audit {
-        async fn job(&self) -> Result<Option<crate::store::StoredJob>, StoreError> {
-            self.inner.job().await
-        }
-        async fn put_job(&self, job: &crate::store::StoredJob) -> Result<(), StoreError> {
-            self.inner.put_job(job).await
-        }
-        async fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
-            self.inner.planner().await
-        }
-        async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
-            self.inner.first_rows(rows).await
-        }
-        async fn plan(
-            &self,
-            buckets: &[PlannedBucket],
-            planner: &crate::store::PlannerState,
-        ) -> Result<(), StoreError> {
-            self.push(Event::Plan(
-                buckets
-                    .iter()
-                    .map(|b| {
-                        let ids = b.items.iter().map(|(_, id)| id.clone()).collect();
-                        (b.offset.bucket, ids)
-                    })
-                    .collect(),
-            ));
-            self.inner.plan(buckets, planner).await
-        }
-        async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-            if self.fail_records {
-                return Err(StoreError::Io(std::io::Error::other(
-                    "injected write failure",
-                )));
-            }
-            self.push(Event::Record(
-                results.iter().map(|(id, _)| id.clone()).collect(),
-            ));
-            self.inner.record(results).await
-        }
-        async fn sync(&self) -> Result<(), StoreError> {
-            let n = self
-                .syncs
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.push(Event::SyncStart(n));
-            self.inner.sync().await?;
-            self.push(Event::SyncEnd(n));
-            Ok(())
-        }
-        async fn buckets(
-            &self,
-            from: u64,
-            limit: usize,
-        ) -> Result<Vec<crate::store::BucketState>, StoreError> {
-            self.inner.buckets(from, limit).await
-        }
-        async fn bucket_items(
-            &self,
-            bucket: &crate::store::OffsetRecord,
-        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-            self.inner.bucket_items(bucket).await
-        }
-        async fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-            self.inner.item(id).await
-        }
-        async fn bad_lines(&self, limit: usize) -> Result<Vec<crate::store::BadLine>, StoreError> {
-            self.inner.bad_lines(limit).await
-        }
-        async fn reruns(&self) -> Result<Vec<crate::store::RerunRecord>, StoreError> {
-            self.inner.reruns().await
-        }
-        async fn create_rerun(
-            &self,
-            rerun: &crate::store::RerunRecord,
-            buckets: &[crate::store::RerunBucket],
-        ) -> Result<(), StoreError> {
-            self.inner.create_rerun(rerun, buckets).await
-        }
-        async fn rerun_buckets(
-            &self,
-            rerun: u32,
-            from: u64,
-            limit: usize,
-        ) -> Result<Vec<crate::store::RerunBucketState>, StoreError> {
-            self.inner.rerun_buckets(rerun, from, limit).await
-        }
-        async fn rerun_bucket_items(
-            &self,
-            offset: &crate::store::RerunOffset,
-        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-            self.inner.rerun_bucket_items(offset).await
-        }
-    }
-
-    impl Leases for Audit {
-        async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
-            self.inner.acquire(scope).await
-        }
-        async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-            self.inner.renew(lease).await
-        }
-        async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-            self.inner.release(lease).await
-        }
-        async fn commit(
-            &self,
-            lease: &Lease,
-            commit: crate::store::Commit<'_>,
-        ) -> Result<(), StoreError> {
-            let buckets = match commit {
-                crate::store::Commit::Job(c) => c,
-                crate::store::Commit::Rerun { buckets, .. } => buckets,
-            };
-            self.push(Event::Commit(buckets.iter().map(|c| c.bucket).collect()));
-            self.inner.commit(lease, commit).await
-        }
-    }
-
     async fn audited_run(bucket_size: u64, durability: Durability) {
         let ids = ids(3000);
         let config = ApiConfig {
@@ -1567,12 +1362,7 @@ mod tests {
             ..ApiConfig::fast()
         };
         let s = setup(&ids, bucket_size, config).await;
-        let audit = Arc::new(Audit {
-            inner: s.store.clone(),
-            log: Default::default(),
-            syncs: Default::default(),
-            fail_records: false,
-        });
+        let audit = Arc::new(Audit::new(s.store.clone(), false));
         let summary = run_with(audit.clone(), &s, stop_pair().1, durability).await;
         assert!(summary.job.finished());
         assert_eq!(summary.job.ok + summary.job.failed, 3000);
@@ -1593,12 +1383,7 @@ mod tests {
             // One bucket of 3000: nothing at a bucket boundary would notice the writer.
             let ids = ids(3000);
             let s = setup(&ids, 3000, ApiConfig::fast()).await;
-            let audit = Arc::new(Audit {
-                inner: s.store.clone(),
-                log: Default::default(),
-                syncs: Default::default(),
-                fail_records: true,
-            });
+            let audit = Arc::new(Audit::new(s.store.clone(), true));
             let result = try_run_with(audit, &s, stop_pair().1, durability).await;
             let err = result.expect_err("the run fails");
             assert!(err.to_string().contains("injected write failure"), "{err}");
