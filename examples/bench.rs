@@ -1098,7 +1098,8 @@ async fn highwater_run_with(
     let calls_before = api.total_calls();
     let cpu = process_cpu();
     let started = Instant::now();
-    let (store, spec, handler) = new_job(api, input, state, Default::default(), bucket_size)?;
+    let (store, spec, handler) =
+        new_job(api, input, state, Default::default(), bucket_size).await?;
     let (_stop_handle, stop) = engine::stop_pair();
     let options = RunOptions {
         concurrency,
@@ -1815,7 +1816,7 @@ fn limit_at(trace: &[(Instant, f64)], t: Instant, initial: f64) -> f64 {
 }
 
 /// A fresh sled state dir holding a new job over `input` against `api`.
-fn new_job(
+async fn new_job(
     api: &FakeApi,
     input: &Path,
     state: &Path,
@@ -1834,7 +1835,9 @@ fn new_job(
         bucket_size,
         ..JobRequest::default()
     };
-    let spec = open_job(&store, &request).context("creating the job")?;
+    let spec = open_job(&store, &request)
+        .await
+        .context("creating the job")?;
     let handler = Handler::new(&spec.request).context("building the request handler")?;
     Ok((store, spec, handler))
 }
@@ -2046,7 +2049,7 @@ async fn rate_case(
         .await
         .context("starting the fake API")?;
     let (store, spec, handler) =
-        new_job(&api, &input, &dir.join("state"), Default::default(), None)?;
+        new_job(&api, &input, &dir.join("state"), Default::default(), None).await?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,
@@ -2533,7 +2536,7 @@ async fn capacity_run(
         max_interval: Some(Duration::from_secs(5)),
         ..RetryOverrides::default()
     };
-    let (store, spec, handler) = new_job(&api, input, state, retry, None)?;
+    let (store, spec, handler) = new_job(&api, input, state, retry, None).await?;
     let options = RunOptions {
         concurrency,
         progress_interval: Duration::ZERO,

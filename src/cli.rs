@@ -25,7 +25,7 @@ use crate::progress::{Counters, RunSummary};
 use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{ItemStatus, Log, Store, StoreStats};
+use crate::store::{ItemStatus, JobView, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
 /// Print a line to standard error. A closed standard error (its reader went away) is no
@@ -418,8 +418,8 @@ async fn dispatch(command: Command) -> Result<u8> {
     match command {
         Command::Run(args) => run(*args).await,
         Command::Status(args) => status(args).await,
-        Command::Export(args) => export(args),
-        Command::Failures(args) => failures(args),
+        Command::Export(args) => export(args).await,
+        Command::Failures(args) => failures(args).await,
         Command::Rerun(args) => rerun(*args).await,
         Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
     }
@@ -564,11 +564,11 @@ async fn run(args: RunArgs) -> Result<u8> {
     };
     let store = SledStore::open(&args.state, mode, args.store_cache_mb << 20)?;
     store.set_reopen_after(args.store_reopen_after);
-    let spec = match open_job(&store, &request) {
+    let spec = match open_job(&store, &request).await {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
-    if let Some(open) = crate::rerun::unfinished(&store)? {
+    if let Some(open) = crate::rerun::unfinished(&store).await? {
         say!(
             "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
             open.number,
@@ -577,7 +577,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             open.selection
         );
     }
-    let done = store.stats()?;
+    let done = store.stats().await?;
     if done.finished() {
         say!(
             "the job in {} is already finished: {} ok, {} failed",
@@ -686,7 +686,7 @@ async fn run_log(
     let counters = Arc::new(Counters::default());
     let view = Arc::new(RunView::new(
         counters.clone(),
-        store.stats()?,
+        store.stats().await?,
         spec.job_id.to_string(),
     ));
     let metrics = metrics.map(|listener| {
@@ -729,12 +729,13 @@ async fn run_log(
     )
     .await;
     // A rerun runs on a finished job: what ended is the rerun's own work.
-    let finished = |s: &RunSummary| match log {
-        Log::Job => s.job.finished(),
-        Log::Rerun(k) => lock.rerun_stats(k).is_ok_and(|r| r.finished()),
+    let finished = match (&outcome, log) {
+        (Ok(s), Log::Job) => s.job.finished(),
+        (Ok(_), Log::Rerun(k)) => lock.rerun_stats(k).await.is_ok_and(|r| r.finished()),
+        (Err(_), _) => false,
     };
     let ending = match &outcome {
-        Ok(s) if finished(s) => "finished",
+        Ok(_) if finished => "finished",
         Ok(s) if s.halted.is_some() => "halted",
         Ok(s) if s.interrupted => "stopped",
         Ok(_) => "not finished",
@@ -783,12 +784,12 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
     };
     let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
     store.set_reopen_after(args.run.store_reopen_after);
-    if store.job()?.is_none() {
+    if store.job().await?.is_none() {
         say!("error: {} holds no job to rerun", state.display());
         return Ok(exit::USAGE);
     }
     // Every refusal comes before anything is written (a spec change included).
-    let chosen = match crate::rerun::choose(&store, &ask, &state) {
+    let chosen = match crate::rerun::choose(&store, &ask, &state).await {
         Ok(chosen) => chosen,
         Err(e @ (RerunError::Usage(_) | RerunError::Unfinished { .. })) => {
             say!("error: {e}");
@@ -796,7 +797,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    let spec = match open_job(&store, &request) {
+    let spec = match open_job(&store, &request).await {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
@@ -836,7 +837,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
     )
     .await?;
     say!("{}", summary.render());
-    let r = store.rerun_stats(rerun.number)?;
+    let r = store.rerun_stats(rerun.number).await?;
     say!(
         "rerun {} ({}): {} ok, {} failed, {} pending of {} IDs",
         r.number,
@@ -873,7 +874,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
     })
 }
 
-fn failures(args: FailuresArgs) -> Result<u8> {
+async fn failures(args: FailuresArgs) -> Result<u8> {
     if let Some(class) = &args.class {
         if !sink::ERROR_CLASSES.contains(&class.as_str()) {
             say!(
@@ -883,12 +884,12 @@ fn failures(args: FailuresArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     }
-    let (store, _) = open_existing(&args.state)?;
+    let (store, _) = open_existing(&args.state).await?;
     if let Some(b) = args.bucket {
-        if store.offset(b)?.is_none() {
+        if store.offset(b).await?.is_none() {
             say!(
                 "error: --bucket {b}: the job has no bucket {b} ({} planned)",
-                store.stats()?.buckets_planned
+                store.stats().await?.buckets_planned
             );
             return Ok(exit::USAGE);
         }
@@ -898,7 +899,7 @@ fn failures(args: FailuresArgs) -> Result<u8> {
         class: args.class.clone(),
     };
     let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-    match sink::failures(&store, args.format, &filter, &mut out) {
+    match sink::failures(&store, args.format, &filter, &mut out).await {
         Ok(_) => {}
         Err(crate::store::ExportError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
         Err(e) => return Err(e).context("listing failures to standard output"),
@@ -934,9 +935,9 @@ async fn watch_signals(stop: StopHandle) {
 }
 
 /// Open a state directory that must hold a job, for reading.
-fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
+async fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
     let store = SledStore::open(state, OpenMode::Existing, 16 << 20)?;
-    let spec = store.job()?.with_context(|| {
+    let spec = crate::job::stored_job(&store).await?.with_context(|| {
         format!(
             "{} holds no job yet (its first run stopped before creating one)",
             state.display()
@@ -947,13 +948,13 @@ fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
 
 async fn status(args: StatusArgs) -> Result<u8> {
     if !args.watch {
-        let (text, _) = status_once(&args)?;
+        let (text, _) = status_once(&args).await?;
         let _ = io::stdout().lock().write_all(text.as_bytes());
         return Ok(exit::OK);
     }
     let clear = std::io::IsTerminal::is_terminal(&io::stdout()) && !args.json;
     loop {
-        let (text, live) = status_once(&args)?;
+        let (text, live) = status_once(&args).await?;
         let mut out = io::stdout().lock();
         // Home the cursor and clear the screen: refresh in place.
         let home: &[u8] = if clear { b"\x1b[H\x1b[2J" } else { b"" };
@@ -971,14 +972,15 @@ async fn status(args: StatusArgs) -> Result<u8> {
 }
 
 /// The status text (or JSON line), and whether a run is live.
-fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
+async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
     use crate::live;
     let now = crate::job::now_ms();
     let state_text = args.state.display().to_string();
-    let (store, spec) = match open_existing(&args.state) {
+    let (store, spec) = match open_existing(&args.state).await {
         Ok(opened) => opened,
         Err(e) => {
-            let Some(crate::store::StoreError::Busy { pid, .. }) = e.downcast_ref() else {
+            let busy = e.downcast_ref().map(crate::store::StoreError::root);
+            let Some(crate::store::StoreError::Busy { pid, .. }) = busy else {
                 return Err(e);
             };
             // A run holds the store: show what it publishes. The snapshot is read after the
@@ -1020,8 +1022,8 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
             return Ok((text, true));
         }
     };
-    let stats = store.stats()?;
-    let bad = store.bad_lines(5)?;
+    let stats = store.stats().await?;
+    let bad = store.bad_lines(5).await?;
     // The store is free and we hold its lock: no run is active, and none can start until we
     // let go. A runner marks its snapshot finished before it lets go of the lock, so a
     // snapshot read now that is not marked finished means the last runner died (kill -9,
@@ -1031,10 +1033,10 @@ fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
         Some(_) => "died",
         None => "none",
     };
-    let failures = sink::FailureSummary::of(&store, FAILED_BUCKETS_SHOWN)?;
+    let failures = sink::FailureSummary::of(&store, FAILED_BUCKETS_SHOWN).await?;
     let mut reruns = Vec::new();
-    for r in store.reruns()? {
-        reruns.push((store.rerun_stats(r.number)?, r));
+    for r in store.reruns().await? {
+        reruns.push((store.rerun_stats(r.number).await?, r));
     }
     let text = if args.json {
         let value = serde_json::json!({
@@ -1150,8 +1152,8 @@ fn render_status(
     text
 }
 
-fn export(args: ExportArgs) -> Result<u8> {
-    let (store, _) = open_existing(&args.state)?;
+async fn export(args: ExportArgs) -> Result<u8> {
+    let (store, _) = open_existing(&args.state).await?;
     let only = args.status.map(|s| match s {
         StatusArg::Ok => ItemStatus::Ok,
         StatusArg::Failed => ItemStatus::Failed,
@@ -1159,12 +1161,13 @@ fn export(args: ExportArgs) -> Result<u8> {
     match &args.output {
         Some(path) => {
             let n = sink::export_to_file(&store, args.format, only, path)
+                .await
                 .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(&store, args.format, only, &mut out) {
+            match sink::export(&store, args.format, only, &mut out).await {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

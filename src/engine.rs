@@ -60,7 +60,8 @@ use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
 use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
 use crate::store::{
-    CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError, Tally,
+    CommitRecord, ItemRecord, ItemStatus, JobView, Lease, LeaseScope, Leases, Log, PlannedBucket,
+    Store, StoreError, Tally,
 };
 use crate::throttle::{Observed, Throttle};
 
@@ -167,7 +168,7 @@ enum WriterMsg {
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///
 /// The job spec must be the stored one, its input verified against the fingerprint.
-pub async fn run<S: Store>(
+pub async fn run<S: Store + Leases>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     handler: Arc<Handler>,
@@ -180,7 +181,7 @@ pub async fn run<S: Store>(
 
 /// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
 /// buckets, planned when the rerun was created).
-pub async fn run_log<S: Store>(
+pub async fn run_log<S: Store + Leases>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     handler: Arc<Handler>,
@@ -190,14 +191,19 @@ pub async fn run_log<S: Store>(
     log: Log,
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
-    // Everything that can fail comes before any task is spawned.
+    // Everything that can fail comes before any task is spawned. The lease first: every
+    // commit of the run carries it.
+    let lease = store
+        .acquire(LeaseScope::Job)
+        .await?
+        .ok_or_else(|| StoreError::backend("another worker holds the job's lease"))?;
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
     match log {
         Log::Job => {
-            for offset in store.open_buckets()? {
+            for offset in store.open_buckets().await? {
                 let (mut done, mut todo) = (Tally::default(), Vec::new());
-                for (id, record) in store.bucket_items(&offset)? {
+                for (id, record) in store.bucket_items(&offset).await? {
                     match record.status {
                         ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
                         ItemStatus::Pending => {
@@ -216,10 +222,10 @@ pub async fn run_log<S: Store>(
         }
         // A rerun's buckets are read one at a time as they are dispatched (below), so its
         // memory does not grow with its size.
-        Log::Rerun(k) => rerun_buckets = store.rerun_open_buckets(k)?,
+        Log::Rerun(k) => rerun_buckets = store.rerun_open_buckets(k).await?,
     }
     let planner_state = match log {
-        Log::Job => store.planner()?,
+        Log::Job => store.planner().await?,
         // A rerun plans nothing: its buckets were all written ahead at its creation.
         Log::Rerun(_) => crate::store::PlannerState {
             exhausted: true,
@@ -270,6 +276,7 @@ pub async fn run_log<S: Store>(
         halt: halt.clone(),
         open: HashMap::new(),
         log,
+        lease: lease.clone(),
         full: writer_full.clone(),
     };
     let writer = tokio::spawn({
@@ -342,7 +349,7 @@ pub async fn run_log<S: Store>(
             if result.is_err() || stop.is_stopping() {
                 break;
             }
-            result = match store.rerun_bucket_items(&offset) {
+            result = match store.rerun_bucket_items(&offset).await {
                 Ok(items) => {
                     let (done, todo) = rerun_work(k, offset.bucket, items);
                     let track = Track {
@@ -381,12 +388,14 @@ pub async fn run_log<S: Store>(
             .map_err(|e| EngineError::Internal(format!("planner: {e}")))?,
         None => Ok(()),
     };
+    let released = store.release(&lease).await;
     finished?;
     written?;
     result?;
     planned?;
+    released?;
     Ok(RunSummary {
-        job: store.stats()?,
+        job: store.stats().await?,
         run: counters.snapshot(),
         elapsed_ms: millis(started.elapsed()),
         interrupted: stop.is_stopping(),
@@ -429,12 +438,12 @@ fn plan_ahead<S: Store>(
         let runtime = tokio::runtime::Handle::current();
         while !stop.is_stopping() {
             let before = planner.state();
-            let batch = planner.next_batch(&*store, PLAN_BATCH_ROWS)?;
+            let batch = runtime.block_on(planner.next_batch(&*store, PLAN_BATCH_ROWS))?;
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
             let start = Instant::now();
-            store.plan(&batch, &planner.state())?;
+            runtime.block_on(store.plan(&batch, &planner.state()))?;
             Counters::add_elapsed(&counters.plan_write_ns, start);
             let start = Instant::now();
             runtime.block_on(store.sync())?;
@@ -868,11 +877,13 @@ struct Writer<S> {
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
+    /// The run's lease, which every commit carries.
+    lease: Lease,
     /// Rung when a sender finds the queue holding a group, or full.
     full: Arc<Notify>,
 }
 
-impl<S: Store> Writer<S> {
+impl<S: Store + Leases> Writer<S> {
     /// Sort messages: start tracking buckets (those with nothing left to wait for go
     /// straight to `ready`), collect results with the bucket each one completes (`tracks`).
     fn sort(
@@ -909,7 +920,7 @@ impl<S: Store> Writer<S> {
     /// Write results to the store (durable at the next sync) and count them; the buckets
     /// whose last result this was go to `done`. `tracks[i]` is the bucket `results[i]`
     /// completes (the job bucket, or the rerun bucket in a rerun).
-    fn record(
+    async fn record(
         &mut self,
         results: &[(String, ItemRecord)],
         tracks: &[u64],
@@ -919,7 +930,7 @@ impl<S: Store> Writer<S> {
             return Ok(());
         }
         let start = Instant::now();
-        self.store.record(results)?;
+        self.store.record(results).await?;
         Counters::add_elapsed(&self.counters.record_write_ns, start);
         for ((_, record), &track) in results.iter().zip(tracks) {
             let ok = record.status == ItemStatus::Ok;
@@ -947,13 +958,10 @@ impl<S: Store> Writer<S> {
     }
 
     /// Write commit records; callers made the buckets' results durable first.
-    fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
+    async fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
         if !commits.is_empty() {
             let start = Instant::now();
-            match self.log {
-                Log::Job => self.store.commit(commits)?,
-                Log::Rerun(k) => self.store.commit_rerun(k, commits)?,
-            }
+            crate::store::view::commit(&*self.store, &self.lease, self.log, commits).await?;
             Counters::add_elapsed(&self.counters.commit_write_ns, start);
             Counters::add(&self.counters.buckets_committed, commits.len() as u64);
             commits.clear();
@@ -992,13 +1000,13 @@ impl<S: Store> Writer<S> {
             self.sort(&mut msgs, &mut results, &mut tracks, &mut ready);
             if !results.is_empty() {
                 let mut done = Vec::new();
-                self.record(&results, &tracks, &mut done)?;
+                self.record(&results, &tracks, &mut done).await?;
                 results.clear();
                 tracks.clear();
                 timed_sync(&*self.store, &self.counters).await?;
                 ready.append(&mut done);
             }
-            self.commit(&mut ready)?;
+            self.commit(&mut ready).await?;
         }
         Ok(timed_sync(&*self.store, &self.counters).await?)
     }
@@ -1029,7 +1037,7 @@ impl<S: Store> Writer<S> {
                     // Fewer, larger store writes.
                     gather(&mut rx, &mut msgs, &self.full).await;
                     self.sort(&mut msgs, &mut results, &mut tracks, &mut unsynced);
-                    self.record(&results, &tracks, &mut unsynced)?;
+                    self.record(&results, &tracks, &mut unsynced).await?;
                     dirty |= !results.is_empty() || !unsynced.is_empty();
                     results.clear();
                     tracks.clear();
@@ -1046,7 +1054,7 @@ impl<S: Store> Writer<S> {
                     synced.map_err(|e| EngineError::Internal(format!("background sync: {e}")))??;
                     Counters::add(&self.counters.checkpoints, 1);
                     dirty |= !covered.is_empty();
-                    self.commit(&mut covered)?;
+                    self.commit(&mut covered).await?;
                 }
             }
         }
@@ -1055,10 +1063,10 @@ impl<S: Store> Writer<S> {
             handle
                 .await
                 .map_err(|e| EngineError::Internal(format!("background sync: {e}")))??;
-            self.commit(&mut covered)?;
+            self.commit(&mut covered).await?;
         }
         timed_sync(&*self.store, &self.counters).await?;
-        self.commit(&mut unsynced)?;
+        self.commit(&mut unsynced).await?;
         Ok(timed_sync(&*self.store, &self.counters).await?)
     }
 }
@@ -1122,6 +1130,7 @@ mod tests {
     use crate::demo::api::{ApiConfig, FakeApi, Fault};
     use crate::input::{InputFormat, InputSpec};
     use crate::job::{open_job, JobRequest};
+    use crate::store::conformance::Audit;
     use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
     struct Setup {
@@ -1151,7 +1160,7 @@ mod tests {
             bucket_size: Some(bucket_size),
             ..JobRequest::default()
         };
-        let spec = open_job(&store, &request).unwrap();
+        let spec = open_job(&store, &request).await.unwrap();
         Setup {
             _dir: dir,
             store: Arc::new(store),
@@ -1164,7 +1173,7 @@ mod tests {
         run_with(s.store.clone(), s, stop, Durability::Sync).await
     }
 
-    async fn run_with<T: Store>(
+    async fn run_with<T: Store + Leases>(
         store: Arc<T>,
         s: &Setup,
         stop: Stop,
@@ -1174,7 +1183,7 @@ mod tests {
     }
 
     /// A run at concurrency 4 over `store`.
-    async fn try_run_with<T: Store>(
+    async fn try_run_with<T: Store + Leases>(
         store: Arc<T>,
         s: &Setup,
         stop: Stop,
@@ -1236,8 +1245,8 @@ mod tests {
         // Plan everything ahead as a crashed run would have, and finish some items of bucket 1.
         let reader = InputReader::open(&s.spec.input, Default::default()).unwrap();
         let mut planner = Planner::new(reader, Default::default(), 100, false, s.spec.fingerprint);
-        let batch = planner.next_batch(&*s.store, 1000).unwrap();
-        s.store.plan(&batch, &planner.state()).unwrap();
+        let batch = planner.next_batch(&*s.store, 1000).await.unwrap();
+        s.store.plan(&batch, &planner.state()).await.unwrap();
         let mut done = Vec::new();
         for (row, id) in batch[1].items.iter().take(60) {
             let mut r = ItemRecord::pending(*row, 1);
@@ -1246,7 +1255,7 @@ mod tests {
             r.body = Some(serde_json::value::to_raw_value(&"earlier").unwrap());
             done.push((id.clone(), r));
         }
-        s.store.record(&done).unwrap();
+        s.store.record(&done).await.unwrap();
         s.store.sync().await.unwrap();
 
         let summary = run_once(&s, stop_pair().1).await;
@@ -1260,7 +1269,7 @@ mod tests {
         for (id, _) in &done {
             assert_eq!(s.api.calls(id), 0);
         }
-        let items = s.store.bucket_items(&batch[1].offset).unwrap();
+        let items = s.store.bucket_items(&batch[1].offset).await.unwrap();
         assert_eq!(
             items[0].1.body.as_ref().unwrap().get(),
             "\"earlier\"",
@@ -1344,222 +1353,6 @@ mod tests {
         assert!(summary.job.finished());
     }
 
-    /// A store that logs the order of writes and syncs, to check the engine's invariants.
-    struct Audit {
-        inner: Arc<SledStore>,
-        log: std::sync::Mutex<Vec<Event>>,
-        syncs: std::sync::atomic::AtomicU64,
-        /// Every write of results fails (a disk gone bad).
-        fail_records: bool,
-    }
-
-    #[derive(Debug, Clone)]
-    enum Event {
-        Plan(Vec<(u64, Vec<String>)>),
-        Record(Vec<String>),
-        /// A sync began: it covers every write before it.
-        SyncStart(u64),
-        SyncEnd(u64),
-        Commit(Vec<u64>),
-    }
-
-    impl Audit {
-        fn push(&self, e: Event) {
-            self.log.lock().unwrap().push(e);
-        }
-
-        /// Check invariants 1 and 2 over the log: results are only recorded for planned
-        /// buckets whose offset records a finished sync covered, and a commit record only
-        /// follows a finished sync that covered every result of its bucket.
-        fn check(&self) -> (usize, usize) {
-            let log = self.log.lock().unwrap().clone();
-            let mut members: HashMap<u64, Vec<String>> = HashMap::new();
-            // Writes in order; a finished sync makes a prefix of them durable (syncs may
-            // overlap: the planner's and the writer's).
-            let (mut planned, mut recorded) = (Vec::new(), Vec::new());
-            let mut started: HashMap<u64, (usize, usize)> = HashMap::new();
-            let (mut durable_planned, mut durable_recorded) = (0, 0);
-            let mut durable = std::collections::HashSet::new();
-            let mut bucket_of: HashMap<String, u64> = HashMap::new();
-            let (mut commits, mut syncs) = (0, 0);
-            for e in log {
-                match e {
-                    Event::Plan(buckets) => {
-                        for (b, ids) in buckets {
-                            for id in &ids {
-                                bucket_of.insert(id.clone(), b);
-                            }
-                            members.insert(b, ids);
-                            planned.push(b);
-                        }
-                    }
-                    Event::Record(ids) => {
-                        for id in ids {
-                            let b = bucket_of[&id];
-                            assert!(
-                                planned[..durable_planned].contains(&b),
-                                "{id} was called before bucket {b}'s offset record was durable"
-                            );
-                            recorded.push(id);
-                        }
-                    }
-                    Event::SyncStart(n) => {
-                        started.insert(n, (planned.len(), recorded.len()));
-                    }
-                    Event::SyncEnd(n) => {
-                        syncs += 1;
-                        let (p, r) = started[&n];
-                        durable_planned = durable_planned.max(p);
-                        if r > durable_recorded {
-                            durable.extend(recorded[durable_recorded..r].iter().cloned());
-                            durable_recorded = r;
-                        }
-                    }
-                    Event::Commit(buckets) => {
-                        for b in buckets {
-                            commits += 1;
-                            for id in &members[&b] {
-                                assert!(
-                                    durable.contains(id),
-                                    "bucket {b} committed before the result of {id} was durable"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-            (commits, syncs)
-        }
-    }
-
-    impl Store for Audit {
-        fn job(&self) -> Result<Option<JobSpec>, StoreError> {
-            self.inner.job()
-        }
-        fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError> {
-            self.inner.put_job(spec)
-        }
-        fn planner(&self) -> Result<crate::store::PlannerState, StoreError> {
-            self.inner.planner()
-        }
-        fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError> {
-            self.inner.first_row(id, row)
-        }
-        fn plan(
-            &self,
-            buckets: &[PlannedBucket],
-            planner: &crate::store::PlannerState,
-        ) -> Result<(), StoreError> {
-            self.push(Event::Plan(
-                buckets
-                    .iter()
-                    .map(|b| {
-                        let ids = b.items.iter().map(|(_, id)| id.clone()).collect();
-                        (b.offset.bucket, ids)
-                    })
-                    .collect(),
-            ));
-            self.inner.plan(buckets, planner)
-        }
-        fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-            if self.fail_records {
-                return Err(StoreError::Io {
-                    path: "results.log".into(),
-                    source: std::io::Error::other("injected write failure"),
-                });
-            }
-            self.push(Event::Record(
-                results.iter().map(|(id, _)| id.clone()).collect(),
-            ));
-            self.inner.record(results)
-        }
-        fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError> {
-            self.push(Event::Commit(commits.iter().map(|c| c.bucket).collect()));
-            self.inner.commit(commits)
-        }
-        async fn sync(&self) -> Result<(), StoreError> {
-            let n = self
-                .syncs
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.push(Event::SyncStart(n));
-            self.inner.sync().await?;
-            self.push(Event::SyncEnd(n));
-            Ok(())
-        }
-        fn open_buckets(&self) -> Result<Vec<crate::store::OffsetRecord>, StoreError> {
-            self.inner.open_buckets()
-        }
-        fn bucket_items(
-            &self,
-            bucket: &crate::store::OffsetRecord,
-        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-            self.inner.bucket_items(bucket)
-        }
-        fn for_each_final(
-            &self,
-            f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-        ) -> Result<(), crate::store::ExportError> {
-            self.inner.for_each_final(f)
-        }
-        fn bad_lines(&self, limit: usize) -> Result<Vec<crate::store::BadLine>, StoreError> {
-            self.inner.bad_lines(limit)
-        }
-        fn stats(&self) -> Result<crate::store::StoreStats, StoreError> {
-            self.inner.stats()
-        }
-        fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-            self.inner.item(id)
-        }
-        fn offset(&self, bucket: u64) -> Result<Option<crate::store::OffsetRecord>, StoreError> {
-            self.inner.offset(bucket)
-        }
-        fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError> {
-            self.inner.commit_record(bucket)
-        }
-        fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError> {
-            self.inner.failed_buckets()
-        }
-        fn for_each_failure(
-            &self,
-            bucket: Option<u64>,
-            f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-        ) -> Result<(), crate::store::ExportError> {
-            self.inner.for_each_failure(bucket, f)
-        }
-        fn set_planner(&self, planner: &crate::store::PlannerState) -> Result<(), StoreError> {
-            self.inner.set_planner(planner)
-        }
-        fn reruns(&self) -> Result<Vec<crate::store::RerunRecord>, StoreError> {
-            self.inner.reruns()
-        }
-        fn create_rerun(
-            &self,
-            rerun: &crate::store::RerunRecord,
-            buckets: &[crate::store::RerunBucket],
-        ) -> Result<(), StoreError> {
-            self.inner.create_rerun(rerun, buckets)
-        }
-        fn rerun_open_buckets(
-            &self,
-            rerun: u32,
-        ) -> Result<Vec<crate::store::RerunOffset>, StoreError> {
-            self.inner.rerun_open_buckets(rerun)
-        }
-        fn rerun_bucket_items(
-            &self,
-            offset: &crate::store::RerunOffset,
-        ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-            self.inner.rerun_bucket_items(offset)
-        }
-        fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError> {
-            self.push(Event::Commit(commits.iter().map(|c| c.bucket).collect()));
-            self.inner.commit_rerun(rerun, commits)
-        }
-        fn rerun_stats(&self, rerun: u32) -> Result<crate::store::RerunStats, StoreError> {
-            self.inner.rerun_stats(rerun)
-        }
-    }
-
     async fn audited_run(bucket_size: u64, durability: Durability) {
         let ids = ids(3000);
         let config = ApiConfig {
@@ -1569,12 +1362,7 @@ mod tests {
             ..ApiConfig::fast()
         };
         let s = setup(&ids, bucket_size, config).await;
-        let audit = Arc::new(Audit {
-            inner: s.store.clone(),
-            log: Default::default(),
-            syncs: Default::default(),
-            fail_records: false,
-        });
+        let audit = Arc::new(Audit::new(s.store.clone(), false));
         let summary = run_with(audit.clone(), &s, stop_pair().1, durability).await;
         assert!(summary.job.finished());
         assert_eq!(summary.job.ok + summary.job.failed, 3000);
@@ -1595,12 +1383,7 @@ mod tests {
             // One bucket of 3000: nothing at a bucket boundary would notice the writer.
             let ids = ids(3000);
             let s = setup(&ids, 3000, ApiConfig::fast()).await;
-            let audit = Arc::new(Audit {
-                inner: s.store.clone(),
-                log: Default::default(),
-                syncs: Default::default(),
-                fail_records: true,
-            });
+            let audit = Arc::new(Audit::new(s.store.clone(), true));
             let result = try_run_with(audit, &s, stop_pair().1, durability).await;
             let err = result.expect_err("the run fails");
             assert!(err.to_string().contains("injected write failure"), "{err}");

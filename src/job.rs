@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::input::{Fingerprint, InputSpec};
+use crate::store::{JobView, Store, StoreError, StoredJob};
 
 /// The request made for each ID, as templates.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +110,31 @@ impl std::fmt::Display for SpecChange {
 }
 
 impl JobSpec {
+    /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
+    pub const STORED_VERSION: u32 = 1;
+
+    /// The spec as a store keeps it (opaque to the store).
+    pub fn to_stored(&self) -> StoredJob {
+        StoredJob {
+            id: self.job_id.clone(),
+            version: Self::STORED_VERSION,
+            spec: serde_json::to_vec(self).expect("a job spec serializes"),
+        }
+    }
+
+    /// Decode what [`JobSpec::to_stored`] wrote.
+    pub fn from_stored(stored: &StoredJob) -> Result<JobSpec, StoreError> {
+        if stored.version != Self::STORED_VERSION {
+            return Err(StoreError::corrupt(format!(
+                "the job's spec is stored in encoding version {}; this highwater reads version {}",
+                stored.version,
+                Self::STORED_VERSION
+            )));
+        }
+        serde_json::from_slice(&stored.spec)
+            .map_err(|e| StoreError::corrupt(format!("undecodable job record: {e}")))
+    }
+
     /// The differences between `self` (stored) and `other` (asked for) that change what the job
     /// means, one human line each. Empty when `other` may resume this job. The input's path
     /// is not among them: a moved input is accepted when its content is unchanged (the caller
@@ -260,13 +286,7 @@ impl Default for RunOptions {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::store::now_ms;
 
 mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -302,7 +322,7 @@ pub enum JobError {
     #[error(transparent)]
     Input(#[from] crate::input::InputError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] StoreError),
 }
 
 /// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
@@ -408,18 +428,24 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     Ok(())
 }
 
+/// The job `store` holds, decoded.
+pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
+    store
+        .job()
+        .await?
+        .map(|j| JobSpec::from_stored(&j))
+        .transpose()
+}
+
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
 /// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
 /// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
-pub fn open_job<S: crate::store::Store>(
-    store: &S,
-    request: &JobRequest,
-) -> Result<JobSpec, JobError> {
+pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
     use crate::input::{Cursor, InputReader};
     check_bucket_size(request)?;
-    match store.job()? {
+    match stored_job(store).await? {
         None => {
             let (Some(input), Some(url)) = (&request.input, &request.url) else {
                 return Err(JobError::Usage(
@@ -438,7 +464,7 @@ pub fn open_job<S: crate::store::Store>(
                 fingerprint,
                 ..probe
             };
-            store.put_job(&spec)?;
+            store.put_job(&spec.to_stored()).await?;
             Ok(spec)
         }
         Some(stored) => {
@@ -494,13 +520,13 @@ pub fn open_job<S: crate::store::Store>(
                         },
                         e => e,
                     })?;
-                let mut planner = store.planner()?;
+                let mut planner = store.planner().await?;
                 if planner.cursor.byte == stored.fingerprint.len {
                     // The old last line had no newline: the appended newline still ends it.
                     planner.cursor.byte += skip;
                 }
                 planner.exhausted = false;
-                store.set_planner(&planner)?;
+                store.set_planner(&planner).await?;
                 asked.history.push(SpecChange {
                     at_ms: now_ms(),
                     command: request.command.clone(),
@@ -532,7 +558,7 @@ pub fn open_job<S: crate::store::Store>(
             request.apply_operational(&mut asked);
             crate::handler::check_templates(&asked.request)?;
             if asked != stored {
-                store.put_job(&asked)?;
+                store.put_job(&asked.to_stored()).await?;
             }
             Ok(asked)
         }
@@ -608,7 +634,6 @@ mod tests {
     use super::*;
     use crate::input::InputFormat;
     use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
-    use crate::store::Store;
 
     fn setup() -> (tempfile::TempDir, SledStore, JobRequest) {
         let dir = tempfile::tempdir().unwrap();
@@ -632,10 +657,10 @@ mod tests {
         (dir, store, request)
     }
 
-    #[test]
-    fn create_then_resume_keeps_templates_and_applies_operational_changes() {
+    #[tokio::test]
+    async fn create_then_resume_keeps_templates_and_applies_operational_changes() {
         let (_d, store, request) = setup();
-        let created = open_job(&store, &request).unwrap();
+        let created = open_job(&store, &request).await.unwrap();
         assert_eq!(created.bucket_size, DEFAULT_BUCKET_SIZE);
         assert_eq!(
             created.request.headers,
@@ -649,17 +674,17 @@ mod tests {
             },
             ..JobRequest::default()
         };
-        let resumed = open_job(&store, &resume).unwrap();
+        let resumed = open_job(&store, &resume).await.unwrap();
         assert_eq!(resumed.job_id, created.job_id);
         assert_eq!(resumed.request.timeout, Duration::from_secs(3));
         assert_eq!(resumed.retry.max_attempts, 9);
-        assert_eq!(store.job().unwrap().unwrap(), resumed);
+        assert_eq!(stored_job(&store).await.unwrap().unwrap(), resumed);
     }
 
-    #[test]
-    fn meaning_changes_are_refused_and_named() {
+    #[tokio::test]
+    async fn meaning_changes_are_refused_and_named() {
         let (_d, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         for (req, flag) in [
             (
                 JobRequest {
@@ -690,17 +715,17 @@ mod tests {
                 "--body",
             ),
         ] {
-            let err = open_job(&store, &req).unwrap_err().to_string();
+            let err = open_job(&store, &req).await.unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");
         }
         // The same values given again are fine.
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
     }
 
-    #[test]
-    fn moved_input_is_accepted_changed_input_is_not() {
+    #[tokio::test]
+    async fn moved_input_is_accepted_changed_input_is_not() {
         let (dir, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         let moved = dir.path().join("moved.txt");
         std::fs::rename(&request.input.as_ref().unwrap().path, &moved).unwrap();
         let req = JobRequest {
@@ -710,45 +735,45 @@ mod tests {
             }),
             ..JobRequest::default()
         };
-        assert_eq!(open_job(&store, &req).unwrap().input.path, moved);
+        assert_eq!(open_job(&store, &req).await.unwrap().input.path, moved);
         std::fs::write(&moved, "a\nc\n").unwrap();
-        let err = open_job(&store, &JobRequest::default()).unwrap_err();
+        let err = open_job(&store, &JobRequest::default()).await.unwrap_err();
         assert!(matches!(err, JobError::InputChanged { .. }), "{err}");
     }
 
-    #[test]
-    fn empty_input_and_missing_flags_are_refused() {
+    #[tokio::test]
+    async fn empty_input_and_missing_flags_are_refused() {
         let (_d, store, mut request) = setup();
         std::fs::write(&request.input.as_ref().unwrap().path, "\n  \n").unwrap();
         assert!(matches!(
-            open_job(&store, &request),
+            open_job(&store, &request).await,
             Err(JobError::EmptyInput(_))
         ));
         request.url = None;
         assert!(matches!(
-            open_job(&store, &request),
+            open_job(&store, &request).await,
             Err(JobError::Usage(_))
         ));
     }
 
-    #[test]
-    fn request_changes_need_allow_spec_change_and_are_recorded() {
+    #[tokio::test]
+    async fn request_changes_need_allow_spec_change_and_are_recorded() {
         let (_d, store, request) = setup();
-        open_job(&store, &request).unwrap();
+        open_job(&store, &request).await.unwrap();
         let change = JobRequest {
             url: Some("http://127.0.0.1:9/v2/{id}".into()),
             command: "rerun".into(),
             ..JobRequest::default()
         };
         assert!(matches!(
-            open_job(&store, &change),
+            open_job(&store, &change).await,
             Err(JobError::MeaningChanged(_))
         ));
         let allowed = JobRequest {
             allow_spec_change: true,
             ..change.clone()
         };
-        let spec = open_job(&store, &allowed).unwrap();
+        let spec = open_job(&store, &allowed).await.unwrap();
         assert_eq!(spec.request.url, "http://127.0.0.1:9/v2/{id}");
         assert_eq!(spec.history.len(), 1);
         assert_eq!(spec.history[0].command, "rerun");
@@ -757,21 +782,21 @@ mod tests {
             "{:?}",
             spec.history
         );
-        assert_eq!(store.job().unwrap().unwrap(), spec);
+        assert_eq!(stored_job(&store).await.unwrap().unwrap(), spec);
         // A bucket size change stays refused, allowed or not.
         let bucket = JobRequest {
             bucket_size: Some(3),
             allow_spec_change: true,
             ..JobRequest::default()
         };
-        let err = open_job(&store, &bucket).unwrap_err().to_string();
+        let err = open_job(&store, &bucket).await.unwrap_err().to_string();
         assert!(err.contains("--bucket-size"), "{err}");
     }
 
-    #[test]
-    fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
+    #[tokio::test]
+    async fn a_grown_input_reopens_the_planner_and_keeps_the_old_fingerprint() {
         let (_d, store, request) = setup();
-        let created = open_job(&store, &request).unwrap();
+        let created = open_job(&store, &request).await.unwrap();
         let exhausted = crate::store::PlannerState {
             next_bucket: 1,
             cursor: crate::input::Cursor {
@@ -781,13 +806,13 @@ mod tests {
             },
             exhausted: true,
         };
-        store.set_planner(&exhausted).unwrap();
+        store.set_planner(&exhausted).await.unwrap();
         let path = &request.input.as_ref().unwrap().path;
         std::fs::write(path, "a\nb\nc\n").unwrap();
-        let spec = open_job(&store, &JobRequest::default()).unwrap();
+        let spec = open_job(&store, &JobRequest::default()).await.unwrap();
         assert_eq!(spec.fingerprint, Fingerprint::of_file(path).unwrap());
         assert_eq!(spec.history[0].previous_input, Some(created.fingerprint));
-        let planner = store.planner().unwrap();
+        let planner = store.planner().await.unwrap();
         assert!(!planner.exhausted);
         assert_eq!(planner.cursor, exhausted.cursor);
     }
@@ -820,10 +845,10 @@ mod tests {
         assert!(err.contains("same length"), "{err}");
     }
 
-    #[test]
-    fn specs_stored_before_the_history_existed_still_load() {
+    #[tokio::test]
+    async fn specs_stored_before_the_history_existed_still_load() {
         let (_d, store, request) = setup();
-        let spec = open_job(&store, &request).unwrap();
+        let spec = open_job(&store, &request).await.unwrap();
         let mut value = serde_json::to_value(&spec).unwrap();
         value.as_object_mut().unwrap().remove("history");
         let old: JobSpec = serde_json::from_value(value).unwrap();

@@ -8,7 +8,7 @@
 //! `--skip-bad-lines`, is counted and recorded.
 //!
 //! Duplicates are judged by the store, which notes every ID read with its first row
-//! ([`crate::store::Store::first_row`]): an ID first read at an earlier row is a duplicate,
+//! ([`crate::store::Store::first_rows`]): an ID first read at an earlier row is a duplicate,
 //! whether that row is in this batch, an earlier one or an earlier run.
 //!
 //! The planner only reads and decides; writing the planned buckets ahead of their work is the
@@ -61,13 +61,16 @@ impl Planner {
 
     /// Cut whole buckets until at least `min_rows` rows are read or the input ends. Returns
     /// the buckets and the planner position after them; no buckets once the input is
-    /// exhausted. Duplicates are judged by `store`, which notes every ID read.
-    pub fn next_batch(
+    /// exhausted. Duplicates are judged by `store`, which notes every ID read: all the
+    /// batch's IDs in one call.
+    pub async fn next_batch(
         &mut self,
         store: &impl Store,
         min_rows: u64,
     ) -> Result<Vec<PlannedBucket>, PlanError> {
         let mut buckets = Vec::new();
+        // Every ID read, with its row and the index of its bucket in `buckets`.
+        let mut read: Vec<(usize, u64, String)> = Vec::new();
         let mut rows = 0;
         // One time for the batch: it is written ahead as one record.
         let planned_at_ms = now_ms();
@@ -95,13 +98,8 @@ impl Planner {
                 };
                 taken += 1;
                 match row.id {
-                    Ok(id) => {
-                        if store.first_row(&id, row.index)?.is_some() {
-                            bucket.offset.duplicates += 1;
-                        } else {
-                            bucket.items.push((row.index, id));
-                        }
-                    }
+                    // A row read makes its bucket non-empty: it is pushed below.
+                    Ok(id) => read.push((buckets.len(), row.index, id)),
                     Err(reason) if self.skip_bad_lines => {
                         bucket.offset.bad_lines += 1;
                         bucket.bad_lines.push(BadLine {
@@ -125,11 +123,27 @@ impl Planner {
             rows += taken;
             if taken > 0 {
                 bucket.offset.end = self.reader.cursor();
-                bucket.offset.items = bucket.items.len() as u64;
                 self.state.next_bucket += 1;
                 buckets.push(bucket);
             }
             self.state.cursor = self.reader.cursor();
+        }
+        let ids: Vec<(u64, &str)> = read
+            .iter()
+            .map(|(_, row, id)| (*row, id.as_str()))
+            .collect();
+        let firsts = store.first_rows(&ids).await?;
+        drop(ids);
+        for ((at, row, id), first) in read.into_iter().zip(firsts) {
+            let bucket: &mut PlannedBucket = &mut buckets[at];
+            if first.is_some() {
+                bucket.offset.duplicates += 1;
+            } else {
+                bucket.items.push((row, id));
+            }
+        }
+        for bucket in &mut buckets {
+            bucket.offset.items = bucket.items.len() as u64;
         }
         Ok(buckets)
     }
@@ -169,7 +183,7 @@ mod tests {
         Fingerprint { len: 0, xxh3: 0 }
     }
 
-    fn cut_all(
+    async fn cut_all(
         spec: &InputSpec,
         store: &SledStore,
         size: u64,
@@ -180,21 +194,21 @@ mod tests {
         let mut p = Planner::new(reader, state, size, true, fp());
         let mut all = vec![];
         loop {
-            let batch = p.next_batch(store, min_rows).unwrap();
+            let batch = p.next_batch(store, min_rows).await.unwrap();
             if batch.is_empty() {
                 break;
             }
-            store.plan(&batch, &p.state()).unwrap();
+            store.plan(&batch, &p.state()).await.unwrap();
             all.extend(batch);
         }
         assert!(p.state().exhausted);
         all
     }
 
-    #[test]
-    fn buckets_are_fixed_row_ranges_and_duplicates_are_judged_in_order() {
+    #[tokio::test]
+    async fn buckets_are_fixed_row_ranges_and_duplicates_are_judged_in_order() {
         let (_d, spec, store) = setup("a\nb\na\n\nc\nd\nb\ne\n");
-        let buckets = cut_all(&spec, &store, 3, 1, PlannerState::default());
+        let buckets = cut_all(&spec, &store, 3, 1, PlannerState::default()).await;
         let ranges: Vec<_> = buckets
             .iter()
             .map(|b| (b.offset.bucket, b.offset.start.row, b.offset.end.row))
@@ -208,18 +222,18 @@ mod tests {
         assert_eq!(buckets.iter().map(|b| b.offset.duplicates).sum::<u64>(), 2);
     }
 
-    #[test]
-    fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
+    #[tokio::test]
+    async fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
         let content: String = (0..100).map(|i| format!("id{}\n", i % 70)).collect();
         let (_d1, spec1, store1) = setup(&content);
-        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default());
+        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default()).await;
         let (_d2, spec2, store2) = setup(&content);
         let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
         let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
-        let first = p.next_batch(&store2, 10).unwrap();
-        store2.plan(&first, &p.state()).unwrap();
+        let first = p.next_batch(&store2, 10).await.unwrap();
+        store2.plan(&first, &p.state()).await.unwrap();
         let mut resumed = first;
-        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()));
+        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()).await);
         let key = |b: &PlannedBucket| {
             (
                 b.offset.bucket,
@@ -235,18 +249,18 @@ mod tests {
         );
     }
 
-    #[test]
-    fn bad_lines_stop_or_are_recorded() {
+    #[tokio::test]
+    async fn bad_lines_stop_or_are_recorded() {
         let (_d, spec, store) = setup("a\n\u{0}\nb\n");
         std::fs::write(&spec.path, b"a\n\xff\nb\n").unwrap();
         let reader = InputReader::open(&spec, Cursor::default()).unwrap();
         let mut p = Planner::new(reader, PlannerState::default(), 10, false, fp());
-        let err = p.next_batch(&store, 1).unwrap_err().to_string();
+        let err = p.next_batch(&store, 1).await.unwrap_err().to_string();
         assert!(
             err.contains("in.txt:2:") && err.contains("--skip-bad-lines"),
             "{err}"
         );
-        let buckets = cut_all(&spec, &store, 10, 1, PlannerState::default());
+        let buckets = cut_all(&spec, &store, 10, 1, PlannerState::default()).await;
         assert_eq!(
             buckets[0].bad_lines,
             vec![BadLine {

@@ -19,8 +19,8 @@ use crate::input::Fingerprint;
 use crate::job::{now_ms, JobSpec};
 use crate::retry::ErrorClass;
 use crate::store::{
-    class_label, ExportError, ItemRecord, ItemStatus, JobBucketShare, RerunBucket, RerunOffset,
-    RerunRecord, RerunSelection, Store, StoreError,
+    class_label, ExportError, ItemRecord, ItemStatus, JobBucketShare, JobView, RerunBucket,
+    RerunOffset, RerunRecord, RerunSelection, Store, StoreError,
 };
 
 /// What the command line asks a rerun to call.
@@ -90,11 +90,11 @@ pub enum Prepared {
 }
 
 /// The unfinished rerun, if any (only the last one can be).
-pub fn unfinished<S: Store>(store: &S) -> Result<Option<RerunRecord>, StoreError> {
-    let Some(last) = store.reruns()?.pop() else {
+pub async fn unfinished<S: Store>(store: &S) -> Result<Option<RerunRecord>, StoreError> {
+    let Some(last) = store.reruns().await?.pop() else {
         return Ok(None);
     };
-    Ok((!store.rerun_stats(last.number)?.finished()).then_some(last))
+    Ok((!store.rerun_stats(last.number).await?.finished()).then_some(last))
 }
 
 /// What a rerun command will do, decided before anything is written.
@@ -139,10 +139,14 @@ impl Selected {
 /// `ask` is the same, or select the IDs of a new one. Every refusal (an unfinished rerun of
 /// another selection, buckets in flight, an unknown bucket or ID) comes before the command
 /// writes anything, a spec change included; [`start`] then carries it out.
-pub fn choose<S: Store>(store: &S, ask: &RerunAsk, state: &Path) -> Result<Chosen, RerunError> {
+pub async fn choose<S: Store>(
+    store: &S,
+    ask: &RerunAsk,
+    state: &Path,
+) -> Result<Chosen, RerunError> {
     // An unfinished `--ids` rerun resumes from its stored IDs: the file is not needed any
     // more, and a file edited, moved or deleted since must not leave the rerun stuck.
-    if let (RerunAsk::Ids(file), Some(open)) = (ask, unfinished(store)?) {
+    if let (RerunAsk::Ids(file), Some(open)) = (ask, unfinished(store).await?) {
         if let RerunSelection::Ids {
             file: stored,
             fingerprint,
@@ -184,7 +188,7 @@ pub fn choose<S: Store>(store: &S, ask: &RerunAsk, state: &Path) -> Result<Chose
             RerunSelection::Ids { file, fingerprint }
         }
     };
-    if let Some(open) = unfinished(store)? {
+    if let Some(open) = unfinished(store).await? {
         if open.selection == selection {
             return Ok(Chosen::Resume(open));
         }
@@ -194,11 +198,11 @@ pub fn choose<S: Store>(store: &S, ask: &RerunAsk, state: &Path) -> Result<Chose
             state: crate::console::shell_path(state),
         });
     }
-    let in_flight = store.stats()?.buckets_in_flight;
+    let in_flight = store.stats().await?.buckets_in_flight;
     if in_flight > 0 {
         return Err(RerunError::JobInFlight(in_flight));
     }
-    let selected = select(store, &selection)?;
+    let selected = select(store, &selection).await?;
     if selected.is_empty() {
         return Ok(Chosen::Nothing(match &selection {
             RerunSelection::Ids { .. } => "the --ids file lists no IDs".into(),
@@ -231,7 +235,7 @@ pub async fn start<S: Store>(
             selected,
         } => (selection, selected),
     };
-    let number = store.reruns()?.last().map_or(1, |r| r.number + 1);
+    let number = store.reruns().await?.last().map_or(1, |r| r.number + 1);
     let ids = selected.len() as u64;
     let buckets = cut(number, selected, spec.bucket_size);
     let rerun = RerunRecord {
@@ -241,7 +245,7 @@ pub async fn start<S: Store>(
         ids,
         created_at_ms: now_ms(),
     };
-    store.create_rerun(&rerun, &buckets)?;
+    store.create_rerun(&rerun, &buckets).await?;
     store.sync().await?;
     Ok(Prepared::Ready {
         rerun,
@@ -250,17 +254,24 @@ pub async fn start<S: Store>(
 }
 
 /// The selected IDs, in input order.
-fn select<S: Store>(store: &S, selection: &RerunSelection) -> Result<Vec<Selected>, RerunError> {
+async fn select<S: Store>(
+    store: &S,
+    selection: &RerunSelection,
+) -> Result<Vec<Selected>, RerunError> {
     let mut out = Vec::new();
     match selection {
-        RerunSelection::Failed => store.for_each_failure(None, &mut |id, r| {
-            out.push(Selected::of(id, r));
-            Ok(())
-        })?,
+        RerunSelection::Failed => {
+            store
+                .for_each_failure(None, &mut |id, r| {
+                    out.push(Selected::of(id, r));
+                    Ok(())
+                })
+                .await?
+        }
         RerunSelection::Buckets { buckets, all_items } => {
-            let planned = store.stats()?.buckets_planned;
+            let planned = store.stats().await?.buckets_planned;
             for &b in buckets {
-                let Some(offset) = store.offset(b)? else {
+                let Some(offset) = store.offset(b).await? else {
                     return Err(RerunError::Usage(format!(
                         "--buckets: the job has no bucket {b} (its buckets are 0 to {})",
                         planned.saturating_sub(1)
@@ -269,15 +280,18 @@ fn select<S: Store>(store: &S, selection: &RerunSelection) -> Result<Vec<Selecte
                 if *all_items {
                     out.extend(
                         store
-                            .bucket_items(&offset)?
+                            .bucket_items(&offset)
+                            .await?
                             .iter()
                             .map(|(id, r)| Selected::of(id, r)),
                     );
                 } else {
-                    store.for_each_failure(Some(b), &mut |id, r| {
-                        out.push(Selected::of(id, r));
-                        Ok(())
-                    })?;
+                    store
+                        .for_each_failure(Some(b), &mut |id, r| {
+                            out.push(Selected::of(id, r));
+                            Ok(())
+                        })
+                        .await?;
                 }
             }
         }
@@ -300,7 +314,7 @@ fn select<S: Store>(store: &S, selection: &RerunSelection) -> Result<Vec<Selecte
                 if id.is_empty() {
                     continue;
                 }
-                match store.item(id)? {
+                match store.item(id).await? {
                     Some(r) if r.is_final() => out.push(Selected::of(id, &r)),
                     _ => {
                         return Err(RerunError::UnknownId {

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
+use crate::store::{ExportError, ItemRecord, ItemStatus, JobView, Store};
 
 /// Export file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,26 +43,30 @@ struct ExportRow<'a> {
 
 /// Every final record, or only those with status `only` (failed ones are found without
 /// reading the buckets that have none).
-fn for_each(
+async fn for_each(
     store: &impl Store,
     only: Option<ItemStatus>,
     f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
 ) -> Result<(), ExportError> {
     match only {
-        Some(ItemStatus::Failed) => store.for_each_failure(None, f),
-        Some(status) => store.for_each_final(&mut |id, r| {
-            if r.status == status {
-                f(id, r)?;
-            }
-            Ok(())
-        }),
-        None => store.for_each_final(f),
+        Some(ItemStatus::Failed) => store.for_each_failure(None, f).await,
+        Some(status) => {
+            store
+                .for_each_final(&mut |id, r| {
+                    if r.status == status {
+                        f(id, r)?;
+                    }
+                    Ok(())
+                })
+                .await
+        }
+        None => store.for_each_final(f).await,
     }
 }
 
 /// Write every final result of `store` (with status `only`, if given) to `out`. Returns the
 /// number of records.
-pub fn export(
+pub async fn export(
     store: &impl Store,
     format: ExportFormat,
     only: Option<ItemStatus>,
@@ -70,12 +74,15 @@ pub fn export(
 ) -> Result<u64, ExportError> {
     let mut count = 0;
     match format {
-        ExportFormat::Jsonl => for_each(store, only, &mut |id, r| {
-            serde_json::to_writer(&mut *out, &row(id, r)).map_err(io::Error::from)?;
-            out.write_all(b"\n")?;
-            count += 1;
-            Ok(())
-        })?,
+        ExportFormat::Jsonl => {
+            for_each(store, only, &mut |id, r| {
+                serde_json::to_writer(&mut *out, &row(id, r)).map_err(io::Error::from)?;
+                out.write_all(b"\n")?;
+                count += 1;
+                Ok(())
+            })
+            .await?
+        }
         ExportFormat::Csv => {
             let mut w = csv::Writer::from_writer(&mut *out);
             w.write_record([
@@ -112,7 +119,8 @@ pub fn export(
                 .map_err(csv_io)?;
                 count += 1;
                 Ok(())
-            })?;
+            })
+            .await?;
             w.flush()?;
         }
     }
@@ -143,7 +151,7 @@ fn csv_io(e: csv::Error) -> io::Error {
 }
 
 /// Export to `path`, replacing it atomically. Returns the number of records.
-pub fn export_to_file(
+pub async fn export_to_file(
     store: &impl Store,
     format: ExportFormat,
     only: Option<ItemStatus>,
@@ -155,7 +163,7 @@ pub fn export_to_file(
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
-    let count = export(store, format, only, &mut out)?;
+    let count = export(store, format, only, &mut out).await?;
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -238,7 +246,7 @@ fn failure_row<'a>(id: &'a str, r: &'a ItemRecord) -> FailureRow<'a> {
 }
 
 /// Write the failed IDs matching `filter` to `out`, in input order. Returns how many.
-pub fn failures(
+pub async fn failures(
     store: &impl Store,
     format: FailuresFormat,
     filter: &FailureFilter,
@@ -268,51 +276,53 @@ pub fn failures(
         }
         FailuresFormat::Jsonl => {}
     }
-    store.for_each_failure(filter.bucket, &mut |id, r| {
-        if let Some(class) = &filter.class {
-            if r.class.map(|c| c.to_string()).as_deref() != Some(class.as_str()) {
-                return Ok(());
+    store
+        .for_each_failure(filter.bucket, &mut |id, r| {
+            if let Some(class) = &filter.class {
+                if r.class.map(|c| c.to_string()).as_deref() != Some(class.as_str()) {
+                    return Ok(());
+                }
             }
-        }
-        let row = failure_row(id, r);
-        match format {
-            FailuresFormat::Jsonl => {
-                serde_json::to_writer(&mut *out, &row).map_err(io::Error::from)?;
-                out.write_all(b"\n")?;
-            }
-            FailuresFormat::Csv => {
-                let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
-                w.write_record([
+            let row = failure_row(id, r);
+            match format {
+                FailuresFormat::Jsonl => {
+                    serde_json::to_writer(&mut *out, &row).map_err(io::Error::from)?;
+                    out.write_all(b"\n")?;
+                }
+                FailuresFormat::Csv => {
+                    let mut w = csv::WriterBuilder::new().from_writer(Vec::new());
+                    w.write_record([
+                        row.id,
+                        &row.bucket.to_string(),
+                        &row.row.to_string(),
+                        row.error_class.as_deref().unwrap_or_default(),
+                        &row.http_status.map(|s| s.to_string()).unwrap_or_default(),
+                        row.error.unwrap_or_default(),
+                        &row.attempts.to_string(),
+                        row.first_attempt.as_deref().unwrap_or_default(),
+                        row.last_attempt.as_deref().unwrap_or_default(),
+                        &row.attempt_classes.join(";"),
+                    ])
+                    .map_err(csv_io)?;
+                    out.write_all(&w.into_inner().map_err(|e| e.into_error())?)?;
+                }
+                FailuresFormat::Table => writeln!(
+                    out,
+                    "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
                     row.id,
-                    &row.bucket.to_string(),
-                    &row.row.to_string(),
-                    row.error_class.as_deref().unwrap_or_default(),
-                    &row.http_status.map(|s| s.to_string()).unwrap_or_default(),
-                    row.error.unwrap_or_default(),
-                    &row.attempts.to_string(),
-                    row.first_attempt.as_deref().unwrap_or_default(),
-                    row.last_attempt.as_deref().unwrap_or_default(),
-                    &row.attempt_classes.join(";"),
-                ])
-                .map_err(csv_io)?;
-                out.write_all(&w.into_inner().map_err(|e| e.into_error())?)?;
+                    row.bucket,
+                    row.error_class.as_deref().unwrap_or("-"),
+                    row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
+                    row.attempts,
+                    row.first_attempt.as_deref().unwrap_or("-"),
+                    row.last_attempt.as_deref().unwrap_or("-"),
+                    row.error.unwrap_or("-"),
+                )?,
             }
-            FailuresFormat::Table => writeln!(
-                out,
-                "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
-                row.id,
-                row.bucket,
-                row.error_class.as_deref().unwrap_or("-"),
-                row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
-                row.attempts,
-                row.first_attempt.as_deref().unwrap_or("-"),
-                row.last_attempt.as_deref().unwrap_or("-"),
-                row.error.unwrap_or("-"),
-            )?,
-        }
-        count += 1;
-        Ok(())
-    })?;
+            count += 1;
+            Ok(())
+        })
+        .await?;
     out.flush()?;
     Ok(count)
 }
@@ -331,8 +341,8 @@ pub struct FailureSummary {
 
 impl FailureSummary {
     /// Read from the commit records (and the items of buckets they do not cover).
-    pub fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
-        let failed = store.failed_buckets()?;
+    pub async fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
+        let failed = store.failed_buckets().await?;
         let mut s = FailureSummary {
             buckets: failed.iter().take(cap).map(|c| c.bucket).collect(),
             buckets_total: failed.len() as u64,
@@ -340,7 +350,12 @@ impl FailureSummary {
         };
         // Commit records count their failures by class; only buckets committed before they
         // did, and buckets not committed yet, are counted from their items.
-        let mut scan: Vec<u64> = store.open_buckets()?.iter().map(|o| o.bucket).collect();
+        let mut scan: Vec<u64> = store
+            .open_buckets()
+            .await?
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
         for c in &failed {
             if c.classes_complete() {
                 for (class, n) in &c.failed_by_class {
@@ -351,10 +366,12 @@ impl FailureSummary {
             }
         }
         for bucket in scan {
-            store.for_each_failure(Some(bucket), &mut |_, r| {
-                *s.by_class.entry(crate::store::class_name(r)).or_default() += 1;
-                Ok(())
-            })?;
+            store
+                .for_each_failure(Some(bucket), &mut |_, r| {
+                    *s.by_class.entry(crate::store::class_name(r)).or_default() += 1;
+                    Ok(())
+                })
+                .await?;
         }
         Ok(s)
     }
@@ -411,7 +428,9 @@ mod tests {
     #[tokio::test]
     async fn classes_come_from_commit_records_or_from_the_items_of_older_ones() {
         use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
-        use crate::store::{CommitRecord, OffsetRecord, PlannedBucket, PlannerState};
+        use crate::store::{
+            Commit, CommitRecord, LeaseScope, Leases, OffsetRecord, PlannedBucket, PlannerState,
+        };
         let dir = tempfile::tempdir().unwrap();
         let s =
             SledStore::open(dir.path(), OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES).unwrap();
@@ -438,6 +457,7 @@ mod tests {
             &[planned(0, "a"), planned(1, "b")],
             &PlannerState::default(),
         )
+        .await
         .unwrap();
         let failed = |bucket| {
             let mut r = ItemRecord::pending(bucket, bucket);
@@ -446,8 +466,10 @@ mod tests {
             r
         };
         s.record(&[("a".into(), failed(0)), ("b".into(), failed(1))])
+            .await
             .unwrap();
-        s.commit(&[
+        let lease = s.acquire(LeaseScope::Job).await.unwrap().unwrap();
+        let commits = [
             // Written before commit records counted classes: counted from the items.
             CommitRecord {
                 bucket: 0,
@@ -461,9 +483,9 @@ mod tests {
                 failed_by_class: [("timeout".to_string(), 1)].into(),
                 ..CommitRecord::default()
             },
-        ])
-        .unwrap();
-        let summary = FailureSummary::of(&s, 10).unwrap();
+        ];
+        s.commit(&lease, Commit::Job(&commits)).await.unwrap();
+        let summary = FailureSummary::of(&s, 10).await.unwrap();
         assert_eq!(summary.buckets, vec![0, 1]);
         assert_eq!(
             summary.by_class,

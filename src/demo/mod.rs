@@ -82,7 +82,7 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         ..JobRequest::default()
     };
     let store = SledStore::open(&state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)?;
-    let spec = open_job(&store, &request)?;
+    let spec = open_job(&store, &request).await?;
     let handler = Handler::with_env(&spec.request, &|name| {
         if name == API_VAR {
             Some(addr.clone())

@@ -109,7 +109,10 @@ impl IdLists {
             path: self.path.clone(),
             source,
         };
-        let mut len = self.len.lock().expect("never poisoned");
+        let mut len = self
+            .len
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut buf = Vec::with_capacity(lists.iter().map(|l| l.len() + 8).sum());
         let mut refs = Vec::with_capacity(lists.len());
         for list in lists {

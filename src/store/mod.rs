@@ -18,55 +18,62 @@
 //!   written only after its new results are durable. Committing a rerun bucket also moves
 //!   the ok/failed counts of the job buckets its IDs belong to, in the same atomic write.
 //!
-//! The embedded default is [`sled`](sled_store::SledStore); the trait is what a shared backend
-//! implements to let several workers share a job.
+//! A backend implements the small async seam in [`backend`] ([`Store`] and [`Leases`]);
+//! everything derived from the records ([`JobView`]: statistics, the export's walk, failure
+//! listings, a rerun's count moves) is written once above it. The embedded default is
+//! [`sled`](sled_store::SledStore); [`mem::MemStore`] keeps everything in memory (tests,
+//! and the reference a new backend is compared with by `conformance`).
 
+pub mod backend;
+#[cfg(test)]
+pub(crate) mod conformance;
+mod error;
 pub mod id_index;
 pub mod id_lists;
+pub mod mem;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod results_log;
 pub mod sled_store;
+pub mod view;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::input::{Cursor, Fingerprint};
-use crate::job::JobSpec;
 use crate::retry::ErrorClass;
 
+pub use backend::{
+    BucketState, Commit, Lease, LeaseScope, LeaseToken, Leases, Log, RerunBucketState, Store,
+};
+pub use error::StoreError;
 pub use sled_store::SledStore;
+pub use view::JobView;
 
 /// The store format this build reads and writes. 4: a rerun's ID lists are in `ids.log`
 /// like the job's (format 3 kept them in sled, where this build still reads them).
 pub const FORMAT_VERSION: u32 = 4;
 
-/// Errors of the store. Each says which state directory it is about.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{path} is not a highwater state directory: {reason}")]
-    NotAStore { path: PathBuf, reason: String },
-    #[error("{path} is in use by another highwater process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
-    Busy { path: PathBuf, pid: Option<u32> },
-    #[error("{path} holds store format version {found}; this highwater reads version {supported}")]
-    Version {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
-    #[error("the store in {path} is corrupt or truncated: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("store error in {path}: {reason}")]
-    Backend { path: PathBuf, reason: String },
+/// A job's spec as a store keeps it: opaque bytes in an encoding the job module owns and
+/// versions ([`crate::job::JobSpec::to_stored`]), with the job's id, which a store may use to
+/// tell its job from another (the sled backend checks it at open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredJob {
+    pub id: String,
+    /// The encoding's version.
+    pub version: u32,
+    pub spec: Vec<u8>,
+}
+
+/// Milliseconds since the Unix epoch: the time records are stamped with.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The write-ahead record of one bucket.
@@ -108,7 +115,7 @@ impl CommitRecord {
             bucket,
             ok: tally.ok,
             failed: tally.failed,
-            committed_at_ms: crate::job::now_ms(),
+            committed_at_ms: now_ms(),
             failed_by_class: tally.failed_by_class,
         }
     }
@@ -384,88 +391,6 @@ impl StoreStats {
     pub fn finished(&self) -> bool {
         self.input_exhausted && self.buckets_in_flight == 0
     }
-}
-
-/// The storage a job's progress lives in.
-///
-/// Calls are cheap and synchronous except [`Store::sync`], which waits for durability.
-/// Writes become durable only once a later `sync` returns.
-pub trait Store: Send + Sync + 'static {
-    /// The stored job, if the job was created.
-    fn job(&self) -> Result<Option<JobSpec>, StoreError>;
-    /// Store the job spec (at creation, or with changed operational fields).
-    fn put_job(&self, spec: &JobSpec) -> Result<(), StoreError>;
-    /// Where the planner stands.
-    fn planner(&self) -> Result<PlannerState, StoreError>;
-    /// Note that the planner read `id` at input `row`, and say whether that is a repeat: the
-    /// row of its first occurrence if that is an earlier row, else none (a first occurrence,
-    /// also when this row was noted before: planning again after a crash reads the same
-    /// rows). Notes are durable with the plan that holds the row.
-    fn first_row(&self, id: &str, row: u64) -> Result<Option<u64>, StoreError>;
-    /// Atomically write planned buckets (offset records, their unique IDs, bad lines)
-    /// together with the planner's new position.
-    fn plan(&self, buckets: &[PlannedBucket], planner: &PlannerState) -> Result<(), StoreError>;
-    /// Write final item records.
-    fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError>;
-    /// Write commit records. Callers make the buckets' results durable first.
-    fn commit(&self, commits: &[CommitRecord]) -> Result<(), StoreError>;
-    /// Make every earlier write durable.
-    fn sync(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// Buckets with an offset record but no commit record, in bucket order.
-    fn open_buckets(&self) -> Result<Vec<OffsetRecord>, StoreError>;
-    /// The unique IDs of a bucket, in input order, with their records.
-    fn bucket_items(&self, bucket: &OffsetRecord) -> Result<Vec<(String, ItemRecord)>, StoreError>;
-    /// Every final record in input order.
-    fn for_each_final(
-        &self,
-        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-    ) -> Result<(), ExportError>;
-    /// Recorded bad lines, in input order, at most `limit`.
-    fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError>;
-    /// Figures for `status` and the run summary.
-    fn stats(&self) -> Result<StoreStats, StoreError>;
-
-    /// The record of one ID (none: not planned, or pending).
-    fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError>;
-    /// A planned bucket's offset record.
-    fn offset(&self, bucket: u64) -> Result<Option<OffsetRecord>, StoreError>;
-    /// A bucket's commit record.
-    fn commit_record(&self, bucket: u64) -> Result<Option<CommitRecord>, StoreError>;
-    /// Commit records of buckets committed with failures, in bucket order.
-    fn failed_buckets(&self) -> Result<Vec<CommitRecord>, StoreError>;
-    /// Every failed record (of `bucket` only, if given) in input order. Only buckets whose
-    /// commit record counts failures, or that are not committed, are read.
-    fn for_each_failure(
-        &self,
-        bucket: Option<u64>,
-        f: &mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>,
-    ) -> Result<(), ExportError>;
-    /// Move the planner (the input grew: planning goes on from where it stopped).
-    fn set_planner(&self, planner: &PlannerState) -> Result<(), StoreError>;
-
-    /// Every rerun, oldest first.
-    fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError>;
-    /// Atomically write a new rerun with all its buckets. Callers sync before dispatching.
-    fn create_rerun(&self, rerun: &RerunRecord, buckets: &[RerunBucket]) -> Result<(), StoreError>;
-    /// A rerun's buckets without a commit record, in bucket order.
-    fn rerun_open_buckets(&self, rerun: u32) -> Result<Vec<RerunOffset>, StoreError>;
-    /// A rerun bucket's IDs, in input order, with their current records.
-    fn rerun_bucket_items(
-        &self,
-        offset: &RerunOffset,
-    ) -> Result<Vec<(String, ItemRecord)>, StoreError>;
-    /// Write commit records of rerun buckets, and move the counts of the job buckets their
-    /// IDs belong to, atomically. Callers make the results durable first.
-    fn commit_rerun(&self, rerun: u32, commits: &[CommitRecord]) -> Result<(), StoreError>;
-    /// Where a rerun stands.
-    fn rerun_stats(&self, rerun: u32) -> Result<RerunStats, StoreError>;
-}
-
-/// Which commit log a run writes to: the job's, or a rerun's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Log {
-    Job,
-    Rerun(u32),
 }
 
 /// Errors while walking the results for an export.

@@ -284,7 +284,10 @@ impl ResultsLog {
         &self,
         records: impl IntoIterator<Item = (u64, &'a str, &'a [u8])>,
     ) -> Result<(), LogError> {
-        let mut appender = self.appender.lock().expect("never poisoned");
+        let mut appender = self
+            .appender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Appender { len, buf } = &mut *appender;
         buf.clear();
         let mut placed = Vec::new();
@@ -313,7 +316,10 @@ impl ResultsLog {
         }
         // Positions are published under the appender's lock, so they reach `pending` in log
         // order and the latest one wins.
-        let mut pending = self.pending.lock().expect("never poisoned");
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (row, at) in placed {
             pending
                 .entry(row)
@@ -334,7 +340,12 @@ impl ResultsLog {
 
     /// Where the current record of `row` starts, if it has one.
     fn position(&self, row: u64) -> Result<Option<u64>, LogError> {
-        if let Some(p) = self.pending.lock().expect("never poisoned").get(&row) {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&row)
+        {
             return Ok(Some(p.latest));
         }
         let mut bytes = [0u8; 8];
@@ -382,7 +393,7 @@ impl ResultsLog {
             let pending = self
                 .pending
                 .lock()
-                .expect("never poisoned")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .get(row)
                 .map(|p| p.latest);
             let at = pending.or_else(|| {
@@ -444,8 +455,15 @@ impl ResultsLog {
     /// keeps for the next open. Moves [`Durable::covers`] at most every [`COVER_EVERY`], or
     /// now if `force` (a store being closed: the next open then replays nothing).
     pub fn sync(&self, force: bool) -> Result<Durable, LogError> {
-        let mut synced = self.synced.lock().expect("never poisoned");
-        let len = self.appender.lock().expect("never poisoned").len;
+        let mut synced = self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let len = self
+            .appender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len;
         if len > synced.log {
             self.log.sync_data().map_err(self.io(&self.log_path))?;
             synced.log = len;
@@ -455,7 +473,7 @@ impl ResultsLog {
         let mut ready: Vec<(u64, u64)> = self
             .pending
             .lock()
-            .expect("never poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .filter(|(_, p)| p.latest < len)
             .map(|(row, p)| (*row, p.latest))
@@ -482,7 +500,10 @@ impl ResultsLog {
             write(run_start, &run)?;
         }
         let oldest_left = {
-            let mut pending = self.pending.lock().expect("never poisoned");
+            let mut pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             for (row, at) in &ready {
                 if pending.get(row).is_some_and(|p| p.latest == *at) {
                     pending.remove(row);
@@ -513,7 +534,11 @@ impl ResultsLog {
         &self,
         f: &mut dyn FnMut(u64, Entry) -> Result<(), LogError>,
     ) -> Result<(), LogError> {
-        let len = self.appender.lock().expect("never poisoned").len;
+        let len = self
+            .appender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len;
         let mut at = 0;
         while at < len {
             let entry = self.read_entry(at)?;
@@ -526,7 +551,10 @@ impl ResultsLog {
 
     /// The log's length.
     pub fn len(&self) -> u64 {
-        self.appender.lock().expect("never poisoned").len
+        self.appender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len
     }
 
     pub fn is_empty(&self) -> bool {
@@ -535,14 +563,23 @@ impl ResultsLog {
 
     /// Empty both files (an upgrade that starts over).
     pub fn clear(&self) -> Result<(), LogError> {
-        let mut appender = self.appender.lock().expect("never poisoned");
-        let mut synced = self.synced.lock().expect("never poisoned");
+        let mut appender = self
+            .appender
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut synced = self
+            .synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.log.set_len(0).map_err(self.io(&self.log_path))?;
         self.positions
             .set_len(0)
             .map_err(self.io(&self.positions_path))?;
         appender.len = 0;
-        self.pending.lock().expect("never poisoned").clear();
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         *synced = Synced {
             log: 0,
             durable: Durable::default(),

@@ -1,0 +1,159 @@
+//! The state directory as a directory: its marker file (format, version and the checkpoint of
+//! what was durable, checked at open), its advisory lock, and atomic file replacement.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+pub const MARKER: &str = "highwater.json";
+
+pub(super) const MARKER_FORMAT: &str = "highwater-state";
+
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct Marker {
+    pub(super) format: String,
+    pub(super) version: u32,
+    /// What was durable in the database when the marker was last written: on open, the
+    /// database must still hold it, or it lost data (truncated, emptied, replaced files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) checkpoint: Option<Checkpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Checkpoint {
+    pub(super) job_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) last_planned_bucket: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) last_committed_bucket: Option<u64>,
+    pub(super) at_ms: u64,
+}
+
+/// How often the marker's checkpoint is rewritten during a run.
+pub(super) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub(super) struct MarkerState {
+    pub(super) written: Option<Checkpoint>,
+    pub(super) at: std::time::Instant,
+}
+
+/// Take the directory's advisory lock, or say who holds it.
+pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join("lock");
+    let io = |source| StoreError::at(path.display(), StoreError::Io(source));
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            return Err(StoreError::at(
+                dir.display(),
+                StoreError::Busy {
+                    pid: text.trim().parse().ok(),
+                },
+            ));
+        }
+        return Err(io(err));
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    Ok(file)
+}
+
+/// Write `bytes` to `path` through a temp file and a rename, synced.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+pub(super) fn format_ms(ms: u64) -> String {
+    httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
+impl SledStore {
+    /// Record in the marker what is durable now (after a flush), at most every
+    /// [`CHECKPOINT_EVERY`] unless `force`.
+    pub(super) fn write_checkpoint(
+        &self,
+        planned: u64,
+        committed: u64,
+        force: bool,
+    ) -> Result<(), StoreError> {
+        let mut state = self
+            .marker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(job) = self.read_job()? else {
+            return Ok(());
+        };
+        let last = state.written.as_ref();
+        let checkpoint = Checkpoint {
+            job_id: job.id,
+            last_planned_bucket: planned
+                .checked_sub(1)
+                .max(last.and_then(|c| c.last_planned_bucket)),
+            last_committed_bucket: committed
+                .checked_sub(1)
+                .max(last.and_then(|c| c.last_committed_bucket)),
+            at_ms: crate::job::now_ms(),
+        };
+        let changed = state
+            .written
+            .as_ref()
+            .map(|c| (&c.job_id, c.last_planned_bucket, c.last_committed_bucket))
+            != Some((
+                &checkpoint.job_id,
+                checkpoint.last_planned_bucket,
+                checkpoint.last_committed_bucket,
+            ));
+        if !changed || (!force && state.at.elapsed() < CHECKPOINT_EVERY) {
+            return Ok(());
+        }
+        let marker = Marker {
+            format: MARKER_FORMAT.into(),
+            version: FORMAT_VERSION,
+            checkpoint: Some(checkpoint.clone()),
+        };
+        write_atomically(
+            &self.path.join(MARKER),
+            &serde_json::to_vec(&marker).expect("marker serializes"),
+        )
+        .map_err(|source| {
+            StoreError::at(self.path.join(MARKER).display(), StoreError::Io(source))
+        })?;
+        state.written = Some(checkpoint);
+        state.at = std::time::Instant::now();
+        Ok(())
+    }
+
+    /// Flush, then checkpoint what the flush made durable.
+    pub(super) fn flush_and_checkpoint(&self, force: bool) -> Result<(), StoreError> {
+        let planned = self.written.planned.load(Ordering::Acquire);
+        let committed = self.written.committed.load(Ordering::Acquire);
+        let t = self.t()?;
+        self.sync_side_files(&t, planned, force)?;
+        t.db.flush().map_err(|e| self.err(e))?;
+        self.write_checkpoint(planned, committed, force)
+    }
+}

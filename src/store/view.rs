@@ -1,0 +1,388 @@
+//! What a job's records say, the same over every backend: statistics, the open buckets, the
+//! export's walk (with its completeness check), failure listings, and what a rerun's commit
+//! moves in the job's counts.
+//!
+//! Written once over the [`Store`] primitives ([`JobView`], implemented for every store), so
+//! a backend implements none of it. Walks read the logs a page of buckets at a time
+//! ([`PAGE`]): memory stays flat however many buckets a job has.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use super::{
+    class_name, BucketState, Commit, CommitRecord, ExportError, ItemRecord, ItemStatus, Lease,
+    Leases, Log, OffsetRecord, PlannerState, RerunOffset, RerunStats, Store, StoreError,
+    StoreStats,
+};
+
+/// Buckets read per call of [`Store::buckets`] in a walk.
+pub const PAGE: usize = 4096;
+
+/// A callback a walk calls for each record it yields.
+pub type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>;
+
+/// Derived reads and writes of a job, for every [`Store`].
+pub trait JobView: Store {
+    /// Figures for `status` and the run summary: counts from the commit records of
+    /// committed buckets, from the items of the others.
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send {
+        async move {
+            let planner = self.planner().await?;
+            let mut s = StoreStats {
+                input_exhausted: planner.exhausted,
+                rows_read: planner.cursor.row,
+                input_bytes_read: planner.cursor.byte,
+                ..StoreStats::default()
+            };
+            let mut from = 0;
+            loop {
+                let page = self.buckets(from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                for b in page {
+                    s.buckets_planned += 1;
+                    s.ids_planned += b.offset.items;
+                    s.duplicates += b.offset.duplicates;
+                    s.bad_lines += b.offset.bad_lines;
+                    match b.commit {
+                        Some(c) => {
+                            s.buckets_committed += 1;
+                            s.ok += c.ok;
+                            s.failed += c.failed;
+                        }
+                        None => {
+                            s.buckets_in_flight += 1;
+                            for (_, r) in self.bucket_items(&b.offset).await? {
+                                match r.status {
+                                    ItemStatus::Ok => s.ok += 1,
+                                    ItemStatus::Failed => s.failed += 1,
+                                    ItemStatus::Pending => {}
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            s.pending = s.ids_planned.saturating_sub(s.ok + s.failed);
+            Ok(s)
+        }
+    }
+
+    /// Buckets with an offset record but no commit record, in bucket order.
+    fn open_buckets(&self) -> impl Future<Output = Result<Vec<OffsetRecord>, StoreError>> + Send {
+        async move {
+            let mut open = Vec::new();
+            let mut from = 0;
+            loop {
+                let page = self.buckets(from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                open.extend(
+                    page.into_iter()
+                        .filter(|b| b.commit.is_none())
+                        .map(|b| b.offset),
+                );
+            }
+            Ok(open)
+        }
+    }
+
+    /// One bucket of the job's log, if it was planned.
+    fn bucket(
+        &self,
+        bucket: u64,
+    ) -> impl Future<Output = Result<Option<BucketState>, StoreError>> + Send {
+        async move {
+            let found = self.buckets(bucket, 1).await?.into_iter().next();
+            Ok(found.filter(|b| b.offset.bucket == bucket))
+        }
+    }
+
+    /// A planned bucket's offset record.
+    fn offset(
+        &self,
+        bucket: u64,
+    ) -> impl Future<Output = Result<Option<OffsetRecord>, StoreError>> + Send {
+        async move { Ok(self.bucket(bucket).await?.map(|b| b.offset)) }
+    }
+
+    /// A bucket's commit record.
+    fn commit_record(
+        &self,
+        bucket: u64,
+    ) -> impl Future<Output = Result<Option<CommitRecord>, StoreError>> + Send {
+        async move { Ok(self.bucket(bucket).await?.and_then(|b| b.commit)) }
+    }
+
+    /// Commit records of buckets committed with failures, in bucket order.
+    fn failed_buckets(&self) -> impl Future<Output = Result<Vec<CommitRecord>, StoreError>> + Send {
+        async move {
+            let mut out = Vec::new();
+            let mut from = 0;
+            loop {
+                let page = self.buckets(from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                out.extend(
+                    page.into_iter()
+                        .filter_map(|b| b.commit)
+                        .filter(|c| c.failed > 0),
+                );
+            }
+            Ok(out)
+        }
+    }
+
+    /// Every final record in input order. A committed bucket's results are all final, as
+    /// its record counts them: one missing now was lost, and the walk refuses to leave it
+    /// out silently.
+    fn for_each_final(&self, f: Visit<'_>) -> impl Future<Output = Result<(), ExportError>> {
+        async move {
+            let mut from = 0;
+            loop {
+                let page = self.buckets(from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                for b in page {
+                    let records = self.bucket_items(&b.offset).await?;
+                    if let Some(c) = &b.commit {
+                        let finals = records.iter().filter(|(_, r)| r.is_final()).count() as u64;
+                        if finals != c.ok + c.failed {
+                            return Err(StoreError::corrupt(format!(
+                                "bucket {} is committed with {} results, but {finals} are found \
+                                 (the results files were damaged)",
+                                b.offset.bucket,
+                                c.ok + c.failed
+                            ))
+                            .into());
+                        }
+                    }
+                    for (id, record) in records {
+                        if record.is_final() {
+                            f(&id, &record)?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Every failed record (of `bucket` only, if given) in input order. Buckets committed
+    /// without failures are not read.
+    fn for_each_failure(
+        &self,
+        bucket: Option<u64>,
+        f: Visit<'_>,
+    ) -> impl Future<Output = Result<(), ExportError>> {
+        async move {
+            let (mut from, limit) = match bucket {
+                Some(b) => (b, 1),
+                None => (0, PAGE),
+            };
+            loop {
+                let page = self.buckets(from, limit).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                for b in page {
+                    if bucket.is_some_and(|only| only != b.offset.bucket) {
+                        return Ok(());
+                    }
+                    if b.commit.as_ref().is_some_and(|c| c.failed == 0) {
+                        continue;
+                    }
+                    for (id, record) in self.bucket_items(&b.offset).await? {
+                        if record.status == ItemStatus::Failed {
+                            f(&id, &record)?;
+                        }
+                    }
+                }
+                if bucket.is_some() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Move the planner (the input grew: planning goes on from where it stopped).
+    fn set_planner(
+        &self,
+        planner: &PlannerState,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.plan(&[], planner)
+    }
+
+    /// A rerun's buckets without a commit record, in bucket order.
+    fn rerun_open_buckets(
+        &self,
+        rerun: u32,
+    ) -> impl Future<Output = Result<Vec<RerunOffset>, StoreError>> + Send {
+        async move {
+            let mut open = Vec::new();
+            let mut from = 0;
+            loop {
+                let page = self.rerun_buckets(rerun, from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                open.extend(
+                    page.into_iter()
+                        .filter(|b| b.commit.is_none())
+                        .map(|b| b.offset),
+                );
+            }
+            Ok(open)
+        }
+    }
+
+    /// Where a rerun stands.
+    fn rerun_stats(
+        &self,
+        rerun: u32,
+    ) -> impl Future<Output = Result<RerunStats, StoreError>> + Send {
+        async move {
+            let mut s = RerunStats {
+                number: rerun,
+                ..RerunStats::default()
+            };
+            let Some(record) = self.reruns().await?.into_iter().find(|r| r.number == rerun) else {
+                return Ok(s);
+            };
+            s.buckets = record.buckets;
+            s.ids = record.ids;
+            let mut from = 0;
+            loop {
+                let page = self.rerun_buckets(rerun, from, PAGE).await?;
+                let Some(last) = page.last() else { break };
+                from = last.offset.bucket + 1;
+                for b in page {
+                    match b.commit {
+                        Some(c) => {
+                            s.buckets_committed += 1;
+                            s.ok += c.ok;
+                            s.failed += c.failed;
+                        }
+                        None => {
+                            for (_, r) in self.rerun_bucket_items(&b.offset).await? {
+                                if r.rerun == Some(rerun) {
+                                    match r.status {
+                                        ItemStatus::Ok => s.ok += 1,
+                                        ItemStatus::Failed => s.failed += 1,
+                                        ItemStatus::Pending => {}
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            s.pending = s.ids.saturating_sub(s.ok + s.failed);
+            Ok(s)
+        }
+    }
+
+    /// What committing `commits` (rerun buckets of `rerun`) writes: the commit records of
+    /// the rerun buckets not committed yet (a repeat moves nothing), and the job buckets'
+    /// commit records with their counts moved: per job bucket, the statuses of the rerun
+    /// bucket's IDs now against before the rerun.
+    fn rerun_moves(
+        &self,
+        rerun: u32,
+        commits: &[CommitRecord],
+    ) -> impl Future<Output = Result<(Vec<CommitRecord>, Vec<CommitRecord>), StoreError>> + Send
+    {
+        async move {
+            #[derive(Default)]
+            struct Moved {
+                ok: i64,
+                failed: i64,
+                classes: BTreeMap<String, i64>,
+            }
+            let mut moved: BTreeMap<u64, Moved> = BTreeMap::new();
+            let mut fresh = Vec::new();
+            for c in commits {
+                let found = self
+                    .rerun_buckets(rerun, c.bucket, 1)
+                    .await?
+                    .into_iter()
+                    .next();
+                let Some(b) = found.filter(|b| b.offset.bucket == c.bucket) else {
+                    return Err(StoreError::corrupt(format!(
+                        "rerun {rerun} commits bucket {} it never planned",
+                        c.bucket
+                    )));
+                };
+                if b.commit.is_some() {
+                    continue; // already committed: its move is already applied
+                }
+                for share in &b.offset.before {
+                    let m = moved.entry(share.bucket).or_default();
+                    m.ok -= share.ok as i64;
+                    m.failed -= share.failed as i64;
+                    for (class, n) in &share.failed_by_class {
+                        *m.classes.entry(class.clone()).or_default() -= *n as i64;
+                    }
+                }
+                for (_, record) in self.rerun_bucket_items(&b.offset).await? {
+                    let m = moved.entry(record.bucket).or_default();
+                    match record.status {
+                        ItemStatus::Ok => m.ok += 1,
+                        ItemStatus::Failed => {
+                            m.failed += 1;
+                            *m.classes.entry(class_name(&record)).or_default() += 1;
+                        }
+                        ItemStatus::Pending => {}
+                    }
+                }
+                fresh.push(c.clone());
+            }
+            let mut job = Vec::new();
+            for (bucket, m) in moved {
+                if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
+                    continue;
+                }
+                let Some(mut c) = self.commit_record(bucket).await? else {
+                    continue;
+                };
+                c.ok = (c.ok as i64 + m.ok).max(0) as u64;
+                c.failed = (c.failed as i64 + m.failed).max(0) as u64;
+                for (class, n) in m.classes {
+                    let count = c.failed_by_class.entry(class.clone()).or_default();
+                    *count = (*count as i64 + n).max(0) as u64;
+                    if *count == 0 {
+                        c.failed_by_class.remove(&class);
+                    }
+                }
+                job.push(c);
+            }
+            Ok((fresh, job))
+        }
+    }
+}
+
+impl<S: Store> JobView for S {}
+
+/// Write commit records of `log` under `lease`: a job's as they are, a rerun's with the
+/// counts they move in the job's commit log. Callers made the buckets' results durable.
+pub async fn commit<S: Store + Leases>(
+    store: &S,
+    lease: &Lease,
+    log: Log,
+    commits: &[CommitRecord],
+) -> Result<(), StoreError> {
+    match log {
+        Log::Job => store.commit(lease, Commit::Job(commits)).await,
+        Log::Rerun(rerun) => {
+            let (buckets, moved) = store.rerun_moves(rerun, commits).await?;
+            if buckets.is_empty() {
+                return Ok(());
+            }
+            let commit = Commit::Rerun {
+                rerun,
+                buckets: &buckets,
+                moved: &moved,
+            };
+            store.commit(lease, commit).await
+        }
+    }
+}
