@@ -171,13 +171,14 @@ pub enum FailuresFormat {
 }
 
 /// The error classes an item can fail with, as `--class` names them.
-pub const ERROR_CLASSES: [&str; 6] = [
+pub const ERROR_CLASSES: [&str; 7] = [
     "http",
     "timeout",
     "connect",
     "connection",
     "body",
     "request",
+    "invalid",
 ];
 
 /// Which failures to list.

@@ -5,6 +5,7 @@
 
 mod harness;
 
+mod answers;
 mod bad_input;
 mod crash;
 mod durability;
