@@ -324,6 +324,10 @@ struct ExportArgs {
     /// Only the records with this status.
     #[arg(long, value_enum)]
     status: Option<StatusArg>,
+    /// With --format parquet: the top-level fields of object results become typed columns
+    /// in place of body.
+    #[arg(long)]
+    flatten: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -1177,6 +1181,15 @@ fn render_status(
 }
 
 fn export(args: ExportArgs) -> Result<u8> {
+    let parquet = args.format == ExportFormat::Parquet;
+    if args.flatten && !parquet {
+        say!("error: --flatten goes with --format parquet");
+        return Ok(exit::USAGE);
+    }
+    if parquet && args.output.is_none() {
+        say!("error: --format parquet needs --output FILE (Parquet is not written to standard output)");
+        return Ok(exit::USAGE);
+    }
     let (store, _) = open_existing(&args.state)?;
     let only = args.status.map(|s| match s {
         StatusArg::Ok => ItemStatus::Ok,
@@ -1184,8 +1197,12 @@ fn export(args: ExportArgs) -> Result<u8> {
     });
     match &args.output {
         Some(path) => {
-            let n = sink::export_to_file(&store, args.format, only, path)
-                .with_context(|| format!("exporting to {}", path.display()))?;
+            let n = if parquet {
+                crate::parquet_export::export_to_file(&store, only, args.flatten, path)
+            } else {
+                sink::export_to_file(&store, args.format, only, path)
+            }
+            .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {

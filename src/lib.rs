@@ -8,7 +8,7 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt, whose 2xx answer
 //! [`answer`] checks; [`retry`]
-//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports; [`cli`] is the command line;
+//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 
 pub mod answer;
@@ -22,6 +22,7 @@ pub mod job;
 pub mod live;
 pub mod metrics;
 pub mod monitor;
+pub mod parquet_export;
 pub mod plan;
 pub mod progress;
 pub mod rerun;

@@ -23,13 +23,13 @@ use highwater::demo::api::ApiConfig;
 /// - `trunc-N`: a JSON document cut short
 /// - `pending-N`: `{"status": "pending"}` on the first two calls, then as `ok-N`
 /// - `str-N`: `{"a": "text"}` (indexing `.a.b` errors)
-struct AnswerApi {
-    url: String,
+pub struct AnswerApi {
+    pub url: String,
     calls: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl AnswerApi {
-    fn start(h: &Harness) -> AnswerApi {
+    pub fn start(h: &Harness) -> AnswerApi {
         let calls: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
         let listener = h
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -73,7 +73,7 @@ impl AnswerApi {
     }
 }
 
-fn number(id: &str) -> u64 {
+pub fn number(id: &str) -> u64 {
     id.rsplit('-').next().unwrap().parse().unwrap()
 }
 

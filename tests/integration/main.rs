@@ -10,6 +10,7 @@ mod bad_input;
 mod crash;
 mod durability;
 mod jobs;
+mod parquet;
 mod progress;
 mod reruns;
 mod throttle;
