@@ -213,10 +213,38 @@ struct RunArgs {
     /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
-    /// Accept a changed --url, --method or --body for an existing job (recorded in the
-    /// job's spec history, shown by `status`).
+    /// Accept a changed --url, --method, --body or answer check (--expect, --fail-if,
+    /// --retry-if, --extract, --keep-body) for an existing job (recorded in the job's spec
+    /// history, shown by `status`).
     #[arg(long)]
     allow_spec_change: bool,
+    /// What a 2xx answer must be: json (else a retryable failure of class body), or any
+    /// [default: any].
+    #[arg(long, value_enum, value_name = "KIND")]
+    expect: Option<ExpectArg>,
+    /// jq condition over the answer ($status, $headers bound): true fails the ID for good,
+    /// class invalid. E.g. '.error != null'. '' removes it.
+    #[arg(long, value_name = "EXPR")]
+    fail_if: Option<String>,
+    /// jq condition over the answer: true retries the attempt with backoff (counted against
+    /// --max-attempts and --max-retry-time), class invalid. E.g. '.status == "pending"'.
+    #[arg(long, value_name = "EXPR")]
+    retry_if: Option<String>,
+    /// jq program whose one output is stored as the result instead of the whole body.
+    /// E.g. '{name: .data.name, score: .data.score}'. '' removes it.
+    #[arg(long, value_name = "EXPR")]
+    extract: Option<String>,
+    /// With --extract: keep the raw body too (stored as {"extract": ..., "raw": ...}).
+    #[arg(long)]
+    keep_body: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ExpectArg {
+    /// The body must be one JSON document.
+    Json,
+    /// Any body (not JSON is stored as a JSON string).
+    Any,
 }
 
 #[derive(Debug, Args)]
@@ -247,7 +275,8 @@ struct FailuresArgs {
     /// Only the failures of this bucket.
     #[arg(long, value_name = "N")]
     bucket: Option<u64>,
-    /// Only failures of this error class: http, timeout, connect, connection, body, request.
+    /// Only failures of this error class: http, timeout, connect, connection, body, request,
+    /// invalid.
     #[arg(long, value_name = "CLASS")]
     class: Option<String>,
 }
@@ -295,6 +324,10 @@ struct ExportArgs {
     /// Only the records with this status.
     #[arg(long, value_enum)]
     status: Option<StatusArg>,
+    /// With --format parquet: the top-level fields of object results become typed columns
+    /// in place of body.
+    #[arg(long)]
+    flatten: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -490,6 +523,13 @@ impl RunArgs {
                 max_interval: self.retry_max,
                 max_elapsed: self.max_retry_time,
             },
+            answer: crate::job::AnswerRequest {
+                expect_json: self.expect.map(|e| e == ExpectArg::Json),
+                fail_if: self.fail_if.clone(),
+                retry_if: self.retry_if.clone(),
+                extract: self.extract.clone(),
+                keep_body: self.keep_body.then_some(true),
+            },
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })
@@ -591,7 +631,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             exit::OK
         });
     }
-    let handler = Handler::new(&spec.request)?;
+    let handler = job_handler(&spec)?;
     let resume = format!("highwater run --state {}", shell_path(&args.state));
     run_job(
         Arc::new(store),
@@ -605,8 +645,14 @@ async fn run(args: RunArgs) -> Result<u8> {
     .await
 }
 
+/// The handler of a job: its request and its answer checks.
+fn job_handler(spec: &JobSpec) -> Result<Handler> {
+    let answer = crate::answer::Answer::compile(&spec.answer)?;
+    Ok(Handler::new(&spec.request)?.with_answer(answer))
+}
+
 /// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
-/// malformed --url, --header or --body included; 1 for a variable missing from the
+/// malformed --url, --header or --body or answer check included; 1 for a variable missing from the
 /// environment or a client that cannot be built; anything else is the command's error.
 /// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
 /// connections open is a usage error (exit 2), said before anything is created.
@@ -624,7 +670,9 @@ fn refused(e: crate::job::JobError) -> Result<u8> {
     use crate::handler::HandlerError;
     use crate::job::JobError;
     let code = match &e {
-        JobError::Usage(_) | JobError::Request(HandlerError::Invalid { .. }) => exit::USAGE,
+        JobError::Usage(_)
+        | JobError::Request(HandlerError::Invalid { .. })
+        | JobError::Answer(_) => exit::USAGE,
         JobError::Request(_) => exit::ERROR,
         _ => return Err(e.into()),
     };
@@ -802,7 +850,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         Err(e) => return refused(e),
     };
     // A missing ${VAR} is refused before the rerun is written.
-    let handler = Handler::new(&spec.request)?;
+    let handler = job_handler(&spec)?;
     let rerun = match crate::rerun::start(&store, &spec, chosen).await {
         Ok(Prepared::Ready { rerun, resumed }) => {
             say!(
@@ -1153,6 +1201,15 @@ fn render_status(
 }
 
 async fn export(args: ExportArgs) -> Result<u8> {
+    let parquet = args.format == ExportFormat::Parquet;
+    if args.flatten && !parquet {
+        say!("error: --flatten goes with --format parquet");
+        return Ok(exit::USAGE);
+    }
+    if parquet && args.output.is_none() {
+        say!("error: --format parquet needs --output FILE (Parquet is not written to standard output)");
+        return Ok(exit::USAGE);
+    }
     let (store, _) = open_existing(&args.state).await?;
     let only = args.status.map(|s| match s {
         StatusArg::Ok => ItemStatus::Ok,
@@ -1160,9 +1217,12 @@ async fn export(args: ExportArgs) -> Result<u8> {
     });
     match &args.output {
         Some(path) => {
-            let n = sink::export_to_file(&store, args.format, only, path)
-                .await
-                .with_context(|| format!("exporting to {}", path.display()))?;
+            let n = if parquet {
+                crate::parquet_export::export_to_file(&store, only, args.flatten, path).await
+            } else {
+                sink::export_to_file(&store, args.format, only, path).await
+            }
+            .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {

@@ -814,6 +814,8 @@ fn observe(result: &Result<Success, AttemptError>) -> Observed {
             (ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Connection, _) => {
                 Observed::Down
             }
+            // An answer its checks refused is still an answer: no pushback, no outage.
+            (ErrorClass::Invalid, _) => Observed::Answered,
             _ => Observed::Answered,
         },
     }

@@ -3,8 +3,9 @@
 //! Owns the templates (`{id}` placed and encoded for where it stands, `${VAR}` expanded from
 //! the environment once, when the handler is built), the one shared reqwest client (rustls,
 //! keep-alive pool, explicit timeouts), and the reading of an answer into a
-//! [`Success`](crate::retry::Success) or an [`AttemptError`]. Whether to try again is not
-//! decided here but in [`crate::retry`].
+//! [`Success`](crate::retry::Success) or an [`AttemptError`]: the HTTP status first, then,
+//! for a 2xx answer, the job's answer checks ([`crate::answer`]). Whether to try again is
+//! not decided here but in [`crate::retry`].
 //!
 //! Secrets: expanded values live only inside [`Handler`]; its `Debug` output and every error
 //! message it makes leave them out (reqwest errors are stripped of their URL).
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::Method;
-use serde_json::value::RawValue;
 
+use crate::answer::Answer;
 use crate::job::RequestSpec;
 use crate::retry::{parse_retry_after, AttemptError, ErrorClass, Success};
 
@@ -198,6 +199,8 @@ pub fn expand_env(
 pub struct Handler {
     client: reqwest::Client,
     request: Compiled,
+    /// The job's checks of a 2xx answer and what of it is kept.
+    answer: Answer,
 }
 
 impl fmt::Debug for Handler {
@@ -230,7 +233,18 @@ impl Handler {
             .user_agent(concat!("highwater/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| HandlerError::Client(e.to_string()))?;
-        Ok(Handler { client, request })
+        Ok(Handler {
+            client,
+            request,
+            answer: Answer::default(),
+        })
+    }
+
+    /// Judge every 2xx answer with `answer` (the job's answer checks) before it counts as
+    /// a success.
+    pub fn with_answer(mut self, answer: Answer) -> Handler {
+        self.answer = answer;
+        self
     }
 
     /// One attempt for `id`.
@@ -244,6 +258,7 @@ impl Handler {
                     "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
                 ),
                 retry_after: None,
+                verdict: None,
             });
         }
         let started = Instant::now();
@@ -252,6 +267,7 @@ impl Handler {
             http_status: None,
             message: format!("the ID makes an invalid URL ({e})"),
             retry_after: None,
+            verdict: None,
         })?;
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
@@ -260,6 +276,7 @@ impl Handler {
                 http_status: None,
                 message: format!("the ID makes an invalid value for header {name}"),
                 retry_after: None,
+                verdict: None,
             })?;
             request = request.header(name.clone(), value);
         }
@@ -284,6 +301,7 @@ impl Handler {
                     http_status: Some(status.as_u16()),
                     message: format!("answer body is larger than {MAX_BODY_BYTES} bytes"),
                     retry_after: None,
+                    verdict: None,
                 });
             }
             bytes.extend_from_slice(&chunk);
@@ -301,11 +319,18 @@ impl Handler {
                     format!("HTTP {status}: {snippet}")
                 },
                 retry_after,
+                verdict: None,
             });
         }
+        let headers = response.headers();
+        let body = self.answer.judge(
+            status.as_u16(),
+            || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+            bytes,
+        )?;
         Ok(Success {
             http_status: status.as_u16(),
-            body: body_as_json(bytes),
+            body,
             latency: started.elapsed(),
         })
     }
@@ -462,24 +487,6 @@ pub fn check_templates(spec: &RequestSpec) -> Result<(), HandlerError> {
     Compiled::new(spec, &|_| Some("x".into())).map(|_| ())
 }
 
-/// The answer body as one-line JSON: itself when it is JSON, otherwise a JSON string of it.
-pub fn body_as_json(bytes: Vec<u8>) -> Box<RawValue> {
-    let text = match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    };
-    let trimmed = text.trim();
-    if let Ok(value) = serde_json::from_str::<&RawValue>(trimmed) {
-        if !trimmed.contains(['\n', '\r']) {
-            return value.to_owned();
-        }
-        if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(trimmed) {
-            return serde_json::value::to_raw_value(&parsed).expect("a Value always serializes");
-        }
-    }
-    serde_json::value::to_raw_value(&text).expect("a string always serializes")
-}
-
 fn transport_error(e: reqwest::Error) -> AttemptError {
     let class = if e.is_timeout() {
         ErrorClass::Timeout
@@ -497,6 +504,7 @@ fn transport_error(e: reqwest::Error) -> AttemptError {
         http_status: None,
         message: error_chain(&e.without_url()),
         retry_after: None,
+        verdict: None,
     }
 }
 
@@ -652,18 +660,6 @@ mod tests {
         s.headers = vec!["Authorization: Bearer ${TOKEN}".into()];
         let h = Handler::with_env(&s, &env).unwrap();
         assert!(!format!("{h:?}").contains("s3cret"));
-    }
-
-    #[test]
-    fn bodies_become_one_line_json() {
-        assert_eq!(body_as_json(b"{\"a\": 1}".to_vec()).get(), "{\"a\": 1}");
-        assert_eq!(
-            body_as_json(b"{\n  \"a\": 1\n}\n".to_vec()).get(),
-            "{\"a\":1}"
-        );
-        assert_eq!(body_as_json(b"plain text".to_vec()).get(), "\"plain text\"");
-        assert_eq!(body_as_json(b"\xff".to_vec()).get(), "\"\u{fffd}\"");
-        assert_eq!(body_as_json(Vec::new()).get(), "\"\"");
     }
 
     #[tokio::test]

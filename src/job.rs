@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::answer::{AnswerError, AnswerSpec};
 use crate::input::{Fingerprint, InputSpec};
 use crate::store::{JobView, Store, StoreError, StoredJob};
 
@@ -78,6 +79,9 @@ pub struct JobSpec {
     /// Rows per bucket.
     pub bucket_size: u64,
     pub request: RequestSpec,
+    /// What is checked of each 2xx answer and kept of it (none in specs stored before).
+    #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
+    pub answer: AnswerSpec,
     pub retry: RetryPolicy,
     /// Unix time (ms) of creation.
     pub created_at_ms: u64,
@@ -142,6 +146,7 @@ impl JobSpec {
     pub fn meaning_changes(&self, other: &JobSpec) -> Vec<String> {
         let mut out = self.fixed_changes(other);
         out.extend(self.request_changes(other));
+        out.extend(self.answer.changes(&other.answer));
         out
     }
 
@@ -306,7 +311,7 @@ mod millis {
 pub enum JobError {
     #[error("{0}")]
     Usage(String),
-    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --method and --body may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
+    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --method, --body and the answer checks (--expect, --fail-if, --retry-if, --extract, --keep-body) may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
     MeaningChanged(Vec<String>),
     #[error("input {path} has changed since the job was created: {what} (then {then}, now {now}); only appending rows is accepted; refusing to resume against it")]
     InputChanged {
@@ -319,6 +324,9 @@ pub enum JobError {
     EmptyInput(std::path::PathBuf),
     #[error(transparent)]
     Request(#[from] crate::handler::HandlerError),
+    /// A malformed answer check (a jq program that does not parse).
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
     #[error(transparent)]
     Input(#[from] crate::input::InputError),
     #[error(transparent)]
@@ -347,10 +355,42 @@ pub struct JobRequest {
     pub connect_timeout: Option<Duration>,
     pub timeout: Option<Duration>,
     pub retry: RetryOverrides,
-    /// Accept a changed URL, method or body (recorded in the spec history).
+    /// Answer checks asked for; unset fields keep the stored ones.
+    pub answer: AnswerRequest,
+    /// Accept a changed URL, method, body or answer check (recorded in the spec history).
     pub allow_spec_change: bool,
     /// The command asking ("run", "rerun"), for the spec history.
     pub command: String,
+}
+
+/// Answer checks asked for on the command line: `None` keeps the stored (or no) check, an
+/// empty program removes it.
+#[derive(Debug, Clone, Default)]
+pub struct AnswerRequest {
+    pub expect_json: Option<bool>,
+    pub fail_if: Option<String>,
+    pub retry_if: Option<String>,
+    pub extract: Option<String>,
+    pub keep_body: Option<bool>,
+}
+
+impl AnswerRequest {
+    fn apply(&self, spec: &mut AnswerSpec) {
+        let program = |asked: &Option<String>, stored: &mut Option<String>| {
+            if let Some(p) = asked {
+                *stored = Some(p.clone()).filter(|p| !p.trim().is_empty());
+            }
+        };
+        if let Some(json) = self.expect_json {
+            spec.expect_json = json;
+        }
+        program(&self.fail_if, &mut spec.fail_if);
+        program(&self.retry_if, &mut spec.retry_if);
+        program(&self.extract, &mut spec.extract);
+        if let Some(keep) = self.keep_body {
+            spec.keep_body = keep;
+        }
+    }
 }
 
 /// Default bucket size (rows per bucket).
@@ -396,10 +436,12 @@ impl JobRequest {
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 timeout: DEFAULT_TIMEOUT,
             },
+            answer: AnswerSpec::default(),
             retry: RetryPolicy::default(),
             created_at_ms: now_ms(),
             history: Vec::new(),
         };
+        self.answer.apply(&mut spec.answer);
         self.apply_operational(&mut spec);
         spec
     }
@@ -412,8 +454,9 @@ fn check_bucket_size(request: &JobRequest) -> Result<(), JobError> {
     Ok(())
 }
 
-/// What can be checked of a new job before its state directory exists: its request templates
-/// and bucket size, and that its input can be opened. [`open_job`] checks the same.
+/// What can be checked of a new job before its state directory exists: its request templates,
+/// answer checks and bucket size, and that its input can be opened. [`open_job`] checks the
+/// same.
 pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     check_bucket_size(request)?;
     let (Some(input), Some(url)) = (&request.input, &request.url) else {
@@ -421,6 +464,7 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
     crate::handler::check_templates(&probe.request)?;
+    crate::answer::Answer::compile(&probe.answer)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
         source,
@@ -484,6 +528,8 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             if request.body.is_some() {
                 asked.request.body = request.body.clone();
             }
+            request.answer.apply(&mut asked.answer);
+            crate::answer::Answer::compile(&asked.answer)?;
             let fixed = stored.fixed_changes(&asked);
             let changes = stored.meaning_changes(&asked);
             if !fixed.is_empty() || (!changes.is_empty() && !request.allow_spec_change) {
@@ -843,6 +889,75 @@ mod tests {
         assert!(err.contains("shorter"), "{err}");
         let err = check("a\nb\n", "a\nc\n").unwrap_err();
         assert!(err.contains("same length"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn answer_checks_are_part_of_the_meaning() {
+        let (_d, store, mut request) = setup();
+        request.answer.fail_if = Some(".error != null".into());
+        let created = open_job(&store, &request).await.unwrap();
+        assert_eq!(created.answer.fail_if.as_deref(), Some(".error != null"));
+        // Not given again: kept.
+        assert_eq!(open_job(&store, &JobRequest::default()).await.unwrap(), created);
+        let change = JobRequest {
+            answer: AnswerRequest {
+                fail_if: Some(".error".into()),
+                expect_json: Some(true),
+                ..AnswerRequest::default()
+            },
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &change).await.unwrap_err().to_string();
+        assert!(
+            err.contains("--fail-if") && err.contains("--expect"),
+            "{err}"
+        );
+        let spec = open_job(
+            &store,
+            &JobRequest {
+                allow_spec_change: true,
+                ..change
+            },
+        ).await.unwrap();
+        assert_eq!(spec.answer.fail_if.as_deref(), Some(".error"));
+        assert!(spec.answer.expect_json);
+        assert!(spec.history[0]
+            .changes
+            .iter()
+            .any(|c| c.contains("--fail-if")));
+        // An empty program removes the check; a malformed one is refused, nothing stored.
+        let bad = JobRequest {
+            answer: AnswerRequest {
+                extract: Some("{".into()),
+                ..AnswerRequest::default()
+            },
+            allow_spec_change: true,
+            ..JobRequest::default()
+        };
+        assert!(matches!(open_job(&store, &bad).await, Err(JobError::Answer(_))));
+        assert_eq!(stored_job(&store).await.unwrap().unwrap(), spec);
+        let removed = JobRequest {
+            answer: AnswerRequest {
+                fail_if: Some(String::new()),
+                ..AnswerRequest::default()
+            },
+            allow_spec_change: true,
+            ..JobRequest::default()
+        };
+        assert_eq!(open_job(&store, &removed).await.unwrap().answer.fail_if, None);
+    }
+
+    #[tokio::test]
+    async fn specs_stored_before_answer_checks_existed_still_load() {
+        let (_d, store, request) = setup();
+        let spec = open_job(&store, &request).await.unwrap();
+        let value = serde_json::to_value(&spec).unwrap();
+        assert!(
+            value.get("answer").is_none(),
+            "a plain spec is stored as before"
+        );
+        let old: JobSpec = serde_json::from_value(value).unwrap();
+        assert!(old.answer.is_plain());
     }
 
     #[tokio::test]

@@ -6,10 +6,12 @@
 //!
 //! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
-//! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt; [`retry`]
-//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports; [`cli`] is the command line;
+//! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt, whose 2xx answer
+//! [`answer`] checks; [`retry`]
+//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 
+pub mod answer;
 pub mod cli;
 pub mod console;
 pub mod demo;
@@ -21,6 +23,7 @@ pub mod live;
 pub mod metrics;
 pub mod monitor;
 pub mod os;
+pub mod parquet_export;
 pub mod plan;
 pub mod progress;
 pub mod rerun;

@@ -74,13 +74,14 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 ];
 
 /// Error classes in a fixed order, for counting without locks.
-pub const ERROR_CLASSES: [ErrorClass; 6] = [
+pub const ERROR_CLASSES: [ErrorClass; 7] = [
     ErrorClass::Http,
     ErrorClass::Timeout,
     ErrorClass::Connect,
     ErrorClass::Connection,
     ErrorClass::Body,
     ErrorClass::Request,
+    ErrorClass::Invalid,
 ];
 
 /// Attempts by outcome and their latencies, lock-free (one atomic per status code).
@@ -89,7 +90,7 @@ pub struct HttpStats {
     /// Answers by HTTP status, index = status - 100 (100..=599).
     by_status: Vec<AtomicU64>,
     /// Attempts without an answer, or with an unreadable one, by [`ERROR_CLASSES`] index.
-    by_class: [AtomicU64; 6],
+    by_class: [AtomicU64; 7],
     /// Attempts per latency bucket: one count per [`LATENCY_BUCKETS`] bound (each bucket
     /// on its own, not cumulative; [`HttpStats::latency`] sums them), then the overflow.
     latency: [AtomicU64; 13],

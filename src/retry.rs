@@ -7,7 +7,10 @@
 //!
 //! Rules: 408, 429 and 5xx answers, timeouts, refused or dropped connections are retried;
 //! any other answer outside 2xx is a permanent failure at once; a request that cannot even be
-//! built (an ID that makes an invalid header) is permanent too. A usable `Retry-After` (seconds
+//! built (an ID that makes an invalid header) is permanent too. A 2xx answer refused by the
+//! job's answer checks ([`crate::answer`]) carries its own verdict: `retry-if` retries,
+//! `fail-if` and a program's error do not; a body that is not JSON under `expect json` is of
+//! class `body`, retried like a broken read. A usable `Retry-After` (seconds
 //! or HTTP date, in the future) replaces the backoff interval for that wait; zero, negative or
 //! unparseable values fall back to backoff so a server can never make us spin.
 
@@ -40,6 +43,9 @@ pub enum ErrorClass {
     Body,
     /// The request could not be built from the ID (invalid header value and the like).
     Request,
+    /// A 2xx answer that the job's checks refuse (`fail-if`, `retry-if`, or a check that
+    /// failed on it): see [`crate::answer`].
+    Invalid,
 }
 
 impl fmt::Display for ErrorClass {
@@ -51,6 +57,7 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Connection => "connection",
             ErrorClass::Body => "body",
             ErrorClass::Request => "request",
+            ErrorClass::Invalid => "invalid",
         })
     }
 }
@@ -63,6 +70,10 @@ pub struct AttemptError {
     pub message: String,
     /// The server's `Retry-After`, when it gave a usable one.
     pub retry_after: Option<Duration>,
+    /// Set by a check that knows what its failure means (the answer checks of
+    /// [`crate::answer`]: `retry-if` retries, `fail-if` does not); `None`: [`classify`]
+    /// decides from the class and status.
+    pub verdict: Option<Verdict>,
 }
 
 /// A successful answer.
@@ -85,6 +96,9 @@ pub enum Verdict {
 
 /// The one place that decides whether a failure is worth another attempt.
 pub fn classify(error: &AttemptError) -> Verdict {
+    if let Some(verdict) = error.verdict {
+        return verdict;
+    }
     let retry = Verdict::Retry {
         after: error.retry_after,
     };
@@ -92,7 +106,8 @@ pub fn classify(error: &AttemptError) -> Verdict {
         ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Connection | ErrorClass::Body => {
             retry
         }
-        ErrorClass::Request => Verdict::Permanent,
+        // Without a verdict of its own, a refused answer is refused for good.
+        ErrorClass::Request | ErrorClass::Invalid => Verdict::Permanent,
         ErrorClass::Http => match error.http_status {
             Some(408) | Some(429) => retry,
             Some(s) if (500..600).contains(&s) => retry,
@@ -250,6 +265,7 @@ mod tests {
             http_status: Some(status),
             message: String::new(),
             retry_after: None,
+            verdict: None,
         }
     }
 
@@ -288,6 +304,7 @@ mod tests {
                 http_status: None,
                 message: String::new(),
                 retry_after: None,
+                verdict: None,
             };
             assert!(matches!(classify(&e), Verdict::Retry { .. }));
         }
@@ -296,6 +313,7 @@ mod tests {
             http_status: None,
             message: String::new(),
             retry_after: None,
+            verdict: None,
         };
         assert_eq!(classify(&e), Verdict::Permanent);
     }

@@ -1,6 +1,7 @@
 //! Sink: writing a job's results out, one record per unique ID, in input order.
 //!
-//! Owns the export formats (JSONL and CSV) and their fields, and writing them either to
+//! Owns the export formats (JSONL and CSV; Parquet in [`crate::parquet_export`]) and their
+//! fields, and writing them either to
 //! standard output or to a file replaced atomically (a temp file in the same directory,
 //! synced, then renamed), so a reader never sees half an export. Also owns the error table
 //! (`highwater failures`): every failed ID with its class, message, attempts and times, as a
@@ -19,6 +20,8 @@ use crate::store::{ExportError, ItemRecord, ItemStatus, JobView, Store};
 pub enum ExportFormat {
     Jsonl,
     Csv,
+    /// Written to a file only ([`crate::parquet_export`]).
+    Parquet,
 }
 
 #[derive(Serialize)]
@@ -43,7 +46,7 @@ struct ExportRow<'a> {
 
 /// Every final record, or only those with status `only` (failed ones are found without
 /// reading the buckets that have none).
-async fn for_each(
+pub(crate) async fn for_each(
     store: &impl Store,
     only: Option<ItemStatus>,
     f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
@@ -123,6 +126,12 @@ pub async fn export(
             .await?;
             w.flush()?;
         }
+        ExportFormat::Parquet => {
+            return Err(ExportError::Write(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a Parquet export is written to a file, not to a stream",
+            )))
+        }
     }
     out.flush()?;
     Ok(count)
@@ -157,13 +166,25 @@ pub async fn export_to_file(
     only: Option<ItemStatus>,
     path: &Path,
 ) -> Result<u64, ExportError> {
+    if format == ExportFormat::Parquet {
+        return crate::parquet_export::export_to_file(store, only, false, path).await;
+    }
+    replace_atomically(path, async |out| export(store, format, only, out).await).await
+}
+
+/// Write `path` through `write`, atomically: into a temp file in the same directory, which
+/// is synced and then renamed over `path`. Returns what `write` returns.
+pub(crate) async fn replace_atomically(
+    path: &Path,
+    write: impl AsyncFnOnce(&mut BufWriter<tempfile::NamedTempFile>) -> Result<u64, ExportError>,
+) -> Result<u64, ExportError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
-    let count = export(store, format, only, &mut out).await?;
+    let count = write(&mut out).await?;
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -179,13 +200,14 @@ pub enum FailuresFormat {
 }
 
 /// The error classes an item can fail with, as `--class` names them.
-pub const ERROR_CLASSES: [&str; 6] = [
+pub const ERROR_CLASSES: [&str; 7] = [
     "http",
     "timeout",
     "connect",
     "connection",
     "body",
     "request",
+    "invalid",
 ];
 
 /// Which failures to list.

@@ -5,11 +5,13 @@
 
 mod harness;
 
+mod answers;
 mod bad_input;
 mod crash;
 mod durability;
 mod jobs;
 mod old_formats;
+mod parquet;
 mod progress;
 mod reruns;
 mod throttle;

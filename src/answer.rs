@@ -1,0 +1,607 @@
+//! Answer: what is checked of each 2xx answer, and what of it is kept as the result.
+//!
+//! Owns a job's answer checks ([`AnswerSpec`], stored in the job's spec) compiled once into
+//! an [`Answer`]: jq programs run by jaq, with `$status` (the HTTP status, a number) and
+//! `$headers` (an object of lower-case names, repeated headers joined by `", "`) bound. An
+//! answer whose HTTP status is outside 2xx never gets here (the handler classifies it first);
+//! the others are judged in this order:
+//!
+//! 1. `expect json`: a body that is not one JSON document (or is empty) is a retryable
+//!    failure of class `body` (an HTML page from a proxy, a truncated document);
+//! 2. `fail-if`: true, and the ID fails for good, class `invalid`;
+//! 3. `retry-if`: true, and the attempt is retried with backoff, class `invalid`;
+//! 4. `extract`: its one output is what is stored instead of the body (with `keep body`,
+//!    `{"extract": output, "raw": body}`).
+//!
+//! Each failure's message names the condition that matched and shows the start of the answer.
+//! A program's input is the body parsed as JSON, or, when it is not JSON, the body as a JSON
+//! string: the value that would be stored. A condition holds when one of its outputs is
+//! neither `false` nor `null`. A program that errors on an answer (indexing a string, say)
+//! fails that ID for good, class `invalid`, with jq's message: never the run.
+//!
+//! The programs see only the answer: `env` and `$ENV` are left out, so a program cannot copy
+//! a secret from the environment into a result, and `halt` fails the one ID like any other
+//! error of a program (it never stops the process).
+
+use std::fmt;
+
+use jaq_core::load::{Arena, File, Loader};
+use jaq_core::{data, Compiler, Ctx, Vars};
+use jaq_json::Val;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::retry::{AttemptError, ErrorClass, Verdict};
+
+/// How much of an answer a failure's message shows.
+const SNIPPET_CHARS: usize = 200;
+
+/// Native filters a program may not use (see the module doc).
+const LEFT_OUT: [&str; 1] = ["env"];
+
+/// A job's answer checks, as written; stored in the job's spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerSpec {
+    /// A body that is not JSON is a retryable failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expect_json: bool,
+    /// jq: true fails the ID for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_if: Option<String>,
+    /// jq: true retries the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_if: Option<String>,
+    /// jq: its output is stored instead of the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extract: Option<String>,
+    /// With `extract`: store the raw body beside its output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_body: bool,
+}
+
+impl AnswerSpec {
+    /// Nothing is checked or extracted: every 2xx body is stored as it is.
+    pub fn is_plain(&self) -> bool {
+        *self == AnswerSpec::default()
+    }
+
+    /// The differences between `self` (stored) and `other`, one human line each.
+    pub fn changes(&self, other: &AnswerSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        let show = |p: &Option<String>| p.as_deref().map_or("none".into(), |p| format!("{p:?}"));
+        let mut cmp = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: stored {a}, given {b}"));
+            }
+        };
+        let expect = |json| if json { "json" } else { "any" }.to_string();
+        cmp(
+            "--expect",
+            expect(self.expect_json),
+            expect(other.expect_json),
+        );
+        cmp("--fail-if", show(&self.fail_if), show(&other.fail_if));
+        cmp("--retry-if", show(&self.retry_if), show(&other.retry_if));
+        cmp("--extract", show(&self.extract), show(&other.extract));
+        cmp(
+            "--keep-body",
+            self.keep_body.to_string(),
+            other.keep_body.to_string(),
+        );
+        out
+    }
+}
+
+/// A program that is not jq.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {program:?} is not a valid jq program: {reason}")]
+pub struct AnswerError {
+    /// Which of the spec's programs (`--fail-if`, ...).
+    pub what: &'static str,
+    pub program: String,
+    /// The parser's or compiler's message.
+    pub reason: String,
+}
+
+type Filter = jaq_core::Filter<data::JustLut<Val>>;
+
+/// One compiled jq program and its source, for messages.
+struct Program {
+    source: String,
+    filter: Filter,
+}
+
+impl fmt::Debug for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Program({:?})", self.source)
+    }
+}
+
+/// What a program made of one answer.
+enum Run {
+    Values(Vec<Val>),
+    /// The program errored: jq's message.
+    Error(String),
+}
+
+impl Program {
+    fn compile(what: &'static str, source: &str) -> Result<Program, AnswerError> {
+        let refuse = |reason: String| AnswerError {
+            what,
+            program: source.to_string(),
+            reason,
+        };
+        let defs = jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs());
+        let funs = jaq_core::funs()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs())
+            .filter(|(name, _, _)| !LEFT_OUT.contains(name));
+        let arena = Arena::default();
+        let modules = Loader::new(defs)
+            .load(
+                &arena,
+                File {
+                    code: source,
+                    path: (),
+                },
+            )
+            .map_err(|errors| refuse(load_errors(source, errors)))?;
+        let filter = Compiler::default()
+            .with_funs(funs)
+            .with_global_vars(["$status", "$headers"])
+            .compile(modules)
+            .map_err(|errors| refuse(compile_errors(errors)))?;
+        Ok(Program {
+            source: source.to_string(),
+            filter,
+        })
+    }
+
+    /// Run on `input`, stopping at the first output that `enough` accepts.
+    fn run(&self, input: Val, vars: &[Val; 2], enough: impl Fn(&Val) -> bool) -> Run {
+        let ctx = Ctx::<data::JustLut<Val>>::new(&self.filter.lut, Vars::new(vars.clone()));
+        let mut values = Vec::new();
+        for out in self.filter.id.run((ctx, input)) {
+            match out {
+                Ok(v) => {
+                    let stop = enough(&v);
+                    values.push(v);
+                    if stop {
+                        break;
+                    }
+                }
+                Err(exn) => {
+                    return Run::Error(match exn.get_err() {
+                        Ok(e) => e.to_string(),
+                        // `halt` is left out; this is only a backstop.
+                        Err(_) => "the program stopped (halt)".to_string(),
+                    });
+                }
+            }
+        }
+        Run::Values(values)
+    }
+}
+
+fn load_errors(source: &str, errors: jaq_core::load::Errors<&str, ()>) -> String {
+    use jaq_core::load::Error;
+    let at = |rest: &str| {
+        let offset = jaq_core::load::span(source, rest).start;
+        if rest.is_empty() {
+            "at the end".to_string()
+        } else {
+            format!("at character {}", source[..offset].chars().count() + 1)
+        }
+    };
+    let mut out = Vec::new();
+    for (_, error) in errors {
+        match error {
+            Error::Io(errs) => out.extend(errs.into_iter().map(|(p, e)| format!("{p}: {e}"))),
+            Error::Lex(errs) => out.extend(
+                errs.into_iter()
+                    .map(|(expect, rest)| format!("expected {} {}", expect.as_str(), at(rest))),
+            ),
+            Error::Parse(errs) => out.extend(
+                errs.into_iter()
+                    .map(|(expect, rest)| format!("expected {} {}", expect.as_str(), at(rest))),
+            ),
+        }
+    }
+    out.join("; ")
+}
+
+fn compile_errors(errors: jaq_core::compile::Errors<&str, ()>) -> String {
+    let mut out = Vec::new();
+    for (_, errs) in errors {
+        for (name, undefined) in errs {
+            out.push(match undefined {
+                jaq_core::compile::Undefined::Filter(arity) => {
+                    format!("undefined filter {name}/{arity}")
+                }
+                other => format!("undefined {} {name}", other.as_str()),
+            });
+        }
+    }
+    out.join("; ")
+}
+
+/// A job's answer checks, compiled. Cheap to share.
+#[derive(Debug, Default)]
+pub struct Answer {
+    expect_json: bool,
+    fail_if: Option<Program>,
+    retry_if: Option<Program>,
+    extract: Option<Program>,
+    keep_body: bool,
+}
+
+impl Answer {
+    /// Compile `spec`'s programs; a malformed one is named with the parser's message.
+    pub fn compile(spec: &AnswerSpec) -> Result<Answer, AnswerError> {
+        let compile = |what, p: &Option<String>| {
+            p.as_deref()
+                .map(|source| Program::compile(what, source))
+                .transpose()
+        };
+        Ok(Answer {
+            expect_json: spec.expect_json,
+            fail_if: compile("--fail-if", &spec.fail_if)?,
+            retry_if: compile("--retry-if", &spec.retry_if)?,
+            extract: compile("--extract", &spec.extract)?,
+            keep_body: spec.keep_body,
+        })
+    }
+
+    fn has_programs(&self) -> bool {
+        self.fail_if.is_some() || self.retry_if.is_some() || self.extract.is_some()
+    }
+
+    /// Judge one 2xx answer: the result to store, or why the attempt failed.
+    ///
+    /// `headers` is only called when a program runs (building `$headers` costs).
+    pub fn judge<'h, H>(
+        &self,
+        status: u16,
+        headers: impl FnOnce() -> H,
+        body: Vec<u8>,
+    ) -> Result<Box<RawValue>, AttemptError>
+    where
+        H: Iterator<Item = (&'h str, &'h [u8])>,
+    {
+        if !self.expect_json && !self.has_programs() {
+            return Ok(body_as_json(body));
+        }
+        let text = body.trim_ascii();
+        let json = serde_json::from_slice::<serde::de::IgnoredAny>(text).map_err(|e| e.to_string());
+        let refuse = |class, verdict, message: String| AttemptError {
+            class,
+            http_status: Some(status),
+            message,
+            retry_after: None,
+            verdict,
+        };
+        if let (true, Err(e)) = (self.expect_json, &json) {
+            let why = if text.is_empty() {
+                "the body is empty".to_string()
+            } else {
+                format!("the body is not JSON ({e}): {}", snippet(text))
+            };
+            return Err(refuse(
+                ErrorClass::Body,
+                None,
+                format!("expect json: {why}"),
+            ));
+        }
+        if !self.has_programs() {
+            return Ok(body_as_json(body));
+        }
+        let input = match json {
+            Ok(_) => jaq_json::read::parse_single(text).map_err(|e| {
+                refuse(
+                    ErrorClass::Invalid,
+                    Some(Verdict::Permanent),
+                    format!(
+                        "the body cannot be read as jq input ({e}): {}",
+                        snippet(text)
+                    ),
+                )
+            })?,
+            Err(_) => Val::from(String::from_utf8_lossy(&body).into_owned()),
+        };
+        let vars = [Val::from(status as isize), headers_val(headers())];
+        let failed = |name: &str, program: &Program, error: String| {
+            refuse(
+                ErrorClass::Invalid,
+                Some(Verdict::Permanent),
+                format!("{name} {:?} failed on the answer: {error}", program.source),
+            )
+        };
+        for (name, program, verdict) in [
+            ("fail-if", &self.fail_if, Verdict::Permanent),
+            ("retry-if", &self.retry_if, Verdict::Retry { after: None }),
+        ] {
+            let Some(program) = program else { continue };
+            match program.run(input.clone(), &vars, truthy) {
+                Run::Error(e) => return Err(failed(name, program, e)),
+                Run::Values(values) if values.iter().any(truthy) => {
+                    return Err(refuse(
+                        ErrorClass::Invalid,
+                        Some(verdict),
+                        format!("{name} {:?} is true: {}", program.source, snippet(text)),
+                    ))
+                }
+                Run::Values(_) => {}
+            }
+        }
+        let Some(program) = &self.extract else {
+            return Ok(body_as_json(body));
+        };
+        let value = match program.run(input, &vars, |_| false) {
+            Run::Error(e) => return Err(failed("extract", program, e)),
+            Run::Values(mut values) if values.len() == 1 => values.pop().expect("one value"),
+            Run::Values(values) => {
+                return Err(failed(
+                    "extract",
+                    program,
+                    format!(
+                        "it gave {} values, not one (collect several with [...])",
+                        values.len()
+                    ),
+                ))
+            }
+        };
+        let extracted = RawValue::from_string(value.to_string()).map_err(|_| {
+            failed(
+                "extract",
+                program,
+                format!(
+                    "its output is not JSON: {}",
+                    snippet(value.to_string().as_bytes())
+                ),
+            )
+        })?;
+        if !self.keep_body {
+            return Ok(extracted);
+        }
+        let raw = body_as_json(body);
+        Ok(serde_json::value::to_raw_value(&serde_json::json!({
+            "extract": &*extracted,
+            "raw": &*raw,
+        }))
+        .expect("raw values serialize"))
+    }
+}
+
+fn truthy(v: &Val) -> bool {
+    jaq_core::ValT::as_bool(v)
+}
+
+fn headers_val<'h>(headers: impl Iterator<Item = (&'h str, &'h [u8])>) -> Val {
+    let mut map = jaq_json::Map::default();
+    for (name, value) in headers {
+        let key = Val::from(name.to_ascii_lowercase());
+        let value = String::from_utf8_lossy(value).into_owned();
+        let joined = match map.get(&key) {
+            Some(prior) => format!("{}, {value}", String::from_utf8_lossy(&val_text(prior))),
+            None => value,
+        };
+        map.insert(key, Val::from(joined));
+    }
+    Val::obj(map)
+}
+
+/// The text of a string value as it was inserted.
+fn val_text(v: &Val) -> Vec<u8> {
+    match v {
+        Val::TStr(b) | Val::BStr(b) => b.to_vec(),
+        other => other.to_string().into_bytes(),
+    }
+}
+
+/// The start of an answer, on one line, for messages.
+fn snippet(text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out: String = one_line.chars().take(SNIPPET_CHARS).collect();
+    if out.len() < one_line.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The answer body as one-line JSON: itself when it is JSON, otherwise a JSON string of it.
+pub fn body_as_json(bytes: Vec<u8>) -> Box<RawValue> {
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let trimmed = text.trim();
+    if let Ok(value) = serde_json::from_str::<&RawValue>(trimmed) {
+        if !trimmed.contains(['\n', '\r']) {
+            return value.to_owned();
+        }
+        if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(trimmed) {
+            return serde_json::value::to_raw_value(&parsed).expect("a Value always serializes");
+        }
+    }
+    serde_json::value::to_raw_value(&text).expect("a string always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(spec: AnswerSpec) -> Answer {
+        Answer::compile(&spec).unwrap()
+    }
+
+    fn judge(a: &Answer, body: &str) -> Result<String, AttemptError> {
+        let headers = [("Content-Type", b"application/json".as_slice())];
+        a.judge(200, || headers.iter().copied(), body.as_bytes().to_vec())
+            .map(|v| v.get().to_string())
+    }
+
+    fn spec() -> AnswerSpec {
+        AnswerSpec {
+            expect_json: true,
+            fail_if: Some(".error != null".into()),
+            retry_if: Some(r#".status == "pending""#.into()),
+            ..AnswerSpec::default()
+        }
+    }
+
+    #[test]
+    fn plain_answers_are_stored_as_they_are() {
+        let a = answer(AnswerSpec::default());
+        assert_eq!(judge(&a, "<html>").unwrap(), r#""<html>""#);
+        assert_eq!(judge(&a, r#"{"a": 1}"#).unwrap(), r#"{"a": 1}"#);
+    }
+
+    #[test]
+    fn checks_come_in_order_and_say_which_matched() {
+        let a = answer(spec());
+        assert_eq!(judge(&a, r#"{"v":1}"#).unwrap(), r#"{"v":1}"#);
+        for (body, class, verdict, says) in [
+            ("<html>oops</html>", ErrorClass::Body, None, "expect json"),
+            (r#"{"v":"#, ErrorClass::Body, None, "expect json"),
+            ("  ", ErrorClass::Body, None, "empty"),
+            (
+                r#"{"error":"quota","status":"pending"}"#,
+                ErrorClass::Invalid,
+                Some(Verdict::Permanent),
+                "fail-if",
+            ),
+            (
+                r#"{"status":"pending"}"#,
+                ErrorClass::Invalid,
+                Some(Verdict::Retry { after: None }),
+                "retry-if",
+            ),
+        ] {
+            let e = judge(&a, body).unwrap_err();
+            assert_eq!((e.class, e.verdict), (class, verdict), "{body}: {e:?}");
+            assert!(e.message.contains(says), "{body}: {}", e.message);
+            assert_eq!(e.http_status, Some(200));
+        }
+        let e = judge(&a, r#"{"error":"quota exceeded"}"#).unwrap_err();
+        assert!(e.message.contains(r#"".error != null""#), "{}", e.message);
+        assert!(e.message.contains("quota exceeded"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_program_that_errors_fails_the_id_with_jqs_message() {
+        let a = answer(AnswerSpec {
+            fail_if: Some(".a.b == 1".into()),
+            ..AnswerSpec::default()
+        });
+        let e = judge(&a, r#"{"a":"text"}"#).unwrap_err();
+        assert_eq!(e.class, ErrorClass::Invalid);
+        assert_eq!(crate::retry::classify(&e), Verdict::Permanent);
+        assert!(e.message.contains("cannot index"), "{}", e.message);
+        // Not JSON and no --expect json: the program sees the body as a string.
+        let e = judge(&a, "plain").unwrap_err();
+        assert!(e.message.contains("cannot index"), "{}", e.message);
+        let halt = answer(AnswerSpec {
+            extract: Some("halt".into()),
+            ..AnswerSpec::default()
+        });
+        let e = judge(&halt, "1").unwrap_err();
+        assert_eq!(e.verdict, Some(Verdict::Permanent));
+        assert!(e.message.contains("halt"), "{}", e.message);
+    }
+
+    #[test]
+    fn status_and_headers_are_bound() {
+        let a = answer(AnswerSpec {
+            fail_if: Some(
+                r#"$status != 200 or $headers["content-type"] != "application/json""#.into(),
+            ),
+            ..AnswerSpec::default()
+        });
+        assert!(judge(&a, "1").is_ok());
+        let headers = [
+            ("content-type", b"text/html".as_slice()),
+            ("x-a", b"1".as_slice()),
+            ("x-a", b"2".as_slice()),
+        ];
+        let e = a
+            .judge(200, || headers.iter().copied(), b"1".to_vec())
+            .unwrap_err();
+        assert_eq!(e.class, ErrorClass::Invalid);
+        let a = answer(AnswerSpec {
+            extract: Some(r#"{s: $status, a: $headers["x-a"]}"#.into()),
+            ..AnswerSpec::default()
+        });
+        let out = a
+            .judge(201, || headers.iter().copied(), b"1".to_vec())
+            .unwrap();
+        assert_eq!(out.get(), r#"{"s":201,"a":"1, 2"}"#);
+    }
+
+    #[test]
+    fn extract_keeps_its_one_output_and_the_body_if_asked() {
+        let mut s = AnswerSpec {
+            extract: Some("{name: .data.name, score: .data.score}".into()),
+            ..AnswerSpec::default()
+        };
+        let body = r#"{"data":{"name":"x","score":0.5,"blob":"long"}}"#;
+        assert_eq!(
+            judge(&answer(s.clone()), body).unwrap(),
+            r#"{"name":"x","score":0.5}"#
+        );
+        s.keep_body = true;
+        let kept: serde_json::Value =
+            serde_json::from_str(&judge(&answer(s), body).unwrap()).unwrap();
+        assert_eq!(kept["extract"]["name"], "x");
+        assert_eq!(kept["raw"]["data"]["blob"], "long");
+        let many = answer(AnswerSpec {
+            extract: Some(".[]".into()),
+            ..AnswerSpec::default()
+        });
+        let e = judge(&many, "[1,2]").unwrap_err();
+        assert!(e.message.contains("2 values"), "{}", e.message);
+        assert!(judge(&many, "[]").is_err());
+        assert_eq!(judge(&many, "[3]").unwrap(), "3");
+    }
+
+    #[test]
+    fn malformed_programs_are_refused_with_the_parsers_message() {
+        for (program, says) in [
+            (".a +", "expected"),
+            ("{a: .x", "expected"),
+            ("$nope", "undefined variable $nope"),
+            ("nosuch(1)", "undefined filter nosuch/1"),
+            ("env.TOKEN", "undefined filter env/0"),
+            ("$ENV.TOKEN", "undefined variable $ENV"),
+        ] {
+            let e = Answer::compile(&AnswerSpec {
+                retry_if: Some(program.into()),
+                ..AnswerSpec::default()
+            })
+            .unwrap_err();
+            assert_eq!(e.what, "--retry-if");
+            assert!(e.to_string().contains(says), "{program}: {e}");
+        }
+    }
+
+    #[test]
+    fn specs_without_answer_checks_are_plain() {
+        let spec: AnswerSpec = serde_json::from_str("{}").unwrap();
+        assert!(spec.is_plain());
+        assert_eq!(serde_json::to_string(&spec).unwrap(), "{}");
+    }
+
+    #[test]
+    fn bodies_become_one_line_json() {
+        assert_eq!(body_as_json(b"{\"a\": 1}".to_vec()).get(), "{\"a\": 1}");
+        assert_eq!(
+            body_as_json(b"{\n  \"a\": 1\n}\n".to_vec()).get(),
+            "{\"a\":1}"
+        );
+        assert_eq!(body_as_json(b"plain text".to_vec()).get(), "\"plain text\"");
+        assert_eq!(body_as_json(b"\xff".to_vec()).get(), "\"\u{fffd}\"");
+        assert_eq!(body_as_json(Vec::new()).get(), "\"\"");
+    }
+}
