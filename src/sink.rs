@@ -15,7 +15,8 @@ use serde_json::value::RawValue;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
 /// Export file formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ExportFormat {
     Jsonl,
     Csv,
@@ -163,7 +164,8 @@ pub fn export_to_file(
 }
 
 /// Formats of the error table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum FailuresFormat {
     Table,
     Jsonl,
