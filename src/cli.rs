@@ -28,6 +28,8 @@ use crate::store::sled_store::{OpenMode, SledStore};
 use crate::store::{ItemStatus, JobView, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
+mod demo_command;
+
 /// Print a line to standard error. A closed standard error (its reader went away) is no
 /// reason to fail or abandon a job, so write errors are ignored.
 #[macro_export]
@@ -454,7 +456,7 @@ async fn dispatch(command: Command) -> Result<u8> {
         Command::Export(args) => export(args).await,
         Command::Failures(args) => failures(args).await,
         Command::Rerun(args) => rerun(*args).await,
-        Command::Demo(args) => crate::demo::run(args.dir, args.ids).await,
+        Command::Demo(args) => demo_command::run(args.dir, args.ids).await,
     }
 }
 
@@ -578,7 +580,11 @@ async fn run(args: RunArgs) -> Result<u8> {
     }
     // Listen first: a bad --metrics-addr stops the run before anything is created.
     let metrics = match args.metrics_addr {
-        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        Some(addr) => Some(
+            crate::metrics::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("--metrics-addr {e}"))?,
+        ),
         None => None,
     };
     // A new job needs --input and --url: say so before creating anything.
@@ -813,7 +819,11 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
     request.command = "rerun".into();
     // Listen first: a bad --metrics-addr stops the rerun before anything is created.
     let metrics = match args.run.metrics_addr {
-        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        Some(addr) => Some(
+            crate::metrics::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("--metrics-addr {e}"))?,
+        ),
         None => None,
     };
     if args.all_items && args.buckets.is_empty() {

@@ -1,32 +1,21 @@
 //! Console: everything a run writes to standard error goes through here.
 //!
-//! Owns the terminal progress bar (indicatif, shown only when standard error is a terminal)
-//! and the one path by which log lines, `say!` lines and JSON progress events reach standard
-//! error: while a bar is shown, each line is printed above it (the bar is cleared, the line
-//! written, the bar redrawn), so neither tears the other. Write errors are ignored: a closed
-//! standard error is no reason to fail a job.
+//! Owns the terminal progress bar (`bar`, indicatif, feature `progress-bar`; shown only when
+//! standard error is a terminal) and the one path by which log lines, `say!` lines and JSON
+//! progress events reach standard error: while a bar is shown, each line is printed above it
+//! (the bar is cleared, the line written, the bar redrawn), so neither tears the other. Write
+//! errors are ignored: a closed standard error is no reason to fail a job.
 
 use std::io::{self, IsTerminal, Write};
-use std::sync::RwLock;
-use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
-/// The bar on screen, if any.
-static BAR: RwLock<Option<ProgressBar>> = RwLock::new(None);
-
-/// Write bytes to standard error, above the bar if one is shown.
-pub fn write_stderr(bytes: &[u8]) {
-    let bar = BAR.read().ok().and_then(|b| b.clone());
-    match bar {
-        Some(bar) => bar.suspend(|| {
-            let _ = io::stderr().write_all(bytes);
-        }),
-        None => {
-            let _ = io::stderr().write_all(bytes);
-        }
-    }
-}
+#[cfg(feature = "progress-bar")]
+mod bar;
+#[cfg(not(feature = "progress-bar"))]
+mod no_bar;
+#[cfg(feature = "progress-bar")]
+pub use bar::{write_stderr, Bar};
+#[cfg(not(feature = "progress-bar"))]
+pub use no_bar::{write_stderr, Bar};
 
 /// Write one line to standard error (a newline is added).
 pub fn line(text: &str) {
@@ -69,56 +58,6 @@ impl Write for LogWriter {
 /// Whether a bar can be shown: standard error is a terminal and `TERM` is not `dumb`.
 pub fn stderr_is_terminal() -> bool {
     io::stderr().is_terminal() && std::env::var("TERM").map_or(true, |t| t != "dumb")
-}
-
-/// The terminal progress bar of a run. Dropping it clears it from the screen.
-pub struct Bar {
-    bar: ProgressBar,
-}
-
-const COUNTING: &str = "{spinner} {elapsed_precise} {pos} rows done (counting the input...) {msg}";
-const KNOWN: &str = "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows {msg}";
-
-impl Bar {
-    /// Show a bar on standard error.
-    pub fn show() -> Bar {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
-        bar.set_style(style(COUNTING));
-        bar.enable_steady_tick(Duration::from_millis(250));
-        if let Ok(mut slot) = BAR.write() {
-            *slot = Some(bar.clone());
-        }
-        Bar { bar }
-    }
-
-    /// The input's row count became known.
-    pub fn set_total(&self, rows: u64) {
-        if self.bar.length().is_none() {
-            self.bar.set_style(style(KNOWN));
-        }
-        self.bar.set_length(rows);
-    }
-
-    /// Rows settled (their IDs done, or duplicates and bad lines) and the rest of the line.
-    pub fn update(&self, rows_done: u64, message: String) {
-        self.bar.set_position(rows_done);
-        self.bar.set_message(message);
-    }
-}
-
-fn style(template: &str) -> ProgressStyle {
-    ProgressStyle::with_template(template)
-        .expect("the templates are valid")
-        .progress_chars("=> ")
-}
-
-impl Drop for Bar {
-    fn drop(&mut self) {
-        if let Ok(mut slot) = BAR.write() {
-            *slot = None;
-        }
-        self.bar.finish_and_clear();
-    }
 }
 
 /// How the process was asked to log, set once at start-up.

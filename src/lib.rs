@@ -10,16 +10,25 @@
 //! [`answer`] checks; [`retry`]
 //! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
+//!
+//! Cargo features: the library alone (`default-features = false`) has none of the command
+//! line's crates. `cli` (default) adds [`cli`] and the binary (clap, tracing-subscriber,
+//! jemalloc) and turns on the three below; `progress-bar` the terminal bar of [`monitor`]
+//! (indicatif); `metrics` the Prometheus endpoint (a hyper server); `demo` the fake API;
+//! `postgres` (default) the PostgreSQL store.
 
 pub mod answer;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod console;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
 pub mod handler;
 pub mod input;
 pub mod job;
 pub mod live;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod monitor;
 pub mod os;

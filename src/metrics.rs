@@ -23,11 +23,19 @@ use crate::progress::LATENCY_BUCKETS;
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Listen on `addr`; the error names the flag.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+/// Listening on the metrics address failed (the CLI puts its flag's name in front).
+#[derive(Debug, thiserror::Error)]
+#[error("{addr}: cannot listen: {error}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    pub error: std::io::Error,
+}
+
+/// Listen on `addr`.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: cannot listen: {e}"))
+        .map_err(|error| BindError { addr, error })
 }
 
 /// Connections served at once; more are closed at once (a scraper needs one or two).

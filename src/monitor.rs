@@ -38,7 +38,8 @@ pub struct MonitorConfig {
     pub state: PathBuf,
     pub interval: Duration,
     pub format: EventFormat,
-    /// Show the terminal bar (standard error is a terminal and not `-q`).
+    /// Show the terminal bar (standard error is a terminal and not `-q`). Built without the
+    /// feature `progress-bar`, no bar is shown and progress events are written instead.
     pub bar: bool,
     pub concurrency: usize,
     /// `--rate`, if given.
@@ -230,7 +231,7 @@ impl Monitor {
         let state = State {
             last: view.counters.snapshot(),
             last_at: Instant::now(),
-            bar: config.bar.then(Bar::show),
+            bar: config.bar.then(Bar::show).flatten(),
             window: VecDeque::from([view.start_sample()]),
             behind: progress::Sustained::default(),
         };

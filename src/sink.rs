@@ -16,7 +16,8 @@ use serde_json::value::RawValue;
 use crate::store::{ExportError, ItemRecord, ItemStatus, JobView, Store};
 
 /// Export file formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ExportFormat {
     Jsonl,
     Csv,
@@ -192,7 +193,8 @@ pub(crate) async fn replace_atomically(
 }
 
 /// Formats of the error table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum FailuresFormat {
     Table,
     Jsonl,

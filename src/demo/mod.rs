@@ -1,25 +1,13 @@
-//! The demo: a local fake API with injected faults, and a ready-made job against it.
+//! The demo: a local fake API with injected faults, and the IDs of a ready-made job against it
+//! (feature `demo`; the tests and the bench use the fake API too).
 //!
-//! `highwater demo` starts [`api::FakeApi`] on 127.0.0.1 inside the process (realistic
-//! latency, some 503s, dropped connections, slow answers and 404s), writes an input of IDs and
-//! runs a real job with the same engine and store as `highwater run`. The job's URL template
+//! `highwater demo` (the CLI's `demo_command`) starts [`api::FakeApi`] on 127.0.0.1 inside the
+//! process (realistic latency, some 503s, dropped connections, slow answers and 404s), writes
+//! an input of IDs and runs a real job with the same engine and store as `highwater run`. The job's URL template
 //! is `http://${HIGHWATER_DEMO_API}/items/{id}`: the stored spec keeps the variable, and each
 //! demo start points it at the fresh server, so `highwater demo --dir DIR` also resumes.
 
 pub mod api;
-
-use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-
-use anyhow::{Context, Result};
-
-use crate::handler::Handler;
-use crate::input::{InputFormat, InputSpec};
-use crate::job::{open_job, JobRequest, RetryOverrides, RunOptions};
-use crate::say;
-use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
 /// The variable the demo's URL template names.
 pub const API_VAR: &str = "HIGHWATER_DEMO_API";
@@ -31,97 +19,4 @@ pub fn demo_ids(n: u64) -> impl Iterator<Item = String> {
         i if i % 1000 == 500 => format!("team/{i} é?#%"),
         i => format!("user-{i:06}"),
     })
-}
-
-/// Run the demo in `dir` (a new temporary directory if `None`) with `ids` IDs.
-pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
-    let dir = match dir {
-        Some(d) => {
-            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-            d
-        }
-        None => tempfile::Builder::new()
-            .prefix("highwater-demo-")
-            .tempdir()
-            .context("creating a temporary directory")?
-            .keep(),
-    };
-    let dir = std::fs::canonicalize(&dir)?;
-    let input = dir.join("ids.txt");
-    let state = dir.join("state");
-    if !input.exists() {
-        let mut out = std::io::BufWriter::new(
-            std::fs::File::create(&input).with_context(|| format!("{}", input.display()))?,
-        );
-        for id in demo_ids(ids) {
-            writeln!(out, "{id}")?;
-        }
-        out.flush()?;
-    }
-    let api = api::FakeApi::start(api::ApiConfig::demo())
-        .await
-        .context("starting the demo API")?;
-    let addr = api.addr().to_string();
-    say!("demo API listening on http://{addr} (latency 5-40 ms, some 503s, dropped connections, slow answers, 404s)");
-    say!("input: {}\nstate: {}", input.display(), state.display());
-
-    let request = JobRequest {
-        input: Some(InputSpec {
-            path: input.clone(),
-            format: InputFormat::Text,
-        }),
-        bucket_size: Some(500),
-        url: Some(format!("http://${{{API_VAR}}}/items/{{id}}")),
-        timeout: Some(Duration::from_secs(1)),
-        retry: RetryOverrides {
-            max_attempts: Some(4),
-            initial: Some(Duration::from_millis(200)),
-            max_interval: Some(Duration::from_secs(2)),
-            max_elapsed: None,
-        },
-        ..JobRequest::default()
-    };
-    let store = SledStore::open(&state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)?;
-    let spec = open_job(&store, &request).await?;
-    let handler = Handler::with_env(&spec.request, &|name| {
-        if name == API_VAR {
-            Some(addr.clone())
-        } else {
-            std::env::var(name).ok()
-        }
-    })?;
-    let options = RunOptions {
-        concurrency: 64,
-        progress_interval: Duration::from_secs(5),
-        ..RunOptions::default()
-    };
-    let me = std::env::current_exe()
-        .ok()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "highwater".into());
-    // The demo's API lives in this process: only the demo itself can resume its job.
-    let resume = format!(
-        "{} demo --dir {}",
-        crate::console::shell_word(&me),
-        crate::console::shell_path(&dir)
-    );
-    let code = crate::cli::run_job(
-        Arc::new(store),
-        spec,
-        handler,
-        &options,
-        &state,
-        None,
-        &resume,
-    )
-    .await?;
-    api.shutdown().await;
-    say!(
-        "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \
-         {me} demo --dir {d}    # resumes this demo if it was stopped",
-        me = crate::console::shell_word(&me),
-        s = crate::console::shell_path(&state),
-        d = crate::console::shell_path(&dir),
-    );
-    Ok(code)
 }
