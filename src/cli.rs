@@ -608,11 +608,20 @@ async fn run(args: RunArgs) -> Result<u8> {
     } else {
         OpenMode::Existing
     };
+    let existed = args.state.exists();
     let store = SledStore::open(&args.state, mode, args.store_cache_mb << 20)?;
     store.set_reopen_after(args.store_reopen_after);
     let spec = match open_job(&store, &request).await {
         Ok(spec) => spec,
-        Err(e) => return refused(e),
+        Err(e) => {
+            // Whatever the checks above could not foresee (the input changing under us, a
+            // read error), a refused creation leaves nothing behind either.
+            if fresh {
+                drop(store);
+                undo_creation(&args.state, existed);
+            }
+            return refused(e);
+        }
     };
     if let Some(open) = crate::rerun::unfinished(&store).await? {
         say!(
@@ -657,9 +666,6 @@ fn job_handler(spec: &JobSpec) -> Result<Handler> {
     Ok(Handler::new(&spec.request)?.with_answer(answer))
 }
 
-/// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
-/// malformed --url, --header or --body or answer check included; 1 for a variable missing from the
-/// environment or a client that cannot be built; anything else is the command's error.
 /// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
 /// connections open is a usage error (exit 2), said before anything is created.
 fn open_files(run: &RunArgs) -> Option<u8> {
@@ -672,12 +678,35 @@ fn open_files(run: &RunArgs) -> Option<u8> {
     }
 }
 
+/// Remove what creating a job in `state` made: the directory if it did not exist, its
+/// entries if it was empty. Best effort: the refusal is the error to report.
+fn undo_creation(state: &Path, existed: bool) {
+    if !existed {
+        let _ = std::fs::remove_dir_all(state);
+        return;
+    }
+    if let Ok(entries) = std::fs::read_dir(state) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+    }
+}
+
+/// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
+/// --url, --header or --body that cannot make a request included (malformed, or naming a
+/// variable missing from the environment), or a malformed answer check; 1 for a client that
+/// cannot be built; anything else is the command's error.
 fn refused(e: crate::job::JobError) -> Result<u8> {
     use crate::handler::HandlerError;
     use crate::job::JobError;
     let code = match &e {
         JobError::Usage(_)
-        | JobError::Request(HandlerError::Invalid { .. })
+        | JobError::Request(HandlerError::Invalid { .. } | HandlerError::MissingVar { .. })
         | JobError::Answer(_) => exit::USAGE,
         JobError::Request(_) => exit::ERROR,
         _ => return Err(e.into()),

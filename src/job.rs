@@ -469,6 +469,11 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
         path: input.path.clone(),
         source,
     })?;
+    // The input must hold a first row (in its format: a CSV header with the ID column).
+    let mut reader = crate::input::InputReader::open(input, crate::input::Cursor::default())?;
+    if reader.next_row()?.is_none() {
+        return Err(JobError::EmptyInput(input.path.clone()));
+    }
     Ok(())
 }
 
