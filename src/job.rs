@@ -486,6 +486,17 @@ pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreErr
         .transpose()
 }
 
+/// Build the handler a new job's run would build, with the process environment: a
+/// `${VAR}` missing from it (a misspelt name) is refused before the job is stored with it.
+pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
+    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+        return Ok(());
+    };
+    let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
+    crate::handler::Handler::new(&probe.request)?;
+    Ok(())
+}
+
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
 /// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
