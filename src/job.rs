@@ -914,7 +914,10 @@ mod tests {
         let created = open_job(&store, &request).await.unwrap();
         assert_eq!(created.answer.fail_if.as_deref(), Some(".error != null"));
         // Not given again: kept.
-        assert_eq!(open_job(&store, &JobRequest::default()).await.unwrap(), created);
+        assert_eq!(
+            open_job(&store, &JobRequest::default()).await.unwrap(),
+            created
+        );
         let change = JobRequest {
             answer: AnswerRequest {
                 fail_if: Some(".error".into()),
@@ -934,7 +937,9 @@ mod tests {
                 allow_spec_change: true,
                 ..change
             },
-        ).await.unwrap();
+        )
+        .await
+        .unwrap();
         assert_eq!(spec.answer.fail_if.as_deref(), Some(".error"));
         assert!(spec.answer.expect_json);
         assert!(spec.history[0]
@@ -950,7 +955,10 @@ mod tests {
             allow_spec_change: true,
             ..JobRequest::default()
         };
-        assert!(matches!(open_job(&store, &bad).await, Err(JobError::Answer(_))));
+        assert!(matches!(
+            open_job(&store, &bad).await,
+            Err(JobError::Answer(_))
+        ));
         assert_eq!(stored_job(&store).await.unwrap().unwrap(), spec);
         let removed = JobRequest {
             answer: AnswerRequest {
@@ -960,7 +968,10 @@ mod tests {
             allow_spec_change: true,
             ..JobRequest::default()
         };
-        assert_eq!(open_job(&store, &removed).await.unwrap().answer.fail_if, None);
+        assert_eq!(
+            open_job(&store, &removed).await.unwrap().answer.fail_if,
+            None
+        );
     }
 
     #[tokio::test]

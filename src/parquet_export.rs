@@ -528,8 +528,7 @@ pub async fn export_to_file(
     flatten: bool,
     path: &Path,
 ) -> Result<u64, ExportError> {
-    crate::sink::replace_atomically(path, async |out| export(store, only, flatten, out).await)
-        .await
+    crate::sink::replace_atomically(path, async |out| export(store, only, flatten, out).await).await
 }
 
 #[cfg(test)]
@@ -638,10 +637,13 @@ mod tests {
             ),
             ("c", Some(r#""plain text""#)),
             ("d", None),
-        ]).await;
+        ])
+        .await;
         let mut out = Vec::new();
         assert_eq!(
-            export_in_groups(&s, None, true, &mut out, (3, usize::MAX)).await.unwrap(),
+            export_in_groups(&s, None, true, &mut out, (3, usize::MAX))
+                .await
+                .unwrap(),
             4
         );
         let (names, rows, groups) = read(out);
@@ -700,7 +702,9 @@ mod tests {
         let (_d, s) = store_with(&[("a", Some(r#"{"n":1}"#)), ("d", None)]).await;
         let mut out = Vec::new();
         assert_eq!(
-            export(&s, Some(ItemStatus::Ok), false, &mut out).await.unwrap(),
+            export(&s, Some(ItemStatus::Ok), false, &mut out)
+                .await
+                .unwrap(),
             1
         );
         let (names, rows, groups) = read(out);
