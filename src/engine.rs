@@ -58,7 +58,7 @@ use crate::input::InputReader;
 use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
-use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
+use crate::retry::{self, AttemptError, Charge, ItemOutcome};
 use crate::store::{
     CommitRecord, ItemRecord, ItemStatus, Log, PlannedBucket, Store, StoreError, Tally,
 };
@@ -709,13 +709,17 @@ impl ItemTask {
                 drop(in_flight);
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, start.elapsed());
-                let observed = observe(&result);
-                if let Err(AttemptError {
-                    http_status: Some(429),
-                    ..
-                }) = &result
-                {
-                    Counters::add(&throttle.throttled, 1);
+                let observed = Observed::of(&result);
+                match &result {
+                    Err(AttemptError {
+                        http_status: Some(429),
+                        ..
+                    }) => Counters::add(&throttle.throttled, 1),
+                    Err(AttemptError {
+                        http_status: Some(503),
+                        ..
+                    }) => Counters::add(&throttle.unavailable, 1),
+                    _ => {}
                 }
                 let counts = throttle.charge(observed, probe).await;
                 Some((
@@ -792,21 +796,6 @@ impl ItemTask {
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
-    }
-}
-
-/// What an attempt's result tells the throttle.
-fn observe(result: &Result<Success, AttemptError>) -> Observed {
-    match result {
-        Ok(s) => Observed::Success(s.latency),
-        Err(e) => match (e.class, e.http_status) {
-            (ErrorClass::Http, Some(429)) => Observed::Pushback,
-            (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
-            (ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Connection, _) => {
-                Observed::Down
-            }
-            _ => Observed::Answered,
-        },
     }
 }
 

@@ -18,7 +18,7 @@
 //! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
 //!
 //! ```text
-//! pushback (p > 0) or latency above 3x its baseline and at least 10 ms above it:
+//! pushback (p > 0) or the tick's lowest latency above 3x its baseline and 10 ms above it:
 //!     error      = rate - accepted
 //!     historical = p * rate
 //!     d_error    = (error - last_error) / tick
@@ -47,6 +47,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Jitter, Quota};
+
+use crate::retry::{AttemptError, ErrorClass, Success};
 
 /// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -205,8 +207,13 @@ pub struct TickSignals {
     pub attempts: u64,
     /// 429s, 503s and timeouts.
     pub pushback: u64,
-    /// Mean latency of successful attempts, if any.
-    pub mean_latency: Option<Duration>,
+    /// The lowest latency of a successful attempt over the tick, if any. The lowest, not
+    /// the mean: an attempt's latency is measured inside our own runtime, so it includes
+    /// the time a ready task waits for a busy machine to run it. That delay strikes some
+    /// attempts and not others, while an API that queues requests slows every one of them;
+    /// the minimum over a tick sees the second and not the first (delay-based congestion
+    /// control, TCP Vegas and BBR, filters round-trip times by their minimum likewise).
+    pub min_latency: Option<Duration>,
 }
 
 /// The rate controller: one update per tick.
@@ -242,14 +249,14 @@ impl RateController {
             return self.rate;
         }
         let c = &self.settings;
-        let slow = match (s.mean_latency, self.baseline_latency) {
+        let slow = match (s.min_latency, self.baseline_latency) {
             (Some(now), Some(base)) => {
                 now.as_secs_f64() > base.as_secs_f64() * c.latency_factor
                     && now.saturating_sub(base) >= c.latency_min_rise
             }
             _ => false,
         };
-        if let Some(now) = s.mean_latency {
+        if let Some(now) = s.min_latency {
             // The baseline is the lowest latency seen, drifting up slowly so a permanently
             // slower API becomes the new normal instead of a permanent brake.
             self.baseline_latency = Some(match self.baseline_latency {
@@ -310,7 +317,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             attempts,
             pushback: refused.min(attempts),
-            mean_latency: Some(Duration::from_millis(10)),
+            min_latency: Some(Duration::from_millis(10)),
         }
     }
 
@@ -342,11 +349,11 @@ mod tests {
             elapsed: Duration::from_secs(1),
             attempts: 100,
             pushback: 0,
-            mean_latency: Some(Duration::from_millis(10)),
+            min_latency: Some(Duration::from_millis(10)),
         };
         c.update(&fast);
         let slow = TickSignals {
-            mean_latency: Some(Duration::from_millis(100)),
+            min_latency: Some(Duration::from_millis(100)),
             ..fast
         };
         let before = c.rate();
@@ -354,7 +361,7 @@ mod tests {
         // Jitter far below a millisecond on a fast API is not the API slowing down.
         let mut c = RateController::new(ControlSettings::new(5.0, 200.0), 100.0);
         let quick = |us| TickSignals {
-            mean_latency: Some(Duration::from_micros(us)),
+            min_latency: Some(Duration::from_micros(us)),
             ..fast
         };
         c.update(&quick(200));
@@ -385,6 +392,99 @@ mod tests {
         assert_eq!(g(100.0, 1), 1, "never below one");
         assert_eq!(g(2000.0, 5), 1);
         assert_eq!(g(10.0, 3), 2);
+    }
+
+    fn run_throttle(ceiling: f64, initial: f64) -> Throttle {
+        let options = ThrottleOptions {
+            rate: Rate::new(ceiling),
+            initial_rate: Rate::new(initial),
+            ..ThrottleOptions::default()
+        };
+        Throttle::new(options, Arc::new(tokio::sync::Semaphore::new(64)), 64)
+    }
+
+    fn failure(class: ErrorClass, status: Option<u16>) -> Result<Success, AttemptError> {
+        Err(AttemptError {
+            class,
+            http_status: status,
+            message: String::new(),
+            retry_after: None,
+        })
+    }
+
+    fn success(latency: Duration) -> Result<Success, AttemptError> {
+        Ok(Success {
+            http_status: 200,
+            body: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+            latency,
+        })
+    }
+
+    #[test]
+    fn a_503_is_pushback_from_an_api_that_answers() {
+        use ErrorClass::*;
+        let with_retry_after = Err(AttemptError {
+            retry_after: Some(Duration::from_secs(1)),
+            ..failure(Http, Some(503)).unwrap_err()
+        });
+        for (result, observed) in [
+            (failure(Http, Some(503)), Observed::Pushback),
+            (with_retry_after, Observed::Pushback),
+            (failure(Http, Some(429)), Observed::Pushback),
+            (failure(Timeout, None), Observed::Timeout),
+            (failure(Connect, None), Observed::Down),
+            (failure(Connection, None), Observed::Down),
+            (failure(Http, Some(502)), Observed::Down),
+            (failure(Http, Some(404)), Observed::Answered),
+            (
+                success(Duration::from_millis(1)),
+                Observed::Success(Duration::from_millis(1)),
+            ),
+        ] {
+            assert_eq!(Observed::of(&result), observed, "{result:?}");
+        }
+        // nginx's limit_req at a tenth of the rate: a third of the attempts answered 503.
+        let t = run_throttle(2000.0, 2000.0);
+        for _ in 0..10 {
+            for i in 0..300 {
+                let result = if i % 3 == 0 {
+                    failure(Http, Some(503))
+                } else {
+                    success(Duration::from_micros(300))
+                };
+                let verdict = t.record(Observed::of(&result), false);
+                assert!(matches!(verdict, Verdict::Counted), "an answer counts");
+            }
+            t.on_tick(Duration::from_millis(200));
+        }
+        assert!(t.rate().unwrap() < 1000.0, "slowed down: {:?}", t.rate());
+        // However many in a row, 503s are answers: the API is not out.
+        for _ in 0..10 * OUTAGE_AFTER_FAILURES {
+            t.record(Observed::of(&failure(Http, Some(503))), false);
+        }
+        assert_eq!(t.outage(), None);
+    }
+
+    #[test]
+    fn client_side_delay_of_some_attempts_is_not_pushback() {
+        let t = run_throttle(200.0, 100.0);
+        let tick = |latencies: &[(u64, usize)]| {
+            for &(us, n) in latencies {
+                for _ in 0..n {
+                    t.record(Observed::of(&success(Duration::from_micros(us))), false);
+                }
+            }
+            t.on_tick(Duration::from_millis(200));
+            t.rate().unwrap()
+        };
+        let start = tick(&[(300, 20)]);
+        // A busy machine: a quarter of the attempts waited 60 ms for our own runtime to run
+        // them (a mean of 15 ms), the others took the API's 0.3 ms.
+        let busy = tick(&[(300, 15), (60_000, 5)]);
+        assert!(busy > start, "the rate keeps climbing: {start} -> {busy}");
+        // An API that queues: every attempt is slower.
+        let queueing = tick(&[(30_000, 20)]);
+        assert!(queueing < busy, "the rate brakes: {busy} -> {queueing}");
     }
 
     #[tokio::test]
@@ -475,25 +575,76 @@ enum Verdict {
 pub const FIRST_PROBE_AFTER: Duration = Duration::from_millis(500);
 pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What an attempt's outcome tells the throttle.
+/// What an attempt's outcome tells the throttle: the one place that maps an outcome to
+/// API pushback (for the adaptive controller) and to possible-outage evidence (for the
+/// outage gate). See [`Observed::of`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
     /// A 2xx answer, with its latency.
     Success(Duration),
-    /// 429, or 503 (the API pushes back), or a timeout.
+    /// An answer that says "slow down": 429, or 503 with or without `Retry-After` (rate
+    /// limiters such as nginx's `limit_req` answer 503 by default, object stores say
+    /// "503 Slow Down"). Pushback; the API is up.
     Pushback,
-    /// Refused or dropped connection, 5xx other than 503: the API may be out.
+    /// No answer within the timeout: pushback (an overloaded API stops answering in time),
+    /// and no answer at all, so possibly the API being out.
+    Timeout,
+    /// No answer at all (refused or dropped connection), or a 5xx other than 503 (a
+    /// gateway saying the API behind it failed): the API may be out.
     Down,
     /// Any other answer: the API works, the item does not.
     Answered,
 }
 
-#[derive(Default)]
+impl Observed {
+    /// What an attempt's result tells the throttle:
+    ///
+    /// | result | pushback | possible outage |
+    /// |---|---|---|
+    /// | 2xx | no (its latency is a signal) | no |
+    /// | 429, 503 | yes | no: an answer |
+    /// | timeout | yes | yes |
+    /// | refused, dropped connection, other 5xx | no | yes |
+    /// | any other failure (4xx, unreadable body, bad request) | no | no |
+    pub fn of(result: &Result<Success, AttemptError>) -> Observed {
+        match result {
+            Ok(s) => Observed::Success(s.latency),
+            Err(e) => match (e.class, e.http_status) {
+                (ErrorClass::Http, Some(429 | 503)) => Observed::Pushback,
+                (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
+                (ErrorClass::Timeout, _) => Observed::Timeout,
+                (ErrorClass::Connect | ErrorClass::Connection, _) => Observed::Down,
+                _ => Observed::Answered,
+            },
+        }
+    }
+
+    /// The API is pushing back.
+    fn is_pushback(self) -> bool {
+        matches!(self, Observed::Pushback | Observed::Timeout)
+    }
+
+    /// No usable answer: the API may be out.
+    fn may_be_down(self) -> bool {
+        matches!(self, Observed::Timeout | Observed::Down)
+    }
+}
+
 struct TickCounters {
     attempts: AtomicU64,
     pushback: AtomicU64,
-    latency_us: AtomicU64,
-    successes: AtomicU64,
+    /// The lowest latency of a success over the tick (`u64::MAX`: none).
+    min_latency_us: AtomicU64,
+}
+
+impl Default for TickCounters {
+    fn default() -> Self {
+        TickCounters {
+            attempts: AtomicU64::new(0),
+            pushback: AtomicU64::new(0),
+            min_latency_us: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 struct Outage {
@@ -525,6 +676,8 @@ pub struct Throttle {
     outage_changed: tokio::sync::Notify,
     /// Attempts answered 429 over the run, for reports.
     pub throttled: AtomicU64,
+    /// Attempts answered 503 over the run, for reports.
+    pub unavailable: AtomicU64,
 }
 
 /// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
@@ -670,6 +823,7 @@ impl Throttle {
             }),
             outage_changed: tokio::sync::Notify::new(),
             throttled: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
         }
     }
 
@@ -741,19 +895,15 @@ impl Throttle {
 
     fn record(&self, observed: Observed, probe: bool) -> Verdict {
         self.tick.attempts.fetch_add(1, Relaxed);
-        match observed {
-            Observed::Success(latency) => {
-                self.tick.successes.fetch_add(1, Relaxed);
-                self.tick
-                    .latency_us
-                    .fetch_add(latency.as_micros() as u64, Relaxed);
-            }
-            Observed::Pushback => {
-                self.tick.pushback.fetch_add(1, Relaxed);
-            }
-            Observed::Down | Observed::Answered => {}
+        if let Observed::Success(latency) = observed {
+            self.tick
+                .min_latency_us
+                .fetch_min(latency.as_micros() as u64, Relaxed);
         }
-        if observed == Observed::Down {
+        if observed.is_pushback() {
+            self.tick.pushback.fetch_add(1, Relaxed);
+        }
+        if observed.may_be_down() {
             let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
             let seen = self.answers.load(Acquire);
             let mut o = self.outage.lock().expect("never poisoned");
@@ -840,8 +990,7 @@ impl Throttle {
     pub fn on_tick(&self, elapsed: Duration) {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
-        let successes = self.tick.successes.swap(0, Relaxed);
-        let latency_us = self.tick.latency_us.swap(0, Relaxed);
+        let min_latency_us = self.tick.min_latency_us.swap(u64::MAX, Relaxed);
         if self.outage.lock().expect("never poisoned").since.is_some() {
             return;
         }
@@ -849,7 +998,7 @@ impl Throttle {
             elapsed,
             attempts,
             pushback,
-            mean_latency: (successes > 0).then(|| Duration::from_micros(latency_us / successes)),
+            min_latency: (min_latency_us < u64::MAX).then(|| Duration::from_micros(min_latency_us)),
         };
         if let (Some(l), Some(c)) = (
             &self.limiter,

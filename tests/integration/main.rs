@@ -9,6 +9,7 @@ mod bad_input;
 mod crash;
 mod durability;
 mod jobs;
+mod limit_req;
 mod progress;
 mod reruns;
 mod throttle;
