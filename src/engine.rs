@@ -193,12 +193,18 @@ pub async fn run_log<S: Store>(
     // Everything that can fail comes before any task is spawned.
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
+    // An ID that worked before this run: what outage probes call until one works in it.
+    let mut known_good = None;
     match log {
         Log::Job => {
             for offset in store.open_buckets()? {
                 let (mut done, mut todo) = (Tally::default(), Vec::new());
                 for (id, record) in store.bucket_items(&offset)? {
                     match record.status {
+                        ItemStatus::Ok if known_good.is_none() => {
+                            done.add(&record);
+                            known_good = Some(id);
+                        }
                         ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
                         ItemStatus::Pending => {
                             todo.push(Item {
@@ -254,6 +260,9 @@ pub async fn run_log<S: Store>(
         permits.clone(),
         opts.concurrency.max(1),
     ));
+    if let Some(id) = &known_good {
+        throttle.known_good(id);
+    }
     counters.attach_throttle(throttle.clone());
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
 
@@ -685,13 +694,23 @@ impl ItemTask {
         let id = item.id.as_str();
         // When the first and the last attempt started.
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
+        // An outage probe: one request for an ID known to work, its answer not kept.
+        let probe = &|good: String| async move {
+            Counters::add(&counters.attempts, 1);
+            let in_flight = counters.in_flight_guard();
+            let start = Instant::now();
+            let result = handler.attempt(&good).await;
+            drop(in_flight);
+            counters.http.observe(&result, start.elapsed());
+            Observed::of(&result)
+        };
         let outcome = retry::run(
             &self.spec.retry,
             |attempt| async move {
                 // Waiting for the rate limit or for the API to come back is given up on a
                 // stop; a request already sent is let finish.
-                let probe = tokio::select! {
-                    probe = throttle.before_attempt() => probe,
+                let ticket = tokio::select! {
+                    ticket = throttle.before_attempt(probe) => ticket,
                     _ = stop.stopping() => return None,
                 };
                 let at = now_ms();
@@ -721,7 +740,12 @@ impl ItemTask {
                     }) => Counters::add(&throttle.unavailable, 1),
                     _ => {}
                 }
-                let counts = throttle.charge(observed, probe).await;
+                // Waiting for evidence of an outage is given up on a stop: the item stays
+                // pending.
+                let counts = tokio::select! {
+                    counts = throttle.charge(observed, ticket, id, probe) => counts,
+                    _ = stop.stopping() => return None,
+                };
                 Some((
                     result,
                     if counts {

@@ -37,6 +37,7 @@
 //! once the API pushes back; concurrency also adapts (x0.7 on pushback, +1 per calm tick).
 
 use std::fmt;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::str::FromStr;
 use std::sync::atomic::{
@@ -394,6 +395,8 @@ mod tests {
         assert_eq!(g(10.0, 3), 2);
     }
 
+    const PLAIN: Ticket = Ticket { probe: false, n: 0 };
+
     fn run_throttle(ceiling: f64, initial: f64) -> Throttle {
         let options = ThrottleOptions {
             rate: Rate::new(ceiling),
@@ -452,7 +455,7 @@ mod tests {
                 } else {
                     success(Duration::from_micros(300))
                 };
-                let verdict = t.record(Observed::of(&result), false);
+                let verdict = t.record(Observed::of(&result), PLAIN, None);
                 assert!(matches!(verdict, Verdict::Counted), "an answer counts");
             }
             t.on_tick(Duration::from_millis(200));
@@ -460,7 +463,7 @@ mod tests {
         assert!(t.rate().unwrap() < 1000.0, "slowed down: {:?}", t.rate());
         // However many in a row, 503s are answers: the API is not out.
         for _ in 0..10 * OUTAGE_AFTER_FAILURES {
-            t.record(Observed::of(&failure(Http, Some(503))), false);
+            t.record(Observed::of(&failure(Http, Some(503))), PLAIN, None);
         }
         assert_eq!(t.outage(), None);
     }
@@ -471,7 +474,11 @@ mod tests {
         let tick = |latencies: &[(u64, usize)]| {
             for &(us, n) in latencies {
                 for _ in 0..n {
-                    t.record(Observed::of(&success(Duration::from_micros(us))), false);
+                    t.record(
+                        Observed::of(&success(Duration::from_micros(us))),
+                        PLAIN,
+                        None,
+                    );
                 }
             }
             t.on_tick(Duration::from_millis(200));
@@ -485,6 +492,47 @@ mod tests {
         // An API that queues: every attempt is slower.
         let queueing = tick(&[(30_000, 20)]);
         assert!(queueing < busy, "the rate brakes: {busy} -> {queueing}");
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_decided_by_a_probe_with_an_id_known_to_work() {
+        let t = run_throttle(1000.0, 1000.0);
+        let probed = Mutex::new(Vec::new());
+        let answer = Mutex::new(Observed::Success(Duration::from_millis(1)));
+        let probe = |id: String| {
+            probed.lock().unwrap().push(id);
+            let observed = *answer.lock().unwrap();
+            async move { observed }
+        };
+        let ticket = t.before_attempt(&probe).await;
+        assert!(
+            t.charge(
+                Observed::Success(Duration::from_millis(1)),
+                ticket,
+                "good",
+                &probe
+            )
+            .await
+        );
+        // No other request under way (the tail of a job): a probe brings the evidence at
+        // once, instead of a wait; the API answers it, so the failure is the item's.
+        for _ in 0..OUTAGE_AFTER_FAILURES + 5 {
+            let ticket = t.before_attempt(&probe).await;
+            assert!(
+                t.charge(Observed::Down, ticket, "poisoned", &probe).await,
+                "counts: the API answered an ID known to work"
+            );
+        }
+        assert!(t.outage().is_none());
+        let probes = probed.lock().unwrap().clone();
+        assert!(
+            !probes.is_empty() && probes.iter().all(|id| id == "good"),
+            "{probes:?}"
+        );
+        // The API goes out: the probe gets no answer either, so the failure is free.
+        *answer.lock().unwrap() = Observed::Down;
+        let ticket = t.before_attempt(&probe).await;
+        assert!(!t.charge(Observed::Down, ticket, "good-too", &probe).await);
     }
 
     #[tokio::test]
@@ -558,18 +606,58 @@ pub const INCREASE_PER_SECOND: f64 = 0.10;
 /// Relative change of the adaptive rate below which the limiter is not swapped.
 pub const SWAP_THRESHOLD: f64 = 0.03;
 
-/// Failures in a row, with no answer in between, that mean the API is out rather than
-/// failing some items.
+/// Failures in a row, with no answer in between, after which the API may be out: attempts
+/// are held back until a probe tells.
 pub const OUTAGE_AFTER_FAILURES: u64 = 20;
-/// How long a possible-outage failure waits for evidence before it counts anyway.
+/// How long a possible-outage failure waits for evidence from other attempts before a
+/// probe is sent to get it.
+pub const PROBE_AFTER: Duration = Duration::from_millis(100);
+/// How long a possible-outage failure waits for evidence before it counts anyway, when no
+/// ID is known to work (nothing succeeded yet) to probe with.
 pub const PROVISIONAL_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether an attempt counts, as first recorded.
 enum Verdict {
     Counted,
     Free,
-    /// Decided by what happens next; the number of answers seen so far.
+    /// Decided by what happens next; the attempts sent before it failed.
     Provisional(u64),
+}
+
+/// An attempt's place in the order of attempts sent, from [`Throttle::before_attempt`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// The attempt is the outage probe itself (no ID known to work to probe with).
+    pub probe: bool,
+    n: u64,
+}
+
+/// Undoes a "waiting" mark when dropped, also when the waiting future is (a stop).
+enum Waiting<'a> {
+    Count(&'a AtomicU64),
+    Flag(&'a std::sync::atomic::AtomicBool),
+}
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicU64) -> Waiting<'a> {
+        count.fetch_add(1, AcqRel);
+        Waiting::Count(count)
+    }
+
+    fn flag(flag: &'a std::sync::atomic::AtomicBool) -> Waiting<'a> {
+        Waiting::Flag(flag)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        match self {
+            Waiting::Count(c) => {
+                c.fetch_sub(1, AcqRel);
+            }
+            Waiting::Flag(f) => f.store(false, Release),
+        }
+    }
 }
 /// The first probe's delay after an outage starts; doubles up to [`MAX_PROBE_INTERVAL`].
 pub const FIRST_PROBE_AFTER: Duration = Duration::from_millis(500);
@@ -648,8 +736,11 @@ impl Default for TickCounters {
 }
 
 struct Outage {
-    /// When the current outage began (`None`: the API is up).
+    /// When the current outage began (`None`: the API is up), suspected (failures in a row)
+    /// or confirmed (a probe got no answer either).
     since: Option<std::time::Instant>,
+    /// A probe got no answer during this outage: it is not just failing IDs.
+    confirmed: bool,
     /// When the next probe may go.
     next_probe: std::time::Instant,
     probe_interval: Duration,
@@ -667,8 +758,17 @@ pub struct Throttle {
     concurrency: Option<AdaptiveConcurrency>,
     tick: TickCounters,
     failures_in_a_row: AtomicU64,
-    /// Attempts that got an answer (any status), over the run.
-    answers: AtomicU64,
+    /// Attempts sent, over the run: an attempt's [`Ticket`] is its place in this order.
+    sent: AtomicU64,
+    /// The latest ticket that got an answer (any status).
+    answered_after: AtomicU64,
+    /// The latest ticket of a probe that got no answer.
+    down_after: AtomicU64,
+    /// An ID that got a success (in this run, or before it in a replayed bucket): what
+    /// probes call, so that a probe tells the API being out from IDs that fail.
+    known_good: std::sync::OnceLock<String>,
+    /// A probe for waiting failures is under way.
+    probing_for_provisional: std::sync::atomic::AtomicBool,
     /// Failures waiting for a verdict, and their wake-up.
     provisional: AtomicU64,
     answered: tokio::sync::Notify,
@@ -812,11 +912,16 @@ impl Throttle {
             concurrency,
             tick: TickCounters::default(),
             failures_in_a_row: AtomicU64::new(0),
-            answers: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            answered_after: AtomicU64::new(0),
+            down_after: AtomicU64::new(0),
+            known_good: std::sync::OnceLock::new(),
+            probing_for_provisional: std::sync::atomic::AtomicBool::new(false),
             provisional: AtomicU64::new(0),
             answered: tokio::sync::Notify::new(),
             outage: Mutex::new(Outage {
                 since: None,
+                confirmed: false,
                 next_probe: now,
                 probe_interval: FIRST_PROBE_AFTER,
                 probing: false,
@@ -849,18 +954,48 @@ impl Throttle {
             .map(|s| s.elapsed())
     }
 
+    /// Note an ID known to work (a success before this run, in a bucket it replays).
+    pub fn known_good(&self, id: &str) {
+        if self.known_good.get().is_none() {
+            let _ = self.known_good.set(id.to_owned());
+        }
+    }
+
     /// Wait until an attempt may start: the outage gate (one probe at a time while the API
-    /// is out), then the rate limit. Returns whether this attempt is a probe.
-    pub async fn before_attempt(&self) -> bool {
-        let probe = loop {
+    /// may be out), then the rate limit. Returns the attempt's ticket.
+    ///
+    /// A probe calls an ID known to work, through `probe` (its answer is not kept), and the
+    /// attempt waits on: whether the API answers that tells the API being out from the
+    /// attempts' own IDs failing. Only while no ID is known to work (nothing succeeded yet)
+    /// is the attempt itself the probe ([`Ticket::probe`]).
+    pub async fn before_attempt<P, F>(&self, probe: &P) -> Ticket
+    where
+        P: Fn(String) -> F,
+        F: Future<Output = Observed>,
+    {
+        loop {
+            let is_probe = self.gate().await;
+            if is_probe {
+                if let Some(good) = self.known_good.get() {
+                    self.probe_with(probe, good.clone()).await;
+                    continue;
+                }
+            }
+            return self.send(is_probe).await;
+        }
+    }
+
+    /// Wait for the outage gate; returns whether this attempt is the probe.
+    async fn gate(&self) -> bool {
+        loop {
             let notified = self.outage_changed.notified();
             let wait = {
                 let mut o = self.outage.lock().expect("never poisoned");
                 match o.since {
-                    None => break false,
+                    None => return false,
                     Some(_) if !o.probing && std::time::Instant::now() >= o.next_probe => {
                         o.probing = true;
-                        break true;
+                        return true;
                     }
                     Some(_) => o
                         .next_probe
@@ -871,104 +1006,172 @@ impl Throttle {
                 _ = notified => {}
                 _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
             }
-        };
+        }
+    }
+
+    /// The rate limit, then the attempt's place in the order of attempts sent.
+    async fn send(&self, probe: bool) -> Ticket {
         if let Some(l) = &self.limiter {
             l.until_ready().await;
         }
-        probe
+        Ticket {
+            probe,
+            n: self.sent.fetch_add(1, AcqRel) + 1,
+        }
+    }
+
+    /// Send one probe with `id` (known to work) and record what it saw.
+    async fn probe_with<P, F>(&self, probe: &P, id: String)
+    where
+        P: Fn(String) -> F,
+        F: Future<Output = Observed>,
+    {
+        let ticket = self.send(true).await;
+        let observed = probe(id).await;
+        self.record(observed, ticket, None);
     }
 
     /// Record what an attempt saw, and decide whether it counts against its item.
     ///
     /// An answer (any status) counts. A failure that may be the API going down (refused or
-    /// dropped connection, 5xx, timeout) is free while an outage is declared; otherwise its
-    /// verdict waits (at most [`PROVISIONAL_WAIT`]) for evidence: another answer from the API
-    /// (it counts: the API is up, this item failed) or an outage being declared (it is free).
-    /// So no item runs out of attempts while an outage is being detected.
-    pub async fn charge(&self, observed: Observed, probe: bool) -> bool {
-        match self.record(observed, probe) {
+    /// dropped connection, 5xx other than 503, timeout) waits for evidence: an answer to an
+    /// attempt sent after it (the API is up: it counts) or a probe sent after it getting no
+    /// answer either (the API is out: it is free). When other attempts bring no evidence
+    /// within [`PROBE_AFTER`], it sends a probe itself (one at a time, with an ID known to
+    /// work, through `probe`). So no item runs out of attempts during an outage, and IDs
+    /// that fail while the API answers others fail, however many of them in a row.
+    pub async fn charge<P, F>(
+        &self,
+        observed: Observed,
+        ticket: Ticket,
+        id: &str,
+        probe: &P,
+    ) -> bool
+    where
+        P: Fn(String) -> F,
+        F: Future<Output = Observed>,
+    {
+        match self.record(observed, ticket, Some(id)) {
             Verdict::Counted => true,
             Verdict::Free => false,
-            Verdict::Provisional(seen) => self.settle(seen).await,
+            Verdict::Provisional(seen) => self.settle(seen, probe).await,
         }
     }
 
-    fn record(&self, observed: Observed, probe: bool) -> Verdict {
+    fn record(&self, observed: Observed, ticket: Ticket, id: Option<&str>) -> Verdict {
         self.tick.attempts.fetch_add(1, Relaxed);
         if let Observed::Success(latency) = observed {
             self.tick
                 .min_latency_us
                 .fetch_min(latency.as_micros() as u64, Relaxed);
+            if let Some(id) = id {
+                self.known_good(id);
+            }
         }
         if observed.is_pushback() {
             self.tick.pushback.fetch_add(1, Relaxed);
         }
         if observed.may_be_down() {
             let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
-            let seen = self.answers.load(Acquire);
+            let seen = self.sent.load(Acquire);
             let mut o = self.outage.lock().expect("never poisoned");
-            if probe {
-                o.probing = false;
-                o.probe_interval = (o.probe_interval * 2).min(MAX_PROBE_INTERVAL);
-                o.next_probe = std::time::Instant::now() + o.probe_interval;
-            }
-            if o.since.is_none() && in_a_row >= OUTAGE_AFTER_FAILURES {
-                tracing::warn!("the API looks down ({in_a_row} failures in a row): pausing, probing with one request at growing intervals");
-                o.since = Some(std::time::Instant::now());
-                o.probe_interval = FIRST_PROBE_AFTER;
-                o.next_probe = std::time::Instant::now() + FIRST_PROBE_AFTER;
-                o.probing = false;
+            if ticket.probe {
+                self.down_after.fetch_max(ticket.n, AcqRel);
+                if o.since.is_some() {
+                    if !o.confirmed {
+                        o.confirmed = true;
+                        tracing::warn!("the API looks down ({in_a_row} failures in a row, a probe got no answer either): pausing, probing with one request at growing intervals");
+                        o.probe_interval = FIRST_PROBE_AFTER;
+                    } else {
+                        o.probe_interval = (o.probe_interval * 2).min(MAX_PROBE_INTERVAL);
+                    }
+                    o.probing = false;
+                    o.next_probe = std::time::Instant::now() + o.probe_interval;
+                }
                 drop(o);
                 // Provisional verdicts are waiting for exactly this.
                 self.answered.notify_waiters();
+                // A probe's own failure is the evidence: it costs its item nothing.
                 return Verdict::Free;
             }
-            return if o.since.is_some() {
-                Verdict::Free
-            } else {
-                Verdict::Provisional(seen)
-            };
+            if o.since.is_none() && in_a_row >= OUTAGE_AFTER_FAILURES {
+                // Hold attempts back and probe at once: are these IDs failing, or the API?
+                let now = std::time::Instant::now();
+                o.since = Some(now);
+                o.confirmed = false;
+                o.probe_interval = FIRST_PROBE_AFTER;
+                o.next_probe = now;
+                o.probing = false;
+                drop(o);
+                self.outage_changed.notify_waiters();
+            }
+            return Verdict::Provisional(seen);
         }
         self.failures_in_a_row.store(0, Relaxed);
-        self.answers.fetch_add(1, Release);
+        self.answered_after.fetch_max(ticket.n, AcqRel);
         if self.provisional.load(Acquire) > 0 {
             self.answered.notify_waiters();
         }
         let mut o = self.outage.lock().expect("never poisoned");
         if let Some(since) = o.since.take() {
-            tracing::warn!(
-                "the API answers again after {:.1}s: resuming at a low rate",
-                since.elapsed().as_secs_f64()
-            );
             o.probing = false;
+            let confirmed = std::mem::take(&mut o.confirmed);
             drop(o);
-            self.restart_low();
+            if confirmed {
+                tracing::warn!(
+                    "the API answers again after {:.1}s: resuming at a low rate",
+                    since.elapsed().as_secs_f64()
+                );
+                self.restart_low();
+            } else {
+                tracing::info!("many failures in a row, but the API answers: those IDs fail, the API is not out");
+            }
             self.outage_changed.notify_waiters();
-        } else if probe {
+        } else if ticket.probe {
             o.probing = false;
         }
         Verdict::Counted
     }
 
-    /// Wait for evidence about a failure that may be an outage starting (see [`Self::charge`]).
-    async fn settle(&self, seen: u64) -> bool {
-        let deadline = tokio::time::Instant::now() + PROVISIONAL_WAIT;
-        self.provisional.fetch_add(1, AcqRel);
-        let counts = loop {
+    /// Wait for evidence about a failure that may be an outage starting (see [`Self::charge`]);
+    /// `seen`: the attempts sent before it failed.
+    async fn settle<P, F>(&self, seen: u64, probe: &P) -> bool
+    where
+        P: Fn(String) -> F,
+        F: Future<Output = Observed>,
+    {
+        let started = tokio::time::Instant::now();
+        let _waiting = Waiting::new(&self.provisional);
+        loop {
             let notified = self.answered.notified();
-            if self.outage.lock().expect("never poisoned").since.is_some() {
-                break false;
+            if self.answered_after.load(Acquire) > seen {
+                return true;
             }
-            if self.answers.load(Acquire) > seen || tokio::time::Instant::now() >= deadline {
-                break true;
+            if self.down_after.load(Acquire) > seen {
+                return false;
             }
+            let good = self.known_good.get();
+            if good.is_none() && started.elapsed() >= PROVISIONAL_WAIT {
+                return true;
+            }
+            let probe_at = started + PROBE_AFTER;
+            if let Some(good) = good.filter(|_| tokio::time::Instant::now() >= probe_at) {
+                if !self.probing_for_provisional.swap(true, AcqRel) {
+                    let _probing = Waiting::flag(&self.probing_for_provisional);
+                    self.probe_with(probe, good.clone()).await;
+                    continue;
+                }
+            }
+            let until = if good.is_some() {
+                probe_at.max(tokio::time::Instant::now() + Duration::from_millis(5))
+            } else {
+                started + PROVISIONAL_WAIT
+            };
             tokio::select! {
                 _ = notified => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(until) => {}
             }
-        };
-        self.provisional.fetch_sub(1, AcqRel);
-        counts
+        }
     }
 
     /// After an outage, start again gently: the rate floor (or a quarter of the concurrency).

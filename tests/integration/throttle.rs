@@ -259,3 +259,70 @@ fn without_a_rate_concurrency_adapts_to_a_hidden_capacity() {
     assert!(export.iter().all(|r| r["status"] == "ok"));
     assert!(h.api.rejected_429() > 0, "the capacity was hit");
 }
+
+/// IDs that always lose their connection while the API answers the others: more than
+/// twenty of them in a row at the end of the input look like an outage, but a probe with an
+/// ID known to work gets its answer, so they fail with their error and the job ends, instead
+/// of being held as an outage until `--max-outage` halts it.
+#[test]
+fn ids_that_always_lose_their_connection_fail_and_are_not_an_outage() {
+    let h = Harness::new(ApiConfig {
+        drop_per_mille: 100,
+        transient_attempts: 1000,
+        ..fast_with_latency(1)
+    });
+    let candidates = ids(6000);
+    let with_fault = |fault: Fault, n: usize| -> Vec<String> {
+        let picked: Vec<String> = candidates
+            .iter()
+            .filter(|id| h.api.fault(id) == fault)
+            .take(n)
+            .cloned()
+            .collect();
+        assert_eq!(picked.len(), n);
+        picked
+    };
+    let good = with_fault(Fault::None, 300);
+    let poisoned = with_fault(Fault::Drop, 24);
+    let all: Vec<String> = good.iter().chain(&poisoned).cloned().collect();
+    let input = h.ids_file("ids.txt", &all);
+    let state = h.state();
+    let url = h.url();
+    let run = h.run(&[
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+        "--max-attempts",
+        "3",
+        "--retry-initial",
+        "100ms",
+        "--max-outage",
+        "5s",
+        "--progress-interval",
+        "0",
+    ]);
+    run.expect_code(3);
+    assert!(!run.stderr.contains("unreachable"), "{}", run.stderr);
+    let status = h.status(&state);
+    assert_eq!(status["finished"], true, "{status}");
+    assert_eq!(status["stats"]["ok"], 300, "{status}");
+    assert_eq!(status["stats"]["failed"], 24, "{status}");
+    assert_eq!(
+        status["stats"]["buckets_committed"], status["stats"]["buckets_planned"],
+        "{status}"
+    );
+    for r in h.export(&state) {
+        let id = r["id"].as_str().unwrap();
+        if h.api.fault(id) == Fault::Drop {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert_eq!(r["error_class"], "connection", "{r}");
+            assert_eq!(h.api.calls(id), 3, "--max-attempts 3: {r}");
+        } else {
+            assert_eq!(r["status"], "ok", "{r}");
+        }
+    }
+}
