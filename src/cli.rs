@@ -559,11 +559,20 @@ async fn run(args: RunArgs) -> Result<u8> {
     } else {
         OpenMode::Existing
     };
+    let existed = args.state.exists();
     let store = SledStore::open(&args.state, mode, args.store_cache_mb << 20)?;
     store.set_reopen_after(args.store_reopen_after);
     let spec = match open_job(&store, &request) {
         Ok(spec) => spec,
-        Err(e) => return refused(e),
+        Err(e) => {
+            // Whatever the checks above could not foresee (the input changing under us, a
+            // read error), a refused creation leaves nothing behind either.
+            if fresh {
+                drop(store);
+                undo_creation(&args.state, existed);
+            }
+            return refused(e);
+        }
     };
     if let Some(open) = crate::rerun::unfinished(&store)? {
         say!(
@@ -602,14 +611,37 @@ async fn run(args: RunArgs) -> Result<u8> {
     .await
 }
 
+/// Remove what creating a job in `state` made: the directory if it did not exist, its
+/// entries if it was empty. Best effort: the refusal is the error to report.
+fn undo_creation(state: &Path, existed: bool) {
+    if !existed {
+        let _ = std::fs::remove_dir_all(state);
+        return;
+    }
+    if let Ok(entries) = std::fs::read_dir(state) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+    }
+}
+
 /// A job the command line asks for that cannot be: a usage error (2) for a wrong flag, a
-/// malformed --url, --header or --body included; 1 for a variable missing from the
-/// environment or a client that cannot be built; anything else is the command's error.
+/// --url, --header or --body that cannot make a request included (malformed, or naming a
+/// variable missing from the environment); 1 for a client that cannot be built; anything
+/// else is the command's error.
 fn refused(e: crate::job::JobError) -> Result<u8> {
     use crate::handler::HandlerError;
     use crate::job::JobError;
     let code = match &e {
-        JobError::Usage(_) | JobError::Request(HandlerError::Invalid { .. }) => exit::USAGE,
+        JobError::Usage(_)
+        | JobError::Request(HandlerError::Invalid { .. } | HandlerError::MissingVar { .. }) => {
+            exit::USAGE
+        }
         JobError::Request(_) => exit::ERROR,
         _ => return Err(e.into()),
     };

@@ -400,11 +400,18 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
         return Ok(());
     };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::check_templates(&probe.request)?;
+    // The handler the run will build, with the real environment: a misspelt ${VAR} is
+    // refused here, not after the job is stored with it.
+    crate::handler::Handler::new(&probe.request)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
         source,
     })?;
+    // The input must hold a first row (in its format: a CSV header with the ID column).
+    let mut reader = crate::input::InputReader::open(input, crate::input::Cursor::default())?;
+    if reader.next_row()?.is_none() {
+        return Err(JobError::EmptyInput(input.path.clone()));
+    }
     Ok(())
 }
 

@@ -942,7 +942,7 @@ fn damaged_results_are_refused_by_export_never_left_out() {
 // Templates and secrets
 
 #[test]
-fn missing_variable_in_url_or_header_is_named_and_nothing_is_called() {
+fn missing_variable_in_url_or_header_is_named_and_nothing_is_created() {
     let h = Harness::new(ApiConfig::fast());
     let input = h.ids_file("ids.txt", &ids(10));
     let url = format!("{}?k=${{HW_TEST_MISSING_URL_VAR}}", h.url());
@@ -950,7 +950,11 @@ fn missing_variable_in_url_or_header_is_named_and_nothing_is_called() {
     let mut args = vec!["run", "--state", p(&state), "--input", p(&input)];
     args.extend(["--url", &url]);
     h.run_env(&args, &[], &["HW_TEST_MISSING_URL_VAR"])
-        .expect_refused(1, &["HW_TEST_MISSING_URL_VAR", "--url"]);
+        .expect_refused(2, &["HW_TEST_MISSING_URL_VAR", "--url"]);
+    assert!(
+        !state.exists(),
+        "a template that cannot make a request creates nothing"
+    );
 
     let state = h.path("s2");
     let url = h.url();
@@ -958,18 +962,61 @@ fn missing_variable_in_url_or_header_is_named_and_nothing_is_called() {
     args.extend(["--url", &url]);
     args.extend(["--header", "Authorization: Bearer ${HW_TEST_MISSING_TOKEN}"]);
     h.run_env(&args, &[], &["HW_TEST_MISSING_TOKEN"])
-        .expect_refused(1, &["HW_TEST_MISSING_TOKEN", "--header"]);
+        .expect_refused(2, &["HW_TEST_MISSING_TOKEN", "--header"]);
+    assert!(
+        !state.exists(),
+        "a template that cannot make a request creates nothing"
+    );
     assert_eq!(h.api.total_calls(), 0);
 
-    // Set now: the stored job runs.
-    h.run_env(
-        &["run", "--state", p(&state)],
-        &[("HW_TEST_MISSING_TOKEN", "t")],
-        &[],
-    )
-    .expect_no_panic()
-    .expect_code(0);
+    // Set now: the same command creates the job and runs it.
+    h.run_env(&args, &[("HW_TEST_MISSING_TOKEN", "t")], &[])
+        .expect_no_panic()
+        .expect_code(0);
     assert_eq!(h.api.total_calls(), 10);
+}
+
+/// A misspelt variable, then the corrected command in the same state directory: the first
+/// leaves nothing behind, so the second is a new job, not a changed one.
+#[test]
+fn a_misspelt_variable_can_be_corrected_in_the_same_state_directory() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &ids(10));
+    let state = h.state();
+    let typo = format!("{}?api_key=${{HW_TEST_API_TOKN}}", h.url());
+    let fixed = format!("{}?api_key=${{HW_TEST_API_TOKEN}}", h.url());
+    for (url, code) in [(&typo, 2), (&fixed, 0)] {
+        let mut args = new_job_args(&state, &input, url);
+        args.extend(["--concurrency", "2"]);
+        let run = h.run_env(
+            &args,
+            &[("HW_TEST_API_TOKEN", "s3cret")],
+            &["HW_TEST_API_TOKN"],
+        );
+        run.expect_no_panic().expect_code(code);
+        if code == 2 {
+            run.expect_stderr("HW_TEST_API_TOKN");
+            assert!(
+                !state.exists(),
+                "nothing left behind: {:?}",
+                files_under(h.dir.path())
+            );
+        }
+    }
+    assert_eq!(h.api.total_calls(), 10);
+}
+
+/// An empty input, into an empty directory given as the state: refused (1), and the
+/// directory stays as it was.
+#[test]
+fn an_empty_input_creates_nothing_even_in_an_existing_empty_directory() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.file("empty.txt", "");
+    let state = h.state();
+    std::fs::create_dir(&state).unwrap();
+    h.run_new(&state, &input, &h.url(), &[])
+        .expect_refused(1, &["empty"]);
+    assert!(dir_entries(&state).is_empty(), "{:?}", dir_entries(&state));
 }
 
 #[test]
