@@ -257,12 +257,9 @@ pub fn failures(
         "last_attempt",
         "attempt_classes",
     ];
+    let mut table = IdColumn::default();
     match format {
-        FailuresFormat::Table => writeln!(
-            out,
-            "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} ERROR",
-            "ID", "BUCKET", "CLASS", "HTTP", "ATTEMPTS", "FIRST ATTEMPT", "LAST ATTEMPT"
-        )?,
+        FailuresFormat::Table => {}
         FailuresFormat::Csv => {
             out.write_all((columns.join(",") + "\n").as_bytes())?;
         }
@@ -297,24 +294,93 @@ pub fn failures(
                 .map_err(csv_io)?;
                 out.write_all(&w.into_inner().map_err(|e| e.into_error())?)?;
             }
-            FailuresFormat::Table => writeln!(
-                out,
-                "{:<24} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
-                row.id,
-                row.bucket,
-                row.error_class.as_deref().unwrap_or("-"),
-                row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
-                row.attempts,
-                row.first_attempt.as_deref().unwrap_or("-"),
-                row.last_attempt.as_deref().unwrap_or("-"),
-                row.error.unwrap_or("-"),
-            )?,
+            FailuresFormat::Table => {
+                let rest = format!(
+                    "{:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} {}",
+                    row.bucket,
+                    row.error_class.as_deref().unwrap_or("-"),
+                    row.http_status.map(|s| s.to_string()).unwrap_or("-".into()),
+                    row.attempts,
+                    row.first_attempt.as_deref().unwrap_or("-"),
+                    row.last_attempt.as_deref().unwrap_or("-"),
+                    row.error.unwrap_or("-"),
+                );
+                table.row(out, row.id, rest)?;
+            }
         }
         count += 1;
         Ok(())
     })?;
+    if format == FailuresFormat::Table {
+        table.flush(out)?;
+    }
     out.flush()?;
     Ok(count)
+}
+
+/// The ID column of the failures table, sized to the IDs: as wide as the longest of the
+/// first [`IdColumn::SAMPLE`] rows (held back until then, so memory stays bounded), at
+/// least the heading, at most [`IdColumn::MAX`]. A longer ID is cut, its last character
+/// shown as `…`, so every row stays in line (the JSONL and CSV forms keep it whole).
+#[derive(Default)]
+struct IdColumn {
+    width: Option<usize>,
+    held: Vec<(String, String)>,
+}
+
+impl IdColumn {
+    const SAMPLE: usize = 1000;
+    const MAX: usize = 64;
+
+    fn row(&mut self, out: &mut dyn Write, id: &str, rest: String) -> io::Result<()> {
+        match self.width {
+            Some(width) => writeln!(out, "{} {rest}", cell(id, width)),
+            None => {
+                self.held.push((id.to_owned(), rest));
+                if self.held.len() >= Self::SAMPLE {
+                    self.flush(out)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Fix the width (if not yet), write the heading and the rows held back.
+    fn flush(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        if self.width.is_some() {
+            return Ok(());
+        }
+        let longest = self.held.iter().map(|(id, _)| id.chars().count()).max();
+        let width = longest.unwrap_or(0).clamp("ID".len(), Self::MAX);
+        self.width = Some(width);
+        writeln!(
+            out,
+            "{} {:>7} {:<10} {:>4} {:>8}  {:<24} {:<24} ERROR",
+            cell("ID", width),
+            "BUCKET",
+            "CLASS",
+            "HTTP",
+            "ATTEMPTS",
+            "FIRST ATTEMPT",
+            "LAST ATTEMPT"
+        )?;
+        for (id, rest) in std::mem::take(&mut self.held) {
+            writeln!(out, "{} {rest}", cell(&id, width))?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` in exactly `width` characters: padded, or cut with `…` as its last one.
+fn cell(text: &str, width: usize) -> String {
+    let n = text.chars().count();
+    if n <= width {
+        format!("{text}{}", " ".repeat(width - n))
+    } else {
+        let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
 }
 
 /// How many buckets with failures the human `status` names (`--json` has more).

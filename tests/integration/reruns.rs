@@ -753,3 +753,48 @@ fn a_rerun_with_a_missing_variable_is_refused_before_it_is_written() {
     assert_eq!(h.api.total_calls(), calls, "nothing called");
     assert_eq!(h.status(&state)["reruns"], serde_json::json!([]));
 }
+
+/// The failures table keeps every row in line whatever the IDs' lengths: the ID column is
+/// as wide as the IDs (bounded), a longer ID is cut with a mark.
+#[test]
+fn the_failures_table_sizes_its_id_column_to_the_ids() {
+    let h = Harness::new(ApiConfig {
+        not_found_per_mille: 300,
+        ..ApiConfig::fast()
+    });
+    let ids: Vec<String> = (0..200)
+        .map(|i| match i % 3 {
+            0 => format!("short-{i}"),
+            1 => format!("customer/2024/region-eu-west/account-{i:08}"),
+            _ => format!("{}-{i}", "x".repeat(90)),
+        })
+        .collect();
+    let (_, state) = h.finished_job(&ids, &[]);
+    let table = failures(&h, &state, &[]).stdout;
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    let bucket_end = header.find("BUCKET").unwrap() + "BUCKET".len();
+    let mut rows = 0;
+    let mut cut = 0;
+    for line in lines {
+        rows += 1;
+        let chars: Vec<char> = line.chars().collect();
+        let before: String = chars[..bucket_end].iter().collect();
+        assert!(
+            before.trim_end().ends_with(|c: char| c.is_ascii_digit()) && chars[bucket_end] == ' ',
+            "the bucket column is in line:\n{header}\n{line}"
+        );
+        let id_cell: String = chars[..bucket_end - "BUCKET".len() - 1].iter().collect();
+        if id_cell.trim_end().ends_with('…') {
+            cut += 1;
+        } else {
+            assert!(ids.contains(&id_cell.trim_end().to_string()), "{line}");
+        }
+    }
+    assert!(rows > 20, "{table}");
+    assert!(cut > 0, "the 90-character IDs are cut: {table}");
+    assert!(
+        table.contains("customer/2024/region-eu-west/account-"),
+        "a 45-character ID is shown whole: {table}"
+    );
+}
