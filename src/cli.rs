@@ -550,7 +550,9 @@ async fn run(args: RunArgs) -> Result<u8> {
     // A new job's templates and input are checked before its state directory is created, so
     // a mistyped flag leaves nothing behind.
     if fresh {
-        if let Err(e) = crate::job::check_new_job(&request) {
+        if let Err(e) = crate::job::check_new_job(&request)
+            .and_then(|()| crate::job::check_new_job_environment(&request))
+        {
             return refused(e);
         }
     }

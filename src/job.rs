@@ -400,9 +400,7 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
         return Ok(());
     };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    // The handler the run will build, with the real environment: a misspelt ${VAR} is
-    // refused here, not after the job is stored with it.
-    crate::handler::Handler::new(&probe.request)?;
+    crate::handler::check_templates(&probe.request)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
         source,
@@ -412,6 +410,17 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     if reader.next_row()?.is_none() {
         return Err(JobError::EmptyInput(input.path.clone()));
     }
+    Ok(())
+}
+
+/// Build the handler a new job's run would build, with the process environment: a
+/// `${VAR}` missing from it (a misspelt name) is refused before the job is stored with it.
+pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
+    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+        return Ok(());
+    };
+    let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
+    crate::handler::Handler::new(&probe.request)?;
     Ok(())
 }
 
