@@ -41,6 +41,9 @@ pub struct PgOpen {
     pub create: bool,
     /// How long the session lives without a heartbeat.
     pub ttl: Duration,
+    /// Register a worker session (a run). Without one (status, export) the store only
+    /// reads, and takes no lease.
+    pub worker: bool,
     pub connect: ConnectOptions,
 }
 
@@ -50,10 +53,14 @@ impl PgOpen {
             job: job.into(),
             create: false,
             ttl: Duration::from_secs(30),
+            worker: true,
             connect: ConnectOptions::default(),
         }
     }
 }
+
+/// The session of a store opened without one: no bucket is ever leased to it.
+const NO_WORKER: &str = "00000000-0000-0000-0000-000000000000";
 
 /// A job of a PostgreSQL database, as one worker session sees it (see the module doc).
 pub struct PgStore {
@@ -118,7 +125,11 @@ impl PgStore {
             }
             Err(e) => return Err(at(e)),
         };
-        let me = register_here(&client, job, open.ttl).await.map_err(at)?;
+        let me = if open.worker {
+            register_here(&client, job, open.ttl).await.map_err(at)?
+        } else {
+            WorkerId(NO_WORKER.into())
+        };
         let inner = Arc::new(Inner {
             target: target.clone(),
             options: open.connect.clone(),
@@ -136,7 +147,11 @@ impl PgStore {
                 fenced: 0,
             }),
         });
-        let heartbeat = tokio::spawn(super::leases::keep_alive(Arc::downgrade(&inner)));
+        let heartbeat = if open.worker {
+            tokio::spawn(super::leases::keep_alive(Arc::downgrade(&inner)))
+        } else {
+            tokio::spawn(async {})
+        };
         Ok(PgStore { inner, heartbeat })
     }
 
@@ -172,6 +187,15 @@ impl PgStore {
             .await
             .map_err(|e| self.inner.err(e))?;
         Ok(())
+    }
+
+    /// The job's workers, for `status`.
+    pub async fn workers(&self) -> Result<Vec<super::session::WorkerRow>, StoreError> {
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        super::session::workers(c, self.inner.job)
+            .await
+            .map_err(|e| self.inner.err(e))
     }
 
     /// Remove the job this open created (its creation was refused after all).

@@ -1,0 +1,166 @@
+//! Many workers, one job: the real binary against a throwaway PostgreSQL cluster
+//! (`tests/support/pg_cluster.rs`) and the fake API.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use highwater::demo::api::ApiConfig;
+use rand::Rng;
+
+#[path = "../support/pg_cluster.rs"]
+mod pg_cluster;
+
+use crate::harness::*;
+
+const JOB: &str = "crash";
+
+/// `export --state URL --job JOB`, parsed.
+fn export(h: &Harness, url: &str) -> Vec<serde_json::Value> {
+    let out = h.run(&["export", "--state", url, "--job", JOB]);
+    out.expect_code(0);
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("export lines are JSON"))
+        .collect()
+}
+
+/// A worker joining the job (no input).
+fn join(h: &Harness, url: &str) -> Child {
+    h.spawn(&[
+        "run",
+        "--state",
+        url,
+        "--job",
+        JOB,
+        "--concurrency",
+        "8",
+        "--lease-ttl",
+        "2s",
+        "--shutdown-timeout",
+        "2s",
+        "--progress-interval",
+        "0",
+    ])
+}
+
+/// Wait until `calls` more calls were made, or every worker exited.
+fn progress(h: &Harness, workers: &mut [Child], calls: u64) {
+    let target = h.api.total_calls() + calls;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while h.api.total_calls() < target {
+        if workers.iter_mut().all(|w| w.try_wait().unwrap().is_some()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no progress in 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
+    let h = Harness::new(ApiConfig {
+        slow_delay: Duration::from_millis(300),
+        ..ApiConfig::faulty()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(6_000);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut first = h.spawn(&[
+        "run",
+        "--state",
+        &url,
+        "--job",
+        JOB,
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+        "--bucket-size",
+        "50",
+        "--concurrency",
+        "8",
+        "--lease-ttl",
+        "2s",
+        "--shutdown-timeout",
+        "2s",
+        "--progress-interval",
+        "0",
+    ]);
+    assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
+    let mut workers = vec![first, join(&h, &url), join(&h, &url)];
+    let mut rng = rand::rng();
+    let mut kills = 0;
+    for _ in 0..10 {
+        progress(&h, &mut workers, 200);
+        let i = rng.random_range(0..workers.len());
+        if workers[i].try_wait().unwrap().is_none() {
+            signal(&workers[i], libc::SIGKILL);
+            kills += 1;
+        }
+        let _ = workers[i].wait();
+        workers[i] = join(&h, &url);
+    }
+    // One worker paused past its TTL: its buckets are taken over, and what it writes when
+    // it wakes up is fenced out.
+    progress(&h, &mut workers, 200);
+    let paused = rng.random_range(0..workers.len());
+    signal(&workers[paused], libc::SIGSTOP);
+    let pid = workers[paused].id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let expired = format!(
+        "SET search_path TO {}; SELECT count(*) FROM hw_worker WHERE pid = {pid} AND expires_at < now()",
+        db.schema
+    );
+    while pg_cluster::shared().psql(&db.name, &expired) != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "the paused worker's session expires"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    progress(&h, &mut workers, 100);
+    signal(&workers[paused], libc::SIGCONT);
+    let mut runs = Vec::new();
+    for w in workers {
+        runs.push(finish(w));
+    }
+    for r in &runs {
+        assert!(
+            r.code == 0 || r.code == 3,
+            "every worker exits by itself with 0 or 3: {r:?}"
+        );
+    }
+    assert!(
+        runs[paused].stderr.contains("session expired"),
+        "the paused worker found its session expired: {}",
+        runs[paused].stderr
+    );
+    assert!(kills >= 5, "{kills} kills");
+    let exported = export(&h, &url);
+    h.check_export_exactly_once(&exported, &ids);
+}
+
+#[test]
+fn a_url_needs_a_job_name_and_a_directory_refuses_one() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &ids(3));
+    let state = h.state();
+    let api = h.url();
+    h.run(&[
+        "run",
+        "--state",
+        "postgres://nobody@127.0.0.1:1/db",
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+    ])
+    .expect_code(2)
+    .expect_stderr("--job");
+    h.run(&["status", "--state", p(&state), "--job", "j"])
+        .expect_code(2)
+        .expect_stderr("--job");
+    assert!(!state.exists(), "nothing created");
+}
