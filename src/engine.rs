@@ -151,6 +151,10 @@ type Replay = (u64, Tally, Vec<Item>);
 /// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted,
 /// and the lease its commit carries.
 struct Track {
+    /// What the bucket's items carry as their `track`: the bucket itself, or in a shared
+    /// store a key of this lease's own (a bucket leased again gets a new track, and the
+    /// results of its earlier lease's items never count towards it).
+    key: u64,
     bucket: u64,
     remaining: u64,
     done: Tally,
@@ -280,6 +284,7 @@ pub async fn run_log<S: Store + Leases>(
         open: HashMap::new(),
         log,
         leases: HashMap::new(),
+        completed: HashMap::new(),
         shared,
         full: writer_full.clone(),
     };
@@ -368,6 +373,7 @@ pub async fn run_log<S: Store + Leases>(
                 Ok(items) => {
                     let (done, todo) = rerun_work(k, offset.bucket, items);
                     let track = Track {
+                        key: offset.bucket,
                         bucket: offset.bucket,
                         remaining: todo.len() as u64,
                         done,
@@ -551,6 +557,7 @@ impl Dispatcher {
             .map(|(bucket, done, todo)| {
                 let remaining = todo.len() as u64;
                 let track = Track {
+                    key: bucket,
                     bucket,
                     remaining,
                     done,
@@ -568,6 +575,7 @@ impl Dispatcher {
             .map(|b| {
                 let bucket = b.offset.bucket;
                 let track = Track {
+                    key: bucket,
                     bucket,
                     remaining: b.items.len() as u64,
                     done: Tally::default(),
@@ -932,6 +940,7 @@ async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
 }
 
 struct Tracked {
+    bucket: u64,
     remaining: u64,
     done: Tally,
 }
@@ -946,8 +955,10 @@ struct Writer<S> {
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
-    /// The lease each tracked bucket is committed under.
+    /// The lease each track is committed under, by track key.
     leases: HashMap<u64, Lease>,
+    /// The leases of completed buckets waiting for their commit, by bucket.
+    completed: HashMap<u64, Lease>,
     /// A shared store: a bucket whose lease was lost is dropped, not an error.
     shared: bool,
     /// Rung when a sender finds the queue holding a group, or full.
@@ -968,17 +979,26 @@ impl<S: Store + Leases> Writer<S> {
             match msg {
                 WriterMsg::Track(tracks) => {
                     for Track {
+                        key,
                         bucket,
                         remaining,
                         done,
                         lease,
                     } in tracks
                     {
-                        self.leases.insert(bucket, lease);
                         if remaining == 0 {
+                            self.completed.insert(bucket, lease);
                             ready.push(CommitRecord::new(bucket, done));
                         } else {
-                            self.open.insert(bucket, Tracked { remaining, done });
+                            self.leases.insert(key, lease);
+                            self.open.insert(
+                                key,
+                                Tracked {
+                                    bucket,
+                                    remaining,
+                                    done,
+                                },
+                            );
                         }
                     }
                 }
@@ -1023,7 +1043,10 @@ impl<S: Store + Leases> Writer<S> {
             t.remaining = t.remaining.saturating_sub(1);
             if t.remaining == 0 {
                 let t = self.open.remove(&track).expect("just seen");
-                done.push(CommitRecord::new(track, t.done));
+                if let Some(lease) = self.leases.remove(&track) {
+                    self.completed.insert(t.bucket, lease);
+                }
+                done.push(CommitRecord::new(t.bucket, t.done));
             }
         }
         self.check_failures(results);
@@ -1040,7 +1063,7 @@ impl<S: Store + Leases> Writer<S> {
         let start = Instant::now();
         let mut groups: Vec<(Lease, Vec<CommitRecord>)> = Vec::new();
         for c in commits.drain(..) {
-            let Some(lease) = self.leases.remove(&c.bucket) else {
+            let Some(lease) = self.completed.remove(&c.bucket) else {
                 tracing::error!(bucket = c.bucket, "a bucket to commit without a lease");
                 continue;
             };

@@ -33,6 +33,7 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
     stop: &Stop,
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
+    let mut next_key = 1u64 << 62;
     while !stop.is_stopping() {
         let leases = if store.alive() {
             store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
@@ -55,7 +56,7 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
             let LeaseScope::Bucket { bucket, .. } = lease.scope else {
                 continue;
             };
-            let (done, todo) = match log {
+            let (done, mut todo) = match log {
                 Log::Job => match store.bucket(bucket).await? {
                     Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
                     None => continue,
@@ -70,7 +71,13 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
                     }
                 }
             };
+            // A key of this lease's own (see `Track`): above any bucket number.
+            next_key += 1;
+            for item in &mut todo {
+                item.track = next_key;
+            }
             let track = Track {
+                key: next_key,
                 bucket,
                 remaining: todo.len() as u64,
                 done,

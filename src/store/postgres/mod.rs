@@ -46,6 +46,7 @@ pub mod migrate;
 pub mod planner;
 pub mod rate;
 pub mod results;
+mod rows;
 pub mod session;
 pub mod store;
 mod tls;

@@ -104,13 +104,20 @@ pub async fn plan(
         .transaction()
         .await
         .map_err(PgError::sql("starting a planning transaction"))?;
-    // The lock keeps the lease where it is until this transaction ends.
+    // The lock keeps the lease where it is until this transaction ends. A planner that
+    // read the position before another planned on from it is stale: its first bucket is
+    // not the job's next one.
+    let first = match buckets.first() {
+        Some(b) => Some(to_i64(b.bucket)?),
+        None => None,
+    };
     let held = tx
         .query_opt(
             "SELECT 1 FROM hw_job
              WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
+               AND ($4::bigint IS NULL OR next_bucket = $4)
              FOR NO KEY UPDATE",
-            &[&job.0, &me.0, &token],
+            &[&job.0, &me.0, &token, &first],
         )
         .await
         .map_err(PgError::sql("checking the planner lease"))?;
