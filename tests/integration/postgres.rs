@@ -164,3 +164,61 @@ fn a_url_needs_a_job_name_and_a_directory_refuses_one() {
         .expect_stderr("--job");
     assert!(!state.exists(), "nothing created");
 }
+
+#[test]
+fn sigterm_drains_a_worker_and_releases_its_buckets_at_once() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(20),
+        latency_max: Duration::from_millis(40),
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(1_500);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut worker = h.spawn(&[
+        "run",
+        "--state",
+        &url,
+        "--job",
+        JOB,
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+        "--bucket-size",
+        "20",
+        "--concurrency",
+        "4",
+        "--lease-ttl",
+        "30s",
+        "--progress-interval",
+        "0",
+    ]);
+    assert!(h.wait_for_calls(&mut worker, 50), "the worker calls");
+    signal(&worker, libc::SIGTERM);
+    let run = finish(worker);
+    run.expect_code(130).expect_stderr(&format!("--job {JOB}"));
+    // No TTL to wait for: nothing is leased, the session is gone.
+    let query = |sql: &str| {
+        pg_cluster::shared().psql(
+            &db.name,
+            &format!("SET search_path TO {}; {sql}", db.schema),
+        )
+    };
+    assert_eq!(
+        query("SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
+        "0"
+    );
+    assert_eq!(query("SELECT count(*) FROM hw_worker"), "0");
+    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
+    status.expect_code(0);
+    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    assert_eq!(status["finished"], false);
+    assert_eq!(status["workers"].as_array().map(Vec::len), Some(0));
+    // A joining worker finishes the job.
+    let rest = finish(join(&h, &url));
+    assert!(rest.code == 0 || rest.code == 3, "{rest:?}");
+    h.check_export_exactly_once(&export(&h, &url), &ids);
+}
