@@ -222,3 +222,52 @@ fn sigterm_drains_a_worker_and_releases_its_buckets_at_once() {
     assert!(rest.code == 0 || rest.code == 3, "{rest:?}");
     h.check_export_exactly_once(&export(&h, &url), &ids);
 }
+
+#[test]
+fn a_database_restart_mid_run_loses_and_doubles_nothing() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(10),
+        ..ApiConfig::fast()
+    });
+    // A cluster of its own: the shared one serves the other tests.
+    let cluster = pg_cluster::PgCluster::start();
+    let db = cluster.create_db();
+    let url = db.url.clone();
+    let ids = ids(3_000);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut first = h.spawn(&[
+        "run",
+        "--state",
+        &url,
+        "--job",
+        JOB,
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+        "--bucket-size",
+        "25",
+        "--concurrency",
+        "8",
+        "--lease-ttl",
+        "10s",
+        "--progress-interval",
+        "0",
+    ]);
+    assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
+    let mut workers = vec![first, join(&h, &url)];
+    progress(&h, &mut workers, 800);
+    cluster.restart();
+    let runs: Vec<Run> = workers.into_iter().map(finish).collect();
+    for r in &runs {
+        assert!(r.code == 0 || r.code == 3, "{r:?}");
+    }
+    assert!(
+        runs.iter()
+            .any(|r| r.stderr.contains("the database is unreachable")),
+        "the restart was seen: {runs:?}"
+    );
+    h.check_export_exactly_once(&export(&h, &url), &ids);
+}

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use super::buckets::{self, Acquired};
 use super::error::PgError;
 use super::job::to_i64;
+use super::outage::Outage;
 use super::session::{heartbeat, Grant, Heartbeat};
 use super::store::{register_here, Inner, PgStore};
 use super::{connect, log_number, WorkerId};
@@ -112,11 +113,19 @@ impl PgStore {
     /// Lease up to `n` buckets of `log`: open ones, and those of sessions that expired.
     pub async fn acquire_buckets(&self, log: Log, n: u32) -> Result<Vec<Acquired>, StoreError> {
         let me = self.inner.me();
-        let mut conn = self.inner.client().await?;
-        let c = conn.as_mut().expect("connected by client()");
-        let got = buckets::acquire(&*c, self.inner.job, &me, log, n)
-            .await
-            .map_err(|e| self.inner.err(e))?;
+        let mut outage = Outage::default();
+        let got = loop {
+            let attempt = async {
+                let conn = self.inner.connection().await?;
+                let c = conn.as_ref().expect("connected by connection()");
+                buckets::acquire(c, self.inner.job, &me, log, n).await
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => break attempt.map_err(|e| self.inner.err(e))?,
+            }
+        };
         let mut local = self.inner.local();
         for a in &got {
             local
@@ -261,10 +270,20 @@ impl Leases for PgStore {
         }
         let results = std::mem::take(&mut self.inner.local().results);
         let me = self.inner.me();
-        let done = {
-            let mut conn = self.inner.client().await?;
-            let c = conn.as_mut().expect("connected by client()");
-            commit_fenced(c, &self.inner, &me, lease, log, records, moved, &results).await
+        let mut outage = Outage::default();
+        let done = loop {
+            let attempt = async {
+                let mut conn = self.inner.connection().await?;
+                let c = conn.as_mut().expect("connected by connection()");
+                // Again after an outage: the results and commits are idempotent (a bucket
+                // this lease committed is left as it is).
+                commit_fenced(c, &self.inner, &me, lease, log, records, moved, &results).await
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => break attempt,
+            }
         };
         match done {
             Ok(true) => Ok(()),

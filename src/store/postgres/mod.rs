@@ -43,6 +43,7 @@ pub mod error;
 pub mod job;
 pub mod leases;
 pub mod migrate;
+pub mod outage;
 pub mod planner;
 pub mod rate;
 pub mod results;

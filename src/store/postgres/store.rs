@@ -21,6 +21,7 @@ use tokio_postgres::{Client, Row};
 use super::error::PgError;
 use super::job::{find_job, to_i64};
 use super::leases::Session;
+use super::outage::Outage;
 use super::results::{write_results, ResultRow};
 use super::rows::{
     commit_record, item_record, malformed, spec_from_json, spec_json, sql, BUCKET_COLUMNS,
@@ -259,13 +260,17 @@ impl Inner {
     pub(super) async fn client(
         &self,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, StoreError> {
+        self.connection().await.map_err(|e| self.err(e))
+    }
+
+    /// [`Inner::client`], its error as the database said it.
+    pub(super) async fn connection(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PgError> {
         let mut conn = self.conn.lock().await;
         if conn.as_ref().is_none_or(Client::is_closed) {
             *conn = None;
-            let client = connect(&self.target, &self.options)
-                .await
-                .map_err(|e| self.err(e))?;
-            *conn = Some(client);
+            *conn = Some(connect(&self.target, &self.options).await?);
         }
         Ok(conn)
     }
@@ -372,13 +377,24 @@ impl Inner {
 
 /// Run `$body` with the store's connection `$c` and its state `$i`; its error said of the
 /// job.
+/// A database outage (restarting, refusing connections) is waited out: the step is tried
+/// again with backoff ([`Outage`]), on a new connection.
 macro_rules! with_client {
     ($store:expr, |$c:ident, $i:ident| $body:block) => {{
-        let mut conn = $store.inner.client().await?;
-        let $c: &mut Client = conn.as_mut().expect("connected by client()");
-        let $i: &Inner = &$store.inner;
-        let result: Result<_, PgError> = async { $body }.await;
-        result.map_err(|e| $store.inner.err(e))
+        let mut outage = Outage::default();
+        loop {
+            let result: Result<_, PgError> = async {
+                let mut conn = $store.inner.connection().await?;
+                let $c: &mut Client = conn.as_mut().expect("connected by connection()");
+                let $i: &Inner = &$store.inner;
+                $body
+            }
+            .await;
+            match result {
+                Err(e) if outage.wait(&e).await => continue,
+                result => break result.map_err(|e| $store.inner.err(e)),
+            }
+        }
     }};
 }
 
