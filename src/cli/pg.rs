@@ -216,9 +216,9 @@ fn render_workers(workers: &[crate::store::postgres::session::WorkerRow]) -> Str
             .stats
             .get("items_per_s")
             .and_then(serde_json::Value::as_f64)
-            .map_or("-".to_string(), |r| format!("{r:.1}/s"));
+            .map_or("-".to_string(), |r| format!("{r:.1}"));
         text.push_str(&format!(
-            "  {} {}:{} started {}, heartbeat {:.1}s ago, {}, {} buckets held, rate share {}, {} items\n",
+            "  {} {}:{} started {}, heartbeat {:.1}s ago, {}, {} buckets held, rate share {}, {} items/s\n",
             &w.worker[..8.min(w.worker.len())],
             w.host,
             w.pid,

@@ -197,6 +197,18 @@ fn sigterm_drains_a_worker_and_releases_its_buckets_at_once() {
         "0",
     ]);
     assert!(h.wait_for_calls(&mut worker, 50), "the worker calls");
+    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
+    status.expect_code(0);
+    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    let workers = status["workers"]
+        .as_array()
+        .expect("status lists the workers");
+    assert_eq!(workers.len(), 1, "{status}");
+    assert_eq!(workers[0]["state"], "alive", "{status}");
+    assert_eq!(workers[0]["pid"], worker.id(), "{status}");
+    let text = h.run(&["status", "--state", &url, "--job", JOB]);
+    text.expect_code(0);
+    assert!(text.stdout.contains("workers:    1"), "{}", text.stdout);
     signal(&worker, libc::SIGTERM);
     let run = finish(worker);
     run.expect_code(130).expect_stderr(&format!("--job {JOB}"));

@@ -54,6 +54,8 @@ impl Session {
 /// Renew the session every third of its TTL until the store is dropped.
 pub(super) async fn keep_alive(inner: Weak<Inner>) {
     let mut client = None;
+    // Results recorded at the last heartbeat, and when: for items/s in `status`.
+    let mut last = (0u64, Instant::now());
     loop {
         let Some(store) = inner.upgrade() else { return };
         let every = heartbeat_every(store.ttl);
@@ -66,7 +68,13 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
         if let Some(c) = client.as_mut() {
             let sent = Instant::now();
             let me = store.me();
-            let stats = serde_json::json!({});
+            let recorded = store.local().recorded;
+            let secs = last.1.elapsed().as_secs_f64().max(1e-3);
+            let stats = serde_json::json!({
+                "items": recorded,
+                "items_per_s": (recorded - last.0) as f64 / secs,
+            });
+            last = (recorded, Instant::now());
             match heartbeat(c, store.job, &me, store.ttl, &stats).await {
                 Ok(Heartbeat::Renewed(grant)) => {
                     let mut local = store.local();

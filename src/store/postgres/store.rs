@@ -96,6 +96,8 @@ pub(super) struct Local {
     pub(super) job_lease: Option<i64>,
     /// Results dropped by a fence since the store was opened.
     pub(super) fenced: u64,
+    /// Results written (recorded) since the store was opened: the heartbeat reports them.
+    pub(super) recorded: u64,
 }
 
 impl PgStore {
@@ -147,6 +149,7 @@ impl PgStore {
                 held: HashMap::new(),
                 job_lease: None,
                 fenced: 0,
+                recorded: 0,
             }),
         });
         let heartbeat = if open.worker {
@@ -531,7 +534,9 @@ impl Store for PgStore {
     }
 
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-        self.inner.local().results.extend_from_slice(results);
+        let mut local = self.inner.local();
+        local.results.extend_from_slice(results);
+        local.recorded += results.len() as u64;
         Ok(())
     }
 
