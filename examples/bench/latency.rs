@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use super::external::{run_binary, wrk, BinRun, WrkRun};
 use super::{
     binary, finish_temp, kib_mib, loadavg, machine_facts, median, temp_dir, thousands, write_input,
-    Args, Baseline,
+    Args, Baseline, Proc,
 };
 
 /// The answer: a small JSON document, as an enrichment API's.
@@ -97,6 +97,60 @@ struct Round {
     wrk: WrkRun,
     after: BinRun,
     before: Option<BinRun>,
+    /// Peak RSS of the bare client loop (KiB).
+    bare_rss_kib: u64,
+}
+
+/// The hidden mode this example re-runs itself in for [`bare_client_rss`].
+pub const REQWEST_LOOP: &str = "__reqwest-loop";
+
+/// `__reqwest-loop URL-TEMPLATE IDS CONCURRENCY`: highwater's HTTP client alone
+/// (`Handler::attempt`, nothing stored) over the IDs, in a process of its own.
+pub fn reqwest_loop_child(args: &[String]) -> std::process::ExitCode {
+    let run = || -> Result<()> {
+        let [url, n, c] = args else {
+            bail!("usage: {REQWEST_LOOP} URL-TEMPLATE IDS CONCURRENCY");
+        };
+        highwater::os::open_files_for(c.parse::<u64>()?).context("open files")?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(super::reqwest_loop(url.clone(), n.parse()?, c.parse()?))?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Peak RSS (KiB) of highwater's HTTP client alone, `concurrency` calls in flight over `n`
+/// IDs: what the client costs per connection, whatever the engine does.
+fn bare_client_rss(url: &str, n: u64, concurrency: usize, log: &Path) -> Result<u64> {
+    let me = std::env::current_exe().context("finding this executable")?;
+    let args = [
+        REQWEST_LOOP.to_string(),
+        url.to_string(),
+        n.to_string(),
+        concurrency.to_string(),
+    ];
+    let mut proc = Proc::spawn(&me, &args, log)?;
+    let exit = loop {
+        if let Some(e) = proc.reap(true)? {
+            break e;
+        }
+    };
+    if exit.code != Some(0) {
+        bail!(
+            "the bare client loop: {}: {}",
+            exit.describe(),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+    Ok(exit.max_rss_kib)
 }
 
 pub fn latency(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
@@ -175,7 +229,23 @@ pub fn latency(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Resu
             .as_deref()
             .map(|b| one("before", b))
             .transpose()?;
-        rounds.push(Round { wrk, after, before });
+        let bare_rss_kib = bare_client_rss(
+            &format!("{base}{{id}}"),
+            (c as u64 * 10).min(n),
+            c,
+            &tmp.join(format!("bare-{round}.log")),
+        )?;
+        eprintln!(
+            "round {round} (load {}): highwater's HTTP client alone: peak RSS {}",
+            loadavg(),
+            kib_mib(bare_rss_kib)
+        );
+        rounds.push(Round {
+            wrk,
+            after,
+            before,
+            bare_rss_kib,
+        });
     }
     drop(server);
 
@@ -264,6 +334,20 @@ pub fn latency(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Resu
         let before: Vec<&BinRun> = rounds.iter().filter_map(|r| r.before.as_ref()).collect();
         table(&mut out, &format!("before ({})", b.display()), &before)?;
     }
+    let bare: Vec<f64> = rounds.iter().map(|r| r.bare_rss_kib as f64).collect();
+    writeln!(
+        out,
+        "highwater's HTTP client alone (`Handler::attempt` in a bare loop of {c} tasks, \
+         nothing stored, {} IDs, a process of its own): peak RSS {} (median; rounds: {}), \
+         {:.1} KiB per connection\n",
+        thousands((c as u64 * 10).min(n)),
+        kib_mib(median(&bare) as u64),
+        bare.iter()
+            .map(|k| kib_mib(*k as u64))
+            .collect::<Vec<_>>()
+            .join(", "),
+        median(&bare) / c as f64
+    )?;
     let errors: Vec<String> = rounds.iter().filter_map(|r| r.wrk.errors.clone()).collect();
     if !errors.is_empty() {
         writeln!(out, "wrk reported: {}", errors.join(" | "))?;

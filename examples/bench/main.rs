@@ -451,6 +451,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
 
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.first().map(String::as_str) == Some(latency::REQWEST_LOOP) {
+        return latency::reqwest_loop_child(&raw[1..]);
+    }
     let args = match parse_args(&raw) {
         Ok(Parsed::Run(a)) => a,
         Ok(Parsed::Help) => {
@@ -1087,10 +1090,15 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
 /// parse) in a bare loop of `concurrency` tasks, nothing stored: the ceiling any engine built
 /// on this client could reach.
 async fn reqwest_run(api: &FakeApi, n: u64, concurrency: usize) -> Result<Measured> {
+    reqwest_loop(api.url_template(), n, concurrency).await
+}
+
+/// [`reqwest_run`] against any URL template.
+async fn reqwest_loop(url: String, n: u64, concurrency: usize) -> Result<Measured> {
     // The request a job over this API stores (open_job's defaults: GET, 10 s connect, 30 s).
     let spec = highwater::job::RequestSpec {
         method: "GET".into(),
-        url: api.url_template(),
+        url,
         headers: Vec::new(),
         body: None,
         connect_timeout: Duration::from_secs(10),
