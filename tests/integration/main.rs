@@ -15,6 +15,8 @@ mod durability;
 mod jobs;
 mod old_formats;
 mod parquet;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod progress;
 mod reruns;
 mod throttle;
