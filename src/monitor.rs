@@ -360,6 +360,7 @@ fn warn_if_behind(
             attempts: now.attempts - state.last.attempts,
             in_flight: now.in_flight,
             throttled: now.throttled - state.last.throttled,
+            unavailable: now.unavailable - state.last.unavailable,
             durations: Durations::between(now, &state.last),
             backpressure: now.writer_backpressure - state.last.writer_backpressure,
             concurrency: config.concurrency,

@@ -10,6 +10,7 @@ mod bad_input;
 mod crash;
 mod durability;
 mod jobs;
+mod limit_req;
 mod old_formats;
 mod parquet;
 mod progress;
