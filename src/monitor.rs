@@ -427,6 +427,7 @@ fn report(
         in_flight: now.in_flight,
         retries: now.retries,
         throttled: now.throttled,
+        unavailable: now.unavailable,
         writer_backpressure: now.writer_backpressure,
         store_syncs: now.store_syncs,
         checkpoints: now.checkpoints,

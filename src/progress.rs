@@ -409,6 +409,8 @@ pub struct ProgressEvent {
     pub retries: u64,
     /// Answers 429 over the run.
     pub throttled: u64,
+    /// Answers 503 over the run.
+    pub unavailable: u64,
     /// Times the result writer's queue was full over the run.
     pub writer_backpressure: u64,
     pub store_syncs: u64,
@@ -443,8 +445,13 @@ impl ProgressEvent {
             _ => {}
         }
         line.push_str(&format!(
-            "; this run {} ok, {} failed, {} retries, {} answers 429, {} in flight",
-            self.run_ok, self.run_failed, self.retries, self.throttled, self.in_flight
+            "; this run {} ok, {} failed, {} retries, {} answers 429, {} answers 503, {} in flight",
+            self.run_ok,
+            self.run_failed,
+            self.retries,
+            self.throttled,
+            self.unavailable,
+            self.in_flight
         ));
         let d = &self.duration_ms;
         line.push_str(&format!(
@@ -509,7 +516,7 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
             effective.map_or("unlimited".into(), |r| format!("{r:.1}/s"))
         )
     } else if let Some(rate) = effective.filter(|r| *r < 0.8 * configured) {
-        format!("the adaptive rate is down to {rate:.1}/s after API pushback (503s, timeouts or rising latency)")
+        format!("the adaptive rate is down to {rate:.1}/s after API pushback (429 or 503 answers, timeouts or rising latency)")
     } else if latency_ms > 0.0 && configured * latency_ms / 1e3 > 0.8 * load.concurrency as f64 {
         format!(
             "API latency: {latency_ms:.0} ms per call with --concurrency {} allows about {:.1}/s",

@@ -151,10 +151,16 @@ fn against_limit_req(status: u16) {
     let (accepted, refused) = (api.accepted.load(Relaxed), api.refused.load(Relaxed));
     assert_eq!(accepted, 2000);
     let share = refused as f64 / (accepted + refused) as f64;
-    // The controller keeps refusals to a few percent (2% in a quiet run); before 503 was
-    // pushback, a third of the attempts were refused.
+    eprintln!(
+        "{status}: {refused} of {} attempts refused ({:.1}%)",
+        accepted + refused,
+        share * 100.0
+    );
+    // The controller keeps refusals to a few percent (2-3% against real nginx, loaded or
+    // not; 3-4.5% here on a loaded machine with both tests at once); before 503 was
+    // pushback, 12% here, a third against real nginx.
     assert!(
-        share <= 0.10,
+        share <= 0.08,
         "{status}: {refused} of {} attempts refused ({:.1}%)",
         accepted + refused,
         share * 100.0
@@ -171,7 +177,17 @@ fn against_limit_req(status: u16) {
         "{status}: the rate limit never came down: {rates:?}\n{}",
         run.stderr
     );
-    for line in run.stderr.lines().filter(|l| l.contains("falling behind")) {
+    let behind: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("falling behind"))
+        .collect();
+    assert!(
+        !behind.is_empty(),
+        "{status}: 200/s against --rate 2000 is warned about\n{}",
+        run.stderr
+    );
+    for line in behind {
         assert!(
             line.contains("pushback") && !line.contains("the planner"),
             "{status}: the warning names the pushback: {line}"
