@@ -14,7 +14,8 @@
 //! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
 //!
 //! ```text
-//! pushback (p > 0) or the tick's lowest latency above 3x its baseline and 10 ms above it:
+//! pushback (p > 0, and more of it over the last second than a steady few percent: see
+//! [`PushbackFilter`]) or the tick's lowest latency above 3x its baseline and 10 ms above it:
 //!     error      = rate - accepted
 //!     historical = p * rate
 //!     d_error    = (error - last_error) / tick
@@ -332,6 +333,46 @@ pub struct TickSignals {
     pub min_latency: Option<Duration>,
 }
 
+/// Share of attempts that may be pushback without the API being called overloaded: a 503 or
+/// a timeout now and then is an API's own weather, not a sign of sending too fast.
+pub const TOLERATED_PUSHBACK: f64 = 0.02;
+
+/// Tells a tick's pushback that says "too fast" from pushback that any rate would get.
+///
+/// An API whose limit is exceeded refuses a share of attempts that grows with the rate sent
+/// (nginx's `limit_req` refuses everything above its limit); an API with a flaky backend
+/// refuses a steady few percent at any rate. Reacting to every refusal, the controller ground
+/// a job against the second kind down to a few items/s (2% of IDs answering 503 once took
+/// the demo from ~700 to ~4 items/s). So pushback counts only when its share over about the
+/// last second is above [`TOLERATED_PUSHBACK`] by more than chance: more than `T·n +
+/// 2·sqrt(T·n)` of `n` attempts (a one-sided binomial bound, so a handful of attempts with
+/// one refusal among them does not count either, and a large overload counts at once).
+#[derive(Debug, Clone, Default)]
+pub struct PushbackFilter {
+    /// Attempts and pushback over about the last second (exponentially weighted).
+    attempts: f64,
+    pushback: f64,
+}
+
+impl PushbackFilter {
+    /// The window's time constant.
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
+    /// window's share says the API is overloaded, else 0.
+    pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
+        let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
+        self.attempts = self.attempts * keep + attempts as f64;
+        self.pushback = self.pushback * keep + pushback as f64;
+        let expected = TOLERATED_PUSHBACK * self.attempts;
+        if pushback > 0 && self.pushback > expected + 2.0 * expected.sqrt() {
+            pushback
+        } else {
+            0
+        }
+    }
+}
+
 /// The rate controller: one update per tick.
 #[derive(Debug, Clone)]
 pub struct RateController {
@@ -412,6 +453,78 @@ impl RateController {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ticks of 200 ms with `attempts` each and pushback at a steady `share` (carried over
+    /// between ticks, so the counts are whole): how many ticks the filter calls overloaded.
+    fn overloaded_ticks(ticks: usize, attempts: u64, share: f64) -> usize {
+        let mut filter = PushbackFilter::default();
+        let mut owed = 0.0;
+        (0..ticks)
+            .filter(|_| {
+                owed += attempts as f64 * share;
+                let pushback = owed.floor() as u64;
+                owed -= pushback as f64;
+                filter.filter(Duration::from_millis(200), attempts, pushback) > 0
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_steady_few_percent_of_pushback_is_not_overload_at_any_volume() {
+        for attempts in [2, 5, 20, 150, 2_000] {
+            assert_eq!(
+                overloaded_ticks(200, attempts, 0.02),
+                0,
+                "{attempts} attempts a tick"
+            );
+        }
+    }
+
+    #[test]
+    fn an_api_refusing_what_is_too_much_is_overloaded_at_once_and_while_it_refuses() {
+        let mut filter = PushbackFilter::default();
+        // nginx limit_req at 200/s against 2,000/s: nine in ten refused, from the first tick.
+        assert_eq!(filter.filter(Duration::from_millis(200), 400, 360), 360);
+        // A share a few times the tolerated one counts too, at every volume but a handful.
+        for attempts in [50, 150, 2_000] {
+            assert!(overloaded_ticks(50, attempts, 0.10) >= 40, "{attempts}");
+        }
+        // One refusal among a second's worth of 20 attempts is no evidence; three are.
+        let mut filter = PushbackFilter::default();
+        for _ in 0..10 {
+            filter.filter(Duration::from_millis(200), 4, 0);
+        }
+        assert_eq!(filter.filter(Duration::from_millis(200), 4, 1), 0);
+        let mut filter = PushbackFilter::default();
+        for _ in 0..10 {
+            filter.filter(Duration::from_millis(200), 4, 0);
+        }
+        assert!(filter.filter(Duration::from_millis(200), 4, 3) > 0);
+    }
+
+    /// The demo's API answers 503 to 2% of IDs once: before the filter, every tick had a
+    /// refusal and the controller ground the rate from ~700/s down to a few per second.
+    #[test]
+    fn the_rate_holds_against_an_api_that_refuses_a_steady_two_percent() {
+        let tick = Duration::from_millis(200);
+        let mut filter = PushbackFilter::default();
+        let mut controller = RateController::new(ControlSettings::new(0.1, 10_000.0), 700.0);
+        let mut owed = 0.0;
+        for _ in 0..300 {
+            // The job can use at most 700/s (its concurrency over the API's latency).
+            let attempts = (controller.rate().min(700.0) * tick.as_secs_f64()).round() as u64;
+            owed += attempts as f64 * 0.02;
+            let pushback = owed.floor() as u64;
+            owed -= pushback as f64;
+            controller.update(&TickSignals {
+                elapsed: tick,
+                attempts,
+                pushback: filter.filter(tick, attempts, pushback),
+                min_latency: Some(Duration::from_millis(20)),
+            });
+        }
+        assert!(controller.rate() >= 700.0, "rate {}", controller.rate());
+    }
 
     #[test]
     fn rates_parse() {
@@ -1056,6 +1169,8 @@ pub struct Throttle {
     controller: Mutex<Option<RateController>>,
     concurrency: Option<AdaptiveConcurrency>,
     tick: TickCounters,
+    /// Which ticks' pushback says the API is overloaded (only the control task locks it).
+    pushback_filter: Mutex<PushbackFilter>,
     failures_in_a_row: AtomicU64,
     /// Attempts that got an answer (any status), over the run.
     answers: AtomicU64,
@@ -1205,6 +1320,7 @@ impl Throttle {
             controller: Mutex::new(controller),
             concurrency,
             tick: TickCounters::default(),
+            pushback_filter: Mutex::new(PushbackFilter::default()),
             failures_in_a_row: AtomicU64::new(0),
             answers: AtomicU64::new(0),
             provisional: AtomicU64::new(0),
@@ -1444,6 +1560,11 @@ impl Throttle {
         if self.outage.lock().expect("never poisoned").since.is_some() {
             return;
         }
+        let pushback = self
+            .pushback_filter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .filter(elapsed, attempts, pushback);
         let signals = TickSignals {
             elapsed,
             attempts,
