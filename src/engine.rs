@@ -58,12 +58,12 @@ use crate::input::InputReader;
 use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
-use crate::retry::{self, AttemptError, Charge, ErrorClass, ItemOutcome, Success};
+use crate::retry::{self, AttemptError, Charge, ItemOutcome};
 use crate::store::{
     CommitRecord, ItemRecord, ItemStatus, JobView, Lease, LeaseScope, Leases, Log, PlannedBucket,
     Store, StoreError, Tally,
 };
-use crate::throttle::{Observed, Throttle};
+use crate::throttle::{ItemHistory, Observed, Throttle};
 
 mod fleet;
 mod queue;
@@ -769,6 +769,8 @@ impl ItemTask {
         let id = item.id.as_str();
         // When the first and the last attempt started.
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
+        // What the throttle learnt of this ID's failures (is it failing alone?).
+        let history = &ItemHistory::default();
         let outcome = retry::run(
             &self.spec.retry,
             |attempt| async move {
@@ -793,15 +795,19 @@ impl ItemTask {
                 drop(in_flight);
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, start.elapsed());
-                let observed = observe(&result);
-                if let Err(AttemptError {
-                    http_status: Some(429),
-                    ..
-                }) = &result
-                {
-                    Counters::add(&throttle.throttled, 1);
+                let observed = Observed::of(&result);
+                match &result {
+                    Err(AttemptError {
+                        http_status: Some(429),
+                        ..
+                    }) => Counters::add(&throttle.throttled, 1),
+                    Err(AttemptError {
+                        http_status: Some(503),
+                        ..
+                    }) => Counters::add(&throttle.unavailable, 1),
+                    _ => {}
                 }
-                let counts = throttle.charge(observed, probe).await;
+                let counts = throttle.charge(observed, probe, history).await;
                 Some((
                     result,
                     if counts {
@@ -876,23 +882,6 @@ impl ItemTask {
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
-    }
-}
-
-/// What an attempt's result tells the throttle.
-fn observe(result: &Result<Success, AttemptError>) -> Observed {
-    match result {
-        Ok(s) => Observed::Success(s.latency),
-        Err(e) => match (e.class, e.http_status) {
-            (ErrorClass::Http, Some(429)) => Observed::Pushback,
-            (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
-            (ErrorClass::Timeout | ErrorClass::Connect | ErrorClass::Connection, _) => {
-                Observed::Down
-            }
-            // An answer its checks refused is still an answer: no pushback, no outage.
-            (ErrorClass::Invalid, _) => Observed::Answered,
-            _ => Observed::Answered,
-        },
     }
 }
 

@@ -186,6 +186,8 @@ pub struct CounterSnapshot {
     pub writer_backpressure: u64,
     /// Answers 429 (from the throttle's count).
     pub throttled: u64,
+    /// Answers 503 (from the throttle's count).
+    pub unavailable: u64,
     pub plan_write_ns: u64,
     pub plan_sync_ns: u64,
     pub api_ns: u64,
@@ -211,6 +213,7 @@ impl Counters {
             in_flight: self.in_flight.load(Relaxed),
             writer_backpressure: self.writer_backpressure.load(Relaxed),
             throttled: self.throttle().map_or(0, |t| t.throttled.load(Relaxed)),
+            unavailable: self.throttle().map_or(0, |t| t.unavailable.load(Relaxed)),
             plan_write_ns: self.plan_write_ns.load(Relaxed),
             plan_sync_ns: self.plan_sync_ns.load(Relaxed),
             api_ns: self.api_ns.load(Relaxed),
@@ -406,6 +409,8 @@ pub struct ProgressEvent {
     pub retries: u64,
     /// Answers 429 over the run.
     pub throttled: u64,
+    /// Answers 503 over the run.
+    pub unavailable: u64,
     /// Times the result writer's queue was full over the run.
     pub writer_backpressure: u64,
     pub store_syncs: u64,
@@ -440,8 +445,13 @@ impl ProgressEvent {
             _ => {}
         }
         line.push_str(&format!(
-            "; this run {} ok, {} failed, {} retries, {} answers 429, {} in flight",
-            self.run_ok, self.run_failed, self.retries, self.throttled, self.in_flight
+            "; this run {} ok, {} failed, {} retries, {} answers 429, {} answers 503, {} in flight",
+            self.run_ok,
+            self.run_failed,
+            self.retries,
+            self.throttled,
+            self.unavailable,
+            self.in_flight
         ));
         let d = &self.duration_ms;
         line.push_str(&format!(
@@ -462,6 +472,8 @@ pub struct IntervalLoad {
     pub in_flight: u64,
     /// Answers 429 over the interval.
     pub throttled: u64,
+    /// Answers 503 over the interval.
+    pub unavailable: u64,
     pub durations: Durations,
     pub backpressure: u64,
     pub concurrency: usize,
@@ -492,14 +504,19 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
     let store_s = load.durations.store_ms() / 1e3;
     let cause = if load.outage {
         "the API is out (attempts wait for a probe to get through)".to_string()
-    } else if load.throttled > 0 {
+    } else if load.throttled > 0 || load.unavailable > 0 {
+        let answers: Vec<String> = [(503, load.unavailable), (429, load.throttled)]
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(status, n)| format!("{status} {n} times"))
+            .collect();
         format!(
-            "the API answered 429 {} times; the adaptive rate is {}",
-            load.throttled,
+            "API pushback: the API answered {}; the adaptive rate is {}",
+            answers.join(" and "),
             effective.map_or("unlimited".into(), |r| format!("{r:.1}/s"))
         )
     } else if let Some(rate) = effective.filter(|r| *r < 0.8 * configured) {
-        format!("the adaptive rate is down to {rate:.1}/s after API pushback (503s, timeouts or rising latency)")
+        format!("the adaptive rate is down to {rate:.1}/s after API pushback (429 or 503 answers, timeouts or rising latency)")
     } else if latency_ms > 0.0 && configured * latency_ms / 1e3 > 0.8 * load.concurrency as f64 {
         format!(
             "API latency: {latency_ms:.0} ms per call with --concurrency {} allows about {:.1}/s",
@@ -632,6 +649,16 @@ mod tests {
         };
         let w = why(&throttled, Some(30.0));
         assert!(w.contains("429 40 times") && w.contains("30.0/s"), "{w}");
+        // A rate limiter answering 503 (nginx's limit_req by default) is pushback too, named.
+        let unavailable = IntervalLoad {
+            unavailable: 25,
+            ..load(300)
+        };
+        let w = why(&unavailable, Some(30.0));
+        assert!(
+            w.contains("pushback") && w.contains("503 25 times") && !w.contains("429"),
+            "{w}"
+        );
         assert!(why(&load(300), Some(30.0)).contains("adaptive rate is down to 30.0/s"));
         // 16 in flight at 400 ms each: 40/s at most.
         let slow = IntervalLoad {

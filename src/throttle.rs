@@ -14,7 +14,8 @@
 //! were not pushback, and `p` the share of attempts that were pushback (429, 503, timeouts):
 //!
 //! ```text
-//! pushback (p > 0) or latency above 3x its baseline and at least 10 ms above it:
+//! pushback (p > 0, and more of it over the last second than a steady few percent: see
+//! [`PushbackFilter`]) or the tick's lowest latency above 3x its baseline and 10 ms above it:
 //!     error      = rate - accepted
 //!     historical = p * rate
 //!     d_error    = (error - last_error) / tick
@@ -41,6 +42,8 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::retry::{AttemptError, ErrorClass, Success};
 
 /// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -321,8 +324,53 @@ pub struct TickSignals {
     pub attempts: u64,
     /// 429s, 503s and timeouts.
     pub pushback: u64,
-    /// Mean latency of successful attempts, if any.
-    pub mean_latency: Option<Duration>,
+    /// The lowest latency of a successful attempt over the tick, if any. The lowest, not
+    /// the mean: an attempt's latency is measured inside our own runtime, so it includes
+    /// the time a ready task waits for a busy machine to run it. That delay strikes some
+    /// attempts and not others, while an API that queues requests slows every one of them;
+    /// the minimum over a tick sees the second and not the first (delay-based congestion
+    /// control, TCP Vegas and BBR, filters round-trip times by their minimum likewise).
+    pub min_latency: Option<Duration>,
+}
+
+/// Share of attempts that may be pushback without the API being called overloaded: a 503 or
+/// a timeout now and then is an API's own weather, not a sign of sending too fast.
+pub const TOLERATED_PUSHBACK: f64 = 0.02;
+
+/// Tells a tick's pushback that says "too fast" from pushback that any rate would get.
+///
+/// An API whose limit is exceeded refuses a share of attempts that grows with the rate sent
+/// (nginx's `limit_req` refuses everything above its limit); an API with a flaky backend
+/// refuses a steady few percent at any rate. Reacting to every refusal, the controller ground
+/// a job against the second kind down to a few items/s (2% of IDs answering 503 once took
+/// the demo from ~700 to ~4 items/s). So pushback counts only when its share over about the
+/// last second is above [`TOLERATED_PUSHBACK`] by more than chance: more than `T·n +
+/// 2·sqrt(T·n)` of `n` attempts (a one-sided binomial bound, so a handful of attempts with
+/// one refusal among them does not count either, and a large overload counts at once).
+#[derive(Debug, Clone, Default)]
+pub struct PushbackFilter {
+    /// Attempts and pushback over about the last second (exponentially weighted).
+    attempts: f64,
+    pushback: f64,
+}
+
+impl PushbackFilter {
+    /// The window's time constant.
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
+    /// window's share says the API is overloaded, else 0.
+    pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
+        let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
+        self.attempts = self.attempts * keep + attempts as f64;
+        self.pushback = self.pushback * keep + pushback as f64;
+        let expected = TOLERATED_PUSHBACK * self.attempts;
+        if pushback > 0 && self.pushback > expected + 2.0 * expected.sqrt() {
+            pushback
+        } else {
+            0
+        }
+    }
 }
 
 /// The rate controller: one update per tick.
@@ -358,14 +406,14 @@ impl RateController {
             return self.rate;
         }
         let c = &self.settings;
-        let slow = match (s.mean_latency, self.baseline_latency) {
+        let slow = match (s.min_latency, self.baseline_latency) {
             (Some(now), Some(base)) => {
                 now.as_secs_f64() > base.as_secs_f64() * c.latency_factor
                     && now.saturating_sub(base) >= c.latency_min_rise
             }
             _ => false,
         };
-        if let Some(now) = s.mean_latency {
+        if let Some(now) = s.min_latency {
             // The baseline is the lowest latency seen, drifting up slowly so a permanently
             // slower API becomes the new normal instead of a permanent brake.
             self.baseline_latency = Some(match self.baseline_latency {
@@ -406,6 +454,78 @@ impl RateController {
 mod tests {
     use super::*;
 
+    /// Ticks of 200 ms with `attempts` each and pushback at a steady `share` (carried over
+    /// between ticks, so the counts are whole): how many ticks the filter calls overloaded.
+    fn overloaded_ticks(ticks: usize, attempts: u64, share: f64) -> usize {
+        let mut filter = PushbackFilter::default();
+        let mut owed = 0.0;
+        (0..ticks)
+            .filter(|_| {
+                owed += attempts as f64 * share;
+                let pushback = owed.floor() as u64;
+                owed -= pushback as f64;
+                filter.filter(Duration::from_millis(200), attempts, pushback) > 0
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_steady_few_percent_of_pushback_is_not_overload_at_any_volume() {
+        for attempts in [2, 5, 20, 150, 2_000] {
+            assert_eq!(
+                overloaded_ticks(200, attempts, 0.02),
+                0,
+                "{attempts} attempts a tick"
+            );
+        }
+    }
+
+    #[test]
+    fn an_api_refusing_what_is_too_much_is_overloaded_at_once_and_while_it_refuses() {
+        let mut filter = PushbackFilter::default();
+        // nginx limit_req at 200/s against 2,000/s: nine in ten refused, from the first tick.
+        assert_eq!(filter.filter(Duration::from_millis(200), 400, 360), 360);
+        // A share a few times the tolerated one counts too, at every volume but a handful.
+        for attempts in [50, 150, 2_000] {
+            assert!(overloaded_ticks(50, attempts, 0.10) >= 40, "{attempts}");
+        }
+        // One refusal among a second's worth of 20 attempts is no evidence; three are.
+        let mut filter = PushbackFilter::default();
+        for _ in 0..10 {
+            filter.filter(Duration::from_millis(200), 4, 0);
+        }
+        assert_eq!(filter.filter(Duration::from_millis(200), 4, 1), 0);
+        let mut filter = PushbackFilter::default();
+        for _ in 0..10 {
+            filter.filter(Duration::from_millis(200), 4, 0);
+        }
+        assert!(filter.filter(Duration::from_millis(200), 4, 3) > 0);
+    }
+
+    /// The demo's API answers 503 to 2% of IDs once: before the filter, every tick had a
+    /// refusal and the controller ground the rate from ~700/s down to a few per second.
+    #[test]
+    fn the_rate_holds_against_an_api_that_refuses_a_steady_two_percent() {
+        let tick = Duration::from_millis(200);
+        let mut filter = PushbackFilter::default();
+        let mut controller = RateController::new(ControlSettings::new(0.1, 10_000.0), 700.0);
+        let mut owed = 0.0;
+        for _ in 0..300 {
+            // The job can use at most 700/s (its concurrency over the API's latency).
+            let attempts = (controller.rate().min(700.0) * tick.as_secs_f64()).round() as u64;
+            owed += attempts as f64 * 0.02;
+            let pushback = owed.floor() as u64;
+            owed -= pushback as f64;
+            controller.update(&TickSignals {
+                elapsed: tick,
+                attempts,
+                pushback: filter.filter(tick, attempts, pushback),
+                min_latency: Some(Duration::from_millis(20)),
+            });
+        }
+        assert!(controller.rate() >= 700.0, "rate {}", controller.rate());
+    }
+
     #[test]
     fn rates_parse() {
         assert_eq!("50".parse::<Rate>().unwrap().per_second(), 50.0);
@@ -426,7 +546,7 @@ mod tests {
             elapsed: Duration::from_secs(1),
             attempts,
             pushback: refused.min(attempts),
-            mean_latency: Some(Duration::from_millis(10)),
+            min_latency: Some(Duration::from_millis(10)),
         }
     }
 
@@ -458,11 +578,11 @@ mod tests {
             elapsed: Duration::from_secs(1),
             attempts: 100,
             pushback: 0,
-            mean_latency: Some(Duration::from_millis(10)),
+            min_latency: Some(Duration::from_millis(10)),
         };
         c.update(&fast);
         let slow = TickSignals {
-            mean_latency: Some(Duration::from_millis(100)),
+            min_latency: Some(Duration::from_millis(100)),
             ..fast
         };
         let before = c.rate();
@@ -470,7 +590,7 @@ mod tests {
         // Jitter far below a millisecond on a fast API is not the API slowing down.
         let mut c = RateController::new(ControlSettings::new(5.0, 200.0), 100.0);
         let quick = |us| TickSignals {
-            mean_latency: Some(Duration::from_micros(us)),
+            min_latency: Some(Duration::from_micros(us)),
             ..fast
         };
         c.update(&quick(200));
@@ -720,6 +840,151 @@ mod tests {
         }
     }
 
+    fn run_throttle(ceiling: f64, initial: f64) -> Throttle {
+        let options = ThrottleOptions {
+            rate: Rate::new(ceiling),
+            initial_rate: Rate::new(initial),
+            ..ThrottleOptions::default()
+        };
+        Throttle::new(options, Arc::new(tokio::sync::Semaphore::new(64)), 64)
+    }
+
+    fn failure(class: ErrorClass, status: Option<u16>) -> Result<Success, AttemptError> {
+        Err(AttemptError {
+            class,
+            http_status: status,
+            message: String::new(),
+            retry_after: None,
+            verdict: None,
+        })
+    }
+
+    fn success(latency: Duration) -> Result<Success, AttemptError> {
+        Ok(Success {
+            http_status: 200,
+            body: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+            latency,
+        })
+    }
+
+    #[test]
+    fn a_503_is_pushback_from_an_api_that_answers() {
+        use ErrorClass::*;
+        let with_retry_after = Err(AttemptError {
+            retry_after: Some(Duration::from_secs(1)),
+            ..failure(Http, Some(503)).unwrap_err()
+        });
+        for (result, observed) in [
+            (failure(Http, Some(503)), Observed::Pushback),
+            (with_retry_after, Observed::Pushback),
+            (failure(Http, Some(429)), Observed::Pushback),
+            (failure(Timeout, None), Observed::Timeout),
+            (failure(Connect, None), Observed::Unreachable),
+            (failure(Connection, None), Observed::Down),
+            (failure(Http, Some(502)), Observed::Unreachable),
+            (failure(Http, Some(500)), Observed::Down),
+            (failure(Http, Some(404)), Observed::Answered),
+            (
+                success(Duration::from_millis(1)),
+                Observed::Success(Duration::from_millis(1)),
+            ),
+        ] {
+            assert_eq!(Observed::of(&result), observed, "{result:?}");
+        }
+        // nginx's limit_req at a tenth of the rate: a third of the attempts answered 503.
+        let t = run_throttle(2000.0, 2000.0);
+        for _ in 0..10 {
+            for i in 0..300 {
+                let result = if i % 3 == 0 {
+                    failure(Http, Some(503))
+                } else {
+                    success(Duration::from_micros(300))
+                };
+                let verdict = t.record(Observed::of(&result), false, false);
+                assert!(matches!(verdict, Verdict::Counted), "an answer counts");
+            }
+            t.on_tick(Duration::from_millis(200));
+        }
+        assert!(t.rate().unwrap() < 1000.0, "slowed down: {:?}", t.rate());
+        // However many in a row, 503s are answers: the API is not out.
+        for _ in 0..10 * OUTAGE_AFTER_FAILURES {
+            t.record(Observed::of(&failure(Http, Some(503))), false, false);
+        }
+        assert_eq!(t.outage(), None);
+    }
+
+    #[test]
+    fn client_side_delay_of_some_attempts_is_not_pushback() {
+        let t = run_throttle(200.0, 100.0);
+        let tick = |latencies: &[(u64, usize)]| {
+            for &(us, n) in latencies {
+                for _ in 0..n {
+                    t.record(
+                        Observed::of(&success(Duration::from_micros(us))),
+                        false,
+                        false,
+                    );
+                }
+            }
+            t.on_tick(Duration::from_millis(200));
+            t.rate().unwrap()
+        };
+        let start = tick(&[(300, 20)]);
+        // A busy machine: a quarter of the attempts waited 60 ms for our own runtime to run
+        // them (a mean of 15 ms), the others took the API's 0.3 ms.
+        let busy = tick(&[(300, 15), (60_000, 5)]);
+        assert!(busy > start, "the rate keeps climbing: {start} -> {busy}");
+        // An API that queues: every attempt is slower.
+        let queueing = tick(&[(30_000, 20)]);
+        assert!(queueing < busy, "the rate brakes: {busy} -> {queueing}");
+    }
+
+    /// Whether `charge` gives its verdict without waiting: polled once.
+    fn at_once(t: &Throttle, observed: Observed, history: &ItemHistory) -> Option<bool> {
+        use std::future::Future;
+        let charge = std::pin::pin!(t.charge(observed, false, history));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match charge.poll(&mut cx) {
+            std::task::Poll::Ready(counts) => Some(counts),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_id_that_failed_while_others_answered_counts_its_failures_at_once() {
+        let t = run_throttle(1000.0, 1000.0);
+        let poisoned = ItemHistory::default();
+        let answer = || t.record(Observed::Answered, false, false);
+        // Its first failure waits for evidence; another ID's answer shows it its own.
+        let first = t.charge(Observed::Down, false, &poisoned);
+        let (counts, ()) = tokio::join!(first, async {
+            tokio::task::yield_now().await;
+            answer();
+        });
+        assert!(counts && poisoned.fails_alone());
+        assert_eq!(t.evidence_waits.load(Relaxed), 1);
+        // Its later failures count at once: no wait for evidence (the tail of a run, where
+        // nothing else answers any more), and however many in a row, no outage.
+        for _ in 0..2 * OUTAGE_AFTER_FAILURES {
+            assert_eq!(at_once(&t, Observed::Down, &poisoned), Some(true));
+        }
+        assert_eq!(t.evidence_waits.load(Relaxed), 1);
+        assert_eq!(t.outage(), None);
+        // A connection refused is never the ID's doing: it waits, whatever the ID did.
+        assert_eq!(at_once(&t, Observed::Unreachable, &poisoned), None);
+        // An ID not shown failing still waits: it may be the API going down.
+        assert_eq!(at_once(&t, Observed::Down, &ItemHistory::default()), None);
+        // Twenty of those in a row are an outage: the next is free at once.
+        let fresh: Vec<ItemHistory> = (0..OUTAGE_AFTER_FAILURES)
+            .map(|_| ItemHistory::default())
+            .collect();
+        for h in &fresh[1..] {
+            t.record(Observed::Down, false, h.fails_alone());
+        }
+        assert_eq!(at_once(&t, Observed::Down, &fresh[0]), Some(false));
+        assert!(t.outage().is_some());
+    }
+
     #[tokio::test]
     async fn the_limiter_holds_its_rate() {
         let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), None);
@@ -815,7 +1080,8 @@ pub const SWAP_THRESHOLD: f64 = 0.0;
 /// Failures in a row, with no answer in between, that mean the API is out rather than
 /// failing some items.
 pub const OUTAGE_AFTER_FAILURES: u64 = 20;
-/// How long a possible-outage failure waits for evidence before it counts anyway.
+/// How long a possible-outage failure waits for evidence before it is decided without
+/// (see [`Throttle::charge`]).
 pub const PROVISIONAL_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether an attempt counts, as first recorded.
@@ -829,25 +1095,106 @@ enum Verdict {
 pub const FIRST_PROBE_AFTER: Duration = Duration::from_millis(500);
 pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What an attempt's outcome tells the throttle.
+/// What an attempt's outcome tells the throttle: the one place that maps an outcome to
+/// API pushback (for the adaptive controller) and to possible-outage evidence (for the
+/// outage gate). See [`Observed::of`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
     /// A 2xx answer, with its latency.
     Success(Duration),
-    /// 429, or 503 (the API pushes back), or a timeout.
+    /// An answer that says "slow down": 429, or 503 with or without `Retry-After` (rate
+    /// limiters such as nginx's `limit_req` answer 503 by default, object stores say
+    /// "503 Slow Down"). Pushback; the API is up.
     Pushback,
-    /// Refused or dropped connection, 5xx other than 503: the API may be out.
+    /// No answer within the timeout: pushback (an overloaded API stops answering in time),
+    /// and no answer at all, so possibly the API being out.
+    Timeout,
+    /// No connection to the API could be made (refused), or a gateway in front of it could
+    /// get no answer from it (502, 504): the API may be out, and the ID is not the cause.
+    Unreachable,
+    /// No answer to a request sent (dropped connection), or a 5xx other than 503 (a gateway
+    /// saying the API behind it failed): the API may be out, or this request breaks it.
     Down,
     /// Any other answer: the API works, the item does not.
     Answered,
 }
 
-#[derive(Default)]
+impl Observed {
+    /// What an attempt's result tells the throttle:
+    ///
+    /// | result | pushback | possible outage |
+    /// |---|---|---|
+    /// | 2xx | no (its latency is a signal) | no |
+    /// | 429, 503 | yes | no: an answer |
+    /// | timeout | yes | yes, unless the ID fails alone |
+    /// | refused connection, 502, 504 | no | yes, whatever the ID |
+    /// | dropped connection, other 5xx | no | yes, unless the ID fails alone |
+    /// | any other failure (4xx, unreadable body, bad request) | no | no |
+    pub fn of(result: &Result<Success, AttemptError>) -> Observed {
+        match result {
+            Ok(s) => Observed::Success(s.latency),
+            Err(e) => match (e.class, e.http_status) {
+                (ErrorClass::Http, Some(429 | 503)) => Observed::Pushback,
+                (ErrorClass::Http, Some(502 | 504)) => Observed::Unreachable,
+                (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
+                (ErrorClass::Timeout, _) => Observed::Timeout,
+                (ErrorClass::Connect, _) => Observed::Unreachable,
+                (ErrorClass::Connection, _) => Observed::Down,
+                // An answer its checks refused (`invalid`) is still an answer.
+                _ => Observed::Answered,
+            },
+        }
+    }
+
+    /// The API is pushing back.
+    fn is_pushback(self) -> bool {
+        matches!(self, Observed::Pushback | Observed::Timeout)
+    }
+
+    /// No usable answer: the API may be out.
+    fn may_be_down(self) -> bool {
+        matches!(
+            self,
+            Observed::Timeout | Observed::Unreachable | Observed::Down
+        )
+    }
+
+    /// No usable answer, and the request reached the API: the ID may be the cause.
+    fn may_be_the_ids(self) -> bool {
+        matches!(self, Observed::Timeout | Observed::Down)
+    }
+}
+
+/// What the throttle knows of one item's earlier attempts, kept by the item while it is
+/// attempted (see [`Throttle::charge`]).
+#[derive(Debug, Default)]
+pub struct ItemHistory {
+    /// A possible-outage failure of this ID was found to be its own: the API answered
+    /// another request after it failed, or no outage showed while it waited for evidence.
+    fails_alone: std::sync::atomic::AtomicBool,
+}
+
+impl ItemHistory {
+    fn fails_alone(&self) -> bool {
+        self.fails_alone.load(Relaxed)
+    }
+}
+
 struct TickCounters {
     attempts: AtomicU64,
     pushback: AtomicU64,
-    latency_us: AtomicU64,
-    successes: AtomicU64,
+    /// The lowest latency of a success over the tick (`u64::MAX`: none).
+    min_latency_us: AtomicU64,
+}
+
+impl Default for TickCounters {
+    fn default() -> Self {
+        TickCounters {
+            attempts: AtomicU64::new(0),
+            pushback: AtomicU64::new(0),
+            min_latency_us: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 struct Outage {
@@ -869,16 +1216,24 @@ pub struct Throttle {
     controller: Mutex<Option<RateController>>,
     concurrency: Option<AdaptiveConcurrency>,
     tick: TickCounters,
+    /// Which ticks' pushback says the API is overloaded (only the control task locks it).
+    pushback_filter: Mutex<PushbackFilter>,
     failures_in_a_row: AtomicU64,
     /// Attempts that got an answer (any status), over the run.
     answers: AtomicU64,
     /// Failures waiting for a verdict, and their wake-up.
     provisional: AtomicU64,
     answered: tokio::sync::Notify,
+    /// Possible-outage failures that waited for evidence, over the run.
+    evidence_waits: AtomicU64,
+    /// Possible-outage failures of IDs shown failing alone, counted at once, over the run.
+    own_failures: AtomicU64,
     outage: Mutex<Outage>,
     outage_changed: tokio::sync::Notify,
     /// Attempts answered 429 over the run, for reports.
     pub throttled: AtomicU64,
+    /// Attempts answered 503 over the run, for reports.
+    pub unavailable: AtomicU64,
 }
 
 /// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
@@ -1012,10 +1367,13 @@ impl Throttle {
             controller: Mutex::new(controller),
             concurrency,
             tick: TickCounters::default(),
+            pushback_filter: Mutex::new(PushbackFilter::default()),
             failures_in_a_row: AtomicU64::new(0),
             answers: AtomicU64::new(0),
             provisional: AtomicU64::new(0),
             answered: tokio::sync::Notify::new(),
+            evidence_waits: AtomicU64::new(0),
+            own_failures: AtomicU64::new(0),
             outage: Mutex::new(Outage {
                 since: None,
                 next_probe: now,
@@ -1024,6 +1382,7 @@ impl Throttle {
             }),
             outage_changed: tokio::sync::Notify::new(),
             throttled: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
         }
     }
 
@@ -1078,36 +1437,66 @@ impl Throttle {
         probe
     }
 
-    /// Record what an attempt saw, and decide whether it counts against its item.
+    /// Record what an attempt of an item (its `history`) saw, and decide whether it counts
+    /// against the item.
     ///
     /// An answer (any status) counts. A failure that may be the API going down (refused or
-    /// dropped connection, 5xx, timeout) is free while an outage is declared; otherwise its
-    /// verdict waits (at most [`PROVISIONAL_WAIT`]) for evidence: another answer from the API
-    /// (it counts: the API is up, this item failed) or an outage being declared (it is free).
-    /// So no item runs out of attempts while an outage is being detected.
-    pub async fn charge(&self, observed: Observed, probe: bool) -> bool {
-        match self.record(observed, probe) {
+    /// dropped connection, a 5xx other than 503, timeout) is free while an outage is
+    /// declared; otherwise its verdict waits (at most [`PROVISIONAL_WAIT`]) for evidence:
+    /// another answer from the API (it counts: the API is up, this ID failed) or an outage
+    /// being declared (it is free). With neither, it counts if the ID may be the cause
+    /// (and the failures in a row start again), and is free if it cannot be (a refused
+    /// connection, 502, 504). So no item runs out of attempts while an outage is being
+    /// detected.
+    ///
+    /// Once an ID's failure was found to be its own (the API answered others after it, or
+    /// the wait ended with no outage declared), its later failures that reached the API
+    /// (dropped connection, timeout, 5xx) are no evidence of an outage: they count at once,
+    /// without waiting for evidence, without adding to the failures in a row that declare
+    /// an outage, and, as an outage's probe, without holding the next probe back. So IDs
+    /// that always fail use up their attempts and fail, however many retries in a row,
+    /// instead of reading as the API being out. A connection that cannot be made at all
+    /// (refused) is never the ID's doing: it is outage evidence whatever the ID's history.
+    pub async fn charge(&self, observed: Observed, probe: bool, history: &ItemHistory) -> bool {
+        match self.record(observed, probe, history.fails_alone()) {
             Verdict::Counted => true,
             Verdict::Free => false,
-            Verdict::Provisional(seen) => self.settle(seen).await,
+            Verdict::Provisional(seen) => {
+                let (counts, shown) = self.settle(seen, observed.may_be_the_ids()).await;
+                if shown {
+                    history.fails_alone.store(true, Relaxed);
+                }
+                counts
+            }
         }
     }
 
-    fn record(&self, observed: Observed, probe: bool) -> Verdict {
+    /// `fails_alone`: the item's earlier failure was shown to be its own.
+    fn record(&self, observed: Observed, probe: bool, fails_alone: bool) -> Verdict {
         self.tick.attempts.fetch_add(1, Relaxed);
-        match observed {
-            Observed::Success(latency) => {
-                self.tick.successes.fetch_add(1, Relaxed);
-                self.tick
-                    .latency_us
-                    .fetch_add(latency.as_micros() as u64, Relaxed);
-            }
-            Observed::Pushback => {
-                self.tick.pushback.fetch_add(1, Relaxed);
-            }
-            Observed::Down | Observed::Answered => {}
+        if let Observed::Success(latency) = observed {
+            self.tick
+                .min_latency_us
+                .fetch_min(latency.as_micros() as u64, Relaxed);
         }
-        if observed == Observed::Down {
+        if observed.is_pushback() {
+            self.tick.pushback.fetch_add(1, Relaxed);
+        }
+        if observed.may_be_the_ids() && fails_alone {
+            self.own_failures.fetch_add(1, Relaxed);
+            tracing::debug!(
+                "a failure of an ID that failed while the API answered others: counts at once"
+            );
+            if probe {
+                // It tells nothing about the API: the next probe goes at once.
+                let mut o = self.outage.lock().expect("never poisoned");
+                o.probing = false;
+                drop(o);
+                self.outage_changed.notify_waiters();
+            }
+            return Verdict::Counted;
+        }
+        if observed.may_be_down() {
             let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
             let seen = self.answers.load(Acquire);
             let mut o = self.outage.lock().expect("never poisoned");
@@ -1154,17 +1543,37 @@ impl Throttle {
         Verdict::Counted
     }
 
-    /// Wait for evidence about a failure that may be an outage starting (see [`Self::charge`]).
-    async fn settle(&self, seen: u64) -> bool {
+    /// Wait for evidence about a failure that may be an outage starting (see [`Self::charge`]):
+    /// whether it counts, and whether it is taken as the ID's own. A failure whose wait ends
+    /// with neither an answer nor an outage counts if it may be the ID's doing (and the
+    /// failures in a row start again), and is free if it cannot be (refused, 502, 504).
+    /// `the_ids`: the failure may be the ID's doing ([`Observed::may_be_the_ids`]).
+    async fn settle(&self, seen: u64, the_ids: bool) -> (bool, bool) {
         let deadline = tokio::time::Instant::now() + PROVISIONAL_WAIT;
+        self.evidence_waits.fetch_add(1, Relaxed);
+        tracing::debug!("a failure that may be the API going down waits for evidence");
         self.provisional.fetch_add(1, AcqRel);
-        let counts = loop {
+        let verdict = loop {
             let notified = self.answered.notified();
             if self.outage.lock().expect("never poisoned").since.is_some() {
-                break false;
+                break (false, false);
             }
-            if self.answers.load(Acquire) > seen || tokio::time::Instant::now() >= deadline {
-                break true;
+            if self.answers.load(Acquire) > seen {
+                break (true, true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                // Neither an answer nor an outage: too little traffic to tell (the tail of
+                // a run, or fewer requests in flight than an outage takes to show).
+                if the_ids {
+                    // It counts, and the ID's later failures are taken as its own; failures
+                    // that may be the IDs' no longer add up to an outage with the next
+                    // ones: the failures in a row start again.
+                    self.failures_in_a_row.store(0, Relaxed);
+                    break (true, true);
+                }
+                // A refused connection (or a gateway's 502, 504) is not the ID's doing: it
+                // costs the item nothing, and keeps adding up to an outage.
+                break (false, false);
             }
             tokio::select! {
                 _ = notified => {}
@@ -1172,7 +1581,7 @@ impl Throttle {
             }
         };
         self.provisional.fetch_sub(1, AcqRel);
-        counts
+        verdict
     }
 
     /// After an outage, start again gently: the rate floor (or a quarter of the concurrency).
@@ -1194,16 +1603,20 @@ impl Throttle {
     pub fn on_tick(&self, elapsed: Duration) {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
-        let successes = self.tick.successes.swap(0, Relaxed);
-        let latency_us = self.tick.latency_us.swap(0, Relaxed);
+        let min_latency_us = self.tick.min_latency_us.swap(u64::MAX, Relaxed);
         if self.outage.lock().expect("never poisoned").since.is_some() {
             return;
         }
+        let pushback = self
+            .pushback_filter
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .filter(elapsed, attempts, pushback);
         let signals = TickSignals {
             elapsed,
             attempts,
             pushback,
-            mean_latency: (successes > 0).then(|| Duration::from_micros(latency_us / successes)),
+            min_latency: (min_latency_us < u64::MAX).then(|| Duration::from_micros(min_latency_us)),
         };
         if let (Some(l), Some(c)) = (
             &self.limiter,

@@ -642,6 +642,35 @@ mod tests {
         }
     }
 
+    /// A new job's index (the default size, 4,096 empty subtables) is a file of holes: its
+    /// length is over 16 MB, but only the headers and the pages written take disk space.
+    #[test]
+    fn a_new_index_takes_its_headers_and_written_pages_on_disk_not_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let idx = IdIndex::open(&path).unwrap();
+        idx.insert_all(
+            (0..).zip(
+                (0..100)
+                    .map(id)
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            ),
+        )
+        .unwrap();
+        idx.sync().unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len >= 16_000_000, "{len}");
+        // Two 100 KiB headers and at most one 4 KiB page per ID, with room for the
+        // filesystem's own blocks.
+        assert!(
+            allocated(&path) <= 200 * 1024 + 100 * 4096 + 64 * 1024,
+            "{} bytes allocated for a {len}-byte index of 100 IDs",
+            allocated(&path)
+        );
+    }
+
     #[test]
     fn reopen_without_sync() {
         const N: u64 = 30_000;

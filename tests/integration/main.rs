@@ -13,6 +13,7 @@ mod crash;
 mod damaged_state;
 mod durability;
 mod jobs;
+mod limit_req;
 mod old_formats;
 mod parquet;
 #[cfg(feature = "postgres")]

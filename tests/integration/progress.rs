@@ -142,6 +142,7 @@ fn json_progress_events_parse_carry_the_fields_and_name_the_job_and_each_run() {
             "effective_rate",
             "retries",
             "throttled",
+            "unavailable",
             "in_flight",
             "writer_backpressure",
             "eta_s",

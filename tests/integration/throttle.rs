@@ -168,7 +168,7 @@ fn retry_after_is_honoured() {
 #[test]
 fn server_errors_are_retried_up_to_the_limit_and_not_found_is_not_retried() {
     let h = Harness::new(ApiConfig {
-        // Few enough that twenty 503s in a row (an outage) do not happen by chance.
+        // 503 is pushback (an answer), never evidence of an outage, however many in a row.
         not_found_per_mille: 100,
         unavailable_per_mille: 40,
         transient_attempts: 1000,
@@ -327,4 +327,139 @@ fn without_a_rate_concurrency_adapts_to_a_hidden_capacity() {
     h.check_export_exactly_once(&export, &ids);
     assert!(export.iter().all(|r| r["status"] == "ok"));
     assert!(h.api.rejected_429() > 0, "the capacity was hit");
+}
+
+/// IDs of `h`'s API with `fault`, the first `n` of `candidates` (in their order).
+fn with_fault(h: &Harness, candidates: &[String], fault: Fault, n: usize) -> Vec<String> {
+    let picked: Vec<String> = candidates
+        .iter()
+        .filter(|id| h.api.fault(id) == fault)
+        .take(n)
+        .cloned()
+        .collect();
+    assert_eq!(picked.len(), n, "not enough IDs with {fault:?}");
+    picked
+}
+
+/// IDs that always lose their connection while the API answers the others: 24 of them in a
+/// row at the end of the input, after 300 good ones. Their failures were shown to be their
+/// own (the API answered others after them), so their retries are no evidence of an outage:
+/// they use up their attempts and fail, and the job ends, where before they read as the API
+/// being down and `--max-outage` halted the job, every time it was resumed.
+#[test]
+fn ids_that_always_lose_their_connection_fail_and_are_not_an_outage() {
+    let h = Harness::new(ApiConfig {
+        drop_per_mille: 100,
+        transient_attempts: 1000,
+        ..fast_with_latency(1)
+    });
+    let candidates = ids(6000);
+    let good = with_fault(&h, &candidates, Fault::None, 300);
+    let poisoned = with_fault(&h, &candidates, Fault::Drop, 24);
+    let all: Vec<String> = good.iter().chain(&poisoned).cloned().collect();
+    let input = h.ids_file("ids.txt", &all);
+    let state = h.state();
+    let url = h.url();
+    let run = h.run(&[
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+        "--max-attempts",
+        "3",
+        "--retry-initial",
+        "100ms",
+        "--max-outage",
+        "5s",
+        "--progress-interval",
+        "0",
+    ]);
+    run.expect_code(3);
+    assert!(!run.stderr.contains("unreachable"), "{}", run.stderr);
+    let status = h.status(&state);
+    assert_eq!(status["finished"], true, "{status}");
+    assert_eq!(status["stats"]["ok"], 300, "{status}");
+    assert_eq!(status["stats"]["failed"], 24, "{status}");
+    assert_eq!(
+        status["stats"]["buckets_committed"], status["stats"]["buckets_planned"],
+        "{status}"
+    );
+    for r in h.export(&state) {
+        let id = r["id"].as_str().unwrap();
+        if h.api.fault(id) == Fault::Drop {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert_eq!(r["error_class"], "connection", "{r}");
+            assert_eq!(h.api.calls(id), 3, "--max-attempts 3: {r}");
+        } else {
+            assert_eq!(r["status"], "ok", "{r}");
+            assert_eq!(h.api.calls(id), 1, "{r}");
+        }
+    }
+}
+
+/// The retries of IDs that failed while the API answered others do not wait for evidence
+/// of an outage: there is evidence already (before, each retry at the tail of a run, with
+/// nothing else answering, waited 2 s for it). Counted from the run's debug log: each
+/// failing ID waits once, at its first failure, and its two retries count at once.
+#[test]
+fn retries_of_ids_failing_alone_do_not_wait_for_outage_evidence() {
+    let h = Harness::new(ApiConfig {
+        drop_per_mille: 100,
+        transient_attempts: 1000,
+        ..fast_with_latency(1)
+    });
+    let candidates = ids(6000);
+    // Ten failing IDs among the first 100, then 400 good ones answering after them.
+    let poisoned = with_fault(&h, &candidates, Fault::Drop, 10);
+    let good = with_fault(&h, &candidates, Fault::None, 490);
+    let mut all: Vec<String> = good[..90].to_vec();
+    for (i, id) in poisoned.iter().enumerate() {
+        all.insert(i * 9, id.clone());
+    }
+    all.extend_from_slice(&good[90..]);
+    let input = h.ids_file("ids.txt", &all);
+    let state = h.state();
+    let url = h.url();
+    let run = h.run(&[
+        "-v",
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+        "--rate",
+        "400",
+        "--concurrency",
+        "8",
+        "--max-attempts",
+        "3",
+        "--retry-initial",
+        "10ms",
+        "--progress-interval",
+        "0",
+    ]);
+    run.expect_code(3);
+    let count = |what: &str| run.stderr.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        count("waits for evidence"),
+        poisoned.len(),
+        "one wait per failing ID, at its first failure\n{}",
+        run.stderr
+    );
+    assert_eq!(
+        count("counts at once"),
+        2 * poisoned.len(),
+        "its two retries count at once\n{}",
+        run.stderr
+    );
+    for id in &poisoned {
+        assert_eq!(h.api.calls(id), 3);
+    }
+    let status = h.status(&state);
+    assert_eq!(status["stats"]["failed"], 10, "{status}");
 }
