@@ -283,3 +283,77 @@ fn a_database_restart_mid_run_loses_and_doubles_nothing() {
     );
     h.check_export_exactly_once(&export(&h, &url), &ids);
 }
+
+/// The arguments of a fleet worker with `--rate 600` as the job's total.
+const FLEET_RATE: [&str; 8] = [
+    "--rate",
+    "600",
+    "--concurrency",
+    "16",
+    "--lease-ttl",
+    "3s",
+    "--progress-interval",
+    "0",
+];
+
+/// Start a fleet of three workers at `--rate 600` (`extra` for each), the first creating
+/// the job; the others join once it calls. Returns once all have exited 0.
+fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) {
+    let input = h.ids_file("ids.txt", ids);
+    let api = h.url();
+    let mut first = vec![
+        "run",
+        "--state",
+        url,
+        "--job",
+        JOB,
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+        "--bucket-size",
+        "50",
+    ];
+    first.extend(FLEET_RATE);
+    first.extend(extra);
+    let mut workers = vec![h.spawn(&first)];
+    assert!(h.wait_for_calls(&mut workers[0], 20), "the first worker calls");
+    for _ in 0..2 {
+        let mut args = vec!["run", "--state", url, "--job", JOB];
+        args.extend(FLEET_RATE);
+        args.extend(extra);
+        workers.push(h.spawn(&args));
+    }
+    for w in workers {
+        let run = finish(w);
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+}
+
+/// `--rate` is the job's total, not each worker's: three workers at `--rate 600` never send
+/// more than 600·t + burst together in any window, and still use most of it.
+#[test]
+fn three_workers_share_one_rate_limit() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let ids = ids(4_000);
+    fleet_of_three(&h, &db.url, &ids, &[]);
+    h.check_export_exactly_once(&export(&h, &db.url), &ids);
+    assert_eq!(h.api.total_calls(), 4_000);
+    // The bound with room for a loaded machine (arrivals bunched by scheduling, a share
+    // handed over a heartbeat apart); a rate per worker would send 1800/s.
+    for ms in [500u64, 1000, 2000, 5000] {
+        let most = h.api.max_calls_in_window(Duration::from_millis(ms));
+        let allowed = (600.0 * ms as f64 / 1000.0 * 1.05) as usize + 60;
+        assert!(
+            most <= allowed,
+            "{most} calls in a {ms} ms window; at most {allowed} allowed"
+        );
+    }
+    // Loosely, the fleet uses its rate: over the whole run, at least half of it.
+    let times = h.api.call_times();
+    let span = (times[times.len() - 1] - times[0]).as_secs_f64();
+    let achieved = times.len() as f64 / span;
+    eprintln!("fleet rate: {achieved:.0}/s over {span:.1}s");
+    assert!(achieved >= 300.0, "{achieved:.0}/s over {span:.1}s");
+}
