@@ -4,7 +4,7 @@
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use highwater::demo::api::ApiConfig;
+use highwater::demo::api::{ApiConfig, Fault};
 use rand::Rng;
 
 #[path = "../support/pg_cluster.rs"]
@@ -317,7 +317,10 @@ fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) {
     first.extend(FLEET_RATE);
     first.extend(extra);
     let mut workers = vec![h.spawn(&first)];
-    assert!(h.wait_for_calls(&mut workers[0], 20), "the first worker calls");
+    assert!(
+        h.wait_for_calls(&mut workers[0], 20),
+        "the first worker calls"
+    );
     for _ in 0..2 {
         let mut args = vec!["run", "--state", url, "--job", JOB];
         args.extend(FLEET_RATE);
@@ -356,4 +359,40 @@ fn three_workers_share_one_rate_limit() {
     let achieved = times.len() as f64 / span;
     eprintln!("fleet rate: {achieved:.0}/s over {span:.1}s");
     assert!(achieved >= 300.0, "{achieved:.0}/s over {span:.1}s");
+}
+
+/// A `Retry-After` seen by one worker pauses them all: the job's shared `paused_until`,
+/// read at every worker's heartbeat (each second here). After each 429 (`Retry-After: 5`)
+/// nobody calls from the time the others surely learned it until the pause ends.
+#[test]
+fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
+    let h = Harness::new(ApiConfig {
+        throttled_per_mille: 1,
+        transient_attempts: 1,
+        retry_after_secs: 5,
+        seed: 17,
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let ids = ids(2_000);
+    let throttled: Vec<&String> = ids
+        .iter()
+        .filter(|id| h.api.fault(id) == Fault::Throttled)
+        .collect();
+    assert!(!throttled.is_empty(), "the seed throttles some IDs");
+    fleet_of_three(&h, &db.url, &ids, &[]);
+    h.check_export_exactly_once(&export(&h, &db.url), &ids);
+    let times = h.api.call_times();
+    for id in throttled {
+        let first = h.api.calls_per_id_times(id)[0];
+        let (from, until) = (
+            first + Duration::from_millis(2_500),
+            first + Duration::from_millis(4_500),
+        );
+        let during = times.iter().filter(|t| **t >= from && **t < until).count();
+        assert_eq!(
+            during, 0,
+            "{during} calls 2.5-4.5 s after {id:?} was answered Retry-After: 5"
+        );
+    }
 }
