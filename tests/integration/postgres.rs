@@ -297,8 +297,8 @@ const FLEET_RATE: [&str; 8] = [
 ];
 
 /// Start a fleet of three workers at `--rate 600` (`extra` for each), the first creating
-/// the job; the others join once it calls. Returns once all have exited 0.
-fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) {
+/// the job; the others join once it calls.
+fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) -> Vec<Child> {
     let input = h.ids_file("ids.txt", ids);
     let api = h.url();
     let mut first = vec![
@@ -327,10 +327,31 @@ fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) {
         args.extend(extra);
         workers.push(h.spawn(&args));
     }
+    workers
+}
+
+/// Wait for every worker; each must exit 0.
+fn all_exit_0(workers: Vec<Child>) {
     for w in workers {
         let run = finish(w);
         assert_eq!(run.code, 0, "{run:?}");
     }
+}
+
+/// The rate shares of the live workers, as `status --json` lists them.
+fn live_shares(h: &Harness, url: &str) -> Vec<f64> {
+    let out = h.run(&["status", "--state", url, "--job", JOB, "--json"]);
+    out.expect_code(0);
+    let status: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    status["workers"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter(|w| w["state"] == "alive")
+                .map(|w| w["rate_share"].as_f64().unwrap_or(0.0))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `--rate` is the job's total, not each worker's: three workers at `--rate 600` never send
@@ -340,7 +361,20 @@ fn three_workers_share_one_rate_limit() {
     let h = Harness::new(ApiConfig::fast());
     let db = pg_cluster::fresh_db();
     let ids = ids(4_000);
-    fleet_of_three(&h, &db.url, &ids, &[]);
+    let mut workers = fleet_of_three(&h, &db.url, &ids, &[]);
+    // The shares converge to fair: 200 each, all of the 600 in use.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut shares: Vec<f64> = Vec::new();
+    while !(shares.len() == 3 && shares.iter().all(|s| (s - 200.0).abs() < 1e-6)) {
+        assert!(
+            Instant::now() < deadline
+                && workers.iter_mut().all(|w| w.try_wait().unwrap().is_none()),
+            "the shares did not converge to 200 each while the workers ran: {shares:?}"
+        );
+        shares = live_shares(&h, &db.url);
+        assert!(shares.iter().sum::<f64>() <= 600.0 + 1e-6, "{shares:?}");
+    }
+    all_exit_0(workers);
     h.check_export_exactly_once(&export(&h, &db.url), &ids);
     assert_eq!(h.api.total_calls(), 4_000);
     // The bound with room for a loaded machine (arrivals bunched by scheduling, a share
@@ -353,23 +387,25 @@ fn three_workers_share_one_rate_limit() {
             "{most} calls in a {ms} ms window; at most {allowed} allowed"
         );
     }
-    // Loosely, the fleet uses its rate: over the whole run, at least half of it.
+    // Very loosely (a loaded machine starves the workers: 115/s was seen in the full suite,
+    // 535-563/s alone), the fleet uses its rate.
     let times = h.api.call_times();
     let span = (times[times.len() - 1] - times[0]).as_secs_f64();
     let achieved = times.len() as f64 / span;
     eprintln!("fleet rate: {achieved:.0}/s over {span:.1}s");
-    assert!(achieved >= 300.0, "{achieved:.0}/s over {span:.1}s");
+    assert!(achieved >= 60.0, "{achieved:.0}/s over {span:.1}s");
 }
 
 /// A `Retry-After` seen by one worker pauses them all: the job's shared `paused_until`,
-/// read at every worker's heartbeat (each second here). After each 429 (`Retry-After: 5`)
-/// nobody calls from the time the others surely learned it until the pause ends.
+/// read at every worker's heartbeat (each second here). After each 429 (`Retry-After: 8`)
+/// nobody calls from the time the others surely learned it (4 s: a heartbeat interval and
+/// room for a loaded machine) until the pause ends.
 #[test]
 fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
     let h = Harness::new(ApiConfig {
         throttled_per_mille: 1,
         transient_attempts: 1,
-        retry_after_secs: 5,
+        retry_after_secs: 8,
         seed: 17,
         ..ApiConfig::fast()
     });
@@ -380,19 +416,19 @@ fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
         .filter(|id| h.api.fault(id) == Fault::Throttled)
         .collect();
     assert!(!throttled.is_empty(), "the seed throttles some IDs");
-    fleet_of_three(&h, &db.url, &ids, &[]);
+    all_exit_0(fleet_of_three(&h, &db.url, &ids, &[]));
     h.check_export_exactly_once(&export(&h, &db.url), &ids);
     let times = h.api.call_times();
     for id in throttled {
         let first = h.api.calls_per_id_times(id)[0];
         let (from, until) = (
-            first + Duration::from_millis(2_500),
-            first + Duration::from_millis(4_500),
+            first + Duration::from_millis(4_000),
+            first + Duration::from_millis(7_500),
         );
         let during = times.iter().filter(|t| **t >= from && **t < until).count();
         assert_eq!(
             during, 0,
-            "{during} calls 2.5-4.5 s after {id:?} was answered Retry-After: 5"
+            "{during} calls 4-7.5 s after {id:?} was answered Retry-After: 8"
         );
     }
 }
