@@ -39,8 +39,9 @@ pub(super) struct Session {
     /// Until when (monotonic) the session is surely alive: `ttl` after the last renewal
     /// was sent.
     pub(super) deadline: Instant,
-    /// What the last renewal granted.
+    /// What the last renewal granted, and when that renewal was sent.
     pub(super) grant: Option<Grant>,
+    granted_sent: Option<Instant>,
     /// Until when (monotonic) the job is paused, as the last renewal or this worker's own
     /// pause said.
     pub(super) paused_until: Option<Instant>,
@@ -52,6 +53,7 @@ impl Session {
             me,
             deadline,
             grant: None,
+            granted_sent: None,
             paused_until: None,
         }
     }
@@ -112,7 +114,9 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
 fn take_grant(store: &Inner, me: &WorkerId, sent: Instant, grant: Grant) {
     let received = Instant::now();
     let mut local = store.local();
-    if local.session.me != *me {
+    // A renewal sent before the one whose grant is kept (the background heartbeat racing
+    // the one after a rate change) grants nothing newer.
+    if local.session.me != *me || local.session.granted_sent.is_some_and(|t| sent < t) {
         return;
     }
     local.session.deadline = sent + store.ttl;
@@ -123,6 +127,7 @@ fn take_grant(store: &Inner, me: &WorkerId, sent: Instant, grant: Grant) {
             Some(local.session.paused_until.map_or(until, |u| u.max(until)));
     }
     local.session.grant = Some(grant);
+    local.session.granted_sent = Some(sent);
 }
 
 impl PgStore {
