@@ -212,6 +212,10 @@ pub async fn run_log<S: Store + Leases>(
                 .ok_or_else(|| StoreError::backend("another worker holds the job's lease"))?,
         )
     };
+    // `--rate` is the job's total: every worker's share is carved from it ([`fleet`]).
+    if let (true, Some(rate)) = (shared, opts.throttle.rate) {
+        store.set_fleet_rate(rate.per_second()).await?;
+    }
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
     match log {
@@ -269,6 +273,11 @@ pub async fn run_log<S: Store + Leases>(
     ));
     counters.attach_throttle(throttle.clone());
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
+    // A worker of a fleet starts nothing before its share is known.
+    let follower = shared.then(|| {
+        fleet::apply_rate(&*store, &throttle);
+        tokio::spawn(fleet::follow_rate(store.clone(), throttle.clone()))
+    });
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
     // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
@@ -345,6 +354,7 @@ pub async fn run_log<S: Store + Leases>(
                 let store = store.clone();
                 Arc::new(move || store.alive())
             },
+            pause: shared.then(|| fleet::pauser(store.clone(), throttle.clone())),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }
@@ -403,6 +413,9 @@ pub async fn run_log<S: Store + Leases>(
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
     controller.abort();
+    if let Some(f) = follower {
+        f.abort();
+    }
     forward.abort();
     let planned = match planner {
         Some(p) => match p
@@ -758,6 +771,8 @@ struct ItemTask {
     rerun: Option<u32>,
     /// Whether the run's leases are surely held ([`Leases::alive`]).
     alive: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Pause the whole fleet (a worker of a shared job saw `Retry-After`).
+    pause: Option<fleet::Pauser>,
 }
 
 impl ItemTask {
@@ -766,6 +781,7 @@ impl ItemTask {
         let counters = &self.counters;
         let throttle = &*self.throttle;
         let stop = &self.stop;
+        let pause = &self.pause;
         let id = item.id.as_str();
         // When the first and the last attempt started.
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
@@ -796,6 +812,11 @@ impl ItemTask {
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, start.elapsed());
                 let observed = Observed::of(&result);
+                if let (Err(e), Some(pause)) = (&result, pause) {
+                    if let Some(after) = e.retry_after {
+                        pause(after);
+                    }
+                }
                 match &result {
                     Err(AttemptError {
                         http_status: Some(429),

@@ -377,6 +377,8 @@ impl PushbackFilter {
 #[derive(Debug, Clone)]
 pub struct RateController {
     settings: ControlSettings,
+    /// The floor asked for; `settings.min_rate` is it kept under the ceiling.
+    floor: f64,
     rate: f64,
     last_error: Option<f64>,
     baseline_latency: Option<Duration>,
@@ -388,6 +390,7 @@ impl RateController {
     pub fn new(settings: ControlSettings, initial: f64) -> RateController {
         RateController {
             settings,
+            floor: settings.min_rate,
             rate: initial.clamp(settings.min_rate, settings.ceiling),
             last_error: None,
             baseline_latency: None,
@@ -396,6 +399,21 @@ impl RateController {
     }
 
     pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Move the ceiling (a fleet worker's share changed); returns the new rate. A rate at
+    /// the old ceiling (the API kept up) moves to the new one; a rate held below it by
+    /// pushback stays, under the new ceiling.
+    pub fn set_ceiling(&mut self, ceiling: f64) -> f64 {
+        let at_ceiling = self.rate >= self.settings.ceiling * (1.0 - 1e-9);
+        self.settings.ceiling = ceiling;
+        self.settings.min_rate = self.floor.min(ceiling);
+        self.rate = if at_ceiling {
+            ceiling
+        } else {
+            self.rate.clamp(self.settings.min_rate, ceiling)
+        };
         self.rate
     }
 
@@ -1025,6 +1043,105 @@ mod tests {
             "the change woke the waiters"
         );
     }
+
+    fn throttle_at(rate: f64) -> Arc<Throttle> {
+        let options = ThrottleOptions {
+            rate: Rate::new(rate),
+            ..ThrottleOptions::default()
+        };
+        Arc::new(Throttle::new(
+            options,
+            Arc::new(tokio::sync::Semaphore::new(4)),
+            4,
+        ))
+    }
+
+    /// A tick in which every one of `n` attempts got `observed`.
+    fn fleet_tick(throttle: &Throttle, observed: Observed, n: usize) {
+        for _ in 0..n {
+            let _ = throttle.record(observed, false, false);
+        }
+        throttle.on_tick(Duration::from_millis(200));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
+        let throttle = throttle_at(600.0);
+        // A newcomer: no share yet.
+        throttle.follow_fleet(Some(0.0), None);
+        let waiter = tokio::spawn({
+            let t = throttle.clone();
+            async move { t.before_attempt().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "a share of 0 starts nothing");
+        // A lone worker's first grant is the whole rate, at once.
+        throttle.follow_fleet(Some(600.0), None);
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("a grant releases the waiter")
+            .unwrap();
+        assert_eq!(throttle.rate(), Some(600.0));
+        // Others joined: the share shrinks, and calm ticks never climb above it.
+        throttle.follow_fleet(Some(200.0), None);
+        assert_eq!(throttle.rate(), Some(200.0));
+        for _ in 0..20 {
+            fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
+        }
+        assert_eq!(throttle.rate(), Some(200.0));
+        // Pushback brings the rate down inside the share; a larger share is a higher
+        // ceiling, not a jump: the rate climbs back by the control law, up to the share.
+        fleet_tick(&throttle, Observed::Pushback, 30);
+        let pushed = throttle.rate().unwrap();
+        assert!(pushed < 200.0, "{pushed}");
+        throttle.follow_fleet(Some(300.0), None);
+        assert_eq!(throttle.rate(), Some(pushed));
+        for _ in 0..60 {
+            fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
+            assert!(throttle.rate().unwrap() <= 300.0);
+        }
+        assert_eq!(throttle.rate(), Some(300.0));
+        // No fleet limit (the job has no rate): the share stops binding, the rate stays.
+        throttle.follow_fleet(None, None);
+        throttle.before_attempt().await;
+    }
+
+    #[test]
+    fn a_controller_ceiling_moves_with_the_share_and_keeps_its_floor_under_it() {
+        let mut c = RateController::new(ControlSettings::new(6.0, 600.0), 600.0);
+        assert_eq!(
+            c.set_ceiling(200.0),
+            200.0,
+            "at the ceiling: follows it down"
+        );
+        assert_eq!(c.set_ceiling(300.0), 300.0, "and up");
+        assert_eq!(
+            c.set_ceiling(2.0),
+            2.0,
+            "the floor never lifts it above the share"
+        );
+        assert_eq!(c.settings.min_rate, 2.0);
+        c.set_ceiling(600.0);
+        assert_eq!(c.settings.min_rate, 6.0, "the floor asked for comes back");
+    }
+
+    #[tokio::test]
+    async fn a_pause_holds_every_attempt_until_it_ends() {
+        let throttle = throttle_at(1000.0);
+        assert!(throttle.pause_for(Duration::from_millis(300)), "news");
+        assert!(
+            !throttle.pause_for(Duration::from_millis(100)),
+            "a shorter pause is no news"
+        );
+        let start = std::time::Instant::now();
+        throttle.before_attempt().await;
+        assert!(start.elapsed() >= Duration::from_millis(290));
+        // A pause learned from the fleet holds too.
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        throttle.follow_fleet(Some(1000.0), Some(until));
+        throttle.before_attempt().await;
+        assert!(tokio::time::Instant::now() >= until);
+    }
 }
 
 /// What the throttle is asked to do for a run.
@@ -1230,11 +1347,26 @@ pub struct Throttle {
     own_failures: AtomicU64,
     outage: Mutex<Outage>,
     outage_changed: tokio::sync::Notify,
+    /// The fleet's hold on this worker (see [`Throttle::follow_fleet`]).
+    fleet: Mutex<FleetHold>,
+    fleet_changed: tokio::sync::Notify,
     /// Attempts answered 429 over the run, for reports.
     pub throttled: AtomicU64,
     /// Attempts answered 503 over the run, for reports.
     pub unavailable: AtomicU64,
 }
+
+/// What the fleet of a shared job allows this worker (see [`Throttle::follow_fleet`]).
+#[derive(Debug, Default)]
+struct FleetHold {
+    /// The share in force: `None` while the worker follows no fleet rate.
+    share: Option<f64>,
+    /// No attempt starts before this.
+    paused_until: Option<tokio::time::Instant>,
+}
+
+/// A pause extended by less than this is not worth telling the fleet again.
+const PAUSE_MARGIN: Duration = Duration::from_millis(500);
 
 /// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
 pub struct AdaptiveConcurrency {
@@ -1381,6 +1513,8 @@ impl Throttle {
                 probing: false,
             }),
             outage_changed: tokio::sync::Notify::new(),
+            fleet: Mutex::new(FleetHold::default()),
+            fleet_changed: tokio::sync::Notify::new(),
             throttled: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
         }
@@ -1408,9 +1542,83 @@ impl Throttle {
             .map(|s| s.elapsed())
     }
 
-    /// Wait until an attempt may start: the outage gate (one probe at a time while the API
+    /// Follow this worker's share of a fleet's rate: the share is the ceiling (the adaptive
+    /// controller runs inside it), and a share of 0 holds every attempt until a share is
+    /// granted. `None`: the fleet has no rate limit, the run's own applies. A throttle
+    /// without a rate limiter (not adaptive, no rate) cannot follow a share.
+    pub fn follow_fleet(&self, share: Option<f64>, paused_until: Option<tokio::time::Instant>) {
+        let share = share.map(|s| if s.is_finite() { s.max(0.0) } else { 0.0 });
+        let changed = {
+            let mut f = self.fleet.lock().expect("never poisoned");
+            let changed_share = f.share != share;
+            f.share = share;
+            let extended = paused_until.is_some_and(|u| f.paused_until.is_none_or(|p| u > p));
+            if extended {
+                f.paused_until = paused_until;
+            }
+            changed_share || extended
+        };
+        if !changed {
+            return;
+        }
+        if let (Some(share), Some(l)) = (share.filter(|s| *s > 0.0), &self.limiter) {
+            let rate = match self.controller.lock().expect("never poisoned").as_mut() {
+                Some(c) => c.set_ceiling(share),
+                None => share,
+            };
+            tracing::debug!(share, rate, "fleet share applied");
+            l.set_rate(Rate(rate));
+        }
+        self.fleet_changed.notify_waiters();
+    }
+
+    /// Hold every attempt for `pause` from now (the API said `Retry-After`). Returns
+    /// whether this extends the pause in force by more than a little (worth telling the
+    /// other workers).
+    pub fn pause_for(&self, pause: Duration) -> bool {
+        let until = tokio::time::Instant::now() + pause;
+        let extended = {
+            let mut f = self.fleet.lock().expect("never poisoned");
+            let extended = f.paused_until.is_none_or(|p| until > p + PAUSE_MARGIN);
+            if f.paused_until.is_none_or(|p| until > p) {
+                f.paused_until = Some(until);
+            }
+            extended
+        };
+        self.fleet_changed.notify_waiters();
+        extended
+    }
+
+    /// Wait while the fleet holds this worker: a pause, or a share of 0.
+    async fn fleet_gate(&self) {
+        loop {
+            let notified = self.fleet_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let until = {
+                let f = self.fleet.lock().expect("never poisoned");
+                match f.paused_until {
+                    Some(u) if u > tokio::time::Instant::now() => Some(u),
+                    _ if f.share == Some(0.0) => None,
+                    _ => return,
+                }
+            };
+            match until {
+                Some(u) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep_until(u) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Wait until an attempt may start: the fleet's hold, the outage gate (one probe at a time while the API
     /// is out), then the rate limit. Returns whether this attempt is a probe.
     pub async fn before_attempt(&self) -> bool {
+        self.fleet_gate().await;
         let probe = loop {
             let notified = self.outage_changed.notified();
             let wait = {

@@ -11,11 +11,60 @@
 //! ([`super::Writer::commit`]). The run ends once the job's log (or the rerun's) is planned
 //! to its end and every bucket is committed, by this worker or another; with nothing to
 //! lease until then it polls, backing off to [`POLL_MAX`].
+//!
+//! One rate for the fleet: `--rate` is the job's total ([`Leases::set_fleet_rate`]), and
+//! this worker's throttle follows the share the store grants it ([`Leases::fleet_rate`],
+//! read every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A
+//! `Retry-After` seen here pauses this worker at once and the others through the store
+//! ([`Leases::pause_fleet`]), as they next learn their share.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{job_work, rerun_work, Dispatcher, EngineError, Stop, Track};
 use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+use crate::throttle::Throttle;
+
+/// How often the throttle reads the share the store last granted (a read in memory).
+pub(super) const FOLLOW_EVERY: Duration = Duration::from_millis(50);
+
+/// Pauses the fleet for a `Retry-After`.
+pub(super) type Pauser = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// Apply the store's grant (share and shared pause) to the throttle.
+pub(super) fn apply_rate<S: Leases>(store: &S, throttle: &Throttle) {
+    if let Some(f) = store.fleet_rate() {
+        throttle.follow_fleet(f.share, f.paused_until.map(tokio::time::Instant::from_std));
+    }
+}
+
+/// Keep the throttle on the store's grant for the whole run.
+pub(super) async fn follow_rate<S: Leases>(store: Arc<S>, throttle: Arc<Throttle>) {
+    loop {
+        apply_rate(&*store, &throttle);
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// A pause for the whole fleet: this worker holds at once, and the job's shared pause is
+/// written (once per pause, not per answer that says so).
+pub(super) fn pauser<S: Leases>(store: Arc<S>, throttle: Arc<Throttle>) -> Pauser {
+    Arc::new(move |after| {
+        if !throttle.pause_for(after) {
+            return;
+        }
+        let (store, throttle) = (store.clone(), throttle.clone());
+        tokio::spawn(async move {
+            match store.pause_fleet(after).await {
+                Ok(Some(left)) => {
+                    throttle.pause_for(left);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("could not pause the other workers: {e}"),
+            }
+        });
+    })
+}
 
 /// Buckets leased per acquisition: a worker takes a little at a time.
 const BUCKETS_PER_ACQUIRE: u32 = 2;

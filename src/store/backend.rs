@@ -228,4 +228,37 @@ pub trait Leases: Send + Sync + 'static {
     fn alive(&self) -> bool {
         true
     }
+
+    /// The fleet's rate as this worker last learned it (for a shared store whose job has
+    /// one rate for all its workers): its share and the shared pause. `None`: the store
+    /// shares no rate, the run's own rate applies.
+    fn fleet_rate(&self) -> Option<FleetRate> {
+        None
+    }
+
+    /// Make `rate` (requests per second, over all workers) the job's total rate, if it is
+    /// not already. Only for a store that shares a rate.
+    fn set_fleet_rate(&self, _rate: f64) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Pause every worker of the job for `pause` from now (the API said `Retry-After`);
+    /// returns how long the job is paused from now, or `None` for a store that shares no
+    /// pause.
+    fn pause_fleet(
+        &self,
+        _pause: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+}
+
+/// A worker's part of the fleet's rate ([`Leases::fleet_rate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetRate {
+    /// Requests per second this worker may start: `Some(0.0)` waits (a newcomer before its
+    /// first grant, a draining worker); `None`: the job has no rate limit.
+    pub share: Option<f64>,
+    /// Start nothing before this (a `Retry-After` seen by any worker of the job).
+    pub paused_until: Option<std::time::Instant>,
 }

@@ -47,7 +47,8 @@ use crate::input::{Cursor, Fingerprint};
 use crate::retry::ErrorClass;
 
 pub use backend::{
-    BucketState, Commit, Lease, LeaseScope, LeaseToken, Leases, Log, RerunBucketState, Store,
+    BucketState, Commit, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, RerunBucketState,
+    Store,
 };
 pub use error::StoreError;
 pub use sled_store::SledStore;

@@ -29,7 +29,9 @@ use super::outage::Outage;
 use super::session::{heartbeat, Grant, Heartbeat};
 use super::store::{register_here, Inner, PgStore};
 use super::{connect, log_number, WorkerId};
-use crate::store::{Commit, CommitRecord, Lease, LeaseScope, LeaseToken, Leases, Log, StoreError};
+use crate::store::{
+    Commit, CommitRecord, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, StoreError,
+};
 
 /// This process's worker session, as the worker knows it.
 pub(super) struct Session {
@@ -37,8 +39,12 @@ pub(super) struct Session {
     /// Until when (monotonic) the session is surely alive: `ttl` after the last renewal
     /// was sent.
     pub(super) deadline: Instant,
-    /// What the last renewal granted.
+    /// What the last renewal granted, and when that renewal was sent.
     pub(super) grant: Option<Grant>,
+    granted_sent: Option<Instant>,
+    /// Until when (monotonic) the job is paused, as the last renewal or this worker's own
+    /// pause said.
+    pub(super) paused_until: Option<Instant>,
 }
 
 impl Session {
@@ -47,6 +53,8 @@ impl Session {
             me,
             deadline,
             grant: None,
+            granted_sent: None,
+            paused_until: None,
         }
     }
 }
@@ -77,11 +85,7 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
             last = (recorded, Instant::now());
             match heartbeat(c, store.job, &me, store.ttl, &stats).await {
                 Ok(Heartbeat::Renewed(grant)) => {
-                    let mut local = store.local();
-                    if local.session.me == me {
-                        local.session.deadline = sent + store.ttl;
-                        local.session.grant = Some(grant);
-                    }
+                    take_grant(&store, &me, sent, grant);
                 }
                 Ok(Heartbeat::Expired) => {
                     tracing::warn!(worker = %me, "the worker's session expired: its leases are void");
@@ -104,6 +108,26 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
         drop(store);
         tokio::time::sleep(every).await;
     }
+}
+
+/// Keep what a renewal sent at `sent` granted `me` (unless the session changed meanwhile).
+fn take_grant(store: &Inner, me: &WorkerId, sent: Instant, grant: Grant) {
+    let received = Instant::now();
+    let mut local = store.local();
+    // A renewal sent before the one whose grant is kept (the background heartbeat racing
+    // the one after a rate change) grants nothing newer.
+    if local.session.me != *me || local.session.granted_sent.is_some_and(|t| sent < t) {
+        return;
+    }
+    local.session.deadline = sent + store.ttl;
+    if let Some(p) = grant.paused_for {
+        // Counted from the answer: the pause is never cut short.
+        let until = received + p;
+        local.session.paused_until =
+            Some(local.session.paused_until.map_or(until, |u| u.max(until)));
+    }
+    local.session.grant = Some(grant);
+    local.session.granted_sent = Some(sent);
 }
 
 impl PgStore {
@@ -258,6 +282,53 @@ impl Leases for PgStore {
 
     fn alive(&self) -> bool {
         PgStore::alive(self)
+    }
+
+    fn fleet_rate(&self) -> Option<FleetRate> {
+        let local = self.inner.local();
+        let session = &local.session;
+        Some(FleetRate {
+            // No grant yet (a newcomer): wait for the first heartbeat's.
+            share: session.grant.as_ref().map_or(Some(0.0), |g| g.rate_share),
+            paused_until: session.paused_until,
+        })
+    }
+
+    async fn set_fleet_rate(&self, rate: f64) -> Result<(), StoreError> {
+        let mut conn = self.inner.client().await?;
+        let c = conn.as_mut().expect("connected by client()");
+        let job = self.inner.job;
+        let changed = super::rate::ensure_rate(c, job, rate)
+            .await
+            .map_err(|e| self.inner.err(e))?;
+        if changed {
+            // Every share was reset, this worker's grant too: renew it now rather than run
+            // on the old one (or wait for the next heartbeat).
+            let me = self.inner.me();
+            let sent = Instant::now();
+            let stats = serde_json::json!({"items": 0, "items_per_s": 0.0});
+            match heartbeat(c, job, &me, self.inner.ttl, &stats).await {
+                Ok(Heartbeat::Renewed(grant)) => take_grant(&self.inner, &me, sent, grant),
+                Ok(Heartbeat::Expired) => self.inner.local().session.grant = None,
+                Err(e) => return Err(self.inner.err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn pause_fleet(&self, pause: Duration) -> Result<Option<Duration>, StoreError> {
+        let left = {
+            let conn = self.inner.client().await?;
+            let c = conn.as_ref().expect("connected by client()");
+            super::rate::pause(c, self.inner.job, pause)
+                .await
+                .map_err(|e| self.inner.err(e))?
+        };
+        let until = Instant::now() + left;
+        let mut local = self.inner.local();
+        let p = &mut local.session.paused_until;
+        *p = Some(p.map_or(until, |u| u.max(until)));
+        Ok(Some(left))
     }
 
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {

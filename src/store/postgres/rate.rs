@@ -44,6 +44,26 @@ pub async fn set_rate(
     Ok(())
 }
 
+/// Make `rate_per_s` the job's total rate unless it already is (a worker started with
+/// `--rate`): the shares are reset only by a change, so workers joining with the same rate
+/// do not stall the others. Returns whether the rate changed.
+pub async fn ensure_rate(
+    client: &mut Client,
+    job: JobId,
+    rate_per_s: f64,
+) -> Result<bool, PgError> {
+    let current: Option<f64> = client
+        .query_one("SELECT rate_per_s FROM hw_job WHERE job_id = $1", &[&job.0])
+        .await
+        .map_err(PgError::sql("reading the rate"))?
+        .get(0);
+    if current.is_some_and(|c| (c - rate_per_s).abs() <= 1e-9 * rate_per_s) {
+        return Ok(false);
+    }
+    set_rate(client, job, Some(rate_per_s), 1).await?;
+    Ok(true)
+}
+
 /// Pause every worker of the job for `pause` from now (database time), unless it is
 /// already paused for longer (a `Retry-After` seen by one worker). Returns how long the
 /// job is paused from now.
