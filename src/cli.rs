@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::console::shell_path;
 use crate::engine::{self, StopHandle};
-use crate::handler::Handler;
+use crate::handler::http::HttpHandler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::{
     open_job, Durability, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions,
@@ -663,9 +663,9 @@ async fn run(args: RunArgs) -> Result<u8> {
 }
 
 /// The handler of a job: its request and its answer checks.
-fn job_handler(spec: &JobSpec) -> Result<Handler> {
+fn job_handler(spec: &JobSpec) -> Result<HttpHandler> {
     let answer = crate::answer::Answer::compile(&spec.answer)?;
-    Ok(Handler::new(&spec.request)?.with_answer(answer))
+    Ok(HttpHandler::new(&spec.request)?.with_answer(answer))
 }
 
 /// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
@@ -722,7 +722,7 @@ fn refused(e: crate::job::JobError) -> Result<u8> {
 pub async fn run_job(
     store: Arc<SledStore>,
     spec: JobSpec,
-    handler: Handler,
+    handler: HttpHandler,
     options: &RunOptions,
     state: &Path,
     metrics: Option<tokio::net::TcpListener>,
@@ -760,7 +760,7 @@ pub async fn run_job(
 async fn run_log(
     store: Arc<SledStore>,
     spec: JobSpec,
-    handler: Handler,
+    handler: HttpHandler,
     options: &RunOptions,
     state: &Path,
     metrics: Option<tokio::net::TcpListener>,
@@ -965,10 +965,11 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
 
 async fn failures(args: FailuresArgs) -> Result<u8> {
     if let Some(class) = &args.class {
-        if !sink::ERROR_CLASSES.contains(&class.as_str()) {
+        let names = crate::failure::ErrorClass::ALL.map(|c| c.name());
+        if !names.contains(&class.as_str()) {
             say!(
                 "error: --class {class:?} is not an error class (one of: {})",
-                sink::ERROR_CLASSES.join(", ")
+                names.join(", ")
             );
             return Ok(exit::USAGE);
         }

@@ -19,27 +19,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::answer::{AnswerError, AnswerSpec};
+use crate::handler::serde_millis;
 use crate::input::{Fingerprint, InputSpec};
 use crate::store::{JobView, Store, StoreError, StoredJob};
 
-/// The request made for each ID, as templates.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RequestSpec {
-    /// HTTP method, upper case.
-    pub method: String,
-    /// URL template: `{id}` percent-encoded for its place, `${VAR}` from the environment.
-    pub url: String,
-    /// Header templates, `Name: value`, in order.
-    pub headers: Vec<String>,
-    /// Body template: `{id}` JSON-escaped, `${VAR}` from the environment.
-    pub body: Option<String>,
-    /// TCP connect timeout.
-    #[serde(with = "millis")]
-    pub connect_timeout: Duration,
-    /// Whole-request timeout (connect, send, receive the body).
-    #[serde(with = "millis")]
-    pub timeout: Duration,
-}
+pub use crate::handler::http::RequestSpec;
 
 /// How failed attempts are retried.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,13 +31,13 @@ pub struct RetryPolicy {
     /// Attempts per item, the first included (at least 1).
     pub max_attempts: u32,
     /// First backoff interval; doubles per attempt, with jitter.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub initial: Duration,
     /// Largest backoff interval.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub max_interval: Duration,
     /// Give up on an item once this much time has passed since its first attempt.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub max_elapsed: Duration,
 }
 
@@ -293,19 +277,6 @@ impl Default for RunOptions {
 
 pub use crate::store::now_ms;
 
-mod millis {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis() as u64)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
-    }
-}
-
 /// Errors while creating or resuming a job.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -463,7 +434,7 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
         return Ok(());
     };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::check_templates(&probe.request)?;
+    crate::handler::http::check_templates(&probe.request)?;
     crate::answer::Answer::compile(&probe.answer)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
@@ -493,7 +464,7 @@ pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
         return Ok(());
     };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::Handler::new(&probe.request)?;
+    crate::handler::http::HttpHandler::new(&probe.request)?;
     Ok(())
 }
 
@@ -618,7 +589,7 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                 });
             }
             request.apply_operational(&mut asked);
-            crate::handler::check_templates(&asked.request)?;
+            crate::handler::http::check_templates(&asked.request)?;
             if asked != stored {
                 store.put_job(&asked.to_stored()).await?;
             }
