@@ -73,6 +73,7 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
             std::env::var(name).ok()
         }
     })?;
+    let handler = crate::job::JobHandler::Http(handler);
     let options = RunOptions {
         concurrency: 64,
         progress_interval: Duration::from_secs(5),

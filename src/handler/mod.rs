@@ -11,7 +11,7 @@
 //! - any async closure or function of an ID, `Fn(String) -> impl Future<Output =
 //!   Result<T, Failure>>` where `T: Into<Output>` (a library user's work, in a few lines);
 //! - [`http::HttpHandler`]: one HTTP request per ID from the job's templates;
-//! - `exec::ExecHandler`: one process per ID from the job's command.
+//! - [`exec::ExecHandler`]: one process per ID from the job's command.
 //!
 //! ```
 //! use highwater::handler::{Handler, Output};
@@ -33,6 +33,7 @@ use serde_json::value::RawValue;
 
 pub use crate::failure::{ErrorClass, Failure, Next};
 
+pub mod exec;
 pub mod http;
 mod template;
 
