@@ -95,10 +95,10 @@ pub enum Next {
     Permanent,
     /// Try again: after `after` if the other side said so, else after the backoff.
     Retry { after: Option<Duration> },
-    /// The other side is overloaded (HTTP 429 or 503): try again, and slow down.
+    /// The other side is overloaded (HTTP 429): try again, and slow down.
     Pushback { after: Option<Duration> },
-    /// The other side could not be reached (refused or dropped connection, a gateway's
-    /// 5xx): try again; evidence that it is out.
+    /// The other side could not be reached (refused or dropped connection, a 5xx): try
+    /// again; evidence that it is out.
     Unreachable { after: Option<Duration> },
     /// No answer in time: try again; both pushback and evidence of an outage.
     TimedOut,

@@ -9,9 +9,9 @@
 //!
 //! | what happened | class | next |
 //! |---|---|---|
-//! | 429, 503 (with or without `Retry-After`) | `http` | pushback, after `Retry-After` |
+//! | 429 | `http` | pushback, after `Retry-After` |
 //! | 408 | `http` | retry, after `Retry-After` |
-//! | other 5xx | `http` | unreachable (a gateway's error), after `Retry-After` |
+//! | 5xx | `http` | unreachable (outage evidence), after `Retry-After` |
 //! | any other status outside 2xx | `http` | permanent |
 //! | no answer within `timeout` | `timeout` | timed out |
 //! | connection refused, reset or dropped | `connect`, `connection` | unreachable |
@@ -196,12 +196,15 @@ impl HttpHandler {
     }
 }
 
-/// What an answer outside 2xx means (see the module doc): 429 and 503 are the API pushing
-/// back, 408 a retry, another 5xx a gateway saying the API behind it is out, anything else
-/// a refusal for good.
+/// What an answer outside 2xx means (see the module doc): 429 is the API pushing back, 408
+/// a retry, a 5xx evidence that the API may be out, anything else a refusal for good.
+///
+/// A 503 stays outage evidence here, as before this classifier existed: issue 15 makes it
+/// pushback together with the adaptive controller's handling of it (a demo with sporadic
+/// per-ID 503s otherwise brakes its rate to the floor).
 pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
     match status {
-        429 | 503 => Next::Pushback { after: retry_after },
+        429 => Next::Pushback { after: retry_after },
         408 => Next::Retry { after: retry_after },
         500..=599 => Next::Unreachable { after: retry_after },
         _ => Next::Permanent,
@@ -447,11 +450,9 @@ mod tests {
     #[test]
     fn statuses_are_classified() {
         let after = Some(Duration::from_secs(3));
-        for s in [429, 503] {
-            assert_eq!(classify_status(s, after), Next::Pushback { after }, "{s}");
-        }
+        assert_eq!(classify_status(429, after), Next::Pushback { after });
         assert_eq!(classify_status(408, None), Next::Retry { after: None });
-        for s in [500, 502, 504, 599] {
+        for s in [500, 502, 503, 504, 599] {
             assert_eq!(
                 classify_status(s, after),
                 Next::Unreachable { after },
