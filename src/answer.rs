@@ -1,10 +1,11 @@
-//! Answer: what is checked of each 2xx answer, and what of it is kept as the result.
+//! Answer: what is checked of each answer, and what of it is kept as the result.
 //!
 //! Owns a job's answer checks ([`AnswerSpec`], stored in the job's spec) compiled once into
-//! an [`Answer`]: jq programs run by jaq, with `$status` (the HTTP status, a number) and
-//! `$headers` (an object of lower-case names, repeated headers joined by `", "`) bound. An
-//! answer whose HTTP status is outside 2xx never gets here (the handler classifies it first);
-//! the others are judged in this order:
+//! an [`Answer`]: jq programs run by jaq, with `$status` (the HTTP status, a number; null
+//! for an exec job's output) and `$headers` (an object of lower-case names, repeated headers
+//! joined by `", "`; empty for exec output) bound. The answers judged are the 2xx answers of
+//! the HTTP handler and the standard output of the exec handler's processes that exited 0
+//! (a failing status or exit code is classified by its handler first), in this order:
 //!
 //! 1. `expect json`: a body that is not one JSON document (or is empty) is a retryable
 //!    failure of class `body` (an HTML page from a proxy, a truncated document);
@@ -31,7 +32,7 @@ use jaq_json::Val;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::retry::{AttemptError, ErrorClass, Verdict};
+use crate::failure::{ErrorClass, Failure, Next};
 
 /// How much of an answer a failure's message shows.
 const SNIPPET_CHARS: usize = 200;
@@ -258,15 +259,18 @@ impl Answer {
         self.fail_if.is_some() || self.retry_if.is_some() || self.extract.is_some()
     }
 
-    /// Judge one 2xx answer: the result to store, or why the attempt failed.
+    /// Judge one answer (a 2xx answer, or the output of a process that exited 0): the
+    /// result to store, or why the attempt failed.
     ///
-    /// `headers` is only called when a program runs (building `$headers` costs).
+    /// `status` is the HTTP status (`$status`; null without one, as for an exec job's
+    /// output), kept in a failure. `headers` is only called when a program runs (building
+    /// `$headers` costs).
     pub fn judge<'h, H>(
         &self,
-        status: u16,
+        status: Option<u16>,
         headers: impl FnOnce() -> H,
         body: Vec<u8>,
-    ) -> Result<Box<RawValue>, AttemptError>
+    ) -> Result<Box<RawValue>, Failure>
     where
         H: Iterator<Item = (&'h str, &'h [u8])>,
     {
@@ -275,12 +279,11 @@ impl Answer {
         }
         let text = body.trim_ascii();
         let json = serde_json::from_slice::<serde::de::IgnoredAny>(text).map_err(|e| e.to_string());
-        let refuse = |class, verdict, message: String| AttemptError {
+        let refuse = |class, next, message: String| Failure {
+            next,
             class,
-            http_status: Some(status),
+            status,
             message,
-            retry_after: None,
-            verdict,
         };
         if let (true, Err(e)) = (self.expect_json, &json) {
             let why = if text.is_empty() {
@@ -290,7 +293,7 @@ impl Answer {
             };
             return Err(refuse(
                 ErrorClass::Body,
-                None,
+                Next::Retry { after: None },
                 format!("expect json: {why}"),
             ));
         }
@@ -301,7 +304,7 @@ impl Answer {
             Ok(_) => jaq_json::read::parse_single(text).map_err(|e| {
                 refuse(
                     ErrorClass::Invalid,
-                    Some(Verdict::Permanent),
+                    Next::Permanent,
                     format!(
                         "the body cannot be read as jq input ({e}): {}",
                         snippet(text)
@@ -310,17 +313,20 @@ impl Answer {
             })?,
             Err(_) => Val::from(String::from_utf8_lossy(&body).into_owned()),
         };
-        let vars = [Val::from(status as isize), headers_val(headers())];
+        let vars = [
+            status.map_or(Val::Null, |s| Val::from(s as isize)),
+            headers_val(headers()),
+        ];
         let failed = |name: &str, program: &Program, error: String| {
             refuse(
                 ErrorClass::Invalid,
-                Some(Verdict::Permanent),
+                Next::Permanent,
                 format!("{name} {:?} failed on the answer: {error}", program.source),
             )
         };
         for (name, program, verdict) in [
-            ("fail-if", &self.fail_if, Verdict::Permanent),
-            ("retry-if", &self.retry_if, Verdict::Retry { after: None }),
+            ("fail-if", &self.fail_if, Next::Permanent),
+            ("retry-if", &self.retry_if, Next::Retry { after: None }),
         ] {
             let Some(program) = program else { continue };
             match program.run(input.clone(), &vars, truthy) {
@@ -328,7 +334,7 @@ impl Answer {
                 Run::Values(values) if values.iter().any(truthy) => {
                     return Err(refuse(
                         ErrorClass::Invalid,
-                        Some(verdict),
+                        verdict,
                         format!("{name} {:?} is true: {}", program.source, snippet(text)),
                     ))
                 }
@@ -437,10 +443,14 @@ mod tests {
         Answer::compile(&spec).unwrap()
     }
 
-    fn judge(a: &Answer, body: &str) -> Result<String, AttemptError> {
+    fn judge(a: &Answer, body: &str) -> Result<String, Failure> {
         let headers = [("Content-Type", b"application/json".as_slice())];
-        a.judge(200, || headers.iter().copied(), body.as_bytes().to_vec())
-            .map(|v| v.get().to_string())
+        a.judge(
+            Some(200),
+            || headers.iter().copied(),
+            body.as_bytes().to_vec(),
+        )
+        .map(|v| v.get().to_string())
     }
 
     fn spec() -> AnswerSpec {
@@ -464,26 +474,36 @@ mod tests {
         let a = answer(spec());
         assert_eq!(judge(&a, r#"{"v":1}"#).unwrap(), r#"{"v":1}"#);
         for (body, class, verdict, says) in [
-            ("<html>oops</html>", ErrorClass::Body, None, "expect json"),
-            (r#"{"v":"#, ErrorClass::Body, None, "expect json"),
-            ("  ", ErrorClass::Body, None, "empty"),
+            (
+                "<html>oops</html>",
+                ErrorClass::Body,
+                Next::Retry { after: None },
+                "expect json",
+            ),
+            (
+                r#"{"v":"#,
+                ErrorClass::Body,
+                Next::Retry { after: None },
+                "expect json",
+            ),
+            ("  ", ErrorClass::Body, Next::Retry { after: None }, "empty"),
             (
                 r#"{"error":"quota","status":"pending"}"#,
                 ErrorClass::Invalid,
-                Some(Verdict::Permanent),
+                Next::Permanent,
                 "fail-if",
             ),
             (
                 r#"{"status":"pending"}"#,
                 ErrorClass::Invalid,
-                Some(Verdict::Retry { after: None }),
+                Next::Retry { after: None },
                 "retry-if",
             ),
         ] {
             let e = judge(&a, body).unwrap_err();
-            assert_eq!((e.class, e.verdict), (class, verdict), "{body}: {e:?}");
+            assert_eq!((e.class, e.next), (class, verdict), "{body}: {e:?}");
             assert!(e.message.contains(says), "{body}: {}", e.message);
-            assert_eq!(e.http_status, Some(200));
+            assert_eq!(e.status, Some(200));
         }
         let e = judge(&a, r#"{"error":"quota exceeded"}"#).unwrap_err();
         assert!(e.message.contains(r#"".error != null""#), "{}", e.message);
@@ -498,7 +518,7 @@ mod tests {
         });
         let e = judge(&a, r#"{"a":"text"}"#).unwrap_err();
         assert_eq!(e.class, ErrorClass::Invalid);
-        assert_eq!(crate::retry::classify(&e), Verdict::Permanent);
+        assert_eq!(e.next, Next::Permanent);
         assert!(e.message.contains("cannot index"), "{}", e.message);
         // Not JSON and no --expect json: the program sees the body as a string.
         let e = judge(&a, "plain").unwrap_err();
@@ -508,7 +528,7 @@ mod tests {
             ..AnswerSpec::default()
         });
         let e = judge(&halt, "1").unwrap_err();
-        assert_eq!(e.verdict, Some(Verdict::Permanent));
+        assert_eq!(e.next, Next::Permanent);
         assert!(e.message.contains("halt"), "{}", e.message);
     }
 
@@ -527,7 +547,7 @@ mod tests {
             ("x-a", b"2".as_slice()),
         ];
         let e = a
-            .judge(200, || headers.iter().copied(), b"1".to_vec())
+            .judge(Some(200), || headers.iter().copied(), b"1".to_vec())
             .unwrap_err();
         assert_eq!(e.class, ErrorClass::Invalid);
         let a = answer(AnswerSpec {
@@ -535,9 +555,12 @@ mod tests {
             ..AnswerSpec::default()
         });
         let out = a
-            .judge(201, || headers.iter().copied(), b"1".to_vec())
+            .judge(Some(201), || headers.iter().copied(), b"1".to_vec())
             .unwrap();
         assert_eq!(out.get(), r#"{"s":201,"a":"1, 2"}"#);
+        // An exec job's output: no status, no headers.
+        let out = a.judge(None, std::iter::empty, b"1".to_vec()).unwrap();
+        assert_eq!(out.get(), r#"{"s":null,"a":null}"#);
     }
 
     #[test]

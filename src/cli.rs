@@ -15,8 +15,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::console::shell_path;
 use crate::engine::{self, StopHandle};
-use crate::handler::Handler;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
+use crate::job::JobHandler;
 use crate::job::{
     open_job, Durability, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions,
 };
@@ -160,6 +160,15 @@ struct RunArgs {
     /// URL template: {id} is percent-encoded, ${VAR} comes from the environment.
     #[arg(long, value_name = "TEMPLATE")]
     url: Option<String>,
+    /// Run a command for each ID instead of calling a URL: 'PROGRAM ARG... {id}', split
+    /// like a shell would (no shell unless you write sh -c), {id} one argument, ${VAR} from
+    /// the environment. Standard output is the result; exit 0 ok, a --retry-exit-codes code
+    /// retried, past --timeout killed and retried, any other exit fails the ID.
+    #[arg(long, value_name = "COMMAND", conflicts_with_all = ["url", "method", "headers", "body", "connect_timeout"])]
+    exec: Option<String>,
+    /// With --exec: exit codes that mean "try again later" [default: 75].
+    #[arg(long, value_name = "CODE,...", value_delimiter = ',', value_parser = clap::value_parser!(i32).range(1..=255))]
+    retry_exit_codes: Option<Vec<i32>>,
     /// HTTP method [default: GET].
     #[arg(long)]
     method: Option<String>,
@@ -178,7 +187,7 @@ struct RunArgs {
     /// TCP connect timeout [default: 10s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     connect_timeout: Option<Duration>,
-    /// Whole-request timeout [default: 30s].
+    /// Whole-request timeout; with --exec, how long a process may run [default: 30s].
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     timeout: Option<Duration>,
     /// Attempts per ID, the first included [default: 5].
@@ -571,6 +580,8 @@ impl RunArgs {
             bucket_size: self.bucket_size,
             method: self.method.clone(),
             url: self.url.clone(),
+            exec: self.exec.clone(),
+            retry_exit_codes: self.retry_exit_codes.clone(),
             headers: if self.headers.is_empty() {
                 None
             } else {
@@ -652,11 +663,11 @@ async fn run(args: RunArgs) -> Result<u8> {
         Ok(StateArg::Pg { url, job }) => return pg::run(&args, request, url, job, metrics).await,
         Err(code) => return Ok(code),
     }
-    // A new job needs --input and --url: say so before creating anything.
+    // A new job needs --input and --url (or --exec): say so before creating anything.
     let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
-    if fresh && request.input.is_some() && request.url.is_none() {
+    if fresh && request.input.is_some() && request.url.is_none() && request.exec.is_none() {
         say!(
-            "error: {} holds no job: give --input FILE and --url TEMPLATE to create one",
+            "error: {} holds no job: give --input FILE and --url TEMPLATE (or --exec COMMAND) to create one",
             args.state.display()
         );
         return Ok(exit::USAGE);
@@ -713,7 +724,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             exit::OK
         });
     }
-    let handler = job_handler(&spec)?;
+    let handler = crate::job::job_handler(&spec)?;
     let resume = format!("highwater run --state {}", shell_path(&args.state));
     run_job(
         Arc::new(store),
@@ -725,12 +736,6 @@ async fn run(args: RunArgs) -> Result<u8> {
         &resume,
     )
     .await
-}
-
-/// The handler of a job: its request and its answer checks.
-fn job_handler(spec: &JobSpec) -> Result<Handler> {
-    let answer = crate::answer::Answer::compile(&spec.answer)?;
-    Ok(Handler::new(&spec.request)?.with_answer(answer))
 }
 
 /// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
@@ -787,7 +792,7 @@ fn refused(e: crate::job::JobError) -> Result<u8> {
 pub async fn run_job<S: Store + crate::store::Leases>(
     store: Arc<S>,
     spec: JobSpec,
-    handler: Handler,
+    handler: JobHandler,
     options: &RunOptions,
     state: &Path,
     metrics: Option<tokio::net::TcpListener>,
@@ -796,7 +801,7 @@ pub async fn run_job<S: Store + crate::store::Leases>(
     tracing::info!(
         job = %spec.job_id,
         input = %spec.input.path.display(),
-        url = %spec.request.url,
+        work = %work(&spec),
         bucket_size = spec.bucket_size,
         concurrency = options.concurrency,
         "running"
@@ -820,12 +825,20 @@ pub async fn run_job<S: Store + crate::store::Leases>(
     })
 }
 
+/// What a job does for each ID, for logs: its URL or its command (as written, `${VAR}`
+/// unexpanded).
+fn work(spec: &JobSpec) -> &str {
+    spec.exec
+        .as_ref()
+        .map_or(spec.request.url.as_str(), |e| e.command.as_str())
+}
+
 /// Run the job's log or a rerun's with signal handling, the progress monitor and the
 /// metrics endpoint, and return its summary.
 async fn run_log<S: Store + crate::store::Leases>(
     store: Arc<S>,
     spec: JobSpec,
-    handler: Handler,
+    handler: JobHandler,
     options: &RunOptions,
     state: &Path,
     metrics: Option<tokio::net::TcpListener>,
@@ -964,7 +977,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         Err(e) => return refused(e),
     };
     // A missing ${VAR} is refused before the rerun is written.
-    let handler = job_handler(&spec)?;
+    let handler = crate::job::job_handler(&spec)?;
     let rerun = match crate::rerun::start(&store, &spec, chosen).await {
         Ok(Prepared::Ready { rerun, resumed }) => {
             say!(
@@ -1038,10 +1051,11 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
 
 async fn failures(args: FailuresArgs) -> Result<u8> {
     if let Some(class) = &args.class {
-        if !sink::ERROR_CLASSES.contains(&class.as_str()) {
+        let names = crate::failure::ErrorClass::ALL.map(|c| c.name());
+        if !names.contains(&class.as_str()) {
             say!(
                 "error: --class {class:?} is not an error class (one of: {})",
-                sink::ERROR_CLASSES.join(", ")
+                names.join(", ")
             );
             return Ok(exit::USAGE);
         }
@@ -1247,6 +1261,7 @@ async fn describe<S: Store>(
             "input_bytes": spec.fingerprint.len,
             "url": spec.request.url,
             "method": spec.request.method,
+            "exec": spec.exec.as_ref().map(|e| &e.command),
             "bucket_size": spec.bucket_size,
             "runner": runner,
             "last_run": died,
@@ -1327,7 +1342,7 @@ fn render_status(
         String::new()
     };
     let mut text = format!(
-        "state:      {}\njob:        {}\ninput:      {} ({}), {} rows {}\nrequest:    {} {}\n\
+        "state:      {}\njob:        {}\ninput:      {} ({}), {} rows {}\n{}\n\
          buckets:    {} planned, {} committed, {} in flight (size {})\n\
          IDs:        {} ok, {} failed, {} pending of {} planned\n\
          duplicates: {}\nbad lines:  {}\nfinished:   {}\n",
@@ -1337,8 +1352,10 @@ fn render_status(
         spec.input.format,
         s.rows_read,
         read,
-        spec.request.method,
-        spec.request.url,
+        match &spec.exec {
+            Some(exec) => format!("exec:       {}", exec.command),
+            None => format!("request:    {} {}", spec.request.method, spec.request.url),
+        },
         s.buckets_planned,
         s.buckets_committed,
         s.buckets_in_flight,

@@ -53,12 +53,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::failure::Failure;
 use crate::handler::{millis, Handler};
 use crate::input::InputReader;
 use crate::job::{now_ms, Durability, FailureLimit, JobSpec, RunOptions};
 use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
-use crate::retry::{self, AttemptError, Charge, ItemOutcome};
+use crate::retry::{self, Charge, ItemOutcome};
 use crate::store::{
     CommitRecord, ItemRecord, ItemStatus, JobView, Lease, LeaseScope, Leases, Log, PlannedBucket,
     Store, StoreError, Tally,
@@ -175,10 +176,10 @@ enum WriterMsg {
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///
 /// The job spec must be the stored one, its input verified against the fingerprint.
-pub async fn run<S: Store + Leases>(
+pub async fn run<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
-    handler: Arc<Handler>,
+    handler: Arc<H>,
     opts: &RunOptions,
     counters: Arc<Counters>,
     stop: Stop,
@@ -188,10 +189,10 @@ pub async fn run<S: Store + Leases>(
 
 /// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
 /// buckets, planned when the rerun was created).
-pub async fn run_log<S: Store + Leases>(
+pub async fn run_log<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
-    handler: Arc<Handler>,
+    handler: Arc<H>,
     opts: &RunOptions,
     counters: Arc<Counters>,
     stop: Stop,
@@ -686,8 +687,8 @@ impl Dispatcher {
 /// A worker: take items from the queue and process them, one at a time, each under a
 /// permit of the run's (adaptive) concurrency limit, until the queue is closed and empty or
 /// a stop is asked for.
-async fn work(
-    task: ItemTask,
+async fn work<H: Handler>(
+    task: ItemTask<H>,
     queue: Arc<WorkQueue<Item>>,
     permits: Arc<Semaphore>,
     halt: Arc<Halt>,
@@ -760,10 +761,10 @@ fn writer_gone() -> EngineError {
     EngineError::Internal("the result writer stopped".into())
 }
 
-struct ItemTask {
+struct ItemTask<H> {
     throttle: Arc<Throttle>,
     spec: Arc<JobSpec>,
-    handler: Arc<Handler>,
+    handler: Arc<H>,
     counters: Arc<Counters>,
     stop: Stop,
     writer: mpsc::Sender<WriterMsg>,
@@ -775,18 +776,19 @@ struct ItemTask {
     pause: Option<fleet::Pauser>,
 }
 
-impl ItemTask {
+impl<H: Handler> ItemTask<H> {
     async fn process(&self, item: Item) {
-        let handler = &self.handler;
+        let handler = &*self.handler;
         let counters = &self.counters;
         let throttle = &*self.throttle;
         let stop = &self.stop;
         let pause = &self.pause;
         let id = item.id.as_str();
-        // When the first and the last attempt started.
+        // When the first and the last attempt started, and how long the last one took (µs).
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
         // What the throttle learnt of this ID's failures (is it failing alone?).
         let history = &ItemHistory::default();
+        let last_latency = &AtomicU64::new(0);
         let outcome = retry::run(
             &self.spec.retry,
             |attempt| async move {
@@ -807,24 +809,24 @@ impl ItemTask {
                 // (a stop past --shutdown-timeout).
                 let in_flight = counters.in_flight_guard();
                 let start = Instant::now();
-                let result = handler.attempt(id).await;
+                let result = handler.call(id).await;
                 drop(in_flight);
+                let latency = start.elapsed();
+                last_latency.store(latency.as_micros() as u64, Relaxed);
                 Counters::add_elapsed(&counters.api_ns, start);
-                counters.http.observe(&result, start.elapsed());
-                let observed = Observed::of(&result);
+                counters.http.observe(&result, latency);
+                let observed = Observed::of(&result, latency);
                 if let (Err(e), Some(pause)) = (&result, pause) {
-                    if let Some(after) = e.retry_after {
+                    if let Some(Some(after)) = e.next.retry_after() {
                         pause(after);
                     }
                 }
                 match &result {
-                    Err(AttemptError {
-                        http_status: Some(429),
-                        ..
+                    Err(Failure {
+                        status: Some(429), ..
                     }) => Counters::add(&throttle.throttled, 1),
-                    Err(AttemptError {
-                        http_status: Some(503),
-                        ..
+                    Err(Failure {
+                        status: Some(503), ..
                     }) => Counters::add(&throttle.unavailable, 1),
                     _ => {}
                 }
@@ -847,15 +849,15 @@ impl ItemTask {
         record.last_attempt_ms = Some(last_at.load(Relaxed)).filter(|&t| t > 0);
         match outcome {
             ItemOutcome::Ok {
-                success,
+                output,
                 attempts,
                 errors,
             } => {
                 record.attempt_errors = errors;
                 record.status = ItemStatus::Ok;
-                record.http_status = Some(success.http_status);
-                record.body = Some(success.body);
-                record.latency_ms = Some(millis(success.latency));
+                record.http_status = output.status;
+                record.body = Some(output.result);
+                record.latency_ms = Some(last_latency.load(Relaxed) / 1000);
                 record.attempts = attempts;
             }
             ItemOutcome::Failed {
@@ -866,7 +868,7 @@ impl ItemTask {
                 record.attempt_errors = errors;
                 tracing::debug!(id, class = %error.class, error = %error.message, "item failed");
                 record.status = ItemStatus::Failed;
-                record.http_status = error.http_status;
+                record.http_status = error.status;
                 record.class = Some(error.class);
                 record.error = Some(error.message);
                 record.attempts = attempts;
@@ -1268,6 +1270,7 @@ fn take_queued(rx: &mut mpsc::Receiver<WriterMsg>, msgs: &mut Vec<WriterMsg>, ma
 mod tests {
     use super::*;
     use crate::demo::api::{ApiConfig, FakeApi, Fault};
+    use crate::handler::http::HttpHandler;
     use crate::input::{InputFormat, InputSpec};
     use crate::job::{open_job, JobRequest};
     use crate::store::conformance::Audit;
@@ -1329,7 +1332,7 @@ mod tests {
         stop: Stop,
         durability: Durability,
     ) -> Result<RunSummary, EngineError> {
-        let handler = Arc::new(Handler::new(&s.spec.request).unwrap());
+        let handler = Arc::new(HttpHandler::new(&s.spec.request).unwrap());
         let opts = RunOptions {
             concurrency: 4,
             progress_interval: Duration::ZERO,
@@ -1438,6 +1441,83 @@ mod tests {
         assert_eq!(second.job.ok, 3000);
         assert_eq!(s.api.distinct_ids(), 3000);
         assert!(s.api.total_calls() <= 3000 + max_unsynced_items(4) as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closure_handler_runs_a_job_under_the_same_retries_and_store() {
+        use crate::failure::{ErrorClass, Failure};
+        use std::sync::Mutex;
+        let ids = ids(600);
+        let s = setup(&ids, 50, ApiConfig::fast()).await;
+        let calls = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
+        let handler = {
+            let calls = calls.clone();
+            move |id: String| {
+                let calls = calls.clone();
+                async move {
+                    let n: u64 = id[2..].parse().unwrap();
+                    let attempt = {
+                        let mut calls = calls.lock().unwrap();
+                        let c = calls.entry(id.clone()).or_default();
+                        *c += 1;
+                        *c
+                    };
+                    match n % 10 {
+                        0 => Err(Failure::permanent(format!("{id} is refused"))),
+                        1 if attempt < 3 => Err(Failure::retry("not yet")),
+                        2 if attempt < 2 => Err(Failure::pushback("busy", None).status(429)),
+                        _ => Ok(serde_json::json!({ "id": id, "double": n * 2 })),
+                    }
+                }
+            }
+        };
+        let opts = RunOptions {
+            concurrency: 8,
+            progress_interval: Duration::ZERO,
+            ..RunOptions::default()
+        };
+        let mut spec = (*s.spec).clone();
+        spec.retry.initial = Duration::from_millis(1);
+        spec.retry.max_interval = Duration::from_millis(2);
+        let summary = run(
+            s.store.clone(),
+            Arc::new(spec),
+            Arc::new(handler),
+            &opts,
+            Arc::new(Counters::default()),
+            stop_pair().1,
+        )
+        .await
+        .unwrap();
+        assert!(summary.job.finished());
+        assert_eq!((summary.job.ok, summary.job.failed), (540, 60));
+        assert_eq!(s.api.total_calls(), 0, "the closure did the work");
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls["e-10"], 1, "a permanent failure is not retried");
+        assert_eq!(calls["e-11"], 3);
+        assert_eq!(calls["e-12"], 2);
+        assert_eq!(calls["e-13"], 1);
+        let offset = s.store.offset(0).await.unwrap().unwrap();
+        let items: HashMap<_, _> = s
+            .store
+            .bucket_items(&offset)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        let failed = &items["e-10"];
+        assert_eq!(failed.status, ItemStatus::Failed);
+        assert_eq!(failed.class, Some(ErrorClass::Handler));
+        assert_eq!(failed.error.as_deref(), Some("e-10 is refused"));
+        let ok = &items["e-12"];
+        assert_eq!(
+            ok.body.as_ref().unwrap().get(),
+            r#"{"double":24,"id":"e-12"}"#
+        );
+        assert_eq!(
+            (ok.attempts, ok.attempt_errors[0].http_status),
+            (2, Some(429))
+        );
     }
 
     #[tokio::test]

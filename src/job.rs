@@ -19,27 +19,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::answer::{AnswerError, AnswerSpec};
+use crate::handler::exec::DEFAULT_RETRY_EXIT_CODES;
+use crate::handler::serde_millis;
 use crate::input::{Fingerprint, InputSpec};
 use crate::store::{JobView, Store, StoreError, StoredJob};
 
-/// The request made for each ID, as templates.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RequestSpec {
-    /// HTTP method, upper case.
-    pub method: String,
-    /// URL template: `{id}` percent-encoded for its place, `${VAR}` from the environment.
-    pub url: String,
-    /// Header templates, `Name: value`, in order.
-    pub headers: Vec<String>,
-    /// Body template: `{id}` JSON-escaped, `${VAR}` from the environment.
-    pub body: Option<String>,
-    /// TCP connect timeout.
-    #[serde(with = "millis")]
-    pub connect_timeout: Duration,
-    /// Whole-request timeout (connect, send, receive the body).
-    #[serde(with = "millis")]
-    pub timeout: Duration,
-}
+pub use crate::handler::exec::ExecSpec;
+pub use crate::handler::http::RequestSpec;
 
 /// How failed attempts are retried.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,13 +33,13 @@ pub struct RetryPolicy {
     /// Attempts per item, the first included (at least 1).
     pub max_attempts: u32,
     /// First backoff interval; doubles per attempt, with jitter.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub initial: Duration,
     /// Largest backoff interval.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub max_interval: Duration,
     /// Give up on an item once this much time has passed since its first attempt.
-    #[serde(with = "millis")]
+    #[serde(with = "serde_millis")]
     pub max_elapsed: Duration,
 }
 
@@ -78,7 +64,11 @@ pub struct JobSpec {
     pub fingerprint: Fingerprint,
     /// Rows per bucket.
     pub bucket_size: u64,
+    /// The request made for each ID (for an exec job, only its `timeout` is used).
     pub request: RequestSpec,
+    /// The command run for each ID instead of a request: an exec job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecSpec>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
@@ -173,12 +163,19 @@ impl JobSpec {
 
     /// Changes of the request (URL, method, body): allowed with `--allow-spec-change`.
     pub fn request_changes(&self, other: &JobSpec) -> Vec<String> {
+        // An exec job stores no URL: a change between the two is said once, as --exec.
         let mut out = Vec::new();
         let mut cmp = |what: &str, a: String, b: String| {
             if a != b {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
+        let command = |s: &JobSpec| {
+            s.exec
+                .as_ref()
+                .map_or("none".into(), |e| format!("{:?}", e.command))
+        };
+        cmp("--exec", command(self), command(other));
         cmp("--url", self.request.url.clone(), other.request.url.clone());
         cmp(
             "--method",
@@ -293,25 +290,12 @@ impl Default for RunOptions {
 
 pub use crate::store::now_ms;
 
-mod millis {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis() as u64)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
-    }
-}
-
 /// Errors while creating or resuming a job.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     #[error("{0}")]
     Usage(String),
-    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --method, --body and the answer checks (--expect, --fail-if, --retry-if, --extract, --keep-body) may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
+    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --exec, --method, --body and the answer checks (--expect, --fail-if, --retry-if, --extract, --keep-body) may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
     MeaningChanged(Vec<String>),
     #[error("input {path} has changed since the job was created: {what} (then {then}, now {now}); only appending rows is accepted; refusing to resume against it")]
     InputChanged {
@@ -350,6 +334,10 @@ pub struct JobRequest {
     pub bucket_size: Option<u64>,
     pub method: Option<String>,
     pub url: Option<String>,
+    /// The command of an exec job (in place of `url`).
+    pub exec: Option<String>,
+    /// Exit codes of an exec job's command that are retried.
+    pub retry_exit_codes: Option<Vec<i32>>,
     pub headers: Option<Vec<String>>,
     pub body: Option<String>,
     pub connect_timeout: Option<Duration>,
@@ -357,7 +345,7 @@ pub struct JobRequest {
     pub retry: RetryOverrides,
     /// Answer checks asked for; unset fields keep the stored ones.
     pub answer: AnswerRequest,
-    /// Accept a changed URL, method, body or answer check (recorded in the spec history).
+    /// Accept a changed URL, command, method, body or answer check (recorded in the spec history).
     pub allow_spec_change: bool,
     /// The command asking ("run", "rerun"), for the spec history.
     pub command: String,
@@ -411,6 +399,9 @@ impl JobRequest {
         if let Some(t) = self.timeout {
             spec.request.timeout = t;
         }
+        if let (Some(codes), Some(exec)) = (&self.retry_exit_codes, &mut spec.exec) {
+            exec.retry_exit_codes = codes.clone();
+        }
         let r = &self.retry;
         spec.retry.max_attempts = r.max_attempts.unwrap_or(spec.retry.max_attempts);
         spec.retry.initial = r.initial.unwrap_or(spec.retry.initial);
@@ -418,7 +409,12 @@ impl JobRequest {
         spec.retry.max_elapsed = r.max_elapsed.unwrap_or(spec.retry.max_elapsed);
     }
 
-    fn new_spec(&self, input: &InputSpec, url: &str, fingerprint: Fingerprint) -> JobSpec {
+    /// Whether the request says what to do for each ID (needed to create a job).
+    fn has_work(&self) -> bool {
+        self.url.is_some() || self.exec.is_some()
+    }
+
+    fn new_spec(&self, input: &InputSpec, fingerprint: Fingerprint) -> JobSpec {
         let mut spec = JobSpec {
             job_id: new_job_id(),
             input: input.clone(),
@@ -430,12 +426,16 @@ impl JobRequest {
                     .clone()
                     .unwrap_or_else(|| "GET".into())
                     .to_ascii_uppercase(),
-                url: url.to_owned(),
+                url: self.url.clone().unwrap_or_default(),
                 headers: Vec::new(),
                 body: self.body.clone(),
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 timeout: DEFAULT_TIMEOUT,
             },
+            exec: self.exec.as_ref().map(|command| ExecSpec {
+                command: command.clone(),
+                retry_exit_codes: DEFAULT_RETRY_EXIT_CODES.to_vec(),
+            }),
             answer: AnswerSpec::default(),
             retry: RetryPolicy::default(),
             created_at_ms: now_ms(),
@@ -447,23 +447,81 @@ impl JobRequest {
     }
 }
 
-fn check_bucket_size(request: &JobRequest) -> Result<(), JobError> {
+/// What is wrong with the request whatever the job: a bucket size of 0, both a URL and a
+/// command.
+fn check_request(request: &JobRequest) -> Result<(), JobError> {
     if request.bucket_size == Some(0) {
         return Err(JobError::Usage("--bucket-size must be at least 1".into()));
     }
+    if request.url.is_some() && request.exec.is_some() {
+        return Err(JobError::Usage(
+            "--url and --exec cannot be used together: a job either calls a URL or runs a command"
+                .into(),
+        ));
+    }
     Ok(())
+}
+
+/// Exit codes asked for a job that runs no command.
+fn check_retry_exit_codes(request: &JobRequest, spec: &JobSpec) -> Result<(), JobError> {
+    if request.retry_exit_codes.is_some() && spec.exec.is_none() {
+        return Err(JobError::Usage(
+            "--retry-exit-codes applies to a job that runs a command (--exec); this job calls a URL".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Check the spec's request templates or command (their syntax, without the environment).
+fn check_work(spec: &JobSpec) -> Result<(), JobError> {
+    match &spec.exec {
+        Some(exec) => crate::handler::exec::check_command(exec)?,
+        None => crate::handler::http::check_templates(&spec.request)?,
+    }
+    Ok(())
+}
+
+/// The handler a job's spec describes: its request or its command, with its answer checks,
+/// `${VAR}` expanded from the process environment.
+pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
+    let answer = crate::answer::Answer::compile(&spec.answer)?;
+    Ok(match &spec.exec {
+        Some(exec) => JobHandler::Exec(
+            crate::handler::exec::ExecHandler::new(exec, spec.request.timeout)?.with_answer(answer),
+        ),
+        None => JobHandler::Http(
+            crate::handler::http::HttpHandler::new(&spec.request)?.with_answer(answer),
+        ),
+    })
+}
+
+/// The handler of a job made from its spec: HTTP or exec.
+#[derive(Debug)]
+pub enum JobHandler {
+    Http(crate::handler::http::HttpHandler),
+    Exec(crate::handler::exec::ExecHandler),
+}
+
+impl crate::handler::Handler for JobHandler {
+    async fn call(&self, id: &str) -> Result<crate::handler::Output, crate::failure::Failure> {
+        match self {
+            JobHandler::Http(h) => h.attempt(id).await,
+            JobHandler::Exec(h) => h.attempt(id).await,
+        }
+    }
 }
 
 /// What can be checked of a new job before its state directory exists: its request templates,
 /// answer checks and bucket size, and that its input can be opened. [`open_job`] checks the
 /// same.
 pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
-    check_bucket_size(request)?;
-    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+    check_request(request)?;
+    let (Some(input), true) = (&request.input, request.has_work()) else {
         return Ok(());
     };
-    let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::check_templates(&probe.request)?;
+    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
+    check_retry_exit_codes(request, &probe)?;
+    check_work(&probe)?;
     crate::answer::Answer::compile(&probe.answer)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
@@ -487,34 +545,35 @@ pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreErr
 }
 
 /// Build the handler a new job's run would build, with the process environment: a
-/// `${VAR}` missing from it (a misspelt name) is refused before the job is stored with it.
+/// `${VAR}` missing from it (a misspelt name) or a program not found is refused before the
+/// job is stored with it.
 pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
-    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+    let (Some(input), true) = (&request.input, request.has_work()) else {
         return Ok(());
     };
-    let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::Handler::new(&probe.request)?;
+    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
+    job_handler(&probe)?;
     Ok(())
 }
 
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
-/// Creation needs `--input` and `--url`; it fingerprints the input and refuses an empty one.
+/// Creation needs `--input` and `--url` or `--exec`; it fingerprints the input and refuses an empty one.
 /// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
 pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
     use crate::input::{Cursor, InputReader};
-    check_bucket_size(request)?;
+    check_request(request)?;
     match stored_job(store).await? {
         None => {
-            let (Some(input), Some(url)) = (&request.input, &request.url) else {
+            let (Some(input), true) = (&request.input, request.has_work()) else {
                 return Err(JobError::Usage(
-                    "this state directory holds no job yet: give --input and --url to create one"
+                    "this state directory holds no job yet: give --input and --url (or --exec) to create one"
                         .into(),
                 ));
             };
             check_new_job(request)?;
-            let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
+            let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
             let fingerprint = Fingerprint::of_file(&input.path)?;
             let mut reader = InputReader::open(input, Cursor::default())?;
             if reader.next_row()?.is_none() {
@@ -540,7 +599,20 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             }
             if let Some(u) = &request.url {
                 asked.request.url = u.clone();
+                asked.exec = None;
             }
+            if let Some(command) = &request.exec {
+                let retry_exit_codes = asked
+                    .exec
+                    .take()
+                    .map_or_else(|| DEFAULT_RETRY_EXIT_CODES.to_vec(), |e| e.retry_exit_codes);
+                asked.exec = Some(ExecSpec {
+                    command: command.clone(),
+                    retry_exit_codes,
+                });
+                asked.request.url = String::new();
+            }
+            check_retry_exit_codes(request, &asked)?;
             if request.body.is_some() {
                 asked.request.body = request.body.clone();
             }
@@ -618,7 +690,7 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                 });
             }
             request.apply_operational(&mut asked);
-            crate::handler::check_templates(&asked.request)?;
+            check_work(&asked)?;
             if asked != stored {
                 store.put_job(&asked.to_stored()).await?;
             }
@@ -972,6 +1044,51 @@ mod tests {
             open_job(&store, &removed).await.unwrap().answer.fail_if,
             None
         );
+    }
+
+    #[tokio::test]
+    async fn an_exec_job_stores_its_command_as_written() {
+        let (_d, store, mut request) = setup();
+        request.url = None;
+        request.headers = None;
+        request.exec = Some("echo ${TOKEN} {id}".into());
+        let created = open_job(&store, &request).await.unwrap();
+        let exec = created.exec.clone().unwrap();
+        assert_eq!(exec.command, "echo ${TOKEN} {id}");
+        assert_eq!(exec.retry_exit_codes, [75]);
+        // Exit codes are operational; the command is part of the meaning.
+        let codes = JobRequest {
+            retry_exit_codes: Some(vec![75, 69]),
+            ..JobRequest::default()
+        };
+        let resumed = open_job(&store, &codes).await.unwrap();
+        assert_eq!(resumed.exec.unwrap().retry_exit_codes, [75, 69]);
+        let url = JobRequest {
+            url: Some("http://127.0.0.1:9/{id}".into()),
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &url).await.unwrap_err().to_string();
+        assert!(err.contains("--exec") && err.contains("--url"), "{err}");
+        let changed = JobRequest {
+            exec: Some("printf %s {id}".into()),
+            allow_spec_change: true,
+            ..JobRequest::default()
+        };
+        let spec = open_job(&store, &changed).await.unwrap();
+        assert_eq!(spec.exec.as_ref().unwrap().command, "printf %s {id}");
+        assert_eq!(spec.exec.unwrap().retry_exit_codes, [75, 69], "kept");
+        // Exit codes for a job that calls a URL, and both at once, are refused.
+        let (_d, store, mut request) = setup();
+        request.retry_exit_codes = Some(vec![1]);
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
+        request.exec = Some("echo {id}".into());
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
     }
 
     #[tokio::test]

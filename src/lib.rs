@@ -1,14 +1,15 @@
 //! highwater: a job runner for long, resumable batch enrichment.
 //!
-//! Read IDs from a file, cut them into deterministic buckets, call an HTTP API for each ID
-//! under retries, and keep every result exactly once in an embedded store, so that a run can
-//! be killed at any moment and resumed without losing or duplicating anything.
+//! Read IDs from a file, cut them into deterministic buckets, do the work for each ID (call
+//! an HTTP API, run a program, or run your own async function) under retries, and keep every
+//! result exactly once in an embedded store, so that a run can be killed at any moment and
+//! resumed without losing or duplicating anything.
 //!
 //! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
-//! [`engine`] runs buckets to completion; [`handler`] makes one HTTP attempt, whose 2xx answer
-//! [`answer`] checks; [`retry`]
-//! decides about the next; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
+//! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
+//! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! Cargo features: the library alone (`default-features = false`) has none of the command
@@ -24,6 +25,7 @@ pub mod console;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
+pub mod failure;
 pub mod handler;
 pub mod input;
 pub mod job;

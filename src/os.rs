@@ -1,6 +1,8 @@
-//! What the process asks of the operating system at start: as many open files as it may
-//! have, so that `concurrency` in the thousands gets its connections. The platform calls
-//! live here, behind `cfg(unix)`; elsewhere the limit is left as it is and not checked.
+//! What the process asks of the operating system: as many open files as it may have, so
+//! that `concurrency` in the thousands gets its connections; and, for the exec handler's
+//! processes, a process group of their own and their death with highwater's. The platform
+//! calls live here, behind `cfg(unix)` and `cfg(target_os = "linux")`; elsewhere the limit is
+//! left as it is and not checked, and a child is contained only by its attempt killing it.
 
 /// Descriptors a run needs besides one connection per item in flight: stdio, the state
 /// directory's files (sled's, the results log, positions, the ID index and lists), the
@@ -73,6 +75,58 @@ fn raise_open_files() -> Option<u64> {
 #[cfg(not(unix))]
 fn raise_open_files() -> Option<u64> {
     None
+}
+
+/// Contain a child process of the exec handler before it is spawned: it leads a process
+/// group of its own (so [`kill_process_group`] reaches everything it starts), and, on
+/// Linux, the kernel sends it `SIGKILL` when the thread that forked it ends (so it dies
+/// with highwater, even when highwater is killed with `SIGKILL`).
+pub fn contain_child(command: &mut tokio::process::Command) {
+    #[cfg(unix)]
+    command.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id();
+        // SAFETY: between fork and exec only async-signal-safe calls are made (prctl,
+        // getppid) and nothing allocates: the error is an OS error code.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Forked just before highwater died: the signal was missed, do not run.
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = command;
+}
+
+/// Send `SIGKILL` to the process group `group` (a child contained by [`contain_child`] and
+/// all it started). A group that is gone already is not an error.
+pub fn kill_process_group(group: u32) {
+    #[cfg(unix)]
+    {
+        if let Ok(group) = libc::pid_t::try_from(group) {
+            // SAFETY: killpg takes plain integers; a wrong group is an error code.
+            unsafe {
+                libc::killpg(group, libc::SIGKILL);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = group;
 }
 
 #[cfg(test)]

@@ -585,7 +585,7 @@ mod tests {
                     }
                     None => {
                         r.status = ItemStatus::Failed;
-                        r.class = Some(crate::retry::ErrorClass::Timeout);
+                        r.class = Some(crate::failure::ErrorClass::Timeout);
                         r.error = Some("timed out".into());
                     }
                 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::retry::{AttemptError, ErrorClass, Success};
+use crate::failure::{ErrorClass, Failure};
+use crate::handler::Output;
 use crate::store::StoreStats;
 use crate::throttle::Throttle;
 
@@ -73,24 +74,13 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Error classes in a fixed order, for counting without locks.
-pub const ERROR_CLASSES: [ErrorClass; 7] = [
-    ErrorClass::Http,
-    ErrorClass::Timeout,
-    ErrorClass::Connect,
-    ErrorClass::Connection,
-    ErrorClass::Body,
-    ErrorClass::Request,
-    ErrorClass::Invalid,
-];
-
 /// Attempts by outcome and their latencies, lock-free (one atomic per status code).
 #[derive(Debug)]
 pub struct HttpStats {
     /// Answers by HTTP status, index = status - 100 (100..=599).
     by_status: Vec<AtomicU64>,
-    /// Attempts without an answer, or with an unreadable one, by [`ERROR_CLASSES`] index.
-    by_class: [AtomicU64; 7],
+    /// Failed attempts without an HTTP status, by [`ErrorClass::ALL`] index.
+    by_class: [AtomicU64; ErrorClass::ALL.len()],
     /// Attempts per latency bucket: one count per [`LATENCY_BUCKETS`] bound (each bucket
     /// on its own, not cumulative; [`HttpStats::latency`] sums them), then the overflow.
     latency: [AtomicU64; 13],
@@ -110,20 +100,23 @@ impl Default for HttpStats {
 
 impl HttpStats {
     /// Count one attempt that took `elapsed`.
-    pub fn observe(&self, result: &Result<Success, AttemptError>, elapsed: Duration) {
+    ///
+    /// An attempt with an HTTP status counts under its status; a failure without one under
+    /// its class; a success without one (an exec or closure handler's) only in the latencies.
+    pub fn observe(&self, result: &Result<Output, Failure>, elapsed: Duration) {
         let status = match result {
-            Ok(s) => Some(s.http_status),
-            Err(e) => e.http_status,
+            Ok(o) => o.status,
+            Err(e) => e.status,
         };
-        match status {
-            Some(s) if (100..600).contains(&s) => {
+        match (status, result) {
+            (Some(s), _) if (100..600).contains(&s) => {
                 self.by_status[usize::from(s - 100)].fetch_add(1, Relaxed);
             }
-            _ => {
-                let class = result.as_ref().err().map_or(ErrorClass::Body, |e| e.class);
-                let i = ERROR_CLASSES.iter().position(|c| *c == class).unwrap_or(0);
-                self.by_class[i].fetch_add(1, Relaxed);
+            (_, Err(e)) => {
+                let i = ErrorClass::ALL.iter().position(|c| *c == e.class);
+                self.by_class[i.unwrap_or(0)].fetch_add(1, Relaxed);
             }
+            (_, Ok(_)) => {}
         }
         let secs = elapsed.as_secs_f64();
         let i = LATENCY_BUCKETS
@@ -147,7 +140,7 @@ impl HttpStats {
 
     /// (class, count) of attempts without a usable HTTP status.
     pub fn classes(&self) -> Vec<(ErrorClass, u64)> {
-        ERROR_CLASSES
+        ErrorClass::ALL
             .iter()
             .zip(&self.by_class)
             .map(|(c, n)| (*c, n.load(Relaxed)))

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
+use crate::failure::ErrorClass;
 use crate::input::Fingerprint;
 use crate::job::{now_ms, JobSpec};
-use crate::retry::ErrorClass;
 use crate::store::{
     class_label, ExportError, ItemRecord, ItemStatus, JobBucketShare, JobView, RerunBucket,
     RerunOffset, RerunRecord, RerunSelection, Store, StoreError,
@@ -427,8 +427,8 @@ mod tests {
         let (_, mut prior) = rec(1, 0, false);
         prior.attempts = 3;
         prior.first_attempt_ms = Some(100);
-        prior.attempt_errors = vec![crate::retry::AttemptNote {
-            class: crate::retry::ErrorClass::Http,
+        prior.attempt_errors = vec![crate::failure::AttemptNote {
+            class: crate::failure::ErrorClass::Http,
             http_status: Some(503),
             free: false,
         }];

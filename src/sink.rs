@@ -39,7 +39,7 @@ struct ExportRow<'a> {
     attempts: u32,
     bucket: u64,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    attempt_errors: &'a [crate::retry::AttemptNote],
+    attempt_errors: &'a [crate::failure::AttemptNote],
     /// The rerun that wrote the record, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     rerun: Option<u32>,
@@ -201,22 +201,11 @@ pub enum FailuresFormat {
     Csv,
 }
 
-/// The error classes an item can fail with, as `--class` names them.
-pub const ERROR_CLASSES: [&str; 7] = [
-    "http",
-    "timeout",
-    "connect",
-    "connection",
-    "body",
-    "request",
-    "invalid",
-];
-
 /// Which failures to list.
 #[derive(Debug, Clone, Default)]
 pub struct FailureFilter {
     pub bucket: Option<u64>,
-    /// An error class name (one of [`ERROR_CLASSES`]).
+    /// An error class name (one of [`ErrorClass::ALL`](crate::failure::ErrorClass::ALL)).
     pub class: Option<String>,
 }
 
@@ -552,7 +541,7 @@ mod tests {
         let failed = |bucket| {
             let mut r = ItemRecord::pending(bucket, bucket);
             r.status = ItemStatus::Failed;
-            r.class = Some(crate::retry::ErrorClass::Http);
+            r.class = Some(crate::failure::ErrorClass::Http);
             r
         };
         s.record(&[("a".into(), failed(0)), ("b".into(), failed(1))])

@@ -43,7 +43,8 @@ use std::sync::atomic::{
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::retry::{AttemptError, ErrorClass, Success};
+use crate::failure::{ErrorClass, Failure, Next};
+use crate::handler::Output;
 
 /// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -867,29 +868,35 @@ mod tests {
         Throttle::new(options, Arc::new(tokio::sync::Semaphore::new(64)), 64)
     }
 
-    fn failure(class: ErrorClass, status: Option<u16>) -> Result<Success, AttemptError> {
-        Err(AttemptError {
+    /// A failure as the HTTP handler classifies it.
+    fn failure(class: ErrorClass, status: Option<u16>) -> Result<Output, Failure> {
+        let next = match (class, status) {
+            (_, Some(status)) => crate::handler::http::classify_status(status, None),
+            (ErrorClass::Timeout, None) => Next::TimedOut,
+            (ErrorClass::Connect | ErrorClass::Connection, None) => {
+                Next::Unreachable { after: None }
+            }
+            _ => Next::Permanent,
+        };
+        Err(Failure {
+            next,
             class,
-            http_status: status,
+            status,
             message: String::new(),
-            retry_after: None,
-            verdict: None,
         })
     }
 
-    fn success(latency: Duration) -> Result<Success, AttemptError> {
-        Ok(Success {
-            http_status: 200,
-            body: serde_json::value::RawValue::from_string("1".into()).unwrap(),
-            latency,
-        })
+    fn success() -> Result<Output, Failure> {
+        Ok(Output::from(
+            serde_json::value::RawValue::from_string("1".into()).unwrap(),
+        ))
     }
 
     #[test]
     fn a_503_is_pushback_from_an_api_that_answers() {
         use ErrorClass::*;
-        let with_retry_after = Err(AttemptError {
-            retry_after: Some(Duration::from_secs(1)),
+        let with_retry_after = Err(Failure {
+            next: crate::handler::http::classify_status(503, Some(Duration::from_secs(1))),
             ..failure(Http, Some(503)).unwrap_err()
         });
         for (result, observed) in [
@@ -902,12 +909,13 @@ mod tests {
             (failure(Http, Some(502)), Observed::Unreachable),
             (failure(Http, Some(500)), Observed::Down),
             (failure(Http, Some(404)), Observed::Answered),
-            (
-                success(Duration::from_millis(1)),
-                Observed::Success(Duration::from_millis(1)),
-            ),
+            (success(), Observed::Success(Duration::from_millis(1))),
         ] {
-            assert_eq!(Observed::of(&result), observed, "{result:?}");
+            assert_eq!(
+                Observed::of(&result, Duration::from_millis(1)),
+                observed,
+                "{result:?}"
+            );
         }
         // nginx's limit_req at a tenth of the rate: a third of the attempts answered 503.
         let t = run_throttle(2000.0, 2000.0);
@@ -916,9 +924,13 @@ mod tests {
                 let result = if i % 3 == 0 {
                     failure(Http, Some(503))
                 } else {
-                    success(Duration::from_micros(300))
+                    success()
                 };
-                let verdict = t.record(Observed::of(&result), false, false);
+                let verdict = t.record(
+                    Observed::of(&result, Duration::from_micros(300)),
+                    false,
+                    false,
+                );
                 assert!(matches!(verdict, Verdict::Counted), "an answer counts");
             }
             t.on_tick(Duration::from_millis(200));
@@ -926,7 +938,11 @@ mod tests {
         assert!(t.rate().unwrap() < 1000.0, "slowed down: {:?}", t.rate());
         // However many in a row, 503s are answers: the API is not out.
         for _ in 0..10 * OUTAGE_AFTER_FAILURES {
-            t.record(Observed::of(&failure(Http, Some(503))), false, false);
+            t.record(
+                Observed::of(&failure(Http, Some(503)), Duration::ZERO),
+                false,
+                false,
+            );
         }
         assert_eq!(t.outage(), None);
     }
@@ -938,7 +954,7 @@ mod tests {
             for &(us, n) in latencies {
                 for _ in 0..n {
                     t.record(
-                        Observed::of(&success(Duration::from_micros(us))),
+                        Observed::of(&success(), Duration::from_micros(us)),
                         false,
                         false,
                     );
@@ -1247,18 +1263,20 @@ impl Observed {
     /// | refused connection, 502, 504 | no | yes, whatever the ID |
     /// | dropped connection, other 5xx | no | yes, unless the ID fails alone |
     /// | any other failure (4xx, unreadable body, bad request) | no | no |
-    pub fn of(result: &Result<Success, AttemptError>) -> Observed {
+    pub fn of(result: &Result<Output, Failure>, latency: Duration) -> Observed {
         match result {
-            Ok(s) => Observed::Success(s.latency),
-            Err(e) => match (e.class, e.http_status) {
-                (ErrorClass::Http, Some(429 | 503)) => Observed::Pushback,
-                (ErrorClass::Http, Some(502 | 504)) => Observed::Unreachable,
-                (ErrorClass::Http, Some(s)) if s >= 500 => Observed::Down,
-                (ErrorClass::Timeout, _) => Observed::Timeout,
-                (ErrorClass::Connect, _) => Observed::Unreachable,
-                (ErrorClass::Connection, _) => Observed::Down,
-                // An answer its checks refused (`invalid`) is still an answer.
-                _ => Observed::Answered,
+            Ok(_) => Observed::Success(latency),
+            // The handler decided what happens next; whether the request reached the other
+            // side (so whether the ID may be the cause) is read from what failed.
+            Err(f) => match f.next {
+                Next::Pushback { .. } => Observed::Pushback,
+                Next::TimedOut => Observed::Timeout,
+                Next::Unreachable { .. } => match (f.class, f.status) {
+                    (_, Some(502 | 504)) | (ErrorClass::Connect, _) => Observed::Unreachable,
+                    _ => Observed::Down,
+                },
+                // An answer, even a refusal or one its checks refused: no pushback, no outage.
+                Next::Permanent | Next::Retry { .. } => Observed::Answered,
             },
         }
     }

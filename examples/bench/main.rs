@@ -48,7 +48,7 @@ use hyper_util::rt::TokioExecutor;
 
 use highwater::demo::api::{ApiConfig, FakeApi};
 use highwater::engine;
-use highwater::handler::Handler;
+use highwater::handler::http::HttpHandler;
 use highwater::input::{InputFormat, InputSpec};
 use highwater::job::{open_job, Durability, JobRequest, RetryOverrides, RunOptions};
 use highwater::progress::{Counters, RunSummary};
@@ -868,7 +868,7 @@ async fn throughput(args: &Args, command: &str) -> Result<()> {
     )?;
     writeln!(
         out,
-        "- reqwest: highwater's own HTTP client (`Handler::attempt`: reqwest with rustls, \
+        "- reqwest: highwater's own HTTP client (`HttpHandler::attempt`: reqwest with rustls, \
          timeouts, the URL template, the body parsed as JSON) in the same bare loop, nothing \
          stored: the most any engine on this client could do"
     )?;
@@ -1086,7 +1086,7 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
     Ok(())
 }
 
-/// highwater's own HTTP client (`Handler::attempt`: reqwest, the URL template, the body
+/// highwater's own HTTP client (`HttpHandler::attempt`: reqwest, the URL template, the body
 /// parse) in a bare loop of `concurrency` tasks, nothing stored: the ceiling any engine built
 /// on this client could reach.
 async fn reqwest_run(api: &FakeApi, n: u64, concurrency: usize) -> Result<Measured> {
@@ -1104,7 +1104,7 @@ async fn reqwest_loop(url: String, n: u64, concurrency: usize) -> Result<Measure
         connect_timeout: Duration::from_secs(10),
         timeout: Duration::from_secs(30),
     };
-    let handler = Arc::new(Handler::new(&spec).context("building the handler")?);
+    let handler = Arc::new(HttpHandler::new(&spec).context("building the handler")?);
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let cpu = process_cpu();
@@ -1977,7 +1977,7 @@ async fn new_job(
     state: &Path,
     retry: RetryOverrides,
     bucket_size: Option<u64>,
-) -> Result<(SledStore, highwater::job::JobSpec, Handler)> {
+) -> Result<(SledStore, highwater::job::JobSpec, HttpHandler)> {
     let store = SledStore::open(state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)
         .with_context(|| format!("opening {}", state.display()))?;
     let request = JobRequest {
@@ -1993,7 +1993,7 @@ async fn new_job(
     let spec = open_job(&store, &request)
         .await
         .context("creating the job")?;
-    let handler = Handler::new(&spec.request).context("building the request handler")?;
+    let handler = HttpHandler::new(&spec.request).context("building the request handler")?;
     Ok((store, spec, handler))
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::demo::{api, demo_ids, API_VAR};
-use crate::handler::Handler;
+use crate::handler::http::HttpHandler;
 use crate::input::{InputFormat, InputSpec};
 use crate::job::{open_job, JobRequest, RetryOverrides, RunOptions};
 use crate::say;
@@ -66,13 +66,14 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
     };
     let store = SledStore::open(&state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)?;
     let spec = open_job(&store, &request).await?;
-    let handler = Handler::with_env(&spec.request, &|name| {
+    let handler = HttpHandler::with_env(&spec.request, &|name| {
         if name == API_VAR {
             Some(addr.clone())
         } else {
             std::env::var(name).ok()
         }
     })?;
+    let handler = crate::job::JobHandler::Http(handler);
     let options = RunOptions {
         concurrency: 64,
         progress_interval: Duration::from_secs(5),

@@ -121,11 +121,11 @@ pub(super) async fn run(
             }
         }
     };
-    let handler = match super::job_handler(&spec) {
+    let handler = match crate::job::job_handler(&spec) {
         Ok(h) => h,
         Err(e) => {
             store.close().await?;
-            return Err(e);
+            return Err(e.into());
         }
     };
     let done = store.stats().await?;

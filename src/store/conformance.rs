@@ -472,7 +472,7 @@ async fn damage_is_refused_never_read_as_less<B: Backend>(b: &mut B) {
 async fn the_engine_stops_and_resumes_every_id_exactly_once<B: Backend>(b: &mut B) {
     use crate::demo::api::{ApiConfig, FakeApi};
     use crate::engine;
-    use crate::handler::Handler;
+    use crate::handler::http::HttpHandler;
     use crate::input::{InputFormat, InputSpec};
     use crate::job::{open_job, JobRequest, RunOptions};
     use crate::progress::Counters;
@@ -501,7 +501,7 @@ async fn the_engine_stops_and_resumes_every_id_exactly_once<B: Backend>(b: &mut 
         ..JobRequest::default()
     };
     let spec = Arc::new(open_job(&*s, &request).await.unwrap());
-    let handler = Arc::new(Handler::new(&spec.request).unwrap());
+    let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
     let opts = RunOptions {
         concurrency: 8,
         progress_interval: std::time::Duration::ZERO,

@@ -43,8 +43,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::failure::ErrorClass;
 use crate::input::{Cursor, Fingerprint};
-use crate::retry::ErrorClass;
 
 pub use backend::{
     BucketState, Commit, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, RerunBucketState,
@@ -188,7 +188,7 @@ pub struct ItemRecord {
     pub attempts: u32,
     /// Every failed attempt's error class, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attempt_errors: Vec<crate::retry::AttemptNote>,
+    pub attempt_errors: Vec<crate::failure::AttemptNote>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -121,7 +121,7 @@ impl SledStore {
             last_committed_bucket: committed
                 .checked_sub(1)
                 .max(last.and_then(|c| c.last_committed_bucket)),
-            at_ms: crate::job::now_ms(),
+            at_ms: crate::store::now_ms(),
         };
         let changed = state
             .written

@@ -1,219 +1,93 @@
-//! Handler: turning an ID into one HTTP attempt and its answer into a result.
+//! The HTTP handler: one request per ID from the job's templates, and the classifier that
+//! turns its answer into a result or a [`Failure`].
 //!
-//! Owns the templates (`{id}` placed and encoded for where it stands, `${VAR}` expanded from
-//! the environment once, when the handler is built), the one shared reqwest client (rustls,
-//! keep-alive pool, explicit timeouts), and the reading of an answer into a
-//! [`Success`](crate::retry::Success) or an [`AttemptError`]: the HTTP status first, then,
-//! for a 2xx answer, the job's answer checks ([`crate::answer`]). Whether to try again is
-//! not decided here but in [`crate::retry`].
+//! Owns the request templates ([`RequestSpec`]: `{id}` placed and encoded for where it
+//! stands, `${VAR}` expanded from the environment once, when the handler is built), the one
+//! shared reqwest client (rustls, keep-alive pool, explicit timeouts), and the reading of an
+//! answer: the HTTP status first ([`classify_status`]), then, for a 2xx answer, the job's
+//! answer checks ([`crate::answer`]). What each failure means:
 //!
-//! Secrets: expanded values live only inside [`Handler`]; its `Debug` output and every error
-//! message it makes leave them out (reqwest errors are stripped of their URL).
+//! | what happened | class | next |
+//! |---|---|---|
+//! | 429, 503 (with or without `Retry-After`) | `http` | pushback, after `Retry-After` |
+//! | 408 | `http` | retry, after `Retry-After` |
+//! | other 5xx | `http` | unreachable (a gateway's error), after `Retry-After` |
+//! | any other status outside 2xx | `http` | permanent |
+//! | no answer within `timeout` | `timeout` | timed out |
+//! | connection refused, reset or dropped | `connect`, `connection` | unreachable |
+//! | a body that cannot be read, or larger than [`MAX_BODY_BYTES`] | `body` | retry |
+//! | an ID that makes no valid request | `request` | permanent |
+//!
+//! A usable `Retry-After` (seconds or HTTP date, in the future) replaces the backoff interval
+//! for that wait; zero, negative or unparseable values fall back to backoff so a server can
+//! never make us spin.
+//!
+//! Secrets: expanded values live only inside [`HttpHandler`]; its `Debug` output and every
+//! error message it makes leave them out (reqwest errors are stripped of their URL).
 
 use std::fmt;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::Method;
+use serde::{Deserialize, Serialize};
 
+use super::template::{IdEncoding, Piece, Template};
+use super::{serde_millis, Handler, HandlerError, Output};
 use crate::answer::Answer;
-use crate::job::RequestSpec;
-use crate::retry::{parse_retry_after, AttemptError, ErrorClass, Success};
+use crate::failure::{ErrorClass, Failure, Next};
 
 /// Largest answer body we keep; a larger one fails the attempt.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
-/// Everything but RFC 3986 unreserved characters is encoded: safe in a path segment (where
-/// `/` must be encoded) and in a query value (where `&`, `=`, `+`, `#` must be).
-const ID_IN_URL: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+/// The longest `Retry-After` we honour; a larger one is clamped to this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 
-/// Errors found while building the handler, before any request.
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error("{what}: environment variable {name} is not set")]
-    MissingVar { what: String, name: String },
-    #[error("{what}: {reason}")]
-    Invalid { what: String, reason: String },
-    #[error("cannot build the HTTP client: {0}")]
-    Client(String),
+/// The request made for each ID, as templates (stored in the job's spec as written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSpec {
+    /// HTTP method, upper case.
+    pub method: String,
+    /// URL template: `{id}` percent-encoded for its place, `${VAR}` from the environment.
+    pub url: String,
+    /// Header templates, `Name: value`, in order.
+    pub headers: Vec<String>,
+    /// Body template: `{id}` JSON-escaped, `${VAR}` from the environment.
+    pub body: Option<String>,
+    /// TCP connect timeout.
+    #[serde(with = "serde_millis")]
+    pub connect_timeout: Duration,
+    /// Whole-request timeout (connect, send, receive the body); for an exec job, the
+    /// process's.
+    #[serde(with = "serde_millis")]
+    pub timeout: Duration,
 }
 
-/// How `{id}` is written where it stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum IdEncoding {
-    /// Percent-encoded (URL path segment or query value).
-    Url,
-    /// JSON string content, without the quotes.
-    Json,
-    /// As is (header values).
-    Raw,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Id,
-}
-
-/// A template with `${VAR}` already expanded: text and `{id}` slots.
-#[derive(Clone)]
-struct Template {
-    pieces: Vec<Piece>,
-    encoding: IdEncoding,
-}
-
-impl Template {
-    /// Parse `source`, expanding `${VAR}` with `env`. `what` names the flag for messages.
-    fn parse(
-        source: &str,
-        what: &str,
-        encoding: IdEncoding,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Template, HandlerError> {
-        let mut pieces = Vec::new();
-        let mut text = String::new();
-        let mut rest = source;
-        while !rest.is_empty() {
-            if let Some(after) = rest.strip_prefix("{id}") {
-                pieces.push(Piece::Text(std::mem::take(&mut text)));
-                pieces.push(Piece::Id);
-                rest = after;
-            } else if let Some(after) = rest.strip_prefix("${") {
-                let (value, after) = expand_var(after, what, env)?;
-                text.push_str(&value);
-                rest = after;
-            } else {
-                let c = rest.chars().next().expect("rest is not empty");
-                text.push(c);
-                rest = &rest[c.len_utf8()..];
-            }
-        }
-        pieces.push(Piece::Text(text));
-        pieces.retain(|p| p != &Piece::Text(String::new()));
-        Ok(Template { pieces, encoding })
-    }
-
-    fn has_id(&self) -> bool {
-        self.pieces.contains(&Piece::Id)
-    }
-
-    /// Whether some `{id}` of this URL template is a whole path segment (`/items/{id}/x`),
-    /// where the IDs `.` and `..` would be resolved away by URL normalisation.
-    fn id_is_path_segment(&self) -> bool {
-        let mut in_path = true;
-        for (i, piece) in self.pieces.iter().enumerate() {
-            match piece {
-                Piece::Text(t) => {
-                    if t.contains(['?', '#']) {
-                        in_path = false;
-                    }
-                }
-                Piece::Id if in_path => {
-                    let before = i.checked_sub(1).map(|j| &self.pieces[j]);
-                    let after = self.pieces.get(i + 1);
-                    let starts = matches!(before, Some(Piece::Text(t)) if t.ends_with('/'));
-                    let ends = match after {
-                        None => true,
-                        Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
-                        Some(Piece::Id) => false,
-                    };
-                    if starts && ends {
-                        return true;
-                    }
-                }
-                Piece::Id => {}
-            }
-        }
-        false
-    }
-
-    fn render(&self, id: &str) -> String {
-        let mut out = String::new();
-        for piece in &self.pieces {
-            match piece {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Id => match self.encoding {
-                    IdEncoding::Url => out.extend(utf8_percent_encode(id, ID_IN_URL)),
-                    IdEncoding::Raw => out.push_str(id),
-                    IdEncoding::Json => {
-                        let quoted = serde_json::to_string(id).expect("a string always serializes");
-                        out.push_str(&quoted[1..quoted.len() - 1]);
-                    }
-                },
-            }
-        }
-        out
-    }
-}
-
-/// Expand one `${NAME}`: `after` is the text after `${`. Returns the value and the text
-/// after the closing `}`. `what` names the setting for messages (never the value).
-fn expand_var<'a>(
-    after: &'a str,
-    what: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(String, &'a str), HandlerError> {
-    let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
-        what: what.into(),
-        reason: "unclosed ${ (write ${NAME})".into(),
-    })?;
-    let name = &after[..end];
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(HandlerError::Invalid {
-            what: what.into(),
-            reason: format!("invalid variable name ${{{name}}}"),
-        });
-    }
-    let value = env(name).ok_or_else(|| HandlerError::MissingVar {
-        what: what.into(),
-        name: name.into(),
-    })?;
-    Ok((value, &after[end + 1..]))
-}
-
-/// Expand every `${NAME}` of `source` with `env`, as the templates do (for settings that
-/// are not templates, such as a database URL). Errors name `what` and the variable only.
-pub fn expand_env(
-    source: &str,
-    what: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, HandlerError> {
-    let mut out = String::new();
-    let mut rest = source;
-    while let Some(at) = rest.find("${") {
-        out.push_str(&rest[..at]);
-        let (value, after) = expand_var(&rest[at + 2..], what, env)?;
-        out.push_str(&value);
-        rest = after;
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-/// Makes one attempt for an ID. Cheap to share behind an `Arc`.
-pub struct Handler {
+/// Makes one HTTP attempt for an ID. Cheap to share behind an `Arc`.
+pub struct HttpHandler {
     client: reqwest::Client,
     request: Compiled,
     /// The job's checks of a 2xx answer and what of it is kept.
     answer: Answer,
 }
 
-impl fmt::Debug for Handler {
+impl fmt::Debug for HttpHandler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handler")
+        f.debug_struct("HttpHandler")
             .field("method", &self.request.method)
             .finish_non_exhaustive()
     }
 }
 
-impl Handler {
+impl Handler for HttpHandler {
+    fn call(&self, id: &str) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
+        self.attempt(id)
+    }
+}
+
+impl HttpHandler {
     /// Build from the stored spec, expanding `${VAR}` from the process environment.
-    pub fn new(spec: &RequestSpec) -> Result<Handler, HandlerError> {
+    pub fn new(spec: &RequestSpec) -> Result<HttpHandler, HandlerError> {
         Self::with_env(spec, &|name| std::env::var(name).ok())
     }
 
@@ -221,7 +95,7 @@ impl Handler {
     pub fn with_env(
         spec: &RequestSpec,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Handler, HandlerError> {
+    ) -> Result<HttpHandler, HandlerError> {
         let request = Compiled::new(spec, env)?;
         let client = reqwest::Client::builder()
             .connect_timeout(spec.connect_timeout)
@@ -236,7 +110,7 @@ impl Handler {
             .user_agent(concat!("highwater/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| HandlerError::Client(e.to_string()))?;
-        Ok(Handler {
+        Ok(HttpHandler {
             client,
             request,
             answer: Answer::default(),
@@ -245,41 +119,28 @@ impl Handler {
 
     /// Judge every 2xx answer with `answer` (the job's answer checks) before it counts as
     /// a success.
-    pub fn with_answer(mut self, answer: Answer) -> Handler {
+    pub fn with_answer(mut self, answer: Answer) -> HttpHandler {
         self.answer = answer;
         self
     }
 
     /// One attempt for `id`.
-    pub async fn attempt(&self, id: &str) -> Result<Success, AttemptError> {
+    pub async fn attempt(&self, id: &str) -> Result<Output, Failure> {
         let r = &self.request;
+        let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
         if r.id_is_path_segment && (id == "." || id == "..") {
-            return Err(AttemptError {
-                class: ErrorClass::Request,
-                http_status: None,
-                message: format!(
-                    "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
-                ),
-                retry_after: None,
-                verdict: None,
-            });
+            return Err(unusable(format!(
+                "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
+            )));
         }
-        let started = Instant::now();
-        let url = r.url.url(id).map_err(|e| AttemptError {
-            class: ErrorClass::Request,
-            http_status: None,
-            message: format!("the ID makes an invalid URL ({e})"),
-            retry_after: None,
-            verdict: None,
-        })?;
+        let url = r
+            .url
+            .url(id)
+            .map_err(|e| unusable(format!("the ID makes an invalid URL ({e})")))?;
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
-            let value = HeaderValue::from_str(&value.render(id)).map_err(|_| AttemptError {
-                class: ErrorClass::Request,
-                http_status: None,
-                message: format!("the ID makes an invalid value for header {name}"),
-                retry_after: None,
-                verdict: None,
+            let value = HeaderValue::from_str(&value.render(id)).map_err(|_| {
+                unusable(format!("the ID makes an invalid value for header {name}"))
             })?;
             request = request.header(name.clone(), value);
         }
@@ -299,13 +160,11 @@ impl Handler {
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
             if bytes.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(AttemptError {
-                    class: ErrorClass::Body,
-                    http_status: Some(status.as_u16()),
-                    message: format!("answer body is larger than {MAX_BODY_BYTES} bytes"),
-                    retry_after: None,
-                    verdict: None,
-                });
+                return Err(Failure::retry(format!(
+                    "answer body is larger than {MAX_BODY_BYTES} bytes"
+                ))
+                .class(ErrorClass::Body)
+                .status(status.as_u16()));
             }
             bytes.extend_from_slice(&chunk);
         }
@@ -313,29 +172,63 @@ impl Handler {
             let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
                 .trim()
                 .to_string();
-            return Err(AttemptError {
+            return Err(Failure {
+                next: classify_status(status.as_u16(), retry_after),
                 class: ErrorClass::Http,
-                http_status: Some(status.as_u16()),
+                status: Some(status.as_u16()),
                 message: if snippet.is_empty() {
                     format!("HTTP {status}")
                 } else {
                     format!("HTTP {status}: {snippet}")
                 },
-                retry_after,
-                verdict: None,
             });
         }
         let headers = response.headers();
-        let body = self.answer.judge(
-            status.as_u16(),
+        let result = self.answer.judge(
+            Some(status.as_u16()),
             || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
             bytes,
         )?;
-        Ok(Success {
-            http_status: status.as_u16(),
-            body,
-            latency: started.elapsed(),
+        Ok(Output {
+            result,
+            status: Some(status.as_u16()),
         })
+    }
+}
+
+/// What an answer outside 2xx means (see the module doc): 429 and 503 are the API pushing
+/// back (nginx's `limit_req` answers 503 by default, so do gateways and object stores: "503
+/// Slow Down"; a steady few percent of 503s that are not about load do not move the rate,
+/// see [`crate::throttle::PushbackFilter`]), 408 a retry, another 5xx evidence that the API
+/// may be out, anything else a refusal for good.
+pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
+    match status {
+        429 | 503 => Next::Pushback { after: retry_after },
+        408 => Next::Retry { after: retry_after },
+        500..=599 => Next::Unreachable { after: retry_after },
+        _ => Next::Permanent,
+    }
+}
+
+/// Parse a `Retry-After` value (delay-seconds or HTTP-date) into a usable wait, or `None`
+/// when it is zero, in the past, or unparseable.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = if let Ok(secs) = value.parse::<u64>() {
+        Duration::from_secs(secs)
+    } else if let Ok(secs) = value.parse::<f64>() {
+        if !secs.is_finite() || secs <= 0.0 {
+            return None;
+        }
+        Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64()))
+    } else {
+        let at = httpdate::parse_http_date(value).ok()?;
+        at.duration_since(now).ok()?
+    };
+    if wait.is_zero() {
+        None
+    } else {
+        Some(wait.min(MAX_RETRY_AFTER))
     }
 }
 
@@ -490,24 +383,22 @@ pub fn check_templates(spec: &RequestSpec) -> Result<(), HandlerError> {
     Compiled::new(spec, &|_| Some("x".into())).map(|_| ())
 }
 
-fn transport_error(e: reqwest::Error) -> AttemptError {
-    let class = if e.is_timeout() {
-        ErrorClass::Timeout
+/// What a request that got no (whole) answer means: a timeout is pushback and outage
+/// evidence, a refused or dropped connection is the API out of reach, a body that broke
+/// mid-read is retried, a request reqwest cannot build is refused.
+fn transport_error(e: reqwest::Error) -> Failure {
+    let e = e.without_url();
+    let message = error_chain(&e);
+    if e.is_timeout() {
+        Failure::timed_out(message)
     } else if e.is_connect() {
-        ErrorClass::Connect
+        Failure::unreachable(message).class(ErrorClass::Connect)
     } else if e.is_body() || e.is_decode() {
-        ErrorClass::Body
+        Failure::retry(message).class(ErrorClass::Body)
     } else if e.is_builder() {
-        ErrorClass::Request
+        Failure::permanent(message).class(ErrorClass::Request)
     } else {
-        ErrorClass::Connection
-    };
-    AttemptError {
-        class,
-        http_status: None,
-        message: error_chain(&e.without_url()),
-        retry_after: None,
-        verdict: None,
+        Failure::unreachable(message).class(ErrorClass::Connection)
     }
 }
 
@@ -532,11 +423,6 @@ fn redact_value(header: &str) -> String {
     }
 }
 
-/// How long an attempt took, in whole milliseconds, for records.
-pub fn millis(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,6 +444,42 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
         }
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        let after = Some(Duration::from_secs(3));
+        for s in [429, 503] {
+            assert_eq!(classify_status(s, after), Next::Pushback { after }, "{s}");
+        }
+        assert_eq!(classify_status(408, None), Next::Retry { after: None });
+        for s in [500, 502, 504, 599] {
+            assert_eq!(
+                classify_status(s, after),
+                Next::Unreachable { after },
+                "{s}"
+            );
+        }
+        for s in [400, 401, 403, 404, 410, 422, 302] {
+            assert_eq!(classify_status(s, after), Next::Permanent, "{s}");
+        }
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(parse_retry_after("3", now), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after("0", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("99999", now), Some(MAX_RETRY_AFTER));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            parse_retry_after(&later, now),
+            Some(Duration::from_secs(30))
+        );
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&earlier, now), None);
     }
 
     #[test]
@@ -592,13 +514,13 @@ mod tests {
 
     #[test]
     fn missing_variable_is_named() {
-        let err = Handler::with_env(&spec("http://x/{id}?k=${NOPE}"), &env)
+        let err = HttpHandler::with_env(&spec("http://x/{id}?k=${NOPE}"), &env)
             .unwrap_err()
             .to_string();
         assert!(err.contains("NOPE") && err.contains("--url"), "{err}");
         let mut s = spec("http://x/{id}");
         s.headers = vec!["Authorization: Bearer ${MISSING}".into()];
-        let err = Handler::with_env(&s, &env).unwrap_err().to_string();
+        let err = HttpHandler::with_env(&s, &env).unwrap_err().to_string();
         assert!(
             err.contains("MISSING") && err.contains("authorization"),
             "{err}"
@@ -607,14 +529,14 @@ mod tests {
 
     #[test]
     fn bad_templates_are_refused() {
-        assert!(Handler::with_env(&spec("http://x/y"), &env).is_err());
-        assert!(Handler::with_env(&spec("ftp://x/{id}"), &env).is_err());
-        assert!(Handler::with_env(&spec("http://x/{id}${"), &env).is_err());
+        assert!(HttpHandler::with_env(&spec("http://x/y"), &env).is_err());
+        assert!(HttpHandler::with_env(&spec("ftp://x/{id}"), &env).is_err());
+        assert!(HttpHandler::with_env(&spec("http://x/{id}${"), &env).is_err());
         let mut s = spec("http://x/{id}");
         s.headers = vec!["NoColon".into()];
-        assert!(Handler::with_env(&s, &env).is_err());
+        assert!(HttpHandler::with_env(&s, &env).is_err());
         s.method = "BAD METHOD".into();
-        assert!(Handler::with_env(&s, &env).is_err());
+        assert!(HttpHandler::with_env(&s, &env).is_err());
     }
 
     #[test]
@@ -639,7 +561,7 @@ mod tests {
 
     #[tokio::test]
     async fn dot_ids_are_refused_where_they_would_change_the_path() {
-        let h = Handler::with_env(&spec("http://127.0.0.1:9/items/{id}"), &env).unwrap();
+        let h = HttpHandler::with_env(&spec("http://127.0.0.1:9/items/{id}"), &env).unwrap();
         for id in [".", ".."] {
             let err = h.attempt(id).await.unwrap_err();
             assert_eq!(err.class, ErrorClass::Request, "{id}");
@@ -661,7 +583,7 @@ mod tests {
     fn debug_does_not_show_secrets() {
         let mut s = spec("http://x/{id}?k=${TOKEN}");
         s.headers = vec!["Authorization: Bearer ${TOKEN}".into()];
-        let h = Handler::with_env(&s, &env).unwrap();
+        let h = HttpHandler::with_env(&s, &env).unwrap();
         assert!(!format!("{h:?}").contains("s3cret"));
     }
 
@@ -670,13 +592,14 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let h = Handler::with_env(
+        let h = HttpHandler::with_env(
             &spec(&format!("http://127.0.0.1:{port}/{{id}}?k=${{TOKEN}}")),
             &env,
         )
         .unwrap();
         let err = h.attempt("x").await.unwrap_err();
         assert_eq!(err.class, ErrorClass::Connect);
+        assert_eq!(err.next, Next::Unreachable { after: None });
         assert!(!err.message.contains("s3cret"), "{}", err.message);
     }
 

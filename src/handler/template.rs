@@ -1,0 +1,170 @@
+//! Templates: text with `{id}` slots and `${VAR}` expanded from the environment.
+//!
+//! A template is parsed once, when a handler is built: `${VAR}` is replaced by the
+//! variable's value then (so a value is never itself a template, and an ID is never
+//! expanded), and `{id}` is written for where it stands ([`IdEncoding`]). The HTTP handler's
+//! URL, headers and body and the exec handler's arguments are templates.
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::HandlerError;
+
+/// Everything but RFC 3986 unreserved characters is encoded: safe in a path segment (where
+/// `/` must be encoded) and in a query value (where `&`, `=`, `+`, `#` must be).
+const ID_IN_URL: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// How `{id}` is written where it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdEncoding {
+    /// Percent-encoded (URL path segment or query value).
+    Url,
+    /// JSON string content, without the quotes.
+    Json,
+    /// As is (header values).
+    Raw,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Piece {
+    Text(String),
+    Id,
+}
+
+/// A template with `${VAR}` already expanded: text and `{id}` slots.
+#[derive(Clone)]
+pub(crate) struct Template {
+    pub(crate) pieces: Vec<Piece>,
+    encoding: IdEncoding,
+}
+
+impl Template {
+    /// Parse `source`, expanding `${VAR}` with `env`. `what` names the flag for messages.
+    pub(crate) fn parse(
+        source: &str,
+        what: &str,
+        encoding: IdEncoding,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Template, HandlerError> {
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        let mut rest = source;
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix("{id}") {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+                pieces.push(Piece::Id);
+                rest = after;
+            } else if let Some(after) = rest.strip_prefix("${") {
+                let (value, after) = expand_var(after, what, env)?;
+                text.push_str(&value);
+                rest = after;
+            } else {
+                let c = rest.chars().next().expect("rest is not empty");
+                text.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+        pieces.push(Piece::Text(text));
+        pieces.retain(|p| p != &Piece::Text(String::new()));
+        Ok(Template { pieces, encoding })
+    }
+
+    pub(crate) fn has_id(&self) -> bool {
+        self.pieces.contains(&Piece::Id)
+    }
+
+    /// Whether some `{id}` of this URL template is a whole path segment (`/items/{id}/x`),
+    /// where the IDs `.` and `..` would be resolved away by URL normalisation.
+    pub(crate) fn id_is_path_segment(&self) -> bool {
+        let mut in_path = true;
+        for (i, piece) in self.pieces.iter().enumerate() {
+            match piece {
+                Piece::Text(t) => {
+                    if t.contains(['?', '#']) {
+                        in_path = false;
+                    }
+                }
+                Piece::Id if in_path => {
+                    let before = i.checked_sub(1).map(|j| &self.pieces[j]);
+                    let after = self.pieces.get(i + 1);
+                    let starts = matches!(before, Some(Piece::Text(t)) if t.ends_with('/'));
+                    let ends = match after {
+                        None => true,
+                        Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
+                        Some(Piece::Id) => false,
+                    };
+                    if starts && ends {
+                        return true;
+                    }
+                }
+                Piece::Id => {}
+            }
+        }
+        false
+    }
+
+    pub(crate) fn render(&self, id: &str) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Id => match self.encoding {
+                    IdEncoding::Url => out.extend(utf8_percent_encode(id, ID_IN_URL)),
+                    IdEncoding::Raw => out.push_str(id),
+                    IdEncoding::Json => {
+                        let quoted = serde_json::to_string(id).expect("a string always serializes");
+                        out.push_str(&quoted[1..quoted.len() - 1]);
+                    }
+                },
+            }
+        }
+        out
+    }
+}
+
+/// Expand one `${NAME}`: `after` is the text after `${`. Returns the value and the text
+/// after the closing `}`. `what` names the setting for messages (never the value).
+fn expand_var<'a>(
+    after: &'a str,
+    what: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(String, &'a str), HandlerError> {
+    let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
+        what: what.into(),
+        reason: "unclosed ${ (write ${NAME})".into(),
+    })?;
+    let name = &after[..end];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(HandlerError::Invalid {
+            what: what.into(),
+            reason: format!("invalid variable name ${{{name}}}"),
+        });
+    }
+    let value = env(name).ok_or_else(|| HandlerError::MissingVar {
+        what: what.into(),
+        name: name.into(),
+    })?;
+    Ok((value, &after[end + 1..]))
+}
+
+/// Expand every `${NAME}` of `source` with `env`, as the templates do (for settings that
+/// are not templates, such as a database URL). Errors name `what` and the variable only.
+pub fn expand_env(
+    source: &str,
+    what: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, HandlerError> {
+    let mut out = String::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let (value, after) = expand_var(&rest[at + 2..], what, env)?;
+        out.push_str(&value);
+        rest = after;
+    }
+    out.push_str(rest);
+    Ok(out)
+}
