@@ -1,12 +1,13 @@
 //! Crash safety: SIGKILL at random points, resume, and every ID exactly once.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use highwater::demo::api::{ApiConfig, Fault};
 use highwater::engine::max_unsynced_items;
-use rand::Rng;
 
 use crate::harness::*;
+use crate::scenario::Scenario;
 
 const CONCURRENCY: usize = 16;
 
@@ -21,23 +22,20 @@ fn clean_calls(h: &Harness, id: &str) -> u64 {
 
 #[test]
 fn sigkill_at_random_points_then_resume_gives_every_id_exactly_once() {
-    let h = Harness::new(ApiConfig {
-        slow_delay: Duration::from_secs(2),
-        ..ApiConfig::faulty()
-    });
     let mut ids = ids(12_000);
     // A few repeated IDs: processed once, counted as duplicates.
     for i in (0..ids.len()).step_by(997).skip(1) {
         ids[i] = ids[i - 500].clone();
     }
-    let duplicates = ids.len() - ids.iter().collect::<std::collections::HashSet<_>>().len();
-    let input = h.ids_file("ids.txt", &ids);
-    let state = h.state();
+    let unique: HashSet<String> = ids.iter().cloned().collect();
+    let duplicates = ids.len() - unique.len();
     let concurrency = CONCURRENCY.to_string();
-    let args = [
-        "run",
-        "--state",
-        state.to_str().unwrap(),
+    let mut s = Scenario::new(ApiConfig {
+        slow_delay: Duration::from_secs(2),
+        ..ApiConfig::faulty()
+    })
+    .ids(ids)
+    .flags(&[
         "--concurrency",
         &concurrency,
         "--timeout",
@@ -48,70 +46,26 @@ fn sigkill_at_random_points_then_resume_gives_every_id_exactly_once() {
         "50ms",
         "--progress-interval",
         "0",
-    ];
-    let url = h.url();
-    let mut create = args.to_vec();
-    create.extend([
-        "--input",
-        input.to_str().unwrap(),
-        "--url",
-        &url,
-        "--bucket-size",
-        "250",
-    ]);
+    ])
+    .create_flags(&["--bucket-size", "250"])
+    // Every other start reopens its store every 32 KiB written (the default is 64 MiB,
+    // which this job never reaches): kills then also land during and around reopens.
+    .alternate_flags(&["--store-reopen-after", "32KiB"]);
+    let h = s.harness();
+    let expected_total: u64 = unique.iter().map(|id| clean_calls(h, id)).sum();
 
-    let expected_total: u64 = {
-        let unique: std::collections::HashSet<_> = ids.iter().collect();
-        unique.iter().map(|id| clean_calls(&h, id)).sum()
-    };
-    // Every other start reopens its store every 32 KiB written (the default is 64 MiB, which
-    // this job never reaches): kills then also land during and around reopens.
-    let mut reopening = args.to_vec();
-    reopening.extend(["--store-reopen-after", "32KiB"]);
-    let mut rng = rand::rng();
-    let mut kills = 0;
-    let mut first = true;
-    while kills < 12 {
-        let mut child = h.spawn(if first {
-            &create
-        } else if kills % 2 == 1 {
-            &reopening
-        } else {
-            &args
-        });
-        first = false;
-        // Kill at a random point of progress: after a random number of further calls.
-        let target = h.api.total_calls() + rng.random_range(100..1200);
-        if !h.wait_for_calls(&mut child, target) {
-            let run = finish(child);
-            assert!(run.code == 0 || run.code == 3, "run ended early: {run:?}");
-            break;
-        }
-        // Sometimes right away, sometimes a moment later: both are random points.
-        if rng.random_bool(0.5) {
-            std::thread::sleep(Duration::from_millis(rng.random_range(0..30)));
-        }
-        child.kill().unwrap();
-        let status = child.wait().unwrap();
-        assert!(
-            status.code().is_none(),
-            "the run was killed, not exited: {status:?}"
-        );
-        kills += 1;
-    }
+    let kills = s.kill_at_random_points(12, 100..1200);
     assert!(
         kills >= 10,
         "only {kills} kills happened before the job finished; make the job longer"
     );
 
     // Resume to the end.
-    let run = h.run(&args);
-    run.expect_code(3); // the 404 IDs fail permanently
+    s.resume().expect_code(3); // the 404 IDs fail permanently
+    let export = s.export_exactly_once();
 
-    let export = h.export(&state);
-    h.check_export_exactly_once(&export, &ids);
-
-    let status = h.status(&state);
+    let h = s.harness();
+    let status = s.status();
     assert_eq!(status["finished"], true);
     assert_eq!(status["stats"]["duplicates"], duplicates as u64);
     let not_found = export

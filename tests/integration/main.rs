@@ -1,13 +1,16 @@
 //! Integration tests: the real `highwater` binary against an in-process API on 127.0.0.1.
 //!
 //! One test binary; each module tells one part of the users' story. [`harness`] starts the
-//! fake API with chosen faults, runs the binary, kills and resumes it, and reads the export.
+//! fake API with chosen faults, runs the binary, kills and resumes it, and reads the export;
+//! [`scenario`] tells such a story in one chain.
 
 mod harness;
+mod scenario;
 
 mod answers;
 mod bad_input;
 mod crash;
+mod damaged_state;
 mod durability;
 mod jobs;
 mod old_formats;

@@ -1,0 +1,336 @@
+//! The fake HTTP API that highwater jobs run against in demos, tests and benchmarks.
+//!
+//! This module owns a small HTTP/1.1 server ([`FakeApi`]) bound to `127.0.0.1` on a
+//! random port. It runs as tasks on the *current* tokio runtime, so it lives as long as
+//! the process (and runtime) that started it: integration tests start it in the test
+//! process, run the real `highwater` binary as a subprocess against it, and the server
+//! (with its call counters) survives the subprocess being SIGKILLed.
+//!
+//! It also owns the fault model ([`ApiConfig`], [`Fault`]): every ID is assigned exactly
+//! one fault by a seeded xxh3 hash, so a test can predict the outcome of every request
+//! ([`FakeApi::fault`], [`FakeApi::expected_body`]) and check it afterwards
+//! ([`FakeApi::calls`]).
+//!
+//! # Routes
+//!
+//! * `GET /items/{id}`: the ID is the rest of the path, percent-decoded (must be UTF-8).
+//! * `GET /items?id={id}`: the ID is the `id` query parameter (percent-decoded, `+` is a space).
+//! * `POST /items` with a JSON body `{"id": "..."}` (other fields ignored; body capped at
+//!   64 KiB, larger answers 413).
+//! * anything else: 404 `{"error":"no route"}`.
+//!
+//! Malformed requests (400, 413, 404 no route) are not counted as calls for any ID.
+//! A successful answer is 200 with `application/json` body [`expected_body`]; IDs that
+//! start with `text:` instead answer 200 `text/plain` `plain <id>`.
+//!
+//! # Faults
+//!
+//! Per ID, by per-mille share ([`ApiConfig`]): permanent 404s, and transient faults that
+//! heal after `transient_attempts` attempts: 503s, dropped connections, slow answers and
+//! 429s with a `Retry-After` header ([`Fault::Throttled`]).
+//!
+//! # Test controls
+//!
+//! * **Call timestamps**: the instant of every counted call (the first
+//!   [`MAX_CALL_TIMES`]) is kept: [`FakeApi::call_times`], [`FakeApi::calls_per_id_times`]
+//!   and [`FakeApi::max_calls_in_window`] (to check a client's rate).
+//! * **Outage switch**: [`FakeApi::set_down`] closes the listener (connections are refused)
+//!   and every open connection, then binds the same port again when brought back up.
+//! * **Hidden capacity**: [`FakeApi::set_capacity`] puts a token bucket in front of every
+//!   ID (to test adaptive rate control): requests finding no token answer 429
+//!   `{"error":"rate limited"}`, optionally with a `Retry-After`
+//!   ([`FakeApi::set_retry_after_on_429`]); [`FakeApi::accepted`] and
+//!   [`FakeApi::rejected_429`] count the outcomes.
+//!
+//! # Files
+//!
+//! [`faults`] (the configuration and each ID's fault), [`routes`] (a request to its ID and
+//! answer), [`answers`] (the bodies), [`server`] (accepting, the outage switch's listener),
+//! [`calls`] (call counts and timestamps), [`capacity`] (the hidden capacity's token bucket).
+
+mod answers;
+mod calls;
+mod capacity;
+mod faults;
+mod routes;
+mod server;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub use answers::expected_body;
+pub use calls::MAX_CALL_TIMES;
+pub use faults::{ApiConfig, Fault};
+
+use calls::{duration_nanos, max_in_window, CallCounter};
+use capacity::Limiter;
+use server::accept_loop;
+
+/// A running fake API server.
+///
+/// `FakeApi` is cheap to clone: clones share the same server and counters (it is an
+/// `Arc` inside). The server stops when [`FakeApi::shutdown`] is called on any clone, or
+/// when the last clone is dropped (the accept loop then stops and aborts the open
+/// connections on its own), or when the runtime it was started on shuts down.
+#[derive(Clone)]
+pub struct FakeApi {
+    shared: Arc<Shared>,
+    control: Arc<Control>,
+    addr: SocketAddr,
+}
+
+/// State the request handlers share.
+struct Shared {
+    config: ApiConfig,
+    calls: CallCounter,
+    /// Set while the server is down ([`FakeApi::set_down`]): requests that still arrive
+    /// on an open connection get it dropped, uncounted.
+    down: AtomicBool,
+    /// The hidden capacity ([`FakeApi::set_capacity`]).
+    limiter: Limiter,
+    /// Calls answered 200.
+    accepted: AtomicU64,
+    /// Calls answered 429 because the hidden capacity was exhausted.
+    rejected_429: AtomicU64,
+}
+
+/// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
+/// the accept loop.
+struct Control {
+    shutdown: watch::Sender<bool>,
+    accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// Outage switch requests to the accept loop, each acknowledged once applied.
+    set_down: mpsc::UnboundedSender<SetDown>,
+}
+
+/// Asks the accept loop to go down (close the listener, abort every connection) or up
+/// (bind the same address again); `done` is sent once that is done.
+struct SetDown {
+    down: bool,
+    done: oneshot::Sender<()>,
+}
+
+impl FakeApi {
+    /// Binds `127.0.0.1:0` and serves on the current tokio runtime.
+    pub async fn start(config: ApiConfig) -> io::Result<FakeApi> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            config,
+            calls: CallCounter::new(),
+            down: AtomicBool::new(false),
+            limiter: Limiter::new(),
+            accepted: AtomicU64::new(0),
+            rejected_429: AtomicU64::new(0),
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (set_down, set_down_rx) = mpsc::unbounded_channel();
+        let accept_task = tokio::spawn(accept_loop(
+            listener,
+            addr,
+            shared.clone(),
+            shutdown_rx,
+            set_down_rx,
+        ));
+        Ok(FakeApi {
+            shared,
+            control: Arc::new(Control {
+                shutdown,
+                accept_task: Mutex::new(Some(accept_task)),
+                set_down,
+            }),
+            addr,
+        })
+    }
+
+    /// The address the server listens on (`127.0.0.1:PORT`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT/items/{id}`: highwater's URL template syntax, `{id}` is
+    /// replaced by the client with the percent-encoded ID.
+    pub fn url_template(&self) -> String {
+        format!("http://{}/items/{{id}}", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/items?id={id}`: the query-string form of the same route.
+    pub fn query_url_template(&self) -> String {
+        format!("http://{}/items?id={{id}}", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/items`: the URL to `POST {"id": ...}` to.
+    pub fn post_url(&self) -> String {
+        format!("http://{}/items", self.addr)
+    }
+
+    /// The configuration the server was started with.
+    pub fn config(&self) -> &ApiConfig {
+        &self.shared.config
+    }
+
+    /// The fault of `id`: a pure function of the config and the ID.
+    pub fn fault(&self, id: &str) -> Fault {
+        self.shared.config.fault(id)
+    }
+
+    /// The exact body a successful answer for `id` carries (see [`expected_body`]).
+    pub fn expected_body(&self, id: &str) -> serde_json::Value {
+        expected_body(id)
+    }
+
+    /// Requests received for this ID: all attempts, including dropped, slow and failed ones.
+    pub fn calls(&self, id: &str) -> u64 {
+        self.shared.calls.get(id)
+    }
+
+    /// Requests received for all IDs.
+    pub fn total_calls(&self) -> u64 {
+        self.shared.calls.total()
+    }
+
+    /// Number of different IDs requested at least once.
+    pub fn distinct_ids(&self) -> usize {
+        self.shared.calls.distinct()
+    }
+
+    /// A copy of the per-ID call counts.
+    pub fn calls_snapshot(&self) -> HashMap<String, u64> {
+        self.shared.calls.snapshot()
+    }
+
+    /// The instants of the counted calls (every call [`FakeApi::total_calls`] counts,
+    /// including capacity 429s), sorted. Only the first [`MAX_CALL_TIMES`] calls are
+    /// timestamped. A call's instant is taken when its request has been routed to an ID,
+    /// before any latency.
+    pub fn call_times(&self) -> Vec<Instant> {
+        let mut times = self.shared.calls.all_times();
+        times.sort_unstable();
+        self.shared.calls.to_instants(times)
+    }
+
+    /// The largest number of counted calls whose timestamps fall within one window
+    /// `[t, t + window)` (half-open, so a zero window holds none), over every start `t`.
+    /// For checking a client's rate: e.g. at most `rate + burst` calls in any second.
+    pub fn max_calls_in_window(&self, window: Duration) -> usize {
+        let mut times = self.shared.calls.all_times();
+        times.sort_unstable();
+        max_in_window(&times, duration_nanos(window))
+    }
+
+    /// The instants of the counted calls for `id`, sorted (within the same
+    /// [`MAX_CALL_TIMES`] cap as [`FakeApi::call_times`]). Calls are told apart by the
+    /// 64-bit xxh3 hash of their ID, so two IDs with the same hash (odds 2^-64 per pair)
+    /// would share their timestamps.
+    pub fn calls_per_id_times(&self, id: &str) -> Vec<Instant> {
+        let mut times = self.shared.calls.id_times(xxh3_64(id.as_bytes()));
+        times.sort_unstable();
+        self.shared.calls.to_instants(times)
+    }
+
+    /// The outage switch. `set_down(true)` closes the listening socket (new connections
+    /// are refused at the TCP level) and closes every open connection, keep-alive or
+    /// in flight (their requests get no answer, so clients see connection errors rather
+    /// than hangs); a request that still arrives on an open connection while down gets its
+    /// connection dropped and is not counted. `set_down(false)` binds a new listener on
+    /// the same address (with `SO_REUSEADDR`), so [`FakeApi::url_template`] works again.
+    /// Returns once the change is in effect; setting the current state again does nothing.
+    ///
+    /// Should binding the port again fail (another process took it meanwhile), it is
+    /// retried for about 5 s, after which the server stays down ([`FakeApi::is_down`]) and
+    /// an error is logged. After [`FakeApi::shutdown`] this only sets the flag.
+    pub async fn set_down(&self, down: bool) {
+        if down {
+            // At once, so requests racing with the switch are dropped.
+            self.shared.down.store(true, Ordering::SeqCst);
+        }
+        let (done, done_rx) = oneshot::channel();
+        if self.control.set_down.send(SetDown { down, done }).is_ok() {
+            let _ = done_rx.await;
+        } else if !down {
+            // The accept loop is gone (shut down): there is nothing to bring up.
+            tracing::debug!("fake API: set_down(false) after shutdown");
+        }
+    }
+
+    /// Whether the server is down ([`FakeApi::set_down`]).
+    pub fn is_down(&self) -> bool {
+        self.shared.down.load(Ordering::SeqCst)
+    }
+
+    /// Sets the hidden capacity: a token bucket refilled at `per_second` tokens a second
+    /// holding at most `max(1, per_second / 10)` tokens. Each counted request takes one;
+    /// a request finding none answers 429 `{"error":"rate limited"}` at once (no latency;
+    /// see [`FakeApi::set_retry_after_on_429`]) before its ID's own fault applies. Such a
+    /// 429 is a call ([`FakeApi::calls`], [`FakeApi::total_calls`], the timestamps) and is
+    /// also counted by [`FakeApi::rejected_429`], but it does not use up one of the ID's
+    /// `transient_attempts`: the attempt number that drives faults and latency counts only
+    /// the calls the capacity let through.
+    ///
+    /// `None` (the default) is unlimited. The capacity can change at any time: tokens are
+    /// refilled at the old rate up to now, then capped at the new burst; going from
+    /// unlimited to limited starts with a full bucket. A NaN or negative `per_second` is 0
+    /// (only the one initial token is ever granted), an infinite one is `None`.
+    pub fn set_capacity(&self, per_second: Option<f64>) {
+        self.shared.limiter.set_capacity(per_second, Instant::now());
+    }
+
+    /// The `Retry-After` header (in seconds) of capacity 429s; `None` (the default) sends
+    /// none. Does not affect [`Fault::Throttled`] answers (see
+    /// [`ApiConfig::retry_after_secs`]).
+    pub fn set_retry_after_on_429(&self, secs: Option<u64>) {
+        lock(&self.shared.limiter.bucket).retry_after = secs;
+    }
+
+    /// Calls answered 429 because the hidden capacity was exhausted (not those answered
+    /// 429 by [`Fault::Throttled`]).
+    pub fn rejected_429(&self) -> u64 {
+        self.shared.rejected_429.load(Ordering::Relaxed)
+    }
+
+    /// Calls answered 200 (counted when the answer is produced, so not yet counted during
+    /// the latency before it).
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, closes all connections (in-flight requests get no answer) and
+    /// waits for that to be done. Stops the server for every clone.
+    pub async fn shutdown(self) {
+        let _ = self.control.shutdown.send(true);
+        let task = lock(&self.control.accept_task).take();
+        if let Some(task) = task {
+            if let Err(e) = task.await {
+                if e.is_panic() {
+                    tracing::warn!("fake API accept loop panicked: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FakeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeApi")
+            .field("addr", &self.addr)
+            .field("config", &self.shared.config)
+            .field("total_calls", &self.total_calls())
+            .finish()
+    }
+}
+
+/// Locks ignoring poisoning: the guarded data (counters, a join handle) stays valid.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,167 @@
+//! Routing a request to its ID (path, query or POST body) and answering it under the ID's
+//! fault, the outage switch and the hidden capacity.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::CONTENT_LENGTH;
+use hyper::{Method, Request, StatusCode};
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::answers::{
+    bad_request, error_response, payload_too_large, success, too_many_requests, Resp,
+};
+use super::faults::Fault;
+use super::Shared;
+
+/// Largest request body accepted (`POST /items`); larger bodies answer 413.
+pub(super) const MAX_BODY: usize = 64 * 1024;
+
+/// The error a handler returns to make hyper close the connection without answering.
+#[derive(Debug, thiserror::Error)]
+#[error("connection dropped by the fake API")]
+pub(super) struct DropConnection;
+
+/// What routing a request produced.
+pub(super) enum Routed {
+    /// A request for this ID.
+    Id(String),
+    /// An answer that does not concern any ID (400, 404 no route, 413).
+    Reply(Resp),
+    /// Close the connection (the request body could not be read).
+    Abort,
+}
+
+pub(super) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Resp, DropConnection> {
+    let id = match route(req).await {
+        Routed::Id(id) => id,
+        Routed::Reply(resp) => return Ok(resp),
+        Routed::Abort => return Err(DropConnection),
+    };
+    if shared.down.load(Ordering::Relaxed) {
+        // A request on a connection opened before the outage, racing with its closing.
+        return Err(DropConnection);
+    }
+    let config = &shared.config;
+    let id_hash = xxh3_64(id.as_bytes());
+    let now = Instant::now();
+    let admitted = shared.limiter.try_acquire(now);
+    let attempt = shared.calls.record(&id, id_hash, admitted.is_ok(), now);
+    if let Err(retry_after) = admitted {
+        shared.rejected_429.fetch_add(1, Ordering::Relaxed);
+        return Ok(too_many_requests("rate limited", retry_after));
+    }
+    let transient = attempt <= u64::from(config.transient_attempts);
+    let fault = config.fault(&id);
+    if fault == Fault::Slow && transient {
+        tokio::time::sleep(config.slow_delay).await;
+        return Ok(shared.success(&id, id_hash));
+    }
+    let latency = config.latency(id_hash, attempt);
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    Ok(match fault {
+        Fault::NotFound => error_response(StatusCode::NOT_FOUND, "not found"),
+        Fault::Unavailable if transient => {
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        }
+        Fault::Drop if transient => return Err(DropConnection),
+        Fault::Throttled if transient => {
+            too_many_requests("throttled", Some(config.retry_after_secs))
+        }
+        _ => shared.success(&id, id_hash),
+    })
+}
+
+impl Shared {
+    /// [`success`], counted by [`FakeApi::accepted`].
+    fn success(&self, id: &str, id_hash: u64) -> Resp {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        success(id, id_hash)
+    }
+}
+
+pub(super) async fn route(req: Request<Incoming>) -> Routed {
+    let path = req.uri().path();
+    if path == "/items" {
+        if req.method() == Method::GET {
+            return match req.uri().query().and_then(id_from_query) {
+                Some(Some(id)) if !id.is_empty() => Routed::Id(id),
+                _ => Routed::Reply(bad_request()),
+            };
+        }
+        if req.method() == Method::POST {
+            return id_from_post(req).await;
+        }
+    } else if let Some(rest) = path.strip_prefix("/items/") {
+        if req.method() == Method::GET {
+            return match decode(rest, false) {
+                Some(id) if !id.is_empty() => Routed::Id(id),
+                _ => Routed::Reply(bad_request()),
+            };
+        }
+    }
+    Routed::Reply(error_response(StatusCode::NOT_FOUND, "no route"))
+}
+
+/// `None` if there is no `id` parameter, `Some(None)` if it does not decode to UTF-8.
+pub(super) fn id_from_query(query: &str) -> Option<Option<String>> {
+    query
+        .split('&')
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+        .find(|(key, _)| *key == "id")
+        .map(|(_, value)| decode(value, true))
+}
+
+/// Percent-decodes `raw` (with `+` as a space if `plus_is_space`); `None` if the result
+/// is not UTF-8.
+pub(super) fn decode(raw: &str, plus_is_space: bool) -> Option<String> {
+    let raw = if plus_is_space && raw.contains('+') {
+        std::borrow::Cow::Owned(raw.replace('+', " "))
+    } else {
+        std::borrow::Cow::Borrowed(raw)
+    };
+    percent_decode_str(&raw)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+#[derive(Deserialize)]
+pub(super) struct IdBody {
+    id: String,
+}
+
+pub(super) async fn id_from_post(req: Request<Incoming>) -> Routed {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY as u64) {
+        return Routed::Reply(payload_too_large());
+    }
+    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Routed::Reply(payload_too_large())
+        }
+        Err(e) => {
+            tracing::debug!("fake API: reading request body failed: {e}");
+            return Routed::Abort;
+        }
+    };
+    match serde_json::from_slice::<IdBody>(&bytes) {
+        Ok(body) if !body.id.is_empty() => Routed::Id(body.id),
+        _ => Routed::Reply(bad_request()),
+    }
+}
