@@ -62,7 +62,12 @@ pub struct JobSpec {
     pub fingerprint: Fingerprint,
     /// Rows per bucket.
     pub bucket_size: u64,
+    /// The request made for each ID (unused by a job of a library handler).
     pub request: RequestSpec,
+    /// The name a library program gave its own handler (a job built with [`Job`]), which
+    /// does the work instead of a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
@@ -163,6 +168,15 @@ impl JobSpec {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
+        let handler = |s: &JobSpec| {
+            s.handler
+                .as_ref()
+                .map_or("none".into(), |h| format!("{h:?}"))
+        };
+        cmp("handler", handler(self), handler(other));
+        if self.handler.is_some() && other.handler.is_some() {
+            return out;
+        }
         cmp("--url", self.request.url.clone(), other.request.url.clone());
         cmp(
             "--method",
@@ -321,6 +335,8 @@ pub struct JobRequest {
     pub bucket_size: Option<u64>,
     pub method: Option<String>,
     pub url: Option<String>,
+    /// A library handler's name, in place of `url` (see [`JobSpec::handler`]).
+    pub handler: Option<String>,
     pub headers: Option<Vec<String>>,
     pub body: Option<String>,
     pub connect_timeout: Option<Duration>,
@@ -407,6 +423,7 @@ impl JobRequest {
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 timeout: DEFAULT_TIMEOUT,
             },
+            handler: self.handler.clone(),
             answer: AnswerSpec::default(),
             retry: RetryPolicy::default(),
             created_at_ms: now_ms(),
@@ -430,11 +447,18 @@ fn check_bucket_size(request: &JobRequest) -> Result<(), JobError> {
 /// same.
 pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     check_bucket_size(request)?;
-    let (Some(input), Some(url)) = (&request.input, &request.url) else {
+    let Some(input) = &request.input else {
         return Ok(());
     };
+    let url = match (&request.url, &request.handler) {
+        (Some(url), _) => url,
+        (None, Some(_)) => "",
+        (None, None) => return Ok(()),
+    };
     let probe = request.new_spec(input, url, Fingerprint { len: 0, xxh3: 0 });
-    crate::handler::http::check_templates(&probe.request)?;
+    if probe.handler.is_none() {
+        crate::handler::http::check_templates(&probe.request)?;
+    }
     crate::answer::Answer::compile(&probe.answer)?;
     std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
         path: input.path.clone(),
@@ -478,7 +502,11 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
     check_bucket_size(request)?;
     match stored_job(store).await? {
         None => {
-            let (Some(input), Some(url)) = (&request.input, &request.url) else {
+            let url = request
+                .url
+                .as_deref()
+                .or(request.handler.as_ref().map(|_| ""));
+            let (Some(input), Some(url)) = (&request.input, url) else {
                 return Err(JobError::Usage(
                     "this state directory holds no job yet: give --input and --url to create one"
                         .into(),
@@ -511,6 +539,9 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             }
             if let Some(u) = &request.url {
                 asked.request.url = u.clone();
+            }
+            if request.handler.is_some() || request.url.is_some() {
+                asked.handler = request.handler.clone();
             }
             if request.body.is_some() {
                 asked.request.body = request.body.clone();
@@ -589,7 +620,9 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                 });
             }
             request.apply_operational(&mut asked);
-            crate::handler::http::check_templates(&asked.request)?;
+            if asked.handler.is_none() {
+                crate::handler::http::check_templates(&asked.request)?;
+            }
             if asked != stored {
                 store.put_job(&asked.to_stored()).await?;
             }
@@ -661,6 +694,14 @@ fn appended(spec: &InputSpec, then: &Fingerprint, now: Fingerprint) -> Result<u6
 fn new_job_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
+
+mod builder;
+mod reporters;
+mod results;
+
+pub use builder::{Job, JobInput, RunError};
+pub use reporters::{run_reported, Reporters, SecondSignal};
+pub use results::{Record, Results};
 
 #[cfg(test)]
 mod tests {
