@@ -12,6 +12,7 @@ mod bad_input;
 mod crash;
 mod damaged_state;
 mod durability;
+mod examples;
 mod jobs;
 mod old_formats;
 mod parquet;
