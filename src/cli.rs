@@ -30,6 +30,42 @@ use crate::store::{ItemStatus, JobView, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
 mod demo_command;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(not(feature = "postgres"))]
+#[path = "cli/no_pg.rs"]
+mod pg;
+
+/// Where `--state` points: a state directory (sled), or a job of a PostgreSQL database.
+enum StateArg {
+    Dir,
+    Pg { url: String, job: String },
+}
+
+/// Read `--state` and `--job`: a URL needs --job, a directory refuses it (exit 2, said).
+fn state_arg(state: &Path, job: Option<&str>) -> Result<StateArg, u8> {
+    let text = state.to_string_lossy();
+    let url = text.starts_with("postgres://") || text.starts_with("postgresql://");
+    match (url, job) {
+        (true, Some(job)) => Ok(StateArg::Pg {
+            url: text.into_owned(),
+            job: job.to_string(),
+        }),
+        (true, None) => {
+            crate::say!("error: --job NAME is required with a PostgreSQL --state (a database holds many jobs)");
+            Err(exit::USAGE)
+        }
+        (false, Some(_)) => {
+            crate::say!(
+                "error: --job names a job of a PostgreSQL database (--state postgres://...); \
+                 the state directory {} holds one job",
+                state.display()
+            );
+            Err(exit::USAGE)
+        }
+        (false, None) => Ok(StateArg::Dir),
+    }
+}
 
 /// Print a line to standard error. A closed standard error (its reader went away) is no
 /// reason to fail or abandon a job, so write errors are ignored.
@@ -99,9 +135,17 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// State directory: created on first run, resumed after.
-    #[arg(long, value_name = "DIR")]
+    /// State directory (created on first run, resumed after), or a PostgreSQL URL
+    /// (postgres://user@host/db, ${VAR} expanded) with --job: the job's workers share it.
+    #[arg(long, value_name = "DIR|URL")]
     state: PathBuf,
+    /// With a PostgreSQL --state: the job's name in that database.
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
+    /// With a PostgreSQL --state: how long a worker's leases outlive its last heartbeat
+    /// (its buckets are taken over after that when it dies).
+    #[arg(long, default_value = "30s", value_parser = lease_ttl, value_name = "DURATION")]
+    lease_ttl: Duration,
     /// File of IDs (needed to create the job; optional on resume).
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
@@ -271,8 +315,11 @@ struct RerunArgs {
 
 #[derive(Debug, Args)]
 struct FailuresArgs {
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR|URL")]
     state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
     #[arg(long, value_enum, default_value = "table")]
     format: sink::FailuresFormat,
     /// Only the failures of this bucket.
@@ -305,8 +352,11 @@ enum FormatArg {
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR|URL")]
     state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -317,8 +367,11 @@ struct StatusArgs {
 
 #[derive(Debug, Args)]
 struct ExportArgs {
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR|URL")]
     state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    job: Option<String>,
     #[arg(long, value_enum, default_value = "jsonl")]
     format: ExportFormat,
     /// Write here (atomically) instead of standard output.
@@ -376,6 +429,13 @@ fn byte_size(s: &str) -> Result<u64, String> {
         Some(0) => Err("must be more than 0 (write e.g. 64MiB)".into()),
         Some(bytes) => Ok(bytes),
         None => Err(format!("{s:?} is too large")),
+    }
+}
+
+fn lease_ttl(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d < Duration::from_secs(2) => Err("must be at least 2s (write e.g. 30s)".into()),
+        d => Ok(d),
     }
 }
 
@@ -589,6 +649,11 @@ async fn run(args: RunArgs) -> Result<u8> {
         ),
         None => None,
     };
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => return pg::run(&args, request, url, job, metrics).await,
+        Err(code) => return Ok(code),
+    }
     // A new job needs --input and --url: say so before creating anything.
     let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
     if fresh && request.input.is_some() && request.url.is_none() {
@@ -734,8 +799,8 @@ fn refused(e: crate::job::JobError) -> Result<u8> {
 
 /// Run a prepared job with signal handling, print the summary, and return the exit code.
 /// `resume` is the command that resumes it, suggested if it stops unfinished.
-pub async fn run_job(
-    store: Arc<SledStore>,
+pub async fn run_job<S: Store + crate::store::Leases>(
+    store: Arc<S>,
     spec: JobSpec,
     handler: HttpHandler,
     options: &RunOptions,
@@ -772,8 +837,8 @@ pub async fn run_job(
 
 /// Run the job's log or a rerun's with signal handling, the progress monitor and the
 /// metrics endpoint, and return its summary.
-async fn run_log(
-    store: Arc<SledStore>,
+async fn run_log<S: Store + crate::store::Leases>(
+    store: Arc<S>,
     spec: JobSpec,
     handler: HttpHandler,
     options: &RunOptions,
@@ -823,6 +888,14 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         return Ok(code);
     }
     let state = args.run.state.clone();
+    match state_arg(&state, args.run.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { .. }) => {
+            say!("error: rerun of a PostgreSQL job is not supported yet");
+            return Ok(exit::USAGE);
+        }
+        Err(code) => return Ok(code),
+    }
     let mut request = match args.run.request() {
         Ok(r) => r,
         Err(message) => {
@@ -960,7 +1033,20 @@ async fn failures(args: FailuresArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     }
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => {
+            let (store, _) = pg::open_reader(&url, &job).await?;
+            return failures_of(&store, &args).await;
+        }
+        Err(code) => return Ok(code),
+    }
     let (store, _) = open_existing(&args.state).await?;
+    failures_of(&store, &args).await
+}
+
+/// `failures` over an opened store.
+async fn failures_of<S: Store>(store: &S, args: &FailuresArgs) -> Result<u8> {
     if let Some(b) = args.bucket {
         if store.offset(b).await?.is_none() {
             say!(
@@ -975,7 +1061,7 @@ async fn failures(args: FailuresArgs) -> Result<u8> {
         class: args.class.clone(),
     };
     let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-    match sink::failures(&store, args.format, &filter, &mut out).await {
+    match sink::failures(store, args.format, &filter, &mut out).await {
         Ok(_) => {}
         Err(crate::store::ExportError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {}
         Err(e) => return Err(e).context("listing failures to standard output"),
@@ -997,6 +1083,9 @@ async fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
 }
 
 async fn status(args: StatusArgs) -> Result<u8> {
+    if let Err(code) = state_arg(&args.state, args.job.as_deref()) {
+        return Ok(code);
+    }
     if !args.watch {
         let (text, _) = status_once(&args).await?;
         let _ = io::stdout().lock().write_all(text.as_bytes());
@@ -1024,6 +1113,11 @@ async fn status(args: StatusArgs) -> Result<u8> {
 /// The status text (or JSON line), and whether a run is live.
 async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
     use crate::live;
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => return pg::status(&url, &job, args.json).await,
+        Err(_) => anyhow::bail!("--state and --job do not go together"),
+    }
     let now = crate::job::now_ms();
     let state_text = args.state.display().to_string();
     let (store, spec) = match open_existing(&args.state).await {
@@ -1072,8 +1166,6 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
             return Ok((text, true));
         }
     };
-    let stats = store.stats().await?;
-    let bad = store.bad_lines(5).await?;
     // The store is free and we hold its lock: no run is active, and none can start until we
     // let go. A runner marks its snapshot finished before it lets go of the lock, so a
     // snapshot read now that is not marked finished means the last runner died (kill -9,
@@ -1083,13 +1175,32 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
         Some(_) => "died",
         None => "none",
     };
-    let failures = sink::FailureSummary::of(&store, FAILED_BUCKETS_SHOWN).await?;
+    let text = describe(&store, &spec, &args.state, args.json, runner, died, None).await?;
+    Ok((text, false))
+}
+
+/// A job's status from its store: text, or one JSON line. `died`: the last run's snapshot
+/// when it died unfinished; `workers`: a shared job's worker sessions.
+async fn describe<S: Store>(
+    store: &S,
+    spec: &JobSpec,
+    state: &Path,
+    json: bool,
+    runner: &str,
+    died: Option<crate::live::LiveSnapshot>,
+    workers: Option<(serde_json::Value, String)>,
+) -> Result<String> {
+    use crate::live;
+    let state_text = state.display().to_string();
+    let stats = store.stats().await?;
+    let bad = store.bad_lines(5).await?;
+    let failures = sink::FailureSummary::of(store, FAILED_BUCKETS_SHOWN).await?;
     let mut reruns = Vec::new();
     for r in store.reruns().await? {
         reruns.push((store.rerun_stats(r.number).await?, r));
     }
-    let text = if args.json {
-        let value = serde_json::json!({
+    Ok(if json {
+        let mut value = serde_json::json!({
             "state": state_text,
             "job_id": spec.job_id,
             "input": spec.input.path.display().to_string(),
@@ -1116,6 +1227,9 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
             })).collect::<Vec<_>>(),
             "spec_history": spec.history,
         });
+        if let Some((w, _)) = &workers {
+            value["workers"] = w.clone();
+        }
         format!("{value}\n")
     } else {
         let mut text = String::new();
@@ -1127,10 +1241,10 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                 s.run_id,
                 live::format_ms(s.started_ms),
                 live::format_ms(s.updated_ms),
-                shell_path(&args.state)
+                shell_path(state)
             ));
         }
-        text.push_str(&render_status(&args.state, &spec, &stats, &bad));
+        text.push_str(&render_status(state, spec, &stats, &bad));
         text.push_str(&failures.render());
         for (s, r) in &reruns {
             text.push_str(&format!(
@@ -1147,9 +1261,11 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
         for change in &spec.history {
             text.push_str(&format!("spec change: {change}\n"));
         }
+        if let Some((_, w)) = &workers {
+            text.push_str(w);
+        }
         text
-    };
-    Ok((text, false))
+    })
 }
 
 /// How many buckets committed with failures `status` lists (it counts them all).
@@ -1212,7 +1328,21 @@ async fn export(args: ExportArgs) -> Result<u8> {
         say!("error: --format parquet needs --output FILE (Parquet is not written to standard output)");
         return Ok(exit::USAGE);
     }
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => {
+            let (store, _) = pg::open_reader(&url, &job).await?;
+            return export_of(&store, &args).await;
+        }
+        Err(code) => return Ok(code),
+    }
     let (store, _) = open_existing(&args.state).await?;
+    export_of(&store, &args).await
+}
+
+/// `export` over an opened store.
+async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
+    let parquet = args.format == ExportFormat::Parquet;
     let only = args.status.map(|s| match s {
         StatusArg::Ok => ItemStatus::Ok,
         StatusArg::Failed => ItemStatus::Failed,
@@ -1220,16 +1350,16 @@ async fn export(args: ExportArgs) -> Result<u8> {
     match &args.output {
         Some(path) => {
             let n = if parquet {
-                crate::parquet_export::export_to_file(&store, only, args.flatten, path).await
+                crate::parquet_export::export_to_file(store, only, args.flatten, path).await
             } else {
-                sink::export_to_file(&store, args.format, only, path).await
+                sink::export_to_file(store, args.format, only, path).await
             }
             .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(&store, args.format, only, &mut out).await {
+            match sink::export(store, args.format, only, &mut out).await {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

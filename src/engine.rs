@@ -66,6 +66,7 @@ use crate::store::{
 };
 use crate::throttle::{Observed, Throttle};
 
+mod fleet;
 mod queue;
 use queue::WorkQueue;
 
@@ -148,11 +149,17 @@ struct Item {
 /// A bucket to replay: its number, results already final, and the items to call.
 type Replay = (u64, Tally, Vec<Item>);
 
-/// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted.
+/// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted,
+/// and the lease its commit carries.
 struct Track {
+    /// What the bucket's items carry as their `track`: the bucket itself, or in a shared
+    /// store a key of this lease's own (a bucket leased again gets a new track, and the
+    /// results of its earlier lease's items never count towards it).
+    key: u64,
     bucket: u64,
     remaining: u64,
     done: Tally,
+    lease: Lease,
 }
 
 enum WriterMsg {
@@ -193,31 +200,26 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
 ) -> Result<RunSummary, EngineError> {
     let started = Instant::now();
     // Everything that can fail comes before any task is spawned. The lease first: every
-    // commit of the run carries it.
-    let lease = store
-        .acquire(LeaseScope::Job)
-        .await?
-        .ok_or_else(|| StoreError::backend("another worker holds the job's lease"))?;
+    // commit of the run carries it. A shared store's run leases buckets as it goes
+    // ([`fleet`]) and takes no lease on the whole job.
+    let shared = store.shared();
+    let lease = if shared {
+        None
+    } else {
+        Some(
+            store
+                .acquire(LeaseScope::Job)
+                .await?
+                .ok_or_else(|| StoreError::backend("another worker holds the job's lease"))?,
+        )
+    };
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
     match log {
+        _ if shared => {}
         Log::Job => {
             for offset in store.open_buckets().await? {
-                let (mut done, mut todo) = (Tally::default(), Vec::new());
-                for (id, record) in store.bucket_items(&offset).await? {
-                    match record.status {
-                        ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
-                        ItemStatus::Pending => {
-                            todo.push(Item {
-                                id,
-                                row: record.row,
-                                bucket: offset.bucket,
-                                track: offset.bucket,
-                                prior: None,
-                            });
-                        }
-                    }
-                }
+                let (done, todo) = job_work(offset.bucket, store.bucket_items(&offset).await?);
                 replay.push((offset.bucket, done, todo));
             }
         }
@@ -236,10 +238,15 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     let mut reader = if planner_state.exhausted {
         None
     } else {
-        Some(
-            InputReader::open_bounded(&spec.input, planner_state.cursor, spec.fingerprint.len)
-                .map_err(PlanError::from)?,
-        )
+        match InputReader::open_bounded(&spec.input, planner_state.cursor, spec.fingerprint.len) {
+            Ok(reader) => Some(reader),
+            // A worker of a shared job needs no input: another one plans.
+            Err(e) if shared => {
+                tracing::info!("not planning: the input cannot be read here ({e})");
+                None
+            }
+            Err(e) => return Err(PlanError::from(e).into()),
+        }
     };
     // The run's own stop: asked for from outside, or by the run itself (a halt).
     let (own_stop, stop_inner) = stop_pair();
@@ -277,7 +284,9 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         halt: halt.clone(),
         open: HashMap::new(),
         log,
-        lease: lease.clone(),
+        leases: HashMap::new(),
+        completed: HashMap::new(),
+        shared,
         full: writer_full.clone(),
     };
     let writer = tokio::spawn({
@@ -297,11 +306,9 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         }
     });
 
-    let (plan_tx, mut plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
-    let planner = if planner_state.exhausted {
-        None
-    } else {
-        let reader = reader.take().expect("opened above when not exhausted");
+    let (plan_tx, plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
+    let mut plan_rx = Some(plan_rx);
+    let planner = if let Some(reader) = reader.take() {
         let planner = Planner::new(
             reader,
             planner_state,
@@ -316,8 +323,9 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
             stop.clone(),
             counters.clone(),
         )))
+    } else {
+        None
     };
-
     let workers = opts.concurrency.max(1);
     let queue = Arc::new(WorkQueue::new(work_queue(workers)));
     let mut pool = JoinSet::new();
@@ -334,6 +342,10 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
                 Log::Job => None,
                 Log::Rerun(k) => Some(k),
             },
+            alive: {
+                let store = store.clone();
+                Arc::new(move || store.alive())
+            },
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }
@@ -343,9 +355,17 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         workers: pool,
         writer: writer_tx,
         replaying: matches!(log, Log::Job),
+        lease: lease.clone(),
     };
     let mut result = dispatcher.replay(replay).await;
-    if let Log::Rerun(k) = log {
+    if shared {
+        // Planned buckets are in the store, open to every worker: this one leases them
+        // like the others do.
+        let mut rx = plan_rx.take().expect("taken once");
+        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        result = fleet::dispatch_leased(&*store, &mut dispatcher, log, &stop).await;
+        drain.abort();
+    } else if let Log::Rerun(k) = log {
         for offset in rerun_buckets {
             if result.is_err() || stop.is_stopping() {
                 break;
@@ -354,9 +374,11 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
                 Ok(items) => {
                     let (done, todo) = rerun_work(k, offset.bucket, items);
                     let track = Track {
+                        key: offset.bucket,
                         bucket: offset.bucket,
                         remaining: todo.len() as u64,
                         done,
+                        lease: dispatcher.job_lease(),
                     };
                     dispatcher.dispatch(vec![track], vec![todo]).await
                 }
@@ -364,7 +386,7 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
             };
         }
     }
-    if result.is_ok() && planner.is_some() {
+    if let (true, Some(_), Some(plan_rx)) = (result.is_ok(), &planner, plan_rx.as_mut()) {
         while let Some(batch) = plan_rx.recv().await {
             if let Err(e) = dispatcher.dispatch_planned(batch).await {
                 result = Err(e);
@@ -384,12 +406,25 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     controller.abort();
     forward.abort();
     let planned = match planner {
-        Some(p) => p
+        Some(p) => match p
             .await
-            .map_err(|e| EngineError::Internal(format!("planner: {e}")))?,
+            .map_err(|e| EngineError::Internal(format!("planner: {e}")))?
+        {
+            // Another worker of the shared job plans.
+            Err(PlanError::Store(e))
+                if shared && matches!(e.root(), StoreError::LeaseLost { .. }) =>
+            {
+                tracing::info!("not planning: {e}");
+                Ok(())
+            }
+            planned => planned,
+        },
         None => Ok(()),
     };
-    let released = store.release(&lease).await;
+    let released = match &lease {
+        Some(lease) => store.release(lease).await,
+        None => Ok(()),
+    };
     finished?;
     written?;
     result?;
@@ -402,6 +437,24 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         interrupted: stop.is_stopping(),
         halted: halt.reason(),
     })
+}
+
+/// What is left of a job bucket: results already final, and the items to call.
+fn job_work(bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally, Vec<Item>) {
+    let (mut done, mut todo) = (Tally::default(), Vec::new());
+    for (id, record) in items {
+        match record.status {
+            ItemStatus::Ok | ItemStatus::Failed => done.add(&record),
+            ItemStatus::Pending => todo.push(Item {
+                id,
+                row: record.row,
+                bucket,
+                track: bucket,
+                prior: None,
+            }),
+        }
+    }
+    (done, todo)
 }
 
 /// What is left of a rerun bucket: results this rerun already made durable, and the items
@@ -480,9 +533,18 @@ struct Dispatcher {
     writer: mpsc::Sender<WriterMsg>,
     /// Whether replayed buckets are the job's own (logged as such), not a rerun's.
     replaying: bool,
+    /// The run's lease on the whole job (none: a shared store's run, which leases buckets).
+    lease: Option<Lease>,
 }
 
 impl Dispatcher {
+    /// The job's lease, which the buckets of a run that holds it are committed under.
+    fn job_lease(&self) -> Lease {
+        self.lease
+            .clone()
+            .expect("only a run holding the job's lease replays and plans by itself")
+    }
+
     /// Replay buckets written ahead but never committed: only their unfinished items.
     async fn replay(&mut self, open: Vec<Replay>) -> Result<(), EngineError> {
         if !open.is_empty() && self.replaying {
@@ -496,9 +558,11 @@ impl Dispatcher {
             .map(|(bucket, done, todo)| {
                 let remaining = todo.len() as u64;
                 let track = Track {
+                    key: bucket,
                     bucket,
                     remaining,
                     done,
+                    lease: self.job_lease(),
                 };
                 (track, todo)
             })
@@ -512,9 +576,11 @@ impl Dispatcher {
             .map(|b| {
                 let bucket = b.offset.bucket;
                 let track = Track {
+                    key: bucket,
                     bucket,
                     remaining: b.items.len() as u64,
                     done: Tally::default(),
+                    lease: self.job_lease(),
                 };
                 let items = b
                     .items
@@ -627,6 +693,13 @@ async fn work<H: Handler>(
         if task.stop.is_stopping() {
             return;
         }
+        // Leases that may have lapsed: no call starts until they are surely held again.
+        while !(task.alive)() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = task.stop.stopping() => return,
+            }
+        }
         let mut started = Abandon(Some(&task.counters));
         task.process(item).await;
         started.0 = None;
@@ -684,6 +757,8 @@ struct ItemTask<H> {
     writer: mpsc::Sender<WriterMsg>,
     writer_full: Arc<Notify>,
     rerun: Option<u32>,
+    /// Whether the run's leases are surely held ([`Leases::alive`]).
+    alive: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -867,6 +942,7 @@ async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
 }
 
 struct Tracked {
+    bucket: u64,
     remaining: u64,
     done: Tally,
 }
@@ -881,8 +957,12 @@ struct Writer<S> {
     open: HashMap<u64, Tracked>,
     /// Which commit log the buckets belong to: the job's or a rerun's.
     log: Log,
-    /// The run's lease, which every commit carries.
-    lease: Lease,
+    /// The lease each track is committed under, by track key.
+    leases: HashMap<u64, Lease>,
+    /// The leases of completed buckets waiting for their commit, by bucket.
+    completed: HashMap<u64, Lease>,
+    /// A shared store: a bucket whose lease was lost is dropped, not an error.
+    shared: bool,
     /// Rung when a sender finds the queue holding a group, or full.
     full: Arc<Notify>,
 }
@@ -901,15 +981,26 @@ impl<S: Store + Leases> Writer<S> {
             match msg {
                 WriterMsg::Track(tracks) => {
                     for Track {
+                        key,
                         bucket,
                         remaining,
                         done,
+                        lease,
                     } in tracks
                     {
                         if remaining == 0 {
+                            self.completed.insert(bucket, lease);
                             ready.push(CommitRecord::new(bucket, done));
                         } else {
-                            self.open.insert(bucket, Tracked { remaining, done });
+                            self.leases.insert(key, lease);
+                            self.open.insert(
+                                key,
+                                Tracked {
+                                    bucket,
+                                    remaining,
+                                    done,
+                                },
+                            );
                         }
                     }
                 }
@@ -954,21 +1045,56 @@ impl<S: Store + Leases> Writer<S> {
             t.remaining = t.remaining.saturating_sub(1);
             if t.remaining == 0 {
                 let t = self.open.remove(&track).expect("just seen");
-                done.push(CommitRecord::new(track, t.done));
+                if let Some(lease) = self.leases.remove(&track) {
+                    self.completed.insert(t.bucket, lease);
+                }
+                done.push(CommitRecord::new(t.bucket, t.done));
             }
         }
         self.check_failures(results);
         Ok(())
     }
 
-    /// Write commit records; callers made the buckets' results durable first.
-    async fn commit(&self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
-        if !commits.is_empty() {
-            let start = Instant::now();
-            crate::store::view::commit(&*self.store, &self.lease, self.log, commits).await?;
-            Counters::add_elapsed(&self.counters.commit_write_ns, start);
-            Counters::add(&self.counters.buckets_committed, commits.len() as u64);
-            commits.clear();
+    /// Write commit records, each under its bucket's lease; callers made the buckets'
+    /// results durable first. In a shared store a bucket whose lease was lost is another
+    /// worker's now: it is dropped here, with a warning.
+    async fn commit(&mut self, commits: &mut Vec<CommitRecord>) -> Result<(), StoreError> {
+        if commits.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut groups: Vec<(Lease, Vec<CommitRecord>)> = Vec::new();
+        for c in commits.drain(..) {
+            let Some(lease) = self.completed.remove(&c.bucket) else {
+                tracing::error!(bucket = c.bucket, "a bucket to commit without a lease");
+                continue;
+            };
+            match groups.iter_mut().find(|(l, _)| *l == lease) {
+                Some((_, group)) => group.push(c),
+                None => groups.push((lease, vec![c])),
+            }
+        }
+        for (lease, group) in groups {
+            match crate::store::view::commit(&*self.store, &lease, self.log, &group).await {
+                Ok(()) => Counters::add(&self.counters.buckets_committed, group.len() as u64),
+                Err(e) if self.shared && matches!(e.root(), StoreError::LeaseLost { .. }) => {
+                    let buckets: Vec<u64> = group.iter().map(|c| c.bucket).collect();
+                    tracing::warn!(?buckets, "not committed here: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Counters::add_elapsed(&self.counters.commit_write_ns, start);
+        Ok(())
+    }
+
+    /// Give back the leases of buckets left unfinished (a stop), so other workers take
+    /// them at once. Only a shared store's: a run's lease on the whole job is the run's.
+    async fn release_unfinished(&mut self) -> Result<(), StoreError> {
+        if self.shared {
+            for (_, lease) in self.leases.drain() {
+                self.store.release(&lease).await?;
+            }
         }
         Ok(())
     }
@@ -1012,7 +1138,8 @@ impl<S: Store + Leases> Writer<S> {
             }
             self.commit(&mut ready).await?;
         }
-        Ok(timed_sync(&*self.store, &self.counters).await?)
+        timed_sync(&*self.store, &self.counters).await?;
+        Ok(self.release_unfinished().await?)
     }
 
     /// Asynchronous progress: write results as they come; every `interval` a background
@@ -1071,7 +1198,8 @@ impl<S: Store + Leases> Writer<S> {
         }
         timed_sync(&*self.store, &self.counters).await?;
         self.commit(&mut unsynced).await?;
-        Ok(timed_sync(&*self.store, &self.counters).await?)
+        timed_sync(&*self.store, &self.counters).await?;
+        Ok(self.release_unfinished().await?)
     }
 }
 

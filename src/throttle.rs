@@ -673,6 +673,53 @@ mod tests {
         }
     }
 
+    /// The adaptive controller changes the rate every tick (200 ms), by up to 10% up or by a
+    /// cut down: from every change on, the grants of the next second are what the rates in
+    /// force over that second allow, within 2% (issue 18: "after a change, the achieved rate
+    /// follows the new value within 2% within one second").
+    #[test]
+    fn under_a_rate_changed_every_tick_each_second_grants_what_its_rates_allow() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1818);
+        let tick = Duration::from_millis(200);
+        let ticks = 100;
+        // A controller's path: climbs of up to 10% a tick, cuts to 60-90%, in [300, 20000].
+        let mut rates = vec![2000.0];
+        for _ in 1..ticks {
+            let last: f64 = *rates.last().unwrap();
+            let next = if rng.random::<f64>() < 0.2 {
+                last * rng.random_range(0.6..0.9)
+            } else {
+                last * rng.random_range(1.0..1.1)
+            };
+            rates.push(next.clamp(300.0, 20000.0));
+        }
+        let t0 = tokio::time::Instant::now();
+        let mut s = Schedule::new(rates[0], default_grants(rates[0]), t0);
+        let mut grants = Vec::new();
+        for (k, &rate) in rates.iter().enumerate() {
+            let from = tick * k as u32;
+            if k > 0 {
+                s.set_rate(rate, default_grants(rate), t0 + from);
+            }
+            let late = Duration::from_millis(2);
+            grants.extend(drive(&mut s, t0, from, from + tick, late, &mut rng));
+        }
+        let per_tick = tick.as_secs_f64();
+        let second = (1.0 / tick.as_secs_f64()).round() as usize;
+        for k in 1..=ticks - second {
+            let from = tick * k as u32;
+            let until = from + Duration::from_secs(1);
+            let allowed: f64 = rates[k..k + second].iter().map(|r| r * per_tick).sum();
+            let granted = grants.iter().filter(|g| **g >= from && **g < until).count() as f64;
+            assert!(
+                (granted - allowed).abs() <= 0.02 * allowed + 1.0,
+                "the second after the change at {from:?} to {:.0}/s: {granted} granted, {allowed:.0} allowed",
+                rates[k]
+            );
+        }
+    }
+
     #[tokio::test]
     async fn the_limiter_holds_its_rate() {
         let limiter = RateLimiter::new(Rate::new(200.0).unwrap(), None);

@@ -100,7 +100,10 @@ impl HttpHandler {
         let client = reqwest::Client::builder()
             .connect_timeout(spec.connect_timeout)
             .timeout(spec.timeout)
-            .pool_max_idle_per_host(1024)
+            // Every idle connection was opened by a call in flight, so the pool never
+            // holds more than --concurrency: a cap below that (it was 1024) closes
+            // connections that the next calls open again, at 4,000 in flight.
+            .pool_max_idle_per_host(usize::MAX)
             .tcp_nodelay(true)
             // Retries are ours (crate::retry): one attempt per call, counted.
             .retry(reqwest::retry::never())

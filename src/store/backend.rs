@@ -20,8 +20,11 @@
 //!   commit moves its counts, nothing else does); committing it again is ignored.
 //! - **Fencing.** Every commit carries the [`Lease`] it was made under; a backend refuses
 //!   ([`StoreError::LeaseLost`]) a commit whose lease it no longer holds, and applies none of
-//!   it. Results written by a worker that lost its lease may be applied (they are the same
-//!   item's final result) but never make a bucket committed.
+//!   it. Results are written under a lease on their bucket: a backend shared by several
+//!   workers drops those of buckets it holds no lease on (the PostgreSQL backend does: a
+//!   worker that lost a bucket writes nothing that counts); a backend with one holder at a
+//!   time may apply them (they are the same item's final result). Either way they never
+//!   make a bucket committed.
 //! - **Damage.** A backend that finds data it had made durable missing or garbled says
 //!   [`StoreError::Corrupt`], at open where it can, and never returns less than it holds.
 //! - **Errors** are [`StoreError`]s; where they happened is the backend's to add
@@ -200,4 +203,29 @@ pub trait Leases: Send + Sync + 'static {
         lease: &Lease,
         commit: Commit<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether several workers share the job: then a run leases buckets one by one
+    /// ([`Leases::acquire_next`]) instead of the whole job, a worker may join or leave at
+    /// any time, and a bucket whose lease is lost is dropped, not an error. A store with one
+    /// holder at a time (sled's flock) says no, and a run takes the whole job.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Lease up to `n` buckets of `log` that need work (open, or their holder's lease
+    /// lapsed), lowest first, each with a bucket-scoped lease. Only for a shared store.
+    fn acquire_next(
+        &self,
+        _log: Log,
+        _n: u32,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// Whether this worker's leases are surely still valid (for a store whose leases
+    /// expire: its last renewal is less than a time to live old, on the local monotonic
+    /// clock). A worker starts no call while they are not.
+    fn alive(&self) -> bool {
+        true
+    }
 }

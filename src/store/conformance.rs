@@ -195,6 +195,8 @@ async fn results_replace_by_id_and_a_replay_finds_only_pending_ids<B: Backend>(b
     let plan = [planned(0, 0, &["a", "b"]), planned(1, 2, &["c", "d"])];
     s.plan(&plan, &planner_at(2, 4, true)).await.unwrap();
     s.sync().await.unwrap();
+    // Results are written under a lease (a fleet's backend drops the others).
+    let _lease = lease(&*s).await;
     s.record(&[("a".into(), result(0, 0, false))])
         .await
         .unwrap();
@@ -246,6 +248,7 @@ async fn commits_are_final_and_fenced_by_their_lease<B: Backend>(b: &mut B) {
         planned(2, 2, &["c"]),
     ];
     s.plan(&plan, &planner_at(3, 3, true)).await.unwrap();
+    let old = lease(&*s).await;
     let (ra, rb, rc) = (result(0, 0, true), result(1, 1, false), result(2, 2, true));
     s.record(&[
         ("a".into(), ra.clone()),
@@ -255,7 +258,6 @@ async fn commits_are_final_and_fenced_by_their_lease<B: Backend>(b: &mut B) {
     .await
     .unwrap();
     s.sync().await.unwrap();
-    let old = lease(&*s).await;
     let new = lease(&*s).await;
     assert!(
         new.token > old.token,
@@ -329,9 +331,9 @@ async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
         ("c".to_string(), result(2, 1, false)),
         ("d".to_string(), result(3, 1, false)),
     ];
+    let l = lease(&*s).await;
     s.record(&first).await.unwrap();
     s.sync().await.unwrap();
-    let l = lease(&*s).await;
     let commits = [
         commit_of(0, &[&first[0].1, &first[1].1]),
         commit_of(1, &[&first[2].1, &first[3].1]),
@@ -374,6 +376,7 @@ async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     );
     assert!(!s.rerun_stats(1).await.unwrap().finished());
     // b heals, c fails again.
+    let l = lease(&*s).await;
     let mut healed = result(1, 0, true);
     healed.rerun = Some(1);
     let mut again = result(2, 1, false);
@@ -382,7 +385,6 @@ async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
         .await
         .unwrap();
     s.sync().await.unwrap();
-    let l = lease(&*s).await;
     let rc = commit_of(0, &[&healed, &again]);
     view::commit(&*s, &l, Log::Rerun(1), std::slice::from_ref(&rc))
         .await
@@ -445,12 +447,12 @@ async fn damage_is_refused_never_read_as_less<B: Backend>(b: &mut B) {
     let s = b.create();
     let plan = [planned(0, 0, &["a", "b"])];
     s.plan(&plan, &planner_at(1, 2, true)).await.unwrap();
+    let l = lease(&*s).await;
     let (ra, rb) = (result(0, 0, true), result(1, 0, true));
     s.record(&[("a".into(), ra.clone()), ("b".into(), rb.clone())])
         .await
         .unwrap();
     s.sync().await.unwrap();
-    let l = lease(&*s).await;
     s.commit(&l, Commit::Job(&[commit_of(0, &[&ra, &rb])]))
         .await
         .unwrap();
@@ -772,6 +774,15 @@ impl<S: Store + Leases> Leases for Audit<S> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.inner.release(lease).await
     }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
+        self.inner.acquire_next(log, n).await
+    }
+    fn alive(&self) -> bool {
+        self.inner.alive()
+    }
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
         let buckets = match commit {
             Commit::Job(c) => c,
@@ -857,9 +868,111 @@ impl Backend for MemBackend {
     }
 }
 
+/// The PostgreSQL backend: a job in a fresh database of the test cluster. A crash drops the
+/// store without ending its session and lets the session expire (as a TTL passing would),
+/// then opens the job again in a new session.
+#[cfg(feature = "postgres")]
+pub(crate) struct PgBackend {
+    db: Option<postgres::test_db::Db>,
+    /// A broken backend, to show the suite can fail: a crash also loses the commits.
+    forget_commits: bool,
+}
+
+#[cfg(feature = "postgres")]
+impl PgBackend {
+    pub(crate) fn new(forget_commits: bool) -> PgBackend {
+        PgBackend {
+            db: None,
+            forget_commits,
+        }
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+    }
+
+    fn open(&self) -> Arc<postgres::PgStore> {
+        let db = self.db.as_ref().expect("created");
+        let open = postgres::PgOpen {
+            create: true,
+            ..postgres::PgOpen::new("conformance")
+        };
+        Arc::new(Self::block(postgres::PgStore::open(&db.target, &open)).unwrap())
+    }
+
+    /// Drop `store` as a crash would (its session expires), then run `sql` on its database.
+    fn down(&self, store: Arc<postgres::PgStore>, sql: &str) {
+        drop(Arc::into_inner(store).expect("the only reference"));
+        let db = self.db.as_ref().expect("created");
+        let sql = format!(
+            "SET search_path TO {}; \
+             UPDATE hw_worker SET expires_at = now() - interval '1 second'; {sql}",
+            db.db.schema
+        );
+        db.psql(&sql);
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Backend for PgBackend {
+    type S = postgres::PgStore;
+
+    fn create(&mut self) -> Arc<postgres::PgStore> {
+        self.db = Some(Self::block(postgres::test_db::migrated()));
+        self.open()
+    }
+
+    fn crash(&mut self, store: Arc<postgres::PgStore>) -> Arc<postgres::PgStore> {
+        let lose = if self.forget_commits {
+            "UPDATE hw_bucket SET state = 'open', owner = NULL, committed_at = NULL \
+             WHERE state = 'committed';"
+        } else {
+            ""
+        };
+        self.down(store, lose);
+        self.open()
+    }
+
+    fn damage_result(
+        &mut self,
+        store: Arc<postgres::PgStore>,
+        id: &str,
+    ) -> Result<Arc<postgres::PgStore>, StoreError> {
+        let lose = format!(
+            "UPDATE hw_item SET status = 'pending', record = NULL, body = NULL WHERE id = '{id}';"
+        );
+        self.down(store, &lose);
+        Ok(self.open())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_postgres_store_conforms() {
+        run_all(&mut PgBackend::new(false)).await;
+    }
+
+    /// The suite can fail on PostgreSQL too: a job whose crash loses its commits is caught.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_store_that_loses_commits_fails_the_suite() {
+        let suite = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(run_all(&mut PgBackend::new(true)));
+        });
+        assert!(
+            suite.join().is_err(),
+            "the suite passed a PostgreSQL store that loses commits"
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_sled_store_conforms() {

@@ -16,6 +16,8 @@ mod examples;
 mod jobs;
 mod old_formats;
 mod parquet;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod progress;
 mod reruns;
 mod throttle;

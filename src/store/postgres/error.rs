@@ -97,3 +97,28 @@ impl std::fmt::Display for PgCause {
         }
     }
 }
+
+impl From<PgError> for crate::store::StoreError {
+    fn from(e: PgError) -> Self {
+        use crate::store::StoreError;
+        match e {
+            PgError::LeaseLost { log, bucket, token } => StoreError::LeaseLost {
+                scope: match log {
+                    0 => format!("bucket {bucket}"),
+                    k => format!("bucket {bucket} of rerun {k}"),
+                },
+                token: token as u64,
+            },
+            PgError::PlannerLeaseLost { token } => StoreError::LeaseLost {
+                scope: "the planner".into(),
+                token: token as u64,
+            },
+            PgError::NoSuchJob(name) => StoreError::NotAStore {
+                kind: "job",
+                reason: format!("no job named {name:?} in this database"),
+            },
+            PgError::Malformed(reason) => StoreError::Corrupt { reason },
+            e => StoreError::backend(e.to_string()),
+        }
+    }
+}

@@ -1,6 +1,6 @@
-//! The PostgreSQL store's groundwork (issue 17): several workers on several machines share
-//! one job through one database. Not used by the CLI yet; the `Store`/`Leases` impl will sit
-//! on top of the functions here.
+//! The PostgreSQL store (issue 17): several workers on several machines share one job
+//! through one database. [`PgStore`] implements the `Store` and `Leases` seam ([`store`],
+//! [`leases`]) on top of the functions of the other modules here.
 //!
 //! # Schema (`migrations/0001_init.sql`, applied by [`migrate`])
 //!
@@ -41,11 +41,15 @@ pub mod buckets;
 pub mod connect;
 pub mod error;
 pub mod job;
+pub mod leases;
 pub mod migrate;
+pub mod outage;
 pub mod planner;
 pub mod rate;
 pub mod results;
+mod rows;
 pub mod session;
+pub mod store;
 mod tls;
 
 #[cfg(test)]
@@ -54,6 +58,7 @@ pub(crate) mod test_db;
 pub use connect::{connect, ConnectOptions, PgTarget};
 pub use error::PgError;
 pub use migrate::{migrate, Migration, MIGRATIONS};
+pub use store::{PgOpen, PgStore};
 
 /// A job's row id in `hw_job`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

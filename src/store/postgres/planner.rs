@@ -88,7 +88,8 @@ pub struct Plan<'a> {
 /// Plan a batch under the planner lease `token`, in one transaction: insert the items, let
 /// `offset_record` make each bucket's write-ahead record (JSON text) from its final counts,
 /// insert the bucket rows and bad lines, and move the planner to the batch's position.
-/// [`PgError::PlannerLeaseLost`] (nothing written) if the lease moved.
+/// [`PgError::PlannerLeaseLost`] (nothing written) if the lease moved. With `lease`, the
+/// buckets are written leased to `me` under that token (a job-wide lease), not open.
 pub async fn plan(
     client: &mut Client,
     job: JobId,
@@ -96,19 +97,27 @@ pub async fn plan(
     token: i64,
     batch: &Plan<'_>,
     offset_record: impl Fn(&BucketCounts) -> String,
+    lease: Option<i64>,
 ) -> Result<Vec<BucketCounts>, PgError> {
     let (buckets, bad_lines, position) = (batch.buckets, batch.bad_lines, &batch.position);
     let tx = client
         .transaction()
         .await
         .map_err(PgError::sql("starting a planning transaction"))?;
-    // The lock keeps the lease where it is until this transaction ends.
+    // The lock keeps the lease where it is until this transaction ends. A planner that
+    // read the position before another planned on from it is stale: its first bucket is
+    // not the job's next one.
+    let first = match buckets.first() {
+        Some(b) => Some(to_i64(b.bucket)?),
+        None => None,
+    };
     let held = tx
         .query_opt(
             "SELECT 1 FROM hw_job
              WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
+               AND ($4::bigint IS NULL OR next_bucket = $4)
              FOR NO KEY UPDATE",
-            &[&job.0, &me.0, &token],
+            &[&job.0, &me.0, &token, &first],
         )
         .await
         .map_err(PgError::sql("checking the planner lease"))?;
@@ -160,10 +169,13 @@ pub async fn plan(
         items.push(to_i64(c.items)?);
     }
     tx.execute(
-        "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items)
-         SELECT $1, 0, u.bucket, u.record::jsonb, u.items
+        "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state, owner,
+                                lease_token)
+         SELECT $1, 0, u.bucket, u.record::jsonb, u.items,
+                CASE WHEN $5::bigint IS NULL THEN 'open' ELSE 'leased' END,
+                CASE WHEN $5::bigint IS NULL THEN NULL ELSE $6::text::uuid END, $5
          FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS u(bucket, record, items)",
-        &[&job.0, &numbers, &records, &items],
+        &[&job.0, &numbers, &records, &items, &lease, &me.0],
     )
     .await
     .map_err(PgError::sql("inserting planned buckets"))?;
@@ -325,7 +337,9 @@ mod tests {
             bad_lines: &bad,
             position: position(2, 7, false),
         };
-        let counts = plan(&mut client, job, &a, t, &batch, record).await.unwrap();
+        let counts = plan(&mut client, job, &a, t, &batch, record, None)
+            .await
+            .unwrap();
         assert_eq!(
             counts,
             vec![
@@ -348,7 +362,7 @@ mod tests {
             bad_lines: &[],
             position: position(3, 9, true),
         };
-        let counts = plan(&mut client, job, &a, t, &batch2, record)
+        let counts = plan(&mut client, job, &a, t, &batch2, record, None)
             .await
             .unwrap();
         assert_eq!(
@@ -413,7 +427,7 @@ mod tests {
             bad_lines: &[],
             position: position(1, 1, false),
         };
-        let err = plan(&mut client, job, &a, old, &batch, record)
+        let err = plan(&mut client, job, &a, old, &batch, record, None)
             .await
             .unwrap_err();
         assert!(
@@ -430,7 +444,7 @@ mod tests {
             planner_state(&client, job).await.unwrap(),
             PlannerState::default()
         );
-        plan(&mut client, job, &b, new, &batch, record)
+        plan(&mut client, job, &b, new, &batch, record, None)
             .await
             .unwrap();
         assert_eq!(

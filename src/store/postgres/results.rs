@@ -16,7 +16,7 @@ use tokio_postgres::{Client, GenericClient};
 use super::error::PgError;
 use super::job::to_i64;
 use super::{log_number, JobId, Lease, WorkerId};
-use crate::store::{ItemStatus, Log, Tally};
+use crate::store::{CommitRecord, ItemStatus, Log};
 
 /// One final result, written under `lease` (a bucket of the job's log or of a rerun's).
 #[derive(Debug, Clone)]
@@ -146,14 +146,15 @@ fn status_name(status: ItemStatus) -> &'static str {
     }
 }
 
-/// Commit a bucket with its counts, for its current owner and token only.
-/// [`PgError::LeaseLost`] if another session leased it since (nothing is changed).
+/// Commit a bucket with its commit record's counts and time, for its current owner and
+/// token only. [`PgError::LeaseLost`] if another session leased it since (nothing is
+/// changed).
 pub async fn commit_bucket(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
     lease: &Lease,
-    tally: &Tally,
+    tally: &CommitRecord,
 ) -> Result<(), PgError> {
     let by_class = serde_json::to_value(&tally.failed_by_class)
         .map_err(|e| PgError::Malformed(e.to_string()))?;
@@ -161,7 +162,7 @@ pub async fn commit_bucket(
         .execute(
             "UPDATE hw_bucket
              SET state = 'committed', ok = $6, failed = $7, failed_by_class = $8,
-                 committed_at = now()
+                 committed_at = to_timestamp($9::float8 / 1000)
              WHERE job_id = $1 AND rerun = $3 AND bucket = $4 AND owner = $2::text::uuid
                AND lease_token = $5 AND state = 'leased'",
             &[
@@ -173,6 +174,7 @@ pub async fn commit_bucket(
                 &to_i64(tally.ok)?,
                 &to_i64(tally.failed)?,
                 &by_class,
+                &(tally.committed_at_ms as f64),
             ],
         )
         .await
@@ -205,7 +207,7 @@ pub async fn flush(
     me: &WorkerId,
     log: Log,
     rows: &[ResultRow],
-    commits: &[(Lease, Tally)],
+    commits: &[(Lease, CommitRecord)],
 ) -> Result<Flushed, PgError> {
     let tx = client
         .transaction()
@@ -253,10 +255,10 @@ mod tests {
             .collect()
     }
 
-    fn tally(ok: u64) -> Tally {
-        Tally {
+    fn tally(ok: u64) -> CommitRecord {
+        CommitRecord {
             ok,
-            ..Tally::default()
+            ..CommitRecord::default()
         }
     }
 

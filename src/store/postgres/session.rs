@@ -150,6 +150,61 @@ fn share_of_burst(burst: i32, share: Option<f64>, rate: Option<f64>) -> u32 {
     }
 }
 
+/// One worker session as `status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerRow {
+    pub worker: String,
+    pub host: String,
+    pub pid: i32,
+    pub version: String,
+    /// Milliseconds since the epoch (database time).
+    pub started_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Seconds since the last heartbeat (database time).
+    pub heartbeat_age_s: f64,
+    /// alive, expired or draining.
+    pub state: String,
+    pub buckets_held: i64,
+    pub rate_share: Option<f64>,
+    pub stats: serde_json::Value,
+}
+
+/// Every session of the job, newest first.
+pub async fn workers(client: &impl GenericClient, job: JobId) -> Result<Vec<WorkerRow>, PgError> {
+    let rows = client
+        .query(
+            "SELECT w.worker_id::text, w.host, w.pid, w.version,
+                    (extract(epoch FROM w.started_at) * 1000)::float8,
+                    (extract(epoch FROM w.heartbeat_at) * 1000)::float8,
+                    extract(epoch FROM now() - w.heartbeat_at)::float8,
+                    CASE WHEN w.expires_at <= now() THEN 'expired'
+                         WHEN w.draining THEN 'draining' ELSE 'alive' END,
+                    (SELECT count(*) FROM hw_bucket b WHERE b.job_id = w.job_id
+                       AND b.owner = w.worker_id AND b.state = 'leased'),
+                    w.rate_share, w.stats
+             FROM hw_worker w WHERE w.job_id = $1 ORDER BY w.started_at DESC",
+            &[&job.0],
+        )
+        .await
+        .map_err(PgError::sql("listing workers"))?;
+    Ok(rows
+        .iter()
+        .map(|r| WorkerRow {
+            worker: r.get(0),
+            host: r.get(1),
+            pid: r.get(2),
+            version: r.get(3),
+            started_ms: r.get::<_, f64>(4).max(0.0).round() as u64,
+            heartbeat_ms: r.get::<_, f64>(5).max(0.0).round() as u64,
+            heartbeat_age_s: r.get(6),
+            state: r.get(7),
+            buckets_held: r.get(8),
+            rate_share: r.get(9),
+            stats: r.get(10),
+        })
+        .collect())
+}
+
 /// Start draining: no new buckets, and the rate share goes back to the others at once.
 pub async fn drain(client: &impl GenericClient, job: JobId, me: &WorkerId) -> Result<(), PgError> {
     client

@@ -104,6 +104,11 @@ impl SledStore {
             .marker
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Not due yet: nothing to write, so nothing to read (the stored job is read only for
+        // its id, three sled reads and a copy of the spec: too much for every group commit).
+        if !force && state.at.elapsed() < CHECKPOINT_EVERY {
+            return Ok(());
+        }
         let Some(job) = self.read_job()? else {
             return Ok(());
         };
@@ -127,7 +132,7 @@ impl SledStore {
                 checkpoint.last_planned_bucket,
                 checkpoint.last_committed_bucket,
             ));
-        if !changed || (!force && state.at.elapsed() < CHECKPOINT_EVERY) {
+        if !changed {
             return Ok(());
         }
         let marker = Marker {

@@ -467,13 +467,20 @@ impl Store for SledStore {
     }
 
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
-        let values: Vec<Vec<u8>> = results.iter().map(|(_, r)| json(r)).collect();
+        // The group's records encoded into one buffer: no allocation per record.
+        let mut encoded = Vec::with_capacity(results.len() * 256);
+        let mut ends = Vec::with_capacity(results.len());
+        for (_, r) in results {
+            serde_json::to_writer(&mut encoded, r).expect("store records always serialize");
+            ends.push(encoded.len());
+        }
+        let starts = std::iter::once(0).chain(ends.iter().copied());
         self.results
             .append(
                 results
                     .iter()
-                    .zip(&values)
-                    .map(|((id, r), v)| (r.row, id.as_str(), v.as_slice())),
+                    .zip(starts.zip(&ends))
+                    .map(|((id, r), (start, &end))| (r.row, id.as_str(), &encoded[start..end])),
             )
             .map_err(|e| self.log_err(e))
     }

@@ -7,6 +7,9 @@
 //! cargo run --release --example bench -- rate [--secs S] [--concurrency N]
 //! cargo run --release --example bench -- capacity [--phase-secs S] [--ids N] [--concurrency N]
 //! cargo run --release --example bench -- durability [--ids N] [--concurrency N] [--repeat K]
+//! cargo run --release --example bench -- latency [--concurrency N] [--latency-ms L] [--before BIN]
+//! cargo run --release --example bench -- cpu [--ids N] [--concurrency N] [--before BIN]
+//! cargo run --release --example bench -- client [--ids N] [--concurrency N] [--repeat K]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -21,6 +24,11 @@
 //! 2000/s ceiling, adaptive and fixed: goodput, 429 share and settling time per phase.
 //! `durability` runs synchronous and `--async-progress` runs at bucket sizes 1, 100 and
 //! 1000 in one process against the same fast fake API: items/s and the ratios to size 1000.
+//! `latency` ([`latency`]) runs the binary against a slow API (a server in this process
+//! answering after a set delay) beside `wrk` with as many connections: items/s against wrk's
+//! and the ideal, peak RSS. `cpu` ([`cpu`]) runs it against nginx serving static JSON beside
+//! `wrk`: CPU per item and items/s against wrk's. `client` ([`client`]) measures what each
+//! reqwest setting costs per request against the same nginx.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 
 use std::fmt::Write as _;
@@ -46,6 +54,11 @@ use highwater::job::{open_job, Durability, JobRequest, RetryOverrides, RunOption
 use highwater::progress::{Counters, RunSummary};
 use highwater::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use highwater::throttle::{Rate, ThrottleOptions};
+
+mod client;
+mod cpu;
+mod external;
+mod latency;
 
 /// The allocator the `highwater` binary uses (src/main.rs), so in-process runs measure what
 /// the binary does; every arm of a comparison runs in this process, on the same allocator.
@@ -102,6 +115,36 @@ modes:
     --repeat K        rounds of the six runs [default: 2]
     --only MODE:SIZE  run only this one (e.g. async:1), for profiling; no ratio
 
+  latency      the real binary against a slow API: a server in this process answering every
+               request after a set delay (holds 10,000 connections and more), beside
+               `wrk -c N` on the same server, alternating, --repeat times: items/s against
+               wrk's requests/s and the ideal N / latency, peak RSS (needs wrk on PATH)
+    --ids N           IDs per run [default: 200000]
+    --concurrency N   --concurrency of the binary and wrk's connections [default: 4000]
+    --latency-ms L    the server's delay [default: 200]
+    --wrk-secs S      seconds of each wrk run [default: 5]
+    --repeat K        rounds [default: 3]
+    --bin PATH        the highwater binary [default: next to this example's target dir]
+    --before PATH     another highwater binary (a baseline build) run in every round too
+
+  cpu          the real binary against nginx on 127.0.0.1 serving static JSON (one worker,
+               keep-alive), beside `wrk -c N` on the same nginx, alternating, --repeat
+               times: CPU per item (user + system, whole process, from wait4) and items/s
+               against wrk's requests/s (needs nginx and wrk on PATH)
+    --ids N           IDs per run [default: 200000]
+    --concurrency N   --concurrency of the binary and wrk's connections [default: 64]
+    --wrk-secs S      seconds of each wrk run [default: 5]
+    --repeat K        rounds [default: 3]
+    --bin PATH, --before PATH   as for latency
+
+  client       CPU per request of reqwest clients one setting apart (highwater's before
+               issue 18, + no_proxy, + no redirects, + http1_only, unlimited idle pool,
+               without the whole-request timeout), a bare loop in this process against the
+               same nginx, alternating (needs nginx on PATH)
+    --ids N           requests per variant and round [default: 100000]
+    --concurrency N   tasks [default: 64]
+    --repeat K        rounds [default: 3]
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -120,6 +163,9 @@ enum Mode {
     Rate,
     Capacity,
     Durability,
+    Latency,
+    Cpu,
+    Client,
 }
 
 #[derive(Debug)]
@@ -135,6 +181,12 @@ struct Args {
     secs: u64,
     /// `capacity`: seconds per capacity phase.
     phase_secs: u64,
+    /// `latency`: the server's delay.
+    latency: Duration,
+    /// `latency`, `cpu`: seconds of each wrk run.
+    wrk_secs: u64,
+    /// `latency`, `cpu`: a baseline binary run beside `bin`.
+    before: Option<PathBuf>,
 }
 
 enum Parsed {
@@ -165,12 +217,25 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             it.next();
             Mode::Durability
         }
+        Some("latency") => {
+            it.next();
+            Mode::Latency
+        }
+        Some("cpu") => {
+            it.next();
+            Mode::Cpu
+        }
+        Some("client") => {
+            it.next();
+            Mode::Client
+        }
         Some(s) if !s.starts_with('-') => return Err(format!("unknown mode {s:?}")),
         _ => Mode::Throughput,
     };
     let (mut ids, mut concurrency, mut repeat) = (None, None, None);
     let (mut keep, mut skip_full, mut bin) = (false, false, None);
     let (mut secs, mut phase_secs) = (None, None);
+    let (mut latency_ms, mut wrk_secs, mut before) = (None, None, None);
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
@@ -204,7 +269,12 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                 phase_secs = Some(s)
             }
             "--concurrency" => concurrency = Some(number(name, value(name)?)? as usize),
-            "--repeat" if matches!(mode, Mode::Throughput | Mode::Durability) => {
+            "--repeat"
+                if matches!(
+                    mode,
+                    Mode::Throughput | Mode::Durability | Mode::Latency | Mode::Cpu | Mode::Client
+                ) =>
+            {
                 repeat = Some(number(name, value(name)?)? as usize)
             }
             "--skip-full" if mode == Mode::Rss => skip_full = true,
@@ -214,7 +284,18 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                     .set(k)
                     .map_err(|_| "--kill-after given twice".to_string())?;
             }
-            "--bin" if mode == Mode::Rss => bin = Some(PathBuf::from(value(name)?)),
+            "--bin" if matches!(mode, Mode::Rss | Mode::Latency | Mode::Cpu) => {
+                bin = Some(PathBuf::from(value(name)?))
+            }
+            "--before" if matches!(mode, Mode::Latency | Mode::Cpu) => {
+                before = Some(PathBuf::from(value(name)?))
+            }
+            "--latency-ms" if mode == Mode::Latency => {
+                latency_ms = Some(number(name, value(name)?)?)
+            }
+            "--wrk-secs" if matches!(mode, Mode::Latency | Mode::Cpu) => {
+                wrk_secs = Some(number(name, value(name)?)?)
+            }
             "--rates" if mode == Mode::Rate => {
                 let v = value(name)?;
                 let rates = v
@@ -259,6 +340,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             bin,
             secs: 0,
             phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before: None,
         },
         Mode::Durability => Args {
             mode,
@@ -270,6 +354,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             bin,
             secs: 0,
             phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before: None,
         },
         Mode::Rss => Args {
             mode,
@@ -281,6 +368,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             bin,
             secs: 0,
             phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before: None,
         },
         Mode::Rate => Args {
             mode,
@@ -292,6 +382,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             bin,
             secs: secs.unwrap_or(10),
             phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before: None,
         },
         Mode::Capacity => Args {
             mode,
@@ -303,6 +396,51 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             bin,
             secs: 0,
             phase_secs: phase_secs.unwrap_or(20),
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before: None,
+        },
+        Mode::Latency => Args {
+            mode,
+            ids: ids.unwrap_or(200_000),
+            concurrency: concurrency.unwrap_or(4000),
+            repeat: repeat.unwrap_or(3),
+            keep,
+            skip_full,
+            bin,
+            secs: 0,
+            phase_secs: 0,
+            latency: Duration::from_millis(latency_ms.unwrap_or(200)),
+            wrk_secs: wrk_secs.unwrap_or(5),
+            before,
+        },
+        Mode::Client => Args {
+            mode,
+            ids: ids.unwrap_or(100_000),
+            concurrency: concurrency.unwrap_or(64),
+            repeat: repeat.unwrap_or(3),
+            keep,
+            skip_full,
+            bin,
+            secs: 0,
+            phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: 0,
+            before,
+        },
+        Mode::Cpu => Args {
+            mode,
+            ids: ids.unwrap_or(200_000),
+            concurrency: concurrency.unwrap_or(64),
+            repeat: repeat.unwrap_or(3),
+            keep,
+            skip_full,
+            bin,
+            secs: 0,
+            phase_secs: 0,
+            latency: Duration::ZERO,
+            wrk_secs: wrk_secs.unwrap_or(5),
+            before,
         },
     };
     if args.concurrency > 100_000 {
@@ -313,6 +451,9 @@ fn parse_args(raw: &[String]) -> Result<Parsed, String> {
 
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.first().map(String::as_str) == Some(latency::REQWEST_LOOP) {
+        return latency::reqwest_loop_child(&raw[1..]);
+    }
     let args = match parse_args(&raw) {
         Ok(Parsed::Run(a)) => a,
         Ok(Parsed::Help) => {
@@ -348,6 +489,9 @@ fn main() -> ExitCode {
         Mode::Rate => runtime.block_on(rate_accuracy(&args, &command)),
         Mode::Capacity => runtime.block_on(capacity(&args, &command)),
         Mode::Durability => runtime.block_on(durability(&args, &command)),
+        Mode::Latency => latency::latency(&runtime, &args, &command),
+        Mode::Cpu => cpu::cpu(&args, &command),
+        Mode::Client => client::client(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -946,10 +1090,15 @@ async fn durability(args: &Args, command: &str) -> Result<()> {
 /// parse) in a bare loop of `concurrency` tasks, nothing stored: the ceiling any engine built
 /// on this client could reach.
 async fn reqwest_run(api: &FakeApi, n: u64, concurrency: usize) -> Result<Measured> {
+    reqwest_loop(api.url_template(), n, concurrency).await
+}
+
+/// [`reqwest_run`] against any URL template.
+async fn reqwest_loop(url: String, n: u64, concurrency: usize) -> Result<Measured> {
     // The request a job over this API stores (open_job's defaults: GET, 10 s connect, 30 s).
     let spec = highwater::job::RequestSpec {
         method: "GET".into(),
-        url: api.url_template(),
+        url,
         headers: Vec::new(),
         body: None,
         connect_timeout: Duration::from_secs(10),
@@ -1157,6 +1306,8 @@ struct Exit {
     max_rss_kib: u64,
     /// User + system CPU time of the child.
     cpu: Duration,
+    /// System CPU time of the child (part of `cpu`).
+    sys: Duration,
     at: Instant,
 }
 
@@ -1171,6 +1322,7 @@ impl Exit {
 }
 
 impl Proc {
+    /// Starts `bin` with standard output and error into `log`.
     fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
         let log =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
@@ -1192,7 +1344,9 @@ impl Proc {
             .args(args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::from(
+                log.try_clone().context("duplicating the log file")?,
+            ))
             .stderr(Stdio::from(log))
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
@@ -1228,6 +1382,7 @@ impl Proc {
             signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
             max_rss_kib: usage.ru_maxrss.max(0) as u64,
             cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+            sys: tv(usage.ru_stime),
             at: Instant::now(),
         };
         self.done = Some(exit);
@@ -2405,6 +2560,9 @@ async fn capacity(args: &Args, command: &str) -> Result<()> {
             )?;
         }
     }
+    if let Some(run) = runs.iter().find(|r| r.adaptive) {
+        out.push_str(&limit_tracking(run)?);
+    }
     writeln!(out, "\nRuns:\n")?;
     writeln!(
         out,
@@ -2512,6 +2670,55 @@ async fn capacity(args: &Args, command: &str) -> Result<()> {
     print!("{out}");
     finish_temp(guard, &tmp);
     Ok(())
+}
+
+/// Issue 18: "after a change, the achieved rate follows the new value within 2% within one
+/// second". The controller changes the limit at every tick (200 ms), so every 1-s window
+/// starts within a tick of a change: per window, the calls the API saw (every attempt is
+/// granted by the limiter; 429s included) against what the limits in force allowed (the
+/// integral of the limit over the window). The first second is left out (the run starts).
+fn limit_tracking(run: &CapacityRun) -> Result<String> {
+    let s = &run.samples;
+    let per_sec = (Duration::from_secs(1).as_millis() / BIN.as_millis()) as usize;
+    let ratios: Vec<f64> = (per_sec..s.len().saturating_sub(per_sec))
+        .map(|a| {
+            let b = a + per_sec;
+            let w = Span::of(s, a, b);
+            let allowed = limit_integral(&run.trace, s[a].at, s[b].at, CAPACITY_CEILING);
+            (w.accepted + w.rejected) as f64 / allowed.max(1e-9)
+        })
+        .collect();
+    let within = ratios.iter().filter(|r| (*r - 1.0).abs() <= 0.02).count();
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(0.0, f64::max);
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\nThe adaptive limit followed (issue 18 item 1): over every 1-s window starting on a \
+         100 ms sample after the first second ({} windows, the limit changed {} times, \
+         every 200 ms tick), calls at the API ÷ the integral of the limit over the window: \
+         median **{:.4}**, min {:.4}, max {:.4}; **{} of {}** within ±2%.",
+        ratios.len(),
+        run.trace.len(),
+        median(&ratios),
+        lo,
+        hi,
+        within,
+        ratios.len()
+    )?;
+    Ok(out)
+}
+
+/// The integral of the controller's limit (requests) over `[from, to)`.
+fn limit_integral(trace: &[(Instant, f64)], from: Instant, to: Instant, initial: f64) -> f64 {
+    let mut at = from;
+    let mut rate = limit_at(trace, from, initial);
+    let mut total = 0.0;
+    for &(t, r) in trace.iter().filter(|(t, _)| *t > from && *t < to) {
+        total += rate * (t - at).as_secs_f64();
+        (at, rate) = (t, r);
+    }
+    total + rate * (to - at).as_secs_f64()
 }
 
 async fn capacity_run(

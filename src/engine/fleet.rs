@@ -1,0 +1,318 @@
+//! Leased dispatch: the dispatcher of a run over a shared store ([`Leases::shared`]), where
+//! several workers (processes, machines) work on one job.
+//!
+//! Nothing is dispatched from the planner directly: planned buckets are written ahead into
+//! the store, open to every worker, and each worker leases what it works on
+//! ([`Leases::acquire_next`]: open buckets, and those of workers whose session expired),
+//! a few at a time, as room frees in its work queue, so no worker hoards buckets. A leased
+//! bucket is read back and only its items without a final result are called (invariant 5
+//! holds across workers: a takeover repeats at most what the dead worker had in flight or
+//! unflushed). Its commit carries its lease; a lease lost meanwhile drops the bucket
+//! ([`super::Writer::commit`]). The run ends once the job's log (or the rerun's) is planned
+//! to its end and every bucket is committed, by this worker or another; with nothing to
+//! lease until then it polls, backing off to [`POLL_MAX`].
+
+use std::time::Duration;
+
+use super::{job_work, rerun_work, Dispatcher, EngineError, Stop, Track};
+use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+
+/// Buckets leased per acquisition: a worker takes a little at a time.
+const BUCKETS_PER_ACQUIRE: u32 = 2;
+
+/// The first wait when there is nothing to lease, doubled up to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(50);
+pub(super) const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
+/// is committed or a stop is asked for.
+pub(super) async fn dispatch_leased<S: Store + Leases>(
+    store: &S,
+    dispatcher: &mut Dispatcher,
+    log: Log,
+    stop: &Stop,
+) -> Result<(), EngineError> {
+    let mut idle = POLL_MIN;
+    let mut next_key = 1u64 << 62;
+    while !stop.is_stopping() {
+        let leases = if store.alive() {
+            store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
+        } else {
+            Vec::new()
+        };
+        if leases.is_empty() {
+            if finished(store, log).await? {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {}
+                _ = stop.stopping() => {}
+            }
+            idle = (idle * 2).min(POLL_MAX);
+            continue;
+        }
+        idle = POLL_MIN;
+        for lease in leases {
+            let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+                continue;
+            };
+            let (done, mut todo) = match log {
+                Log::Job => match store.bucket(bucket).await? {
+                    Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
+                    None => continue,
+                },
+                Log::Rerun(k) => {
+                    let found = store.rerun_buckets(k, bucket, 1).await?.into_iter().next();
+                    match found.filter(|b| b.offset.bucket == bucket) {
+                        Some(b) => {
+                            rerun_work(k, bucket, store.rerun_bucket_items(&b.offset).await?)
+                        }
+                        None => continue,
+                    }
+                }
+            };
+            // A key of this lease's own (see `Track`): above any bucket number.
+            next_key += 1;
+            for item in &mut todo {
+                item.track = next_key;
+            }
+            let track = Track {
+                key: next_key,
+                bucket,
+                remaining: todo.len() as u64,
+                done,
+                lease,
+            };
+            dispatcher.dispatch(vec![track], vec![todo]).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `log` is planned to its end with every bucket committed.
+async fn finished<S: Store>(store: &S, log: Log) -> Result<bool, EngineError> {
+    Ok(match log {
+        Log::Job => store.stats().await?.finished(),
+        Log::Rerun(k) => store.rerun_stats(k).await?.finished(),
+    })
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::demo::api::{ApiConfig, FakeApi};
+    use crate::engine::{run, stop_pair};
+    use crate::handler::Handler;
+    use crate::input::{InputFormat, InputSpec};
+    use crate::job::{open_job, JobRequest, JobSpec, RunOptions};
+    use crate::progress::Counters;
+    use crate::store::postgres::test_db::{migrated, Db};
+    use crate::store::postgres::{PgOpen, PgStore};
+    use crate::store::{ItemStatus, JobView, LeaseScope, Leases, Log, Store};
+
+    struct Fleet {
+        _dir: tempfile::TempDir,
+        db: Db,
+        api: FakeApi,
+        spec: Arc<JobSpec>,
+        ids: Vec<String>,
+    }
+
+    /// A job of `n` IDs in bucket of 7 (some twice), created by a first worker's open.
+    async fn fleet(n: usize) -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = (0..n).map(|i| format!("f-{i}")).collect();
+        let input = dir.path().join("ids.txt");
+        let mut rows = ids.clone();
+        rows.extend(ids[..n / 10].iter().cloned());
+        std::fs::write(&input, rows.join("\n")).unwrap();
+        let api = FakeApi::start(ApiConfig {
+            latency_min: std::time::Duration::from_micros(200),
+            latency_max: std::time::Duration::from_millis(1),
+            not_found_per_mille: 30,
+            ..ApiConfig::fast()
+        })
+        .await
+        .unwrap();
+        let db = migrated().await;
+        let first = worker(&db, true).await;
+        let request = JobRequest {
+            input: Some(InputSpec {
+                path: input,
+                format: InputFormat::Text,
+            }),
+            url: Some(api.url_template()),
+            bucket_size: Some(7),
+            ..JobRequest::default()
+        };
+        let spec = Arc::new(open_job(&*first, &request).await.unwrap());
+        Fleet {
+            _dir: dir,
+            db,
+            api,
+            spec,
+            ids,
+        }
+    }
+
+    async fn worker(db: &Db, create: bool) -> Arc<PgStore> {
+        let open = PgOpen {
+            create,
+            ttl: std::time::Duration::from_secs(3),
+            ..PgOpen::new("fleet")
+        };
+        Arc::new(PgStore::open(&db.target, &open).await.unwrap())
+    }
+
+    fn options() -> RunOptions {
+        RunOptions {
+            concurrency: 4,
+            progress_interval: std::time::Duration::ZERO,
+            ..RunOptions::default()
+        }
+    }
+
+    /// Every ID once in the export, in input order.
+    async fn exactly_once(store: &PgStore, ids: &[String]) {
+        let mut seen = Vec::new();
+        store
+            .for_each_final(&mut |id, _| {
+                seen.push(id.to_string());
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(seen.len(), ids.len(), "every ID once");
+        assert!(seen.iter().zip(ids).all(|(a, b)| a == b), "in input order");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn three_workers_share_a_job_and_call_each_id_once() {
+        let f = fleet(1200).await;
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let store = worker(&f.db, false).await;
+            let (spec, api) = (f.spec.clone(), f.api.clone());
+            runs.push(tokio::spawn(async move {
+                let handler = Arc::new(Handler::new(&spec.request).unwrap());
+                let counters = Arc::new(Counters::default());
+                let summary = run(
+                    store.clone(),
+                    spec,
+                    handler,
+                    &options(),
+                    counters,
+                    stop_pair().1,
+                )
+                .await
+                .unwrap();
+                drop(api);
+                (summary, store)
+            }));
+        }
+        let mut calls_by_worker = Vec::new();
+        let mut last = None;
+        for r in runs {
+            let (summary, store) = r.await.unwrap();
+            assert!(summary.job.finished(), "{:?}", summary.job);
+            calls_by_worker.push(summary.run.ok + summary.run.failed);
+            last = Some(store);
+        }
+        let store = last.unwrap();
+        assert_eq!(f.api.distinct_ids(), 1200);
+        assert_eq!(f.api.total_calls(), 1200, "no ID called twice");
+        assert_eq!(calls_by_worker.iter().sum::<u64>(), 1200);
+        assert!(
+            calls_by_worker.iter().filter(|&&c| c > 0).count() >= 2,
+            "the work was shared: {calls_by_worker:?}"
+        );
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.ok + stats.failed, stats.duplicates), (1200, 120));
+        exactly_once(&store, &f.ids).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
+        let f = fleet(70).await;
+        // Plan everything with a first run stopped after a few calls.
+        let planner = worker(&f.db, false).await;
+        let (handle, stop) = stop_pair();
+        let api = f.api.clone();
+        let watcher = tokio::spawn(async move {
+            while api.total_calls() < 10 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let handler = Arc::new(Handler::new(&f.spec.request).unwrap());
+        let counters = Arc::new(Counters::default());
+        run(
+            planner,
+            f.spec.clone(),
+            handler.clone(),
+            &options(),
+            counters,
+            stop,
+        )
+        .await
+        .unwrap();
+        watcher.await.unwrap();
+        // A leases a bucket and is paused past its TTL: its session expires.
+        let a = worker(&f.db, false).await;
+        let held = a.acquire_next(Log::Job, 1).await.unwrap();
+        assert_eq!(held.len(), 1);
+        let LeaseScope::Bucket { bucket, .. } = held[0].scope else {
+            panic!("a bucket lease")
+        };
+        let a_id = a.worker();
+        f.db.psql(&format!(
+            "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+             WHERE worker_id = '{a_id}'",
+            f.db.db.schema
+        ));
+        // B takes the job over, A's bucket included, and finishes it.
+        let b = worker(&f.db, false).await;
+        let summary = run(
+            b.clone(),
+            f.spec.clone(),
+            handler,
+            &options(),
+            Arc::new(Counters::default()),
+            stop_pair().1,
+        )
+        .await
+        .unwrap();
+        assert!(summary.job.finished());
+        // A wakes up and writes its bucket as failed, then commits it: nothing counts.
+        let offset = b.offset(bucket).await.unwrap().unwrap();
+        let items = b.bucket_items(&offset).await.unwrap();
+        let first = items[0].0.clone();
+        let before = b.item(&first).await.unwrap().unwrap();
+        let late: Vec<_> = items
+            .into_iter()
+            .map(|(id, mut r)| {
+                r.status = ItemStatus::Failed;
+                r.error = Some("late".into());
+                r.http_status = Some(500);
+                r.body = None;
+                (id, r)
+            })
+            .collect();
+        a.record(&late).await.unwrap();
+        a.sync().await.unwrap();
+        assert_eq!(a.fenced(), late.len() as u64, "every late result fenced");
+        let commit = crate::store::CommitRecord {
+            bucket,
+            failed: late.len() as u64,
+            ..Default::default()
+        };
+        let refused = crate::store::view::commit(&*a, &held[0], Log::Job, &[commit]).await;
+        assert!(refused.is_err(), "a lost lease commits nothing");
+        let after = b.item(&first).await.unwrap().unwrap();
+        assert_eq!(after.status, before.status);
+        assert_eq!(after.error, before.error);
+        assert_eq!(b.stats().await.unwrap(), summary.job);
+        exactly_once(&b, &f.ids).await;
+    }
+}
