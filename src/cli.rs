@@ -692,7 +692,7 @@ async fn run(args: RunArgs) -> Result<u8> {
             return refused(e);
         }
     };
-    if let Some(code) = library_job(&spec, &args.state) {
+    if let Some(code) = library_job(&spec, &format!("the job in {}", args.state.display())) {
         return Ok(code);
     }
     if let Some(open) = crate::rerun::unfinished(&store).await? {
@@ -733,12 +733,9 @@ async fn run(args: RunArgs) -> Result<u8> {
 }
 
 /// A job made by a library program (its own handler) cannot be run from here: exit 2.
-fn library_job(spec: &JobSpec, state: &Path) -> Option<u8> {
+fn library_job(spec: &JobSpec, place: &str) -> Option<u8> {
     let name = spec.handler.as_ref()?;
-    say!(
-        "error: the job in {} is run by a library program (its handler {name:?}): run it with that program",
-        state.display()
-    );
+    say!("error: {place} is run by a library program (its handler {name:?}): run it with that program");
     Some(exit::USAGE)
 }
 
@@ -946,7 +943,7 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
-    if let Some(code) = library_job(&spec, &state) {
+    if let Some(code) = library_job(&spec, &format!("the job in {}", state.display())) {
         return Ok(code);
     }
     // A missing ${VAR} is refused before the rerun is written.

@@ -103,7 +103,7 @@ mod tests {
 
     use crate::demo::api::{ApiConfig, FakeApi};
     use crate::engine::{run, stop_pair};
-    use crate::handler::Handler;
+    use crate::handler::http::HttpHandler;
     use crate::input::{InputFormat, InputSpec};
     use crate::job::{open_job, JobRequest, JobSpec, RunOptions};
     use crate::progress::Counters;
@@ -195,7 +195,7 @@ mod tests {
             let store = worker(&f.db, false).await;
             let (spec, api) = (f.spec.clone(), f.api.clone());
             runs.push(tokio::spawn(async move {
-                let handler = Arc::new(Handler::new(&spec.request).unwrap());
+                let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
                 let counters = Arc::new(Counters::default());
                 let summary = run(
                     store.clone(),
@@ -245,7 +245,7 @@ mod tests {
             }
             handle.stop();
         });
-        let handler = Arc::new(Handler::new(&f.spec.request).unwrap());
+        let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
         let counters = Arc::new(Counters::default());
         run(
             planner,
