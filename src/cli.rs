@@ -14,14 +14,15 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::console::shell_path;
-use crate::engine::{self, StopHandle};
+use crate::engine;
 use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::JobHandler;
 use crate::job::{
-    open_job, Durability, FailureLimit, JobRequest, JobSpec, RetryOverrides, RunOptions,
+    open_job, run_reported, Durability, FailureLimit, JobRequest, JobSpec, Reporters,
+    RetryOverrides, RunOptions,
 };
-use crate::monitor::{EventFormat, Monitor, MonitorConfig, RunView};
-use crate::progress::{Counters, RunSummary};
+use crate::monitor::{EventFormat, MonitorConfig};
+use crate::progress::RunSummary;
 use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::sink::{self, ExportFormat};
 use crate::store::sled_store::{OpenMode, SledStore};
@@ -582,6 +583,7 @@ impl RunArgs {
             url: self.url.clone(),
             exec: self.exec.clone(),
             retry_exit_codes: self.retry_exit_codes.clone(),
+            handler: None,
             headers: if self.headers.is_empty() {
                 None
             } else {
@@ -701,6 +703,9 @@ async fn run(args: RunArgs) -> Result<u8> {
             return refused(e);
         }
     };
+    if let Some(code) = library_job(&spec, &format!("the job in {}", args.state.display())) {
+        return Ok(code);
+    }
     if let Some(open) = crate::rerun::unfinished(&store).await? {
         say!(
             "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
@@ -736,6 +741,13 @@ async fn run(args: RunArgs) -> Result<u8> {
         &resume,
     )
     .await
+}
+
+/// A job made by a library program (its own handler) cannot be run from here: exit 2.
+fn library_job(spec: &JobSpec, place: &str) -> Option<u8> {
+    let name = spec.handler.as_ref()?;
+    say!("error: {place} is run by a library program (its handler {name:?}): run it with that program");
+    Some(exit::USAGE)
 }
 
 /// Raise the open-file limit to the hard one; a `--concurrency` that cannot have its
@@ -844,73 +856,41 @@ async fn run_log<S: Store + crate::store::Leases>(
     metrics: Option<tokio::net::TcpListener>,
     log: Log,
 ) -> Result<RunSummary> {
-    let (stop_handle, stop) = engine::stop_pair();
-    let signals = tokio::spawn(watch_signals(stop_handle));
-    let counters = Arc::new(Counters::default());
-    let view = Arc::new(RunView::new(
-        counters.clone(),
-        store.stats().await?,
-        spec.job_id.to_string(),
-    ));
-    let metrics = metrics.map(|listener| {
-        tracing::info!(
-            "metrics on http://{}/metrics",
-            listener.local_addr().map_or("?".into(), |a| a.to_string())
-        );
-        tokio::spawn(crate::metrics::serve(listener, view.clone()))
-    });
-    let monitor = Monitor::start(
-        view,
-        MonitorConfig {
-            input: spec.input.clone(),
-            state: state.to_path_buf(),
-            interval: options.progress_interval,
-            format: if crate::console::json() {
-                EventFormat::Json
-            } else {
-                EventFormat::Text
-            },
-            // No bar in JSON mode: every line on standard error is a JSON object.
-            bar: crate::console::stderr_is_terminal()
-                && !crate::console::quiet()
-                && !crate::console::json(),
-            concurrency: options.concurrency,
-            configured_rate: options.throttle.rate.map(|r| r.per_second()),
+    let monitor = MonitorConfig {
+        input: spec.input.clone(),
+        state: state.to_path_buf(),
+        interval: options.progress_interval,
+        format: if crate::console::json() {
+            EventFormat::Json
+        } else {
+            EventFormat::Text
         },
-    );
-    // The store's lock is held until the finished snapshot is written: `status` takes a
-    // free lock as proof that no runner is active, so the snapshot must be final by then.
-    let lock = store.clone();
-    let outcome = engine::run_log(
+        // No bar in JSON mode: every line on standard error is a JSON object.
+        bar: crate::console::stderr_is_terminal()
+            && !crate::console::quiet()
+            && !crate::console::json(),
+        concurrency: options.concurrency,
+        configured_rate: options.throttle.rate.map(|r| r.per_second()),
+    };
+    let reporters = Reporters {
+        signals: Some(Box::new(|| {
+            say!("stopped at once; the state is consistent, resume with the same command");
+            std::process::exit(exit::SIGNAL as i32);
+        })),
+        monitor: Some(monitor),
+        metrics,
+    };
+    run_reported(
         store,
-        Arc::new(spec),
+        spec,
         Arc::new(handler),
         options,
-        counters,
-        stop,
+        reporters,
+        engine::stop_pair(),
         log,
     )
-    .await;
-    // A rerun runs on a finished job: what ended is the rerun's own work.
-    let finished = match (&outcome, log) {
-        (Ok(s), Log::Job) => s.job.finished(),
-        (Ok(_), Log::Rerun(k)) => lock.rerun_stats(k).await.is_ok_and(|r| r.finished()),
-        (Err(_), _) => false,
-    };
-    let ending = match &outcome {
-        Ok(_) if finished => "finished",
-        Ok(s) if s.halted.is_some() => "halted",
-        Ok(s) if s.interrupted => "stopped",
-        Ok(_) => "not finished",
-        Err(_) => "failed",
-    };
-    monitor.finish(ending).await;
-    drop(lock);
-    if let Some(m) = metrics {
-        m.abort();
-    }
-    signals.abort();
-    outcome.context("the run stopped")
+    .await
+    .context("the run stopped")
 }
 
 async fn rerun(args: RerunArgs) -> Result<u8> {
@@ -976,6 +956,9 @@ async fn rerun(args: RerunArgs) -> Result<u8> {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
+    if let Some(code) = library_job(&spec, &format!("the job in {}", state.display())) {
+        return Ok(code);
+    }
     // A missing ${VAR} is refused before the rerun is written.
     let handler = crate::job::job_handler(&spec)?;
     let rerun = match crate::rerun::start(&store, &spec, chosen).await {
@@ -1097,32 +1080,6 @@ async fn failures_of<S: Store>(store: &S, args: &FailuresArgs) -> Result<u8> {
 }
 
 /// First SIGINT/SIGTERM: stop gracefully. Second: exit at once (the store stays consistent).
-async fn watch_signals(stop: StopHandle) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; SIGINT/SIGTERM will kill the run without a graceful stop");
-        return;
-    };
-    for n in 0.. {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        if n == 0 {
-            tracing::warn!(
-                "stop requested: finishing the items in flight (signal again to exit at once)"
-            );
-            stop.stop();
-        } else {
-            say!("stopped at once; the state is consistent, resume with the same command");
-            std::process::exit(exit::SIGNAL as i32);
-        }
-    }
-}
-
 /// Open a state directory that must hold a job, for reading.
 async fn open_existing(state: &Path) -> Result<(SledStore, JobSpec)> {
     let store = SledStore::open(state, OpenMode::Existing, 16 << 20)?;

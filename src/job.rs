@@ -64,11 +64,16 @@ pub struct JobSpec {
     pub fingerprint: Fingerprint,
     /// Rows per bucket.
     pub bucket_size: u64,
-    /// The request made for each ID (for an exec job, only its `timeout` is used).
+    /// The request made for each ID (for an exec job, only its `timeout` is used; unused by
+    /// a job of a library handler).
     pub request: RequestSpec,
     /// The command run for each ID instead of a request: an exec job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecSpec>,
+    /// The name a library program gave its own handler (a job built with [`Job`]), which
+    /// does the work instead of a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
@@ -176,6 +181,15 @@ impl JobSpec {
                 .map_or("none".into(), |e| format!("{:?}", e.command))
         };
         cmp("--exec", command(self), command(other));
+        let handler = |s: &JobSpec| {
+            s.handler
+                .as_ref()
+                .map_or("none".into(), |h| format!("{h:?}"))
+        };
+        cmp("handler", handler(self), handler(other));
+        if self.handler.is_some() && other.handler.is_some() {
+            return out;
+        }
         cmp("--url", self.request.url.clone(), other.request.url.clone());
         cmp(
             "--method",
@@ -338,6 +352,8 @@ pub struct JobRequest {
     pub exec: Option<String>,
     /// Exit codes of an exec job's command that are retried.
     pub retry_exit_codes: Option<Vec<i32>>,
+    /// A library handler's name, in place of `url` (see [`JobSpec::handler`]).
+    pub handler: Option<String>,
     pub headers: Option<Vec<String>>,
     pub body: Option<String>,
     pub connect_timeout: Option<Duration>,
@@ -411,7 +427,7 @@ impl JobRequest {
 
     /// Whether the request says what to do for each ID (needed to create a job).
     fn has_work(&self) -> bool {
-        self.url.is_some() || self.exec.is_some()
+        self.url.is_some() || self.exec.is_some() || self.handler.is_some()
     }
 
     fn new_spec(&self, input: &InputSpec, fingerprint: Fingerprint) -> JobSpec {
@@ -436,6 +452,7 @@ impl JobRequest {
                 command: command.clone(),
                 retry_exit_codes: DEFAULT_RETRY_EXIT_CODES.to_vec(),
             }),
+            handler: self.handler.clone(),
             answer: AnswerSpec::default(),
             retry: RetryPolicy::default(),
             created_at_ms: now_ms(),
@@ -474,6 +491,10 @@ fn check_retry_exit_codes(request: &JobRequest, spec: &JobSpec) -> Result<(), Jo
 
 /// Check the spec's request templates or command (their syntax, without the environment).
 fn check_work(spec: &JobSpec) -> Result<(), JobError> {
+    if spec.handler.is_some() {
+        // A library program's own handler: nothing stored to check.
+        return Ok(());
+    }
     match &spec.exec {
         Some(exec) => crate::handler::exec::check_command(exec)?,
         None => crate::handler::http::check_templates(&spec.request)?,
@@ -613,6 +634,9 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                 asked.request.url = String::new();
             }
             check_retry_exit_codes(request, &asked)?;
+            if request.handler.is_some() || request.url.is_some() || request.exec.is_some() {
+                asked.handler = request.handler.clone();
+            }
             if request.body.is_some() {
                 asked.request.body = request.body.clone();
             }
@@ -762,6 +786,14 @@ fn appended(spec: &InputSpec, then: &Fingerprint, now: Fingerprint) -> Result<u6
 fn new_job_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
+
+mod builder;
+mod reporters;
+mod results;
+
+pub use builder::{Job, JobInput, RunError};
+pub use reporters::{run_reported, Reporters, SecondSignal};
+pub use results::{Record, Results};
 
 #[cfg(test)]
 mod tests {

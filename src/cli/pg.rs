@@ -121,6 +121,10 @@ pub(super) async fn run(
             }
         }
     };
+    if let Some(code) = super::library_job(&spec, &format!("the {}", shown(&url, &job))) {
+        store.close().await?;
+        return Ok(code);
+    }
     let handler = match crate::job::job_handler(&spec) {
         Ok(h) => h,
         Err(e) => {

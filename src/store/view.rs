@@ -144,27 +144,37 @@ pub trait JobView: Store {
                 let Some(last) = page.last() else { break };
                 from = last.offset.bucket + 1;
                 for b in page {
-                    let records = self.bucket_items(&b.offset).await?;
-                    if let Some(c) = &b.commit {
-                        let finals = records.iter().filter(|(_, r)| r.is_final()).count() as u64;
-                        if finals != c.ok + c.failed {
-                            return Err(StoreError::corrupt(format!(
-                                "bucket {} is committed with {} results, but {finals} are found \
-                                 (the results files were damaged)",
-                                b.offset.bucket,
-                                c.ok + c.failed
-                            ))
-                            .into());
-                        }
-                    }
-                    for (id, record) in records {
-                        if record.is_final() {
-                            f(&id, &record)?;
-                        }
+                    for (id, record) in self.final_items(&b).await? {
+                        f(&id, &record)?;
                     }
                 }
             }
             Ok(())
+        }
+    }
+
+    /// The final records of bucket `b` in input order. A committed bucket's results are
+    /// all final, as its record counts them: one missing now was lost, and this refuses to
+    /// leave it out silently.
+    fn final_items(
+        &self,
+        b: &BucketState,
+    ) -> impl Future<Output = Result<Vec<(String, ItemRecord)>, StoreError>> + Send {
+        async move {
+            let mut records = self.bucket_items(&b.offset).await?;
+            records.retain(|(_, r)| r.is_final());
+            if let Some(c) = &b.commit {
+                let finals = records.len() as u64;
+                if finals != c.ok + c.failed {
+                    return Err(StoreError::corrupt(format!(
+                        "bucket {} is committed with {} results, but {finals} are found \
+                         (the results files were damaged)",
+                        b.offset.bucket,
+                        c.ok + c.failed
+                    )));
+                }
+            }
+            Ok(records)
         }
     }
 

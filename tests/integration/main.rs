@@ -12,6 +12,7 @@ mod bad_input;
 mod crash;
 mod damaged_state;
 mod durability;
+mod examples;
 mod exec;
 mod jobs;
 mod limit_req;

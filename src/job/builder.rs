@@ -1,0 +1,562 @@
+//! [`Job`]: the library's front door. A builder that takes an input (a file, or any
+//! iterator of IDs), a store (a state directory by default, or any [`Store`] + [`Leases`]),
+//! a handler (any [`Handler`], closures included) and options, and runs the job to a
+//! [`RunSummary`]; results are read back with [`super::Results`]. Reporters (signals,
+//! progress, `live.json`, metrics) are opt-in.
+//!
+//! Resuming: run the same builder again on the same store. A file input must be the file
+//! the job was created from (rows appended are accepted, as on the command line). An
+//! iterator of IDs is written to `ids.txt` in the state directory (one ID per line) before
+//! the run, and a resume must give the same IDs in the same order (more may follow, as new
+//! buckets): the file it writes is checked against the fingerprint of the first one, and
+//! anything else is refused with [`RunError::IdsChanged`] before any work. A resume that
+//! gives no input reads the IDs the first run stored.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{stop_pair, EngineError, Stop, StopHandle};
+use crate::handler::Handler;
+use crate::input::{InputFormat, InputSpec};
+use crate::job::{
+    open_job, JobError, JobRequest, Reporters, RetryOverrides, RetryPolicy, RunOptions,
+};
+use crate::monitor::{EventFormat, MonitorConfig};
+use crate::progress::RunSummary;
+use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+use crate::store::{Leases, Log, Store, StoreError};
+
+/// Where a job's IDs come from.
+pub enum JobInput {
+    /// A file of IDs (text, CSV or JSON lines).
+    File(InputSpec),
+    /// IDs from an iterator, stored in the state directory before the run.
+    Ids(Box<dyn Iterator<Item = String> + Send>),
+}
+
+/// The file an iterator's IDs are written to, in the state directory.
+pub const IDS_FILE: &str = "ids.txt";
+
+/// Where the job's records are kept: a state directory (the default) or a store given.
+pub trait StoreSource {
+    type Store: Store + Leases;
+    /// The store, created when `create` and missing; and the directory that holds the
+    /// stored IDs and `live.json`, if any.
+    fn open(&self, create: bool) -> Result<(Arc<Self::Store>, Option<PathBuf>), RunError>;
+}
+
+/// A state directory (the default store).
+pub struct StateDir(Option<PathBuf>);
+
+impl StoreSource for StateDir {
+    type Store = SledStore;
+    fn open(&self, create: bool) -> Result<(Arc<SledStore>, Option<PathBuf>), RunError> {
+        let dir = self.0.as_ref().ok_or(RunError::NoStore)?;
+        let mode = if create {
+            OpenMode::CreateIfMissing
+        } else {
+            OpenMode::Existing
+        };
+        let store = SledStore::open(dir, mode, DEFAULT_CACHE_BYTES)?;
+        Ok((Arc::new(store), Some(dir.clone())))
+    }
+}
+
+impl<S: Store + Leases> StoreSource for Arc<S> {
+    type Store = S;
+    fn open(&self, _create: bool) -> Result<(Arc<S>, Option<PathBuf>), RunError> {
+        Ok((self.clone(), None))
+    }
+}
+
+/// A job to run: see the module's documentation.
+pub struct Job<H, P = StateDir> {
+    handler: H,
+    name: String,
+    input: Option<JobInput>,
+    store: P,
+    bucket_size: Option<u64>,
+    retry: RetryOverrides,
+    options: RunOptions,
+    signals: Option<crate::job::SecondSignal>,
+    progress: Option<(Duration, EventFormat, bool)>,
+    #[cfg(feature = "metrics")]
+    metrics: Option<tokio::net::TcpListener>,
+    stop: (StopHandle, Stop),
+}
+
+/// Errors of [`Job::run`], found before any work unless said otherwise.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("no store given: name a state directory or a store")]
+    NoStore,
+    #[error("the bucket size must be at least 1")]
+    BucketSize,
+    #[error("no input given, and the store holds no job to resume")]
+    NoJob,
+    #[error("ID number {index} ({id:?}) {reason}")]
+    BadId {
+        index: u64,
+        id: String,
+        reason: &'static str,
+    },
+    #[error("cannot store the IDs in {path}: {source}")]
+    StoreIds {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the IDs given are not those the job was created with ({what}): a resume must give the same IDs in the same order (more may follow)")]
+    IdsChanged { what: String },
+    #[error("the store holds a different job:\n  {}", .0.join("\n  "))]
+    JobChanged(Vec<String>),
+    #[error(transparent)]
+    Job(JobError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The run started and stopped on an error.
+    #[error("the run stopped: {0}")]
+    Engine(#[from] EngineError),
+}
+
+impl<H: Handler> Job<H, StateDir> {
+    /// A job whose work for each ID is `handler`.
+    pub fn new(handler: H) -> Job<H, StateDir> {
+        Job {
+            handler,
+            name: "library".into(),
+            input: None,
+            store: StateDir(None),
+            bucket_size: None,
+            retry: RetryOverrides::default(),
+            options: RunOptions {
+                progress_interval: Duration::ZERO,
+                ..RunOptions::default()
+            },
+            signals: None,
+            progress: None,
+            #[cfg(feature = "metrics")]
+            metrics: None,
+            stop: stop_pair(),
+        }
+    }
+
+    /// Keep the job in the state directory `dir` (created if missing).
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.store = StateDir(Some(dir.into()));
+        self
+    }
+
+    /// Keep the job in `store` instead of a state directory.
+    pub fn store<S: Store + Leases>(self, store: Arc<S>) -> Job<H, Arc<S>> {
+        Job {
+            handler: self.handler,
+            name: self.name,
+            input: self.input,
+            store,
+            bucket_size: self.bucket_size,
+            retry: self.retry,
+            options: self.options,
+            signals: self.signals,
+            progress: self.progress,
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics,
+            stop: self.stop,
+        }
+    }
+}
+
+impl<H: Handler, P: StoreSource> Job<H, P> {
+    /// The handler's name, stored with the job: a resume with another name is refused.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Read the IDs from a text file, one per line.
+    pub fn input_file(self, path: impl Into<PathBuf>) -> Self {
+        self.input(InputSpec {
+            path: path.into(),
+            format: InputFormat::Text,
+        })
+    }
+
+    /// Read the IDs from a file in any input format.
+    pub fn input(mut self, spec: InputSpec) -> Self {
+        self.input = Some(JobInput::File(spec));
+        self
+    }
+
+    /// Take the IDs from an iterator (see the module's documentation for resuming).
+    pub fn ids<I>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String> + 'static,
+        I::IntoIter: Send + 'static,
+    {
+        self.input = Some(JobInput::Ids(Box::new(ids.into_iter().map(Into::into))));
+        self
+    }
+
+    /// Rows per bucket (the default is [`crate::job::DEFAULT_BUCKET_SIZE`]); fixed at creation.
+    pub fn bucket_size(mut self, rows: u64) -> Self {
+        self.bucket_size = Some(rows);
+        self
+    }
+
+    /// IDs worked on at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.options.concurrency = n;
+        self
+    }
+
+    /// How failed attempts are retried.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = RetryOverrides {
+            max_attempts: Some(policy.max_attempts),
+            initial: Some(policy.initial),
+            max_interval: Some(policy.max_interval),
+            max_elapsed: Some(policy.max_elapsed),
+        };
+        self
+    }
+
+    /// Every per-run setting at once (rate limit, failure limit, durability, ...).
+    pub fn options(mut self, options: RunOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// A handle that stops the run gracefully (items in flight finish, the rest stays
+    /// pending for a resume).
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.0.clone()
+    }
+
+    /// Stop gracefully on SIGINT/SIGTERM; a second signal exits the process (status 130).
+    pub fn stop_on_signals(mut self) -> Self {
+        self.signals = Some(Box::new(|| {
+            crate::console::say("stopped at once; the state is consistent, resume to go on");
+            std::process::exit(130);
+        }));
+        self
+    }
+
+    /// Progress events every `interval` (through `tracing` as text, or JSON lines on
+    /// standard error) and the `live.json` snapshot in the state directory.
+    pub fn progress(mut self, interval: Duration, format: EventFormat) -> Self {
+        self.options.progress_interval = interval;
+        self.progress = Some((interval, format, false));
+        self
+    }
+
+    /// The terminal progress bar on standard error.
+    #[cfg(feature = "progress-bar")]
+    pub fn progress_bar(mut self) -> Self {
+        let (interval, format, _) =
+            self.progress
+                .unwrap_or((Duration::ZERO, EventFormat::Text, true));
+        self.progress = Some((interval, format, true));
+        self
+    }
+
+    /// Serve Prometheus metrics on `listener` while the run lasts.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(mut self, listener: tokio::net::TcpListener) -> Self {
+        self.metrics = Some(listener);
+        self
+    }
+
+    /// Create the job (or resume the one the store holds) and run it until it is finished
+    /// or stopped.
+    pub async fn run(self) -> Result<RunSummary, RunError> {
+        if self.bucket_size == Some(0) {
+            return Err(RunError::BucketSize);
+        }
+        let (store, dir) = self.store.open(self.input.is_some())?;
+        // Kept until the run ends: an iterator's IDs when there is no state directory.
+        let mut scratch = None;
+        let from_ids = matches!(self.input, Some(JobInput::Ids(_)));
+        let input = match self.input {
+            None => None,
+            Some(JobInput::File(spec)) => Some(spec),
+            Some(JobInput::Ids(ids)) => {
+                let dir = match &dir {
+                    Some(dir) => dir.clone(),
+                    None => {
+                        let tmp = tempfile::tempdir().map_err(|source| RunError::StoreIds {
+                            path: std::env::temp_dir(),
+                            source,
+                        })?;
+                        let path = tmp.path().to_path_buf();
+                        scratch = Some(tmp);
+                        path
+                    }
+                };
+                Some(store_ids(ids, &dir.join(IDS_FILE))?)
+            }
+        };
+        let previous = input
+            .as_ref()
+            .filter(|_| from_ids)
+            .and_then(|i| Previous::new(&i.path));
+        let request = JobRequest {
+            input,
+            bucket_size: self.bucket_size,
+            handler: Some(self.name),
+            retry: self.retry,
+            command: "library".into(),
+            ..JobRequest::default()
+        };
+        let spec = open_job(&*store, &request).await.map_err(|e| match e {
+            JobError::InputChanged { what, .. } if from_ids => RunError::IdsChanged { what },
+            JobError::MeaningChanged(lines) => {
+                RunError::JobChanged(lines.iter().map(|l| unflagged(l)).collect())
+            }
+            JobError::Usage(_) if request.input.is_none() => RunError::NoJob,
+            e => RunError::Job(e),
+        });
+        if let Some(previous) = previous {
+            previous.settle(spec.is_ok());
+        }
+        let spec = spec?;
+        let monitor = self.progress.map(|(interval, format, bar)| MonitorConfig {
+            input: spec.input.clone(),
+            state: dir
+                .clone()
+                .or(scratch.as_ref().map(|t| t.path().to_path_buf()))
+                .unwrap_or_else(std::env::temp_dir),
+            interval,
+            format,
+            bar,
+            concurrency: self.options.concurrency,
+            configured_rate: self.options.throttle.rate.map(|r| r.per_second()),
+        });
+        let reporters = Reporters {
+            signals: self.signals,
+            monitor,
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics,
+        };
+        let summary = super::run_reported(
+            store,
+            spec,
+            Arc::new(self.handler),
+            &self.options,
+            reporters,
+            self.stop,
+            Log::Job,
+        )
+        .await?;
+        drop(scratch);
+        Ok(summary)
+    }
+}
+
+/// The IDs file a resume replaced, put back if the new IDs are refused.
+struct Previous {
+    path: PathBuf,
+    kept: PathBuf,
+}
+
+impl Previous {
+    fn new(path: &Path) -> Option<Previous> {
+        let kept = path.with_extension("txt.previous");
+        kept.exists().then(|| Previous {
+            path: path.to_path_buf(),
+            kept,
+        })
+    }
+
+    fn settle(self, accepted: bool) {
+        // Best effort: a leftover copy is replaced by the next resume.
+        let _ = if accepted {
+            std::fs::remove_file(&self.kept)
+        } else {
+            std::fs::rename(&self.kept, &self.path)
+        };
+    }
+}
+
+/// Write `ids` to `path`, one per line, replacing it atomically (the file it replaces is
+/// kept beside it until the job accepts the new one).
+fn store_ids(
+    ids: Box<dyn Iterator<Item = String> + Send>,
+    path: &Path,
+) -> Result<InputSpec, RunError> {
+    let io = |source| RunError::StoreIds {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    let mut out = std::io::BufWriter::new(tmp);
+    for (index, id) in ids.enumerate() {
+        let reason = if id.trim().is_empty() {
+            Some("is empty")
+        } else if id.contains(['\n', '\r']) {
+            Some("holds a line break")
+        } else if id.trim() != id {
+            Some("has whitespace around it")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(RunError::BadId {
+                index: index as u64,
+                id,
+                reason,
+            });
+        }
+        out.write_all(id.as_bytes()).map_err(io)?;
+        out.write_all(b"\n").map_err(io)?;
+    }
+    let tmp = out.into_inner().map_err(|e| io(e.into_error()))?;
+    tmp.as_file().sync_all().map_err(io)?;
+    if path.exists() {
+        std::fs::rename(path, path.with_extension("txt.previous")).map_err(io)?;
+    }
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(InputSpec {
+        path: path.to_path_buf(),
+        format: InputFormat::Text,
+    })
+}
+
+/// A line of the job's changes with the command line's flag names turned into words.
+fn unflagged(line: &str) -> String {
+    line.strip_prefix("--")
+        .map(|rest| rest.replacen('-', " ", 1))
+        .unwrap_or_else(|| line.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::Failure;
+    use crate::job::Results;
+    use crate::store::mem::MemStore;
+    use crate::store::ItemStatus;
+
+    async fn double(id: String) -> Result<serde_json::Value, Failure> {
+        let n: u64 = id.parse().map_err(|_| Failure::permanent("not a number"))?;
+        Ok(serde_json::json!(n * 2))
+    }
+
+    fn numbers(n: u64) -> impl Iterator<Item = String> + Send {
+        (0..n).map(|i| i.to_string())
+    }
+
+    async fn read(dir: &Path) -> Vec<(String, u64)> {
+        Results::open(dir)
+            .unwrap()
+            .all::<u64>()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r.result.unwrap()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_resume_must_give_the_same_ids_in_the_same_order_and_may_give_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let job = || Job::new(double).state_dir(&state).bucket_size(7);
+        let s = job().ids(numbers(100)).run().await.unwrap();
+        assert_eq!((s.job.ok, s.job.failed, s.job.finished()), (100, 0, true));
+        // The same IDs again: nothing to do.
+        let s = job().ids(numbers(100)).run().await.unwrap();
+        assert_eq!((s.job.ok, s.run.done()), (100, 0));
+        // Other IDs: refused, and the stored IDs are kept.
+        let err = job()
+            .ids((0..100).rev().map(|i: u64| i.to_string()))
+            .run()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RunError::IdsChanged { .. }), "{err}");
+        assert!(!err.to_string().contains("--"), "no flag named: {err}");
+        let kept = std::fs::read_to_string(state.join(IDS_FILE)).unwrap();
+        assert!(kept.starts_with("0\n1\n2\n"));
+        // No input: the stored IDs. More IDs after the same ones: new buckets.
+        job().run().await.unwrap();
+        let s = job().ids(numbers(130)).run().await.unwrap();
+        assert_eq!((s.job.ok, s.run.done()), (130, 30));
+        let results = read(&state).await;
+        let expected: Vec<(String, u64)> = (0..130).map(|i| (i.to_string(), i * 2)).collect();
+        assert_eq!(results, expected);
+    }
+
+    #[tokio::test]
+    async fn ids_that_a_line_cannot_hold_are_refused_before_any_work() {
+        let dir = tempfile::tempdir().unwrap();
+        for (bad, why) in [("a\nb", "line break"), (" a", "whitespace"), ("", "empty")] {
+            let err = Job::new(double)
+                .state_dir(dir.path().join("state"))
+                .ids(["1".to_string(), bad.to_string()])
+                .run()
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, RunError::BadId { index: 1, .. }) && err.to_string().contains(why),
+                "{err}"
+            );
+        }
+        let err = Job::new(double)
+            .ids(numbers(3))
+            .bucket_size(0)
+            .state_dir(dir.path().join("state"))
+            .run()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RunError::BucketSize), "{err}");
+        let err = Job::new(double).ids(numbers(3)).run().await.unwrap_err();
+        assert!(matches!(err, RunError::NoStore), "{err}");
+    }
+
+    #[tokio::test]
+    async fn another_handler_name_is_another_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let job = |name: &str| {
+            Job::new(double)
+                .name(name)
+                .state_dir(&state)
+                .ids(numbers(5))
+        };
+        job("double").run().await.unwrap();
+        let err = job("triple").run().await.unwrap_err();
+        match &err {
+            RunError::JobChanged(lines) => {
+                assert_eq!(lines, &[r#"handler: stored "double", given "triple""#])
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn any_store_and_the_stop_handle() {
+        let store = Arc::new(MemStore::new());
+        let job = Job::new(double).store(store.clone()).bucket_size(10);
+        let stop = job.stop_handle();
+        stop.stop();
+        let s = job.ids(numbers(50)).run().await.unwrap();
+        assert!(s.interrupted && !s.job.finished(), "{s:?}");
+        let s = Job::new(double)
+            .store(store.clone())
+            .bucket_size(10)
+            .ids(numbers(50))
+            .run()
+            .await
+            .unwrap();
+        assert!(s.job.finished() && s.job.ok == 50, "{s:?}");
+        let records = Results::new(store)
+            .all::<serde_json::Value>()
+            .await
+            .unwrap();
+        assert_eq!(records.len(), 50);
+        assert!(records.iter().all(|r| r.status == ItemStatus::Ok));
+    }
+}
