@@ -54,11 +54,9 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     let input_bytes = write_input(&input, n)?;
     eprintln!("starting a throwaway PostgreSQL cluster");
     let cluster = PgCluster::start();
-    cluster.psql(
-        "postgres",
-        "ALTER SYSTEM SET fsync = on; ALTER SYSTEM SET synchronous_commit = on; \
-         ALTER SYSTEM SET full_page_writes = on",
-    );
+    for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
+        cluster.psql("postgres", &format!("ALTER SYSTEM SET {setting} = on"));
+    }
     cluster.psql("postgres", "SELECT pg_reload_conf()");
     let settings = cluster.psql(
         "postgres",
@@ -138,12 +136,11 @@ impl Bench {
         self.api.total_calls()
     }
 
-    /// SQL in `db`'s schema, through psql.
+    /// SQL in `db`'s schema, through psql (one statement: psql runs `-c` as one
+    /// transaction).
     fn sql(&self, db: &TestDb, sql: &str) -> String {
-        self.cluster.psql(
-            &db.name,
-            &format!("SET search_path TO {}; {sql}", db.schema),
-        )
+        let conninfo = format!("dbname={} options='-c search_path={}'", db.name, db.schema);
+        self.cluster.psql(&conninfo, sql)
     }
 
     fn state<'a>(db: &'a TestDb) -> State<'a> {
@@ -324,6 +321,9 @@ fn storage(bench: &Bench, db: &TestDb, sled_bytes: u64, out: &mut String) -> Res
 struct FleetRun {
     ttl: Option<Duration>,
     elapsed: Duration,
+    /// From the first start to the first call, and to the call of the last ID.
+    first_call: Duration,
+    all_called: Option<Duration>,
     /// Calls per second between 10% and 90% of the IDs.
     steady: Option<f64>,
     calls: u64,
@@ -375,6 +375,8 @@ fn fleet(bench: &Bench, ttl: Option<Duration>) -> Result<FleetRun> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    let first_call = t0.elapsed();
+    let mut all_called = None;
     let joiner = [worker_args(None, &url, Bench::state(&db), c), extra].concat();
     for i in 1..bench.workers {
         procs.push(Proc::spawn(&bench.bin, &joiner, &log(i))?);
@@ -398,6 +400,9 @@ fn fleet(bench: &Bench, ttl: Option<Duration>) -> Result<FleetRun> {
         }
         if t90.is_none() && done * 10 >= n * 9 {
             t90 = Some((now, done));
+        }
+        if all_called.is_none() && done >= n {
+            all_called = Some(now - t0);
         }
         if ttl.is_some() && failover.is_none() && done * 10 >= n * 3 && exits[1].is_none() {
             failover = kill_and_time(bench, &db, &mut procs[1], ttl.unwrap_or_default())?;
@@ -427,6 +432,8 @@ fn fleet(bench: &Bench, ttl: Option<Duration>) -> Result<FleetRun> {
     Ok(FleetRun {
         ttl,
         elapsed: last - t0,
+        first_call,
+        all_called,
         steady: match (t10, t90) {
             (Some((a, na)), Some((b, nb))) if b > a => {
                 Some((nb - na) as f64 / (b - a).as_secs_f64())
@@ -536,15 +543,19 @@ fn report_fleet(
     )?;
     writeln!(
         out,
-        "| workers | items/s together (first start to last exit) | steady (10% to 90% of the IDs) | calls | CPU per item (all workers) |"
+        "| workers | items/s together (first start to last exit) | steady (10% to 90% of the IDs) | first call | last ID called | last exit | calls | CPU per item (all workers) |"
     )?;
-    writeln!(out, "|---:|---:|---:|---:|---:|")?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     writeln!(
         out,
-        "| {} | {} | {} | {} | {:.1} µs |",
+        "| {} | {} | {} | {:.2} s | {} | {:.2} s | {} | {:.1} µs |",
         bench.workers,
         thousands((n as f64 / run.elapsed.as_secs_f64()) as u64),
         run.steady.map_or("n/a".into(), |s| thousands(s as u64)),
+        run.first_call.as_secs_f64(),
+        run.all_called
+            .map_or("n/a".into(), |t| format!("{:.2} s", t.as_secs_f64())),
+        run.elapsed.as_secs_f64(),
         thousands(run.calls),
         us_per(cpu, n)
     )?;
