@@ -96,6 +96,8 @@ modes:
     --workers N       workers of the fleet and failover parts [default: 3]
     --ttls S,S,...    --lease-ttl of the failover runs, in seconds [default: 30,3]
     --only P,P,...    run only these parts: one (incl. storage), fleet, failover, wire
+    --no-fsync        keep the test cluster's settings (fsync, synchronous_commit and
+                      full_page_writes off: not durable; shows what the disk costs)
     --bin PATH        the highwater binary [default: the one cargo built]
 
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
@@ -184,6 +186,8 @@ pub struct Args {
     pub workers: usize,
     /// `pg`: the lease TTLs of the failover runs.
     pub ttls: Vec<Duration>,
+    /// `pg`: keep the test cluster's settings (fsync, synchronous_commit off).
+    pub no_fsync: bool,
 }
 
 pub enum Parsed {
@@ -224,6 +228,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         before: None,
         workers: 3,
         ttls: vec![Duration::from_secs(30), Duration::from_secs(3)],
+        no_fsync: false,
     };
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -344,6 +349,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                     })
                     .collect::<Result<_, String>>()?;
             }
+            "--no-fsync" if mode == Mode::Pg => args.no_fsync = true,
             "--keep" => args.keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
         }

@@ -54,8 +54,10 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     let input_bytes = write_input(&input, n)?;
     eprintln!("starting a throwaway PostgreSQL cluster");
     let cluster = PgCluster::start();
-    for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
-        cluster.psql("postgres", &format!("ALTER SYSTEM SET {setting} = on"));
+    if !args.no_fsync {
+        for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
+            cluster.psql("postgres", &format!("ALTER SYSTEM SET {setting} = on"));
+        }
     }
     cluster.psql("postgres", "SELECT pg_reload_conf()");
     let settings = cluster.psql(
@@ -212,19 +214,23 @@ fn one_vs_sled(
     )?;
     writeln!(
         out,
-        "| round | sled items/s | pg items/s | pg / sled (target ≥ 0.5) | CPU per item: sled, pg |"
+        "| round | sled items/s | pg items/s | pg / sled (target ≥ 0.5) | steady (10% to 90% of the IDs): sled, pg, ratio | CPU per item: sled, pg |"
     )?;
-    writeln!(out, "|---:|---:|---:|---:|---:|")?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|")?;
     let (mut s_rates, mut p_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for (i, (s, p)) in rows.iter().enumerate() {
         let (sr, pr) = (s.items_per_sec(n), p.items_per_sec(n));
+        let (ss, ps) = (s.steady.unwrap_or(0.0), p.steady.unwrap_or(0.0));
         writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.1} / {:.1} µs |",
+            "| {} | {} | {} | {:.2} | {} / {} ({:.2}) | {:.1} / {:.1} µs |",
             i + 1,
             thousands(sr as u64),
             thousands(pr as u64),
             pr / sr,
+            thousands(ss as u64),
+            thousands(ps as u64),
+            ps / ss.max(1.0),
             us_per(s.exit.cpu, n),
             us_per(p.exit.cpu, n)
         )?;
@@ -234,7 +240,7 @@ fn one_vs_sled(
     }
     writeln!(
         out,
-        "| **median** | **{}** | **{}** | **{:.2}** | |",
+        "| **median** | **{}** | **{}** | **{:.2}** | | |",
         thousands(median(&s_rates) as u64),
         thousands(median(&p_rates) as u64),
         median(&ratios)
