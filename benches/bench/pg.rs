@@ -42,6 +42,8 @@ struct Bench {
     n: u64,
     c: usize,
     workers: usize,
+    /// The API's answer, in bytes per ID.
+    body: u64,
 }
 
 pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()> {
@@ -70,7 +72,7 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
         .block_on(FakeApi::start(ApiConfig::fast()))
         .context("starting the fake API")?;
     // Untimed: every run meets a server that has seen every ID once.
-    rt.block_on(raw_run(&raw_client(c), &api, n, c))?;
+    let (_, body_bytes) = rt.block_on(raw_run(&raw_client(c), &api, n, c))?;
     let bench = Bench {
         bin,
         input,
@@ -80,6 +82,7 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
         n,
         c,
         workers: args.workers,
+        body: body_bytes / n.max(1),
     };
     eprintln!(
         "{} IDs ({}), fake API on {}, {settings}",
@@ -277,11 +280,12 @@ fn storage(bench: &Bench, db: &TestDb, sled_bytes: u64, out: &mut String) -> Res
     let full = sizes(bench.cluster.psql(&db.name, &query));
     writeln!(
         out,
-        "\nStorage of the last round's job ({} IDs, each result the API's ~60-byte JSON body): \
+        "\nStorage of the last round's job ({} IDs, each result the API's {}-byte JSON body): \
          `pg_total_relation_size` (table + indexes + TOAST) per table of the job's schema, as \
          the run left it and after `VACUUM FULL`; the sled state dir of the same round beside \
          it.\n",
-        thousands(n)
+        thousands(n),
+        bench.body
     )?;
     writeln!(
         out,
