@@ -196,7 +196,7 @@ pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, 
     let live = workers.iter().any(|w| w.state != "expired");
     let runner = if live { "running" } else { "none" };
     let rendered = (serde_json::json!(workers), render_workers(&workers));
-    let text = super::describe(
+    let text = super::status::describe(
         &store,
         &spec,
         Path::new(&redact_url(url)),
