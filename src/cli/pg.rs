@@ -158,7 +158,7 @@ pub(super) async fn run(
         spec,
         handler,
         &args.options(),
-        &PathBuf::from(redact_url(&url)),
+        None,
         metrics,
         &resume,
     )

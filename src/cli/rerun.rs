@@ -5,14 +5,14 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::args::RerunArgs;
-use super::run::run_log;
+use super::run::cli_job;
 use super::{exit, library_job, open_files, refused, state_arg, StateArg};
 use crate::console::shell_path;
 use crate::job::open_job;
 use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::say;
 use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{JobView, Log, Store};
+use crate::store::{JobView, Store};
 
 pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
     if let Some(code) = open_files(&args.run) {
@@ -105,15 +105,16 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
         Err(e) => return Err(e.into()),
     };
     let store = Arc::new(store);
-    let summary = run_log(
+    let summary = cli_job(
         store.clone(),
         spec,
         handler,
         &args.run.options(),
-        &state,
+        Some(&state),
         metrics,
-        Log::Rerun(rerun.number),
     )
+    .rerun(rerun.number)
+    .run()
     .await?;
     say!("{}", summary.render());
     let r = store.rerun_stats(rerun.number).await?;

@@ -4,18 +4,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::args::RunArgs;
 use super::{exit, library_job, open_files, pg, refused, state_arg, StateArg};
 use crate::console::shell_path;
-use crate::engine;
-use crate::job::{open_job, run_reported, JobHandler, JobSpec, Reporters, RunOptions};
-use crate::monitor::{EventFormat, MonitorConfig};
-use crate::progress::RunSummary;
+use crate::job::{open_job, Job, JobHandler, JobSpec, Opened, RunOptions};
+use crate::monitor::EventFormat;
 use crate::say;
 use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{JobView, Leases, Log, Store};
+use crate::store::{JobView, Leases, Store};
 
 pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let request = match args.request() {
@@ -113,7 +111,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         spec,
         handler,
         &args.options(),
-        &args.state,
+        Some(&args.state),
         metrics,
         &resume,
     )
@@ -138,13 +136,15 @@ fn undo_creation(state: &Path, existed: bool) {
     }
 }
 
-/// `resume` is the command that resumes it, suggested if it stops unfinished.
+/// Run a job the command line opened through the library's [`Job`], print the summary, and
+/// return the exit code. `live`: the state directory `live.json` goes to (none for a job of
+/// a database); `resume` is the command that resumes it, suggested if it stops unfinished.
 pub(crate) async fn run_job<S: Store + Leases>(
     store: Arc<S>,
     spec: JobSpec,
     handler: JobHandler,
     options: &RunOptions,
-    state: &Path,
+    live: Option<&Path>,
     metrics: Option<tokio::net::TcpListener>,
     resume: &str,
 ) -> Result<u8> {
@@ -156,7 +156,9 @@ pub(crate) async fn run_job<S: Store + Leases>(
         concurrency = options.concurrency,
         "running"
     );
-    let summary = run_log(store, spec, handler, options, state, metrics, Log::Job).await?;
+    let summary = cli_job(store, spec, handler, options, live, metrics)
+        .run()
+        .await?;
     say!("{}", summary.render());
     if let Some(reason) = &summary.halted {
         if !summary.job.finished() {
@@ -183,50 +185,39 @@ fn work(spec: &JobSpec) -> &str {
         .map_or(spec.request.url.as_str(), |e| e.command.as_str())
 }
 
-/// Run the job's log or a rerun's with signal handling, the progress monitor and the
-/// metrics endpoint, and return its summary.
-pub(crate) async fn run_log<S: Store + Leases>(
+/// The library's [`Job`] for a job (or a rerun, with [`Job::rerun`]) the command line
+/// opened, with the command line's reporters: a second signal exits 130, progress events as
+/// text or JSON lines (`--log-format`), the bar on a terminal, `live.json` in `live`, and
+/// the metrics endpoint.
+pub(crate) fn cli_job<S: Store + Leases>(
     store: Arc<S>,
     spec: JobSpec,
     handler: JobHandler,
     options: &RunOptions,
-    state: &Path,
+    live: Option<&Path>,
     metrics: Option<tokio::net::TcpListener>,
-    log: Log,
-) -> Result<RunSummary> {
-    let monitor = MonitorConfig {
-        input: spec.input.clone(),
-        state: state.to_path_buf(),
-        interval: options.progress_interval,
-        format: if crate::console::json() {
-            EventFormat::Json
-        } else {
-            EventFormat::Text
-        },
-        // No bar in JSON mode: every line on standard error is a JSON object.
-        bar: crate::console::stderr_is_terminal()
-            && !crate::console::quiet()
-            && !crate::console::json(),
-        concurrency: options.concurrency,
-        configured_rate: options.throttle.rate.map(|r| r.per_second()),
+) -> Job<JobHandler, Opened<S>> {
+    let format = if crate::console::json() {
+        EventFormat::Json
+    } else {
+        EventFormat::Text
     };
-    let reporters = Reporters {
-        signals: Some(Box::new(|| {
+    let mut job = Job::opened(store, spec, handler)
+        .options(options.clone())
+        .stop_on_signals_then(Box::new(|| {
             say!("stopped at once; the state is consistent, resume with the same command");
-            std::process::exit(exit::SIGNAL as i32);
-        })),
-        monitor: Some(monitor),
-        metrics,
-    };
-    run_reported(
-        store,
-        spec,
-        Arc::new(handler),
-        options,
-        reporters,
-        engine::stop_pair(),
-        log,
-    )
-    .await
-    .context("the run stopped")
+            std::process::exit(i32::from(exit::SIGNAL));
+        }))
+        .progress(options.progress_interval, format);
+    // No bar in JSON mode: every line on standard error is a JSON object.
+    if crate::console::stderr_is_terminal() && !crate::console::quiet() && !crate::console::json() {
+        job = job.progress_bar();
+    }
+    if let Some(dir) = live {
+        job = job.live_dir(dir);
+    }
+    if let Some(listener) = metrics {
+        job = job.metrics(listener);
+    }
+    job
 }
