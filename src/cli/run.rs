@@ -85,9 +85,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         say!(
             "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
             open.number,
-            open.selection,
+            super::rerun::flags(&open.selection),
             shell_path(&args.state),
-            open.selection
+            super::rerun::flags(&open.selection)
         );
     }
     let done = store.stats().await?;

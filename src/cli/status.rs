@@ -150,7 +150,7 @@ pub(crate) async fn describe<S: Store>(
             "failures": failures,
             "reruns": reruns.iter().map(|(s, r)| serde_json::json!({
                 "number": r.number,
-                "selection": r.selection.to_string(),
+                "selection": super::rerun::flags(&r.selection),
                 "created_at_ms": r.created_at_ms,
                 "ids": r.ids,
                 "ok": s.ok,
@@ -183,7 +183,7 @@ pub(crate) async fn describe<S: Store>(
             text.push_str(&format!(
                 "rerun {}:    {}: {} ok, {} failed, {} pending of {} IDs{}\n",
                 r.number,
-                r.selection,
+                super::rerun::flags(&r.selection),
                 s.ok,
                 s.failed,
                 s.pending,
