@@ -21,6 +21,7 @@ mod args;
 mod demo_command;
 mod export;
 mod failures;
+mod flags;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(not(feature = "postgres"))]
@@ -89,6 +90,7 @@ pub mod exit {
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    flags::install();
     init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
