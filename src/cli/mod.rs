@@ -74,7 +74,7 @@ macro_rules! say {
 }
 
 /// Exit codes, as documented in `--help` and README.
-pub mod exit {
+pub(crate) mod exit {
     /// Every ID succeeded.
     pub const OK: u8 = 0;
     /// The job could not proceed (input, state or store error).

@@ -630,6 +630,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_opened_job_runs_the_rerun_its_caller_wrote() {
+        use crate::rerun::{choose, start, Prepared, RerunAsk};
+        use crate::store::JobView;
+        let store = Arc::new(MemStore::new());
+        let ids = ["1", "x", "3"].map(String::from);
+        let s = Job::new(double)
+            .store(store.clone())
+            .ids(ids)
+            .run()
+            .await
+            .unwrap();
+        assert_eq!((s.job.ok, s.job.failed), (2, 1));
+        let spec = crate::job::stored_job(&*store).await.unwrap().unwrap();
+        let chosen = choose(&*store, &RerunAsk::Failed).await.unwrap();
+        let Prepared::Ready { rerun, .. } = start(&*store, &spec, chosen).await.unwrap() else {
+            panic!("one failed ID to rerun");
+        };
+        // The fault is fixed: any ID is accepted now.
+        let lenient = |id: String| async move { Ok::<_, Failure>(serde_json::json!(id.len())) };
+        let job = Job::opened(store.clone(), spec, lenient).rerun(rerun.number);
+        assert_eq!(job.spec().bucket_size, crate::job::DEFAULT_BUCKET_SIZE);
+        job.run().await.unwrap();
+        let r = store.rerun_stats(rerun.number).await.unwrap();
+        assert!(r.finished() && (r.ok, r.failed) == (1, 0), "{r:?}");
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.ok, stats.failed), (3, 0));
+    }
+
+    #[tokio::test]
     async fn any_store_and_the_stop_handle() {
         let store = Arc::new(MemStore::new());
         let job = Job::new(double).store(store.clone()).bucket_size(10);
