@@ -430,9 +430,7 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         };
         let spec = open_job(&*store, &request).await.map_err(|e| match e {
             JobError::InputChanged { what, .. } if from_ids => RunError::IdsChanged { what },
-            JobError::MeaningChanged(lines) => {
-                RunError::JobChanged(lines.iter().map(|l| unflagged(l)).collect())
-            }
+            JobError::MeaningChanged(lines) => RunError::JobChanged(lines),
             JobError::Usage(_) if request.input.is_none() => RunError::NoJob,
             e => RunError::Job(e),
         });
@@ -516,13 +514,6 @@ fn store_ids(
         path: path.to_path_buf(),
         format: InputFormat::Text,
     })
-}
-
-/// A line of the job's changes with the command line's flag names turned into words.
-fn unflagged(line: &str) -> String {
-    line.strip_prefix("--")
-        .map(|rest| rest.replacen('-', " ", 1))
-        .unwrap_or_else(|| line.to_owned())
 }
 
 #[cfg(test)]
