@@ -22,6 +22,8 @@ mod parquet;
 mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_faults;
+#[cfg(feature = "postgres")]
+mod postgres_rerun;
 mod progress;
 mod reruns;
 mod throttle;
