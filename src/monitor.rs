@@ -35,7 +35,8 @@ pub enum EventFormat {
 /// What the monitor of a run is told at the start.
 pub struct MonitorConfig {
     pub input: InputSpec,
-    pub state: PathBuf,
+    /// The directory `live.json` is published in (`status` reads it); `None`: not published.
+    pub state: Option<PathBuf>,
     pub interval: Duration,
     pub format: EventFormat,
     /// Show the terminal bar (standard error is a terminal and not `-q`). Built without the
@@ -276,8 +277,11 @@ fn publish(
     since: Option<&Sample>,
     finished: Option<&str>,
 ) {
-    if let Err(e) = live::publish(&config.state, &view.snapshot(run, since, finished)) {
-        tracing::debug!("cannot write {}: {e}", live::path(&config.state).display());
+    let Some(state) = &config.state else {
+        return;
+    };
+    if let Err(e) = live::publish(state, &view.snapshot(run, since, finished)) {
+        tracing::debug!("cannot write {}: {e}", live::path(state).display());
     }
 }
 
@@ -452,7 +456,7 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
     let spawned = std::thread::Builder::new()
         .name("count-rows".into())
         .spawn(move || {
-            lower_priority();
+            crate::os::lower_thread_priority();
             let Ok(mut reader) = InputReader::open(&input, Cursor::default()) else {
                 return;
             };
@@ -471,15 +475,6 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
         });
     if let Err(e) = spawned {
         tracing::debug!("cannot count the input's rows: {e}");
-    }
-}
-
-/// Give the calling thread a lower CPU priority, so counting yields to the run.
-fn lower_priority() {
-    // SAFETY: gettid and setpriority on the calling thread; no memory is involved.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 
