@@ -21,6 +21,8 @@ mod parquet;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
+mod postgres_faults;
+#[cfg(feature = "postgres")]
 mod postgres_rerun;
 mod progress;
 mod reruns;

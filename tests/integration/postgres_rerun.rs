@@ -5,13 +5,9 @@ use std::collections::BTreeMap;
 
 use highwater::demo::api::ApiConfig;
 
-// Its own copy of the cluster support (one more throwaway cluster when both files run):
-// `postgres.rs` keeps its instance private. One shared module at the binary's root would do.
-#[allow(clippy::duplicate_mod)]
-#[path = "../support/pg_cluster.rs"]
-mod pg_cluster;
-
 use crate::harness::*;
+// The cluster support of `postgres.rs`: one throwaway cluster for the test binary.
+use crate::postgres::pg_cluster;
 
 const JOB: &str = "rerun";
 
