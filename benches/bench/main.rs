@@ -79,6 +79,19 @@ mod trace;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's start-up options, the binary's (src/main.rs: a thread's cache is
+/// garbage-collected after every 1 MiB it allocates).
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: it points at a constant string that lives for the whole program.
+unsafe impl Sync for MallocConf {}
+
+// SAFETY: jemalloc reads this symbol (its prefixed `malloc_conf`) as a C string once, at
+// its first allocation; nothing else has that name.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf = MallocConf(c"tcache_gc_incr_bytes:1048576".as_ptr());
+
 fn main() -> ExitCode {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     if raw.first().map(String::as_str) == Some(latency::REQWEST_LOOP) {
