@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{run_args, Exit, Proc};
+use super::child::{run_args, Exit, Proc};
 
 /// One `wrk` run.
 pub struct WrkRun {
@@ -102,8 +102,20 @@ pub fn run_binary(
     let _ = std::fs::remove_dir_all(state);
     let log = state.with_extension("log");
     let args = run_args(Some(input), url, state, concurrency);
+    run_to_end(bin, &args, &[], &log, n, calls)
+}
+
+/// Runs `bin ARGS` (with `env` added) to its end, its output in `log`; as [`run_binary`].
+pub fn run_to_end(
+    bin: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+    n: u64,
+    calls: Option<&dyn Fn() -> u64>,
+) -> Result<BinRun> {
     let before = calls.map(|c| c());
-    let mut proc = Proc::spawn(bin, &args, &log)?;
+    let mut proc = Proc::spawn_with_env(bin, args, env, log)?;
     let (mut t10, mut t90) = (None, None);
     let exit = loop {
         if let Some(e) = proc.reap(false)? {
@@ -123,7 +135,7 @@ pub fn run_binary(
     };
     let elapsed = exit.at - proc.started;
     if exit.code != Some(0) {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
         bail!(
             "{} {} ended with {} after {:.1} s:\n{}",
             bin.display(),
