@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use super::worker::Abandon;
 use super::*;
+use crate::conformance::Audit;
 use crate::demo::api::{ApiConfig, FakeApi, Fault};
 use crate::handler::http::HttpHandler;
 use crate::input::{InputFormat, InputSpec};
 use crate::job::{open_job, JobRequest};
-use crate::store::conformance::Audit;
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use crate::store::{ItemRecord, ItemStatus};
 
