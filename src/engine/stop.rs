@@ -2,7 +2,7 @@
 //! listens on), and the run stopping itself ([`Halt`]: a panicking worker, a failing writer,
 //! `--max-failures`, an outage past `--max-outage`), with why.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use tokio::sync::watch;
 
@@ -68,11 +68,14 @@ pub(super) struct Halt {
 
 impl Halt {
     pub(super) fn reason(&self) -> Option<String> {
-        self.reason.lock().expect("never poisoned").clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub(super) fn halt(&self, reason: String) {
-        let mut r = self.reason.lock().expect("never poisoned");
+        let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
         if r.is_none() {
             tracing::error!("{reason}");
             *r = Some(reason);

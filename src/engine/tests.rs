@@ -399,3 +399,26 @@ async fn async_progress_stopped_midway_resumes_in_sync_mode() {
     assert_eq!(s.api.distinct_ids(), 3000);
     assert!(s.api.total_calls() <= 3000 + max_unsynced_items(4) as u64);
 }
+
+/// A worker that panics holding the halt's lock poisons it; the run's halt (by the writer,
+/// the controller, or the other workers) goes on instead of panicking in turn.
+#[test]
+fn a_halt_works_on_after_a_panic_poisoned_its_lock() {
+    let (stop, watched) = stop_pair();
+    let halt = Halt {
+        stop,
+        reason: std::sync::Mutex::new(None),
+    };
+    std::thread::scope(|s| {
+        let _ = s
+            .spawn(|| {
+                let _guard = halt.reason.lock();
+                panic!("a worker panics holding the halt's lock");
+            })
+            .join();
+    });
+    assert!(halt.reason.is_poisoned());
+    halt.halt("the API is out".into());
+    assert_eq!(halt.reason().as_deref(), Some("the API is out"));
+    assert!(watched.is_stopping());
+}

@@ -39,7 +39,7 @@
 //! ties them together for a run, with its options and the fleet's hold on a worker.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 mod controller;
@@ -267,7 +267,7 @@ impl Throttle {
     pub fn follow_fleet(&self, share: Option<f64>, paused_until: Option<tokio::time::Instant>) {
         let share = share.map(|s| if s.is_finite() { s.max(0.0) } else { 0.0 });
         let changed = {
-            let mut f = self.fleet.lock().expect("never poisoned");
+            let mut f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
             let changed_share = f.share != share;
             f.share = share;
             let extended = paused_until.is_some_and(|u| f.paused_until.is_none_or(|p| u > p));
@@ -280,7 +280,12 @@ impl Throttle {
             return;
         }
         if let (Some(share), Some(l)) = (share.filter(|s| *s > 0.0), &self.limiter) {
-            let rate = match self.controller.lock().expect("never poisoned").as_mut() {
+            let rate = match self
+                .controller
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
                 Some(c) => c.set_ceiling(share),
                 None => share,
             };
@@ -296,7 +301,7 @@ impl Throttle {
     pub fn pause_for(&self, pause: Duration) -> bool {
         let until = tokio::time::Instant::now() + pause;
         let extended = {
-            let mut f = self.fleet.lock().expect("never poisoned");
+            let mut f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
             let extended = f.paused_until.is_none_or(|p| until > p + PAUSE_MARGIN);
             if f.paused_until.is_none_or(|p| until > p) {
                 f.paused_until = Some(until);
@@ -314,7 +319,7 @@ impl Throttle {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let until = {
-                let f = self.fleet.lock().expect("never poisoned");
+                let f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
                 match f.paused_until {
                     Some(u) if u > tokio::time::Instant::now() => Some(u),
                     _ if f.share == Some(0.0) => None,
@@ -340,7 +345,7 @@ impl Throttle {
         let probe = loop {
             let notified = self.outage_changed.notified();
             let wait = {
-                let mut o = self.outage.lock().expect("never poisoned");
+                let mut o = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
                 match o.since {
                     None => break false,
                     Some(_) if !o.probing && std::time::Instant::now() >= o.next_probe => {
@@ -368,13 +373,19 @@ impl Throttle {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
         let min_latency_us = self.tick.min_latency_us.swap(u64::MAX, Relaxed);
-        if self.outage.lock().expect("never poisoned").since.is_some() {
+        if self
+            .outage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .since
+            .is_some()
+        {
             return;
         }
         let pushback = self
             .pushback_filter
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .filter(elapsed, attempts, pushback);
         let signals = TickSignals {
             elapsed,
@@ -384,7 +395,10 @@ impl Throttle {
         };
         if let (Some(l), Some(c)) = (
             &self.limiter,
-            self.controller.lock().expect("never poisoned").as_mut(),
+            self.controller
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut(),
         ) {
             let after = c.update(&signals);
             // A change keeps the limiter's schedule (RateLimiter::set_rate): follow every one.

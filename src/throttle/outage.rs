@@ -5,6 +5,7 @@
 //! counts against its item ([`Throttle::charge`]).
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use super::{Rate, Throttle};
@@ -131,7 +132,7 @@ impl Throttle {
     pub fn outage(&self) -> Option<Duration> {
         self.outage
             .lock()
-            .expect("never poisoned")
+            .unwrap_or_else(PoisonError::into_inner)
             .since
             .map(|s| s.elapsed())
     }
@@ -188,7 +189,7 @@ impl Throttle {
             );
             if probe {
                 // It tells nothing about the API: the next probe goes at once.
-                let mut o = self.outage.lock().expect("never poisoned");
+                let mut o = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
                 o.probing = false;
                 drop(o);
                 self.outage_changed.notify_waiters();
@@ -198,7 +199,7 @@ impl Throttle {
         if observed.may_be_down() {
             let in_a_row = self.failures_in_a_row.fetch_add(1, Relaxed) + 1;
             let seen = self.answers.load(Acquire);
-            let mut o = self.outage.lock().expect("never poisoned");
+            let mut o = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
             if probe {
                 o.probing = false;
                 o.probe_interval = (o.probe_interval * 2).min(MAX_PROBE_INTERVAL);
@@ -226,7 +227,7 @@ impl Throttle {
         if self.provisional.load(Acquire) > 0 {
             self.answered.notify_waiters();
         }
-        let mut o = self.outage.lock().expect("never poisoned");
+        let mut o = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(since) = o.since.take() {
             tracing::warn!(
                 "the API answers again after {:.1}s: resuming at a low rate",
@@ -254,7 +255,13 @@ impl Throttle {
         self.provisional.fetch_add(1, AcqRel);
         let verdict = loop {
             let notified = self.answered.notified();
-            if self.outage.lock().expect("never poisoned").since.is_some() {
+            if self
+                .outage
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .since
+                .is_some()
+            {
                 break (false, false);
             }
             if self.answers.load(Acquire) > seen {
@@ -287,7 +294,10 @@ impl Throttle {
     fn restart_low(&self) {
         if let (Some(l), Some(c)) = (
             &self.limiter,
-            self.controller.lock().expect("never poisoned").as_mut(),
+            self.controller
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut(),
         ) {
             let low = (c.rate / 10.0).max(c.settings.min_rate);
             c.rate = low;

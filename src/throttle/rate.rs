@@ -6,7 +6,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::UNLIMITED;
@@ -99,11 +99,14 @@ impl RateLimiter {
     /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
     /// lets no burst through and the new rate holds from the next grant.
     pub fn set_rate(&self, rate: Rate) {
-        self.schedule.lock().expect("never poisoned").set_rate(
-            rate.0,
-            grants_at_once(rate.0, self.burst),
-            tokio::time::Instant::now(),
-        );
+        self.schedule
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_rate(
+                rate.0,
+                grants_at_once(rate.0, self.burst),
+                tokio::time::Instant::now(),
+            );
         self.rate.store(rate.0.to_bits(), Relaxed);
         self.changed.notify_waiters();
     }
@@ -131,7 +134,7 @@ impl RateLimiter {
 
     /// Take a grant if one is due now (None), or say when the next one is.
     fn try_grant(&self) -> Option<tokio::time::Instant> {
-        let mut s = self.schedule.lock().expect("never poisoned");
+        let mut s = self.schedule.lock().unwrap_or_else(PoisonError::into_inner);
         if s.rate >= UNLIMITED {
             return None;
         }

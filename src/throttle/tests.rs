@@ -692,3 +692,41 @@ async fn a_pause_holds_every_attempt_until_it_ends() {
     throttle.before_attempt().await;
     assert!(tokio::time::Instant::now() >= until);
 }
+
+/// Poison `lock` as a worker that panics while holding it would.
+fn poison<T: Send>(lock: &Mutex<T>) {
+    std::thread::scope(|s| {
+        let _ = s
+            .spawn(|| {
+                let _guard = lock.lock();
+                panic!("a worker panics holding the throttle's lock");
+            })
+            .join();
+    });
+    assert!(lock.is_poisoned());
+}
+
+/// The engine survives a worker's panic, so must the throttle it shares: a lock poisoned by
+/// the panicking worker does not make every other worker panic in turn.
+#[tokio::test]
+async fn the_throttle_works_on_after_a_worker_panicked_holding_its_locks() {
+    let throttle = throttle_at(600.0);
+    poison(&throttle.controller);
+    poison(&throttle.pushback_filter);
+    poison(&throttle.outage);
+    poison(&throttle.fleet);
+    throttle.follow_fleet(Some(300.0), None);
+    assert!(throttle.pause_for(Duration::from_millis(1)));
+    let probe = tokio::time::timeout(Duration::from_secs(5), throttle.before_attempt())
+        .await
+        .expect("an attempt may start");
+    assert!(!probe);
+    assert!(
+        throttle
+            .charge(Observed::Answered, probe, &ItemHistory::default())
+            .await
+    );
+    fleet_tick(&throttle, Observed::Pushback, 10);
+    assert_eq!(throttle.outage(), None);
+    assert!(throttle.rate().unwrap() < 300.0, "{:?}", throttle.rate());
+}
