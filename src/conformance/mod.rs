@@ -1,21 +1,22 @@
 //! The conformance suite: what every backend must do, asserted once.
 //!
 //! [`run_all`] takes a [`Backend`] (a factory that creates a store, "crashes" it and opens it
-//! again, and damages it) and checks the contract written on [`crate::store::backend`]: plans are
-//! durable once synced (the offset record is there before any item is dispatched), results
-//! replace by ID and a replay finds only pending IDs, commits are final and fenced by their
-//! lease, reruns move the job's counts once, a grown input plans on without calling old IDs
-//! again, damage is refused and never read as less data, and the real engine over the
-//! backend runs, stops, resumes and ends with every ID exactly once, every write and sync
-//! it made logged by [`Audit`], which checks the engine's invariants 1 (an offset record is
-//! durable before its items are called) and 2 (a commit only after its results are durable). The sled backend and
-//! [`crate::store::mem::MemStore`] run it in `cargo test`; a new backend adds one test that calls
-//! [`run_all`] with its factory.
+//! again, and damages it) and checks the contract written on [`crate::store::backend`]:
+//! plans are durable once synced (the offset record is there before any item is
+//! dispatched), results replace by ID and a replay finds only pending IDs, commits are final
+//! and fenced by their lease, reruns move the job's counts once, a grown input plans on
+//! without calling old IDs again, damage is refused and never read as less data, and the
+//! real engine over the backend runs, stops, resumes and ends with every ID exactly once,
+//! every write and sync it made logged by [`crate::engine::audit::Audit`], which checks the
+//! engine's invariants 1 (an offset record is durable before its items are called) and 2 (a
+//! commit only after its results are durable). The sled backend,
+//! [`crate::store::mem::MemStore`] and PostgreSQL run it in `cargo test`; a new backend adds
+//! one test that calls [`run_all`] with its factory.
 //!
 //! It lives above the store (it drives the engine, the job and the HTTP handler against the
 //! fake API), one file per kind of check: [`log`] (plans, results, commits, a grown input),
-//! [`reruns`], [`damage`], [`engine`] (the engine's invariants, with [`Audit`]); the
-//! backends it runs against are in [`backends`].
+//! [`reruns`], [`damage`], [`engine`] (the engine's invariants); the backends it runs
+//! against are in [`backends`].
 
 use std::sync::Arc;
 
@@ -28,8 +29,6 @@ mod engine;
 mod log;
 mod reruns;
 mod tests;
-
-pub(crate) use engine::Audit;
 
 /// A backend under test.
 pub(crate) trait Backend {

@@ -65,6 +65,8 @@ use crate::progress::{Counters, RunSummary};
 use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::Throttle;
 
+#[cfg(test)]
+pub(crate) mod audit;
 mod dispatcher;
 mod fleet;
 mod queue;

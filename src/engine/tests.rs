@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use super::audit::Audit;
 use super::worker::Abandon;
 use super::*;
-use crate::conformance::Audit;
 use crate::demo::api::{ApiConfig, FakeApi, Fault};
 use crate::handler::http::HttpHandler;
 use crate::input::{InputFormat, InputSpec};
