@@ -20,6 +20,10 @@ mod old_formats;
 mod parquet;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_faults;
+#[cfg(feature = "postgres")]
+mod postgres_rerun;
 mod progress;
 mod reruns;
 mod throttle;
