@@ -21,6 +21,8 @@
 pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(test)]
+mod conformance;
 pub mod console;
 #[cfg(feature = "demo")]
 pub mod demo;

@@ -5,7 +5,7 @@
 //! export's completeness check, failure listings, a rerun's count moves) is written once
 //! above them, in [`super::view`], for every backend.
 //!
-//! # The contract (checked for every backend by `store::conformance`)
+//! # The contract (checked for every backend by `crate::conformance`)
 //!
 //! - **Durability.** A write (`plan`, `record`, `create_rerun`, a lease's `commit`) may be
 //!   buffered; it is durable once a later [`Store::sync`] returns. Writes become durable in

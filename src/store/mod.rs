@@ -22,11 +22,9 @@
 //! everything derived from the records ([`JobView`]: statistics, the export's walk, failure
 //! listings, a rerun's count moves) is written once above it. The embedded default is
 //! [`sled`](sled_store::SledStore); [`mem::MemStore`] keeps everything in memory (tests,
-//! and the reference a new backend is compared with by `conformance`).
+//! and the reference a new backend is compared with by [`crate::conformance`]).
 
 pub mod backend;
-#[cfg(test)]
-pub(crate) mod conformance;
 mod error;
 pub mod id_index;
 pub mod id_lists;

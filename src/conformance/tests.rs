@@ -1,0 +1,74 @@
+//! The suite run against every backend, and the tests that show it can fail.
+
+use super::backends::*;
+use super::*;
+use crate::store::mem::MemStore;
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_store_conforms() {
+    run_all(&mut PgBackend::new(false)).await;
+}
+
+/// The suite can fail on PostgreSQL too: a job whose crash loses its commits is caught.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_postgres_store_that_loses_commits_fails_the_suite() {
+    let suite = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(run_all(&mut PgBackend::new(true)));
+    });
+    assert!(
+        suite.join().is_err(),
+        "the suite passed a PostgreSQL store that loses commits"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sled_store_conforms() {
+    run_all(&mut SledBackend::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_conforms() {
+    run_all(&mut MemBackend).await;
+}
+
+/// The suite can fail: a store that forgets its commits on a crash is caught.
+#[test]
+fn a_store_that_loses_synced_commits_fails_the_suite() {
+    struct Forgetful;
+    impl Backend for Forgetful {
+        type S = MemStore;
+        fn create(&mut self) -> Arc<MemStore> {
+            Arc::new(MemStore::new())
+        }
+        fn crash(&mut self, store: Arc<MemStore>) -> Arc<MemStore> {
+            store.forget_commits();
+            store
+        }
+        fn damage_result(
+            &mut self,
+            store: Arc<MemStore>,
+            id: &str,
+        ) -> Result<Arc<MemStore>, StoreError> {
+            MemBackend.damage_result(store, id)
+        }
+    }
+    let suite = std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(run_all(&mut Forgetful));
+    });
+    assert!(
+        suite.join().is_err(),
+        "the suite passed a store that loses commits"
+    );
+}

@@ -1,0 +1,226 @@
+//! [`Audit`]: a store that logs the order of every write and sync the engine makes, and
+//! checks the engine's invariants 1 (an offset record is durable before its items are
+//! called) and 2 (a commit only after its results are durable) on that log. The engine's
+//! own tests and the conformance suite (over every backend) run the engine on it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::store::*;
+
+/// A store that logs the order of writes and syncs, to check the engine's invariants.
+pub(crate) struct Audit<S> {
+    inner: Arc<S>,
+    log: std::sync::Mutex<Vec<Event>>,
+    syncs: std::sync::atomic::AtomicU64,
+    /// Every write of results fails (a disk gone bad).
+    fail_records: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Event {
+    Plan(Vec<(u64, Vec<String>)>),
+    Record(Vec<String>),
+    /// A sync began: it covers every write before it.
+    SyncStart(u64),
+    SyncEnd(u64),
+    Commit(Vec<u64>),
+}
+
+impl<S: Store + Leases> Audit<S> {
+    /// Audit `inner`; with `fail_records`, every write of results fails.
+    pub(crate) fn new(inner: Arc<S>, fail_records: bool) -> Audit<S> {
+        Audit {
+            inner,
+            log: Default::default(),
+            syncs: Default::default(),
+            fail_records,
+        }
+    }
+
+    fn push(&self, e: Event) {
+        self.log.lock().unwrap().push(e);
+    }
+
+    /// Check invariants 1 and 2 over the log: results are only recorded for planned
+    /// buckets whose offset records a finished sync covered, and a commit record only
+    /// follows a finished sync that covered every result of its bucket.
+    pub(crate) fn check(&self) -> (usize, usize) {
+        let log = self.log.lock().unwrap().clone();
+        let mut members: HashMap<u64, Vec<String>> = HashMap::new();
+        // Writes in order; a finished sync makes a prefix of them durable (syncs may
+        // overlap: the planner's and the writer's).
+        let (mut planned, mut recorded) = (Vec::new(), Vec::new());
+        let mut started: HashMap<u64, (usize, usize)> = HashMap::new();
+        let (mut durable_planned, mut durable_recorded) = (0, 0);
+        let mut durable = std::collections::HashSet::new();
+        let mut bucket_of: HashMap<String, u64> = HashMap::new();
+        let (mut commits, mut syncs) = (0, 0);
+        for e in log {
+            match e {
+                Event::Plan(buckets) => {
+                    for (b, ids) in buckets {
+                        for id in &ids {
+                            bucket_of.insert(id.clone(), b);
+                        }
+                        members.insert(b, ids);
+                        planned.push(b);
+                    }
+                }
+                Event::Record(ids) => {
+                    for id in ids {
+                        let b = bucket_of[&id];
+                        assert!(
+                            planned[..durable_planned].contains(&b),
+                            "{id} was called before bucket {b}'s offset record was durable"
+                        );
+                        recorded.push(id);
+                    }
+                }
+                Event::SyncStart(n) => {
+                    started.insert(n, (planned.len(), recorded.len()));
+                }
+                Event::SyncEnd(n) => {
+                    syncs += 1;
+                    let (p, r) = started[&n];
+                    durable_planned = durable_planned.max(p);
+                    if r > durable_recorded {
+                        durable.extend(recorded[durable_recorded..r].iter().cloned());
+                        durable_recorded = r;
+                    }
+                }
+                Event::Commit(buckets) => {
+                    for b in buckets {
+                        commits += 1;
+                        for id in &members[&b] {
+                            assert!(
+                                durable.contains(id),
+                                "bucket {b} committed before the result of {id} was durable"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        (commits, syncs)
+    }
+}
+
+impl<S: Store + Leases> Store for Audit<S> {
+    async fn job(&self) -> Result<Option<StoredJob>, StoreError> {
+        self.inner.job().await
+    }
+    async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
+        self.inner.put_job(job).await
+    }
+    async fn planner(&self) -> Result<PlannerState, StoreError> {
+        self.inner.planner().await
+    }
+    async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
+        self.inner.first_rows(rows).await
+    }
+    async fn plan(
+        &self,
+        buckets: &[PlannedBucket],
+        planner: &PlannerState,
+    ) -> Result<(), StoreError> {
+        self.push(Event::Plan(
+            buckets
+                .iter()
+                .map(|b| {
+                    let ids = b.items.iter().map(|(_, id)| id.clone()).collect();
+                    (b.offset.bucket, ids)
+                })
+                .collect(),
+        ));
+        self.inner.plan(buckets, planner).await
+    }
+    async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        if self.fail_records {
+            return Err(StoreError::Io(std::io::Error::other(
+                "injected write failure",
+            )));
+        }
+        self.push(Event::Record(
+            results.iter().map(|(id, _)| id.clone()).collect(),
+        ));
+        self.inner.record(results).await
+    }
+    async fn sync(&self) -> Result<(), StoreError> {
+        let n = self
+            .syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.push(Event::SyncStart(n));
+        self.inner.sync().await?;
+        self.push(Event::SyncEnd(n));
+        Ok(())
+    }
+    async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
+        self.inner.buckets(from, limit).await
+    }
+    async fn bucket_items(
+        &self,
+        bucket: &OffsetRecord,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        self.inner.bucket_items(bucket).await
+    }
+    async fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
+        self.inner.item(id).await
+    }
+    async fn bad_lines(&self, limit: usize) -> Result<Vec<BadLine>, StoreError> {
+        self.inner.bad_lines(limit).await
+    }
+    async fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
+        self.inner.reruns().await
+    }
+    async fn create_rerun(
+        &self,
+        rerun: &RerunRecord,
+        buckets: &[RerunBucket],
+    ) -> Result<(), StoreError> {
+        self.inner.create_rerun(rerun, buckets).await
+    }
+    async fn rerun_buckets(
+        &self,
+        rerun: u32,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<RerunBucketState>, StoreError> {
+        self.inner.rerun_buckets(rerun, from, limit).await
+    }
+    async fn rerun_bucket_items(
+        &self,
+        offset: &RerunOffset,
+    ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+        self.inner.rerun_bucket_items(offset).await
+    }
+}
+
+impl<S: Store + Leases> Leases for Audit<S> {
+    async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
+        self.inner.acquire(scope).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inner.release(lease).await
+    }
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+    async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
+        self.inner.acquire_next(log, n).await
+    }
+    fn alive(&self) -> bool {
+        self.inner.alive()
+    }
+    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
+        let buckets = match commit {
+            Commit::Job(c) => c,
+            Commit::Rerun { buckets, .. } => buckets,
+        };
+        self.push(Event::Commit(buckets.iter().map(|c| c.bucket).collect()));
+        self.inner.commit(lease, commit).await
+    }
+}

@@ -1,0 +1,261 @@
+//! The control law (see the module documentation of [`super`]): its constants
+//! ([`ControlSettings`]), what a tick saw ([`TickSignals`]), which ticks' pushback counts
+//! ([`PushbackFilter`]), the controller that moves the rate ([`RateController`]), and the
+//! concurrency limit that adapts when no rate is set ([`AdaptiveConcurrency`]).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Constants of the control law (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ControlSettings {
+    pub kp: f64,
+    pub ki: f64,
+    pub kd: f64,
+    /// Relative increase per tick while the API keeps up.
+    pub increase: f64,
+    /// Latency above this multiple of its baseline counts as pushback...
+    pub latency_factor: f64,
+    /// ...when it is also at least this much above the baseline: on a fast API (a loopback
+    /// server answers in 0.2 ms) three times the baseline is scheduling noise of the client's
+    /// own machine, not the API slowing down.
+    pub latency_min_rise: Duration,
+    pub min_rate: f64,
+    pub ceiling: f64,
+}
+
+impl ControlSettings {
+    pub fn new(min_rate: f64, ceiling: f64) -> ControlSettings {
+        ControlSettings {
+            kp: 1.0,
+            ki: 0.2,
+            kd: 0.0,
+            increase: 0.05,
+            latency_factor: 3.0,
+            latency_min_rise: Duration::from_millis(10),
+            min_rate,
+            ceiling,
+        }
+    }
+}
+
+/// What the API said during one tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct TickSignals {
+    pub elapsed: Duration,
+    /// Attempts that got an answer or failed.
+    pub attempts: u64,
+    /// 429s, 503s and timeouts.
+    pub pushback: u64,
+    /// The lowest latency of a successful attempt over the tick, if any. The lowest, not
+    /// the mean: an attempt's latency is measured inside our own runtime, so it includes
+    /// the time a ready task waits for a busy machine to run it. That delay strikes some
+    /// attempts and not others, while an API that queues requests slows every one of them;
+    /// the minimum over a tick sees the second and not the first (delay-based congestion
+    /// control, TCP Vegas and BBR, filters round-trip times by their minimum likewise).
+    pub min_latency: Option<Duration>,
+}
+
+/// Share of attempts that may be pushback without the API being called overloaded: a 503 or
+/// a timeout now and then is an API's own weather, not a sign of sending too fast.
+pub(crate) const TOLERATED_PUSHBACK: f64 = 0.02;
+
+/// Tells a tick's pushback that says "too fast" from pushback that any rate would get.
+///
+/// An API whose limit is exceeded refuses a share of attempts that grows with the rate sent
+/// (nginx's `limit_req` refuses everything above its limit); an API with a flaky backend
+/// refuses a steady few percent at any rate. Reacting to every refusal, the controller ground
+/// a job against the second kind down to a few items/s (2% of IDs answering 503 once took
+/// the demo from ~700 to ~4 items/s). So pushback counts only when its share over about the
+/// last second is above [`TOLERATED_PUSHBACK`] by more than chance: more than `T·n +
+/// 2·sqrt(T·n)` of `n` attempts (a one-sided binomial bound, so a handful of attempts with
+/// one refusal among them does not count either, and a large overload counts at once).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PushbackFilter {
+    /// Attempts and pushback over about the last second (exponentially weighted).
+    attempts: f64,
+    pushback: f64,
+}
+
+impl PushbackFilter {
+    /// The window's time constant.
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
+    /// window's share says the API is overloaded, else 0.
+    pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
+        let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
+        self.attempts = self.attempts * keep + attempts as f64;
+        self.pushback = self.pushback * keep + pushback as f64;
+        let expected = TOLERATED_PUSHBACK * self.attempts;
+        if pushback > 0 && self.pushback > expected + 2.0 * expected.sqrt() {
+            pushback
+        } else {
+            0
+        }
+    }
+}
+
+/// The rate controller: one update per tick.
+#[derive(Debug, Clone)]
+pub(crate) struct RateController {
+    pub(super) settings: ControlSettings,
+    /// The floor asked for; `settings.min_rate` is it kept under the ceiling.
+    floor: f64,
+    pub(super) rate: f64,
+    last_error: Option<f64>,
+    baseline_latency: Option<Duration>,
+    /// How long the API has kept up since the last pushback.
+    calm: Duration,
+}
+
+impl RateController {
+    pub fn new(settings: ControlSettings, initial: f64) -> RateController {
+        RateController {
+            settings,
+            floor: settings.min_rate,
+            rate: initial.clamp(settings.min_rate, settings.ceiling),
+            last_error: None,
+            baseline_latency: None,
+            calm: Duration::ZERO,
+        }
+    }
+
+    /// Move the ceiling (a fleet worker's share changed); returns the new rate. A rate at
+    /// the old ceiling (the API kept up) moves to the new one; a rate held below it by
+    /// pushback stays, under the new ceiling.
+    pub fn set_ceiling(&mut self, ceiling: f64) -> f64 {
+        let at_ceiling = self.rate >= self.settings.ceiling * (1.0 - 1e-9);
+        self.settings.ceiling = ceiling;
+        self.settings.min_rate = self.floor.min(ceiling);
+        self.rate = if at_ceiling {
+            ceiling
+        } else {
+            self.rate.clamp(self.settings.min_rate, ceiling)
+        };
+        self.rate
+    }
+
+    /// Apply one tick's signals; returns the new rate.
+    pub fn update(&mut self, s: &TickSignals) -> f64 {
+        let secs = s.elapsed.as_secs_f64();
+        if secs <= 0.0 || s.attempts == 0 {
+            return self.rate;
+        }
+        let c = &self.settings;
+        let slow = match (s.min_latency, self.baseline_latency) {
+            (Some(now), Some(base)) => {
+                now.as_secs_f64() > base.as_secs_f64() * c.latency_factor
+                    && now.saturating_sub(base) >= c.latency_min_rise
+            }
+            _ => false,
+        };
+        if let Some(now) = s.min_latency {
+            // The baseline is the lowest latency seen, drifting up slowly so a permanently
+            // slower API becomes the new normal instead of a permanent brake.
+            self.baseline_latency = Some(match self.baseline_latency {
+                None => now,
+                Some(base) if now < base => now,
+                Some(base) => base.mul_f64(1.01).min(now),
+            });
+        }
+        let p = s.pushback as f64 / s.attempts as f64;
+        let new_rate = if s.pushback > 0 || slow {
+            self.calm = Duration::ZERO;
+            let accepted = (s.attempts - s.pushback) as f64 / secs;
+            let error = self.rate - accepted;
+            let historical = if slow { self.rate * 0.1 } else { p * self.rate };
+            let d_error = self
+                .last_error
+                .map(|last| (error - last) / secs)
+                .unwrap_or(0.0);
+            self.last_error = Some(error);
+            let pid = self.rate - c.kp * error.max(0.0) - c.ki * historical - c.kd * d_error;
+            // What the API just accepted is a demonstrated capacity: never fall far below it,
+            // however large the step that caused the pushback.
+            pid.max(accepted * (1.0 - c.ki))
+        } else {
+            self.last_error = None;
+            // Climb faster the longer the API keeps up (doubling each calm second, up to
+            // 5x the base step), back to the base step at the first pushback.
+            self.calm += s.elapsed;
+            let boost = 2f64.powf(self.calm.as_secs_f64().floor()).min(5.0);
+            self.rate * (1.0 + c.increase * boost)
+        };
+        self.rate = new_rate.clamp(c.min_rate, c.ceiling);
+        self.rate
+    }
+}
+
+/// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
+pub struct AdaptiveConcurrency {
+    pub(super) permits: Arc<tokio::sync::Semaphore>,
+    pub(super) limit: AtomicU64,
+    pub(super) max: u64,
+    /// Permits to take away as they come back.
+    pub(super) owed: AtomicU64,
+}
+
+impl AdaptiveConcurrency {
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    pub(super) fn set(&self, new: u64) {
+        let new = new.clamp(1, self.max);
+        let old = self.limit.swap(new, Relaxed);
+        if new > old {
+            let mut grow = new - old;
+            // Cancel owed shrinkage first.
+            while grow > 0 {
+                let owed = self.owed.load(Relaxed);
+                if owed == 0 {
+                    break;
+                }
+                let take = owed.min(grow);
+                if self
+                    .owed
+                    .compare_exchange(owed, owed - take, Relaxed, Relaxed)
+                    .is_ok()
+                {
+                    grow -= take;
+                }
+            }
+            self.permits.add_permits(grow as usize);
+        } else if new < old {
+            let mut shrink = old - new;
+            while shrink > 0 {
+                match self.permits.try_acquire() {
+                    Ok(p) => {
+                        p.forget();
+                        shrink -= 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.owed.fetch_add(shrink, Relaxed);
+        }
+    }
+
+    /// Called when a permit is released: keep it if shrinkage is owed.
+    pub fn settle(&self) {
+        while self.owed.load(Relaxed) > 0 {
+            let Ok(p) = self.permits.try_acquire() else {
+                return;
+            };
+            let owed = self.owed.load(Relaxed);
+            if owed > 0
+                && self
+                    .owed
+                    .compare_exchange(owed, owed - 1, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                p.forget();
+            } else {
+                drop(p);
+                return;
+            }
+        }
+    }
+}
