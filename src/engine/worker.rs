@@ -229,8 +229,9 @@ pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
         if let Some(out) = throttle.outage() {
             if out > throttle.max_outage() {
                 halt.halt(format!(
-                    "the API has been unreachable for {} (--max-outage {}); every result so far is durable",
+                    "the API has been unreachable for {} ({} {}); every result so far is durable",
                     humantime::format_duration(Duration::from_secs(out.as_secs())),
+                    crate::setting::Setting::MaxOutage,
                     humantime::format_duration(throttle.max_outage()),
                 ));
                 return;

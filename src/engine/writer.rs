@@ -219,9 +219,10 @@ impl<S: Store + Leases> Writer<S> {
                 .find_map(|(_, r)| r.error.clone())
                 .unwrap_or_default();
             self.halt.halt(format!(
-                "{} of {} IDs failed permanently in this run, past --max-failures; the last error: {last}",
+                "{} of {} IDs failed permanently in this run, past {}; the last error: {last}",
                 now.failed,
-                now.done()
+                now.done(),
+                crate::setting::Setting::MaxFailures
             ));
         }
     }
