@@ -37,7 +37,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
 use std::sync::atomic::{
-    AtomicU64,
+    AtomicU32, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use std::sync::{Arc, Mutex};
@@ -102,8 +102,9 @@ pub struct RateLimiter {
     /// The rate in force (f64 bits): read without a lock when it is [`UNLIMITED`].
     rate: AtomicU64,
     schedule: Mutex<Schedule>,
-    /// `--burst`, if given; else derived from the rate ([`default_grants`]).
-    burst: Option<NonZeroU32>,
+    /// `--burst` (or a fleet worker's part of the job's), if given; 0: derived from the rate
+    /// ([`default_grants`]).
+    burst: AtomicU32,
     /// Held by the waiter that sleeps on the clock; the others queue for it in order.
     turn: tokio::sync::Mutex<()>,
     changed: tokio::sync::Notify,
@@ -120,7 +121,7 @@ impl RateLimiter {
                 grants_at_once(rate.0, burst),
                 tokio::time::Instant::now(),
             )),
-            burst,
+            burst: AtomicU32::new(burst.map_or(0, NonZeroU32::get)),
             turn: tokio::sync::Mutex::new(()),
             changed: tokio::sync::Notify::new(),
         }
@@ -134,13 +135,20 @@ impl RateLimiter {
     /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
     /// lets no burst through and the new rate holds from the next grant.
     pub fn set_rate(&self, rate: Rate) {
+        let burst = NonZeroU32::new(self.burst.load(Relaxed));
         self.schedule.lock().expect("never poisoned").set_rate(
             rate.0,
-            grants_at_once(rate.0, self.burst),
+            grants_at_once(rate.0, burst),
             tokio::time::Instant::now(),
         );
         self.rate.store(rate.0.to_bits(), Relaxed);
         self.changed.notify_waiters();
+    }
+
+    /// Change the burst (a fleet worker's part of the job's `--burst`); it holds from the
+    /// next [`RateLimiter::set_rate`].
+    pub fn set_burst(&self, burst: u32) {
+        self.burst.store(burst.max(1), Relaxed);
     }
 
     /// Wait until one request may start.
@@ -1084,7 +1092,7 @@ mod tests {
     async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
         let throttle = throttle_at(600.0);
         // A newcomer: no share yet.
-        throttle.follow_fleet(Some(0.0), None);
+        throttle.follow_fleet(Some(0.0), None, None);
         let waiter = tokio::spawn({
             let t = throttle.clone();
             async move { t.before_attempt().await }
@@ -1092,14 +1100,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!waiter.is_finished(), "a share of 0 starts nothing");
         // A lone worker's first grant is the whole rate, at once.
-        throttle.follow_fleet(Some(600.0), None);
+        throttle.follow_fleet(Some(600.0), None, None);
         tokio::time::timeout(Duration::from_secs(10), waiter)
             .await
             .expect("a grant releases the waiter")
             .unwrap();
         assert_eq!(throttle.rate(), Some(600.0));
         // Others joined: the share shrinks, and calm ticks never climb above it.
-        throttle.follow_fleet(Some(200.0), None);
+        throttle.follow_fleet(Some(200.0), None, None);
         assert_eq!(throttle.rate(), Some(200.0));
         for _ in 0..20 {
             fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
@@ -1110,7 +1118,7 @@ mod tests {
         fleet_tick(&throttle, Observed::Pushback, 30);
         let pushed = throttle.rate().unwrap();
         assert!(pushed < 200.0, "{pushed}");
-        throttle.follow_fleet(Some(300.0), None);
+        throttle.follow_fleet(Some(300.0), None, None);
         assert_eq!(throttle.rate(), Some(pushed));
         for _ in 0..60 {
             fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
@@ -1118,7 +1126,7 @@ mod tests {
         }
         assert_eq!(throttle.rate(), Some(300.0));
         // No fleet limit (the job has no rate): the share stops binding, the rate stays.
-        throttle.follow_fleet(None, None);
+        throttle.follow_fleet(None, None, None);
         throttle.before_attempt().await;
     }
 
@@ -1154,7 +1162,7 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_millis(290));
         // A pause learned from the fleet holds too.
         let until = tokio::time::Instant::now() + Duration::from_millis(300);
-        throttle.follow_fleet(Some(1000.0), Some(until));
+        throttle.follow_fleet(Some(1000.0), None, Some(until));
         throttle.before_attempt().await;
         assert!(tokio::time::Instant::now() >= until);
     }
@@ -1379,6 +1387,8 @@ pub struct Throttle {
 struct FleetHold {
     /// The share in force: `None` while the worker follows no fleet rate.
     share: Option<f64>,
+    /// This worker's part of the job's burst, if the job has one.
+    burst: Option<u32>,
     /// No attempt starts before this.
     paused_until: Option<tokio::time::Instant>,
 }
@@ -1564,12 +1574,18 @@ impl Throttle {
     /// controller runs inside it), and a share of 0 holds every attempt until a share is
     /// granted. `None`: the fleet has no rate limit, the run's own applies. A throttle
     /// without a rate limiter (not adaptive, no rate) cannot follow a share.
-    pub fn follow_fleet(&self, share: Option<f64>, paused_until: Option<tokio::time::Instant>) {
+    pub fn follow_fleet(
+        &self,
+        share: Option<f64>,
+        burst: Option<u32>,
+        paused_until: Option<tokio::time::Instant>,
+    ) {
         let share = share.map(|s| if s.is_finite() { s.max(0.0) } else { 0.0 });
         let changed = {
             let mut f = self.fleet.lock().expect("never poisoned");
-            let changed_share = f.share != share;
+            let changed_share = f.share != share || f.burst != burst;
             f.share = share;
+            f.burst = burst;
             let extended = paused_until.is_some_and(|u| f.paused_until.is_none_or(|p| u > p));
             if extended {
                 f.paused_until = paused_until;
@@ -1584,7 +1600,10 @@ impl Throttle {
                 Some(c) => c.set_ceiling(share),
                 None => share,
             };
-            tracing::debug!(share, rate, "fleet share applied");
+            tracing::debug!(share, rate, ?burst, "fleet share applied");
+            if let Some(b) = burst {
+                l.set_burst(b);
+            }
             l.set_rate(Rate(rate));
         }
         self.fleet_changed.notify_waiters();

@@ -12,6 +12,17 @@
 //! to its end and every bucket is committed, by this worker or another; with nothing to
 //! lease until then it polls, backing off to [`POLL_MAX`].
 //!
+//! Planning: a worker whose input is here (unchanged) plans under the job's planner lease
+//! ([`plan_fleet`]): while another live worker holds it, it waits and tries again every
+//! [`PLANNER_POLL`]; once that worker's session ends or expires, it takes the lease over and
+//! plans on from the stored position. A worker without the input never plans: it leases
+//! what others planned and, while nobody plans, waits (polling, backed off) with the job
+//! unfinished, as `status` says.
+//!
+//! A stop drains the worker: it says so to the store at once ([`Leases::drain`]: no new
+//! bucket, its rate share back to the others), then finishes or abandons what it holds;
+//! the run releases its leases as it ends.
+//!
 //! One rate for the fleet: `--rate` is the job's total ([`Leases::set_fleet_rate`]), and
 //! this worker's throttle follows the share the store grants it ([`Leases::fleet_rate`],
 //! read every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A
@@ -21,8 +32,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{job_work, rerun_work, Dispatcher, EngineError, Stop, Track};
-use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+use super::{job_work, plan_ahead, rerun_work, Dispatcher, EngineError, Stop, Track};
+use crate::input::InputReader;
+use crate::job::JobSpec;
+use crate::plan::{PlanError, Planner};
+use crate::progress::Counters;
+use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::Throttle;
 
 /// How often the throttle reads the share the store last granted (a read in memory).
@@ -34,7 +49,11 @@ pub(super) type Pauser = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Apply the store's grant (share and shared pause) to the throttle.
 pub(super) fn apply_rate<S: Leases>(store: &S, throttle: &Throttle) {
     if let Some(f) = store.fleet_rate() {
-        throttle.follow_fleet(f.share, f.paused_until.map(tokio::time::Instant::from_std));
+        throttle.follow_fleet(
+            f.share,
+            f.burst,
+            f.paused_until.map(tokio::time::Instant::from_std),
+        );
     }
 }
 
@@ -83,6 +102,26 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
+    let dispatched =
+        lease_and_dispatch(store, dispatcher, log, stop, &mut idle, &mut next_key).await;
+    if stop.is_stopping() {
+        // Draining: seen in `status` while what is held is finished or abandoned.
+        if let Err(e) = store.drain().await {
+            tracing::warn!("could not mark the worker draining: {e}");
+        }
+    }
+    dispatched
+}
+
+/// [`dispatch_leased`]'s loop, until finished or stopped.
+async fn lease_and_dispatch<S: Store + Leases>(
+    store: &S,
+    dispatcher: &mut Dispatcher,
+    log: Log,
+    stop: &Stop,
+    idle: &mut Duration,
+    next_key: &mut u64,
+) -> Result<(), EngineError> {
     while !stop.is_stopping() {
         let leases = if store.alive() {
             store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
@@ -94,13 +133,13 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
                 return Ok(());
             }
             tokio::select! {
-                _ = tokio::time::sleep(idle) => {}
+                _ = tokio::time::sleep(*idle) => {}
                 _ = stop.stopping() => {}
             }
-            idle = (idle * 2).min(POLL_MAX);
+            *idle = (*idle * 2).min(POLL_MAX);
             continue;
         }
-        idle = POLL_MIN;
+        *idle = POLL_MIN;
         for lease in leases {
             let LeaseScope::Bucket { bucket, .. } = lease.scope else {
                 continue;
@@ -121,12 +160,12 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
                 }
             };
             // A key of this lease's own (see `Track`): above any bucket number.
-            next_key += 1;
+            *next_key += 1;
             for item in &mut todo {
-                item.track = next_key;
+                item.track = *next_key;
             }
             let track = Track {
-                key: next_key,
+                key: *next_key,
                 bucket,
                 remaining: todo.len() as u64,
                 done,
@@ -138,12 +177,103 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
     Ok(())
 }
 
-/// Whether `log` is planned to its end with every bucket committed.
-async fn finished<S: Store>(store: &S, log: Log) -> Result<bool, EngineError> {
+/// Whether `log` is planned to its end with every bucket committed: one cheap question to
+/// a store that can answer it ([`Leases::log_finished`]), else from the records.
+async fn finished<S: Store + Leases>(store: &S, log: Log) -> Result<bool, EngineError> {
+    if let Some(done) = store.log_finished(log).await? {
+        return Ok(done);
+    }
     Ok(match log {
         Log::Job => store.stats().await?.finished(),
         Log::Rerun(k) => store.rerun_stats(k).await?.finished(),
     })
+}
+
+/// How often a worker with the input tries to take over planning while another plans.
+pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
+
+/// Plan the job's input whenever this worker may (see the module doc), until the input is
+/// planned to its end or a stop. Without the input here, plan nothing.
+pub(super) async fn plan_fleet<S: Store + Leases>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    skip_bad_lines: bool,
+    stop: Stop,
+    counters: Arc<Counters>,
+) -> Result<(), PlanError> {
+    let mut waiting = false;
+    while !stop.is_stopping() {
+        let position = store.planner().await?;
+        if position.exhausted {
+            return Ok(());
+        }
+        let reader =
+            match InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len) {
+                Ok(reader) => reader,
+                Err(e) => {
+                    tracing::info!("not planning: the input cannot be read here ({e})");
+                    return Ok(());
+                }
+            };
+        if store.take_planner().await? {
+            // From where the last planner left off: read again under the lease.
+            let position = store.planner().await?;
+            if position.exhausted {
+                return Ok(());
+            }
+            if waiting {
+                tracing::info!(
+                    bucket = position.next_bucket,
+                    "taking over planning from a planner that is gone"
+                );
+            }
+            let reader = if position.cursor == reader.cursor() {
+                reader
+            } else {
+                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)?
+            };
+            let planner = Planner::new(
+                reader,
+                position,
+                spec.bucket_size,
+                skip_bad_lines,
+                spec.fingerprint,
+            );
+            // Planned buckets go to the store, open to every worker: nobody reads them here.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<PlannedBucket>>(1);
+            let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let planned = tokio::task::spawn_blocking(plan_ahead(
+                planner,
+                store.clone(),
+                tx,
+                stop.clone(),
+                counters.clone(),
+            ))
+            .await;
+            drain.abort();
+            match planned {
+                Ok(Ok(())) => return Ok(()),
+                // Another worker took the lease over (this session expired): wait again.
+                Ok(Err(PlanError::Store(e)))
+                    if matches!(e.root(), StoreError::LeaseLost { .. }) =>
+                {
+                    tracing::info!("planning stopped: {e}");
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(StoreError::backend(format!("planner: {e}")).into()),
+            }
+        } else if !waiting {
+            tracing::info!(
+                "another worker plans the input: this one waits to take over if it goes"
+            );
+        }
+        waiting = true;
+        tokio::select! {
+            _ = tokio::time::sleep(PLANNER_POLL) => {}
+            _ = stop.stopping() => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(all(test, feature = "postgres"))]

@@ -49,6 +49,7 @@ pub mod rate;
 pub mod results;
 mod rows;
 pub mod session;
+pub mod stats;
 pub mod store;
 mod tls;
 

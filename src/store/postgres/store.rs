@@ -30,7 +30,7 @@ use super::session::{register, WorkerInfo};
 use super::{connect, log_number, migrate, ConnectOptions, JobId, Lease, PgTarget, WorkerId};
 use crate::store::{
     BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
-    RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoredJob,
+    RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
 };
 
 /// How a worker opens a job of a database.
@@ -80,6 +80,8 @@ pub(super) struct Inner {
     pub(super) created: bool,
     conn: tokio::sync::Mutex<Option<Client>>,
     pub(super) local: Mutex<Local>,
+    /// Wakes the heartbeat early: the worker's idleness changed, its share should follow.
+    pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
 /// What the session holds in memory.
@@ -98,6 +100,9 @@ pub(super) struct Local {
     pub(super) fenced: u64,
     /// Results written (recorded) since the store was opened: the heartbeat reports them.
     pub(super) recorded: u64,
+    /// The worker holds no bucket and found none to lease: its heartbeat gives its rate
+    /// share back to the busy workers.
+    pub(super) idle: bool,
 }
 
 impl PgStore {
@@ -120,7 +125,7 @@ impl PgStore {
                         input_fingerprint: None,
                         bucket_size: 1,
                         rate_per_s: None,
-                        burst: 1,
+                        burst: None,
                     },
                 )
                 .await
@@ -150,7 +155,9 @@ impl PgStore {
                 job_lease: None,
                 fenced: 0,
                 recorded: 0,
+                idle: false,
             }),
+            wake: Arc::new(tokio::sync::Notify::new()),
         });
         let heartbeat = if open.worker {
             tokio::spawn(super::leases::keep_alive(Arc::downgrade(&inner)))
@@ -199,6 +206,15 @@ impl PgStore {
         let conn = self.inner.client().await?;
         let c = conn.as_ref().expect("connected by client()");
         super::session::workers(c, self.inner.job)
+            .await
+            .map_err(|e| self.inner.err(e))
+    }
+
+    /// Where planning stands, for `status`.
+    pub async fn planning(&self) -> Result<super::stats::Planning, StoreError> {
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        super::stats::planning(c, self.inner.job)
             .await
             .map_err(|e| self.inner.err(e))
     }
@@ -758,6 +774,12 @@ impl Store for PgStore {
                 .await
                 .map_err(sql("reading a rerun bucket's items"))?;
             rows.iter().map(|r| item_record(r, 0)).collect()
+        })
+    }
+
+    async fn counted_stats(&self) -> Result<Option<StoreStats>, StoreError> {
+        with_client!(self, |c, i| {
+            super::stats::counted(&*c, i.job).await.map(Some)
         })
     }
 }
