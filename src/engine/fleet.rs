@@ -494,4 +494,143 @@ mod tests {
         assert_eq!(b.stats().await.unwrap(), summary.job);
         exactly_once(&b, &f.ids).await;
     }
+
+    /// Run a worker of the fleet's job in the background.
+    fn spawn_run(
+        store: Arc<PgStore>,
+        spec: Arc<JobSpec>,
+    ) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
+        tokio::spawn(async move {
+            let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+            run(
+                store,
+                spec,
+                handler,
+                &options(),
+                Arc::new(Counters::default()),
+                stop_pair().1,
+            )
+            .await
+            .unwrap()
+        })
+    }
+
+    /// Wait (with a deadline) until `ready` says yes.
+    async fn until<F: std::future::Future<Output = bool>>(
+        what: &str,
+        mut ready: impl FnMut() -> F,
+    ) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !ready().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not in 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    fn expire(f: &Fleet, store: &PgStore) {
+        f.db.psql(&format!(
+            "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+             WHERE worker_id = '{}'",
+            f.db.db.schema,
+            store.worker()
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
+        let f = fleet(700).await;
+        // X plans the first 100 rows, then dies with the planner lease.
+        let x = worker(&f.db, false).await;
+        let reader = crate::input::InputReader::open_bounded(
+            &f.spec.input,
+            Default::default(),
+            f.spec.fingerprint.len,
+        )
+        .unwrap();
+        let mut planner = crate::plan::Planner::new(
+            reader,
+            Default::default(),
+            f.spec.bucket_size,
+            false,
+            f.spec.fingerprint,
+        );
+        let batch = planner.next_batch(&*x, 100).await.unwrap();
+        x.plan(&batch, &planner.state()).await.unwrap();
+        assert_eq!(x.planning().await.unwrap().state, "planning");
+        let planned_by_x = x.stats().await.unwrap().buckets_planned;
+        assert!(planned_by_x > 0);
+        // B has no input: it works on what X planned, then waits. C has the input, but X
+        // is alive and plans: C waits too, ready to take over.
+        let mut no_input = (*f.spec).clone();
+        no_input.input.path = std::path::PathBuf::new();
+        let b = worker(&f.db, false).await;
+        let b_run = spawn_run(b.clone(), Arc::new(no_input));
+        let c = worker(&f.db, false).await;
+        let c_run = spawn_run(c.clone(), f.spec.clone());
+        until("X's buckets committed", || {
+            let b = b.clone();
+            async move { b.stats().await.unwrap().buckets_committed == planned_by_x }
+        })
+        .await;
+        // Two idle polls and planner polls later, both still wait for the live planner.
+        tokio::time::sleep(super::POLL_MAX.max(super::PLANNER_POLL) * 2).await;
+        assert!(!b_run.is_finished() && !c_run.is_finished(), "both wait");
+        assert_eq!(b.stats().await.unwrap().buckets_planned, planned_by_x);
+        assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(false));
+        // X dies: C, still running, takes the planner lease over and plans the rest.
+        expire(&f, &x);
+        let both = async { (b_run.await.unwrap(), c_run.await.unwrap()) };
+        let (b_sum, c_sum) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
+            .await
+            .expect("C plans the rest and both finish");
+        assert!(b_sum.job.finished() && c_sum.job.finished());
+        assert_eq!(c.planning().await.unwrap().state, "done");
+        assert_eq!(f.api.total_calls(), 700, "no ID called twice");
+        exactly_once(&c, &f.ids).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn status_figures_counted_by_the_database_are_the_walks() {
+        let f = fleet(400).await;
+        let a = worker(&f.db, false).await;
+        let (handle, stop) = stop_pair();
+        let api = f.api.clone();
+        let watcher = tokio::spawn(async move {
+            while api.total_calls() < 60 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+        run(
+            a.clone(),
+            f.spec.clone(),
+            handler,
+            &options(),
+            Arc::new(Counters::default()),
+            stop,
+        )
+        .await
+        .unwrap();
+        watcher.await.unwrap();
+        // Stopped part way: committed buckets, buckets with some results, duplicates.
+        let walked = crate::store::view::walked_stats(&*a).await.unwrap();
+        assert!(
+            walked.buckets_committed > 0 && walked.pending > 0,
+            "{walked:?}"
+        );
+        assert_eq!(a.counted_stats().await.unwrap(), Some(walked.clone()));
+        assert_eq!(a.stats().await.unwrap(), walked);
+        assert_eq!(a.log_finished(Log::Job).await.unwrap(), Some(false));
+        let b = worker(&f.db, false).await;
+        let done = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
+        let walked = crate::store::view::walked_stats(&*b).await.unwrap();
+        assert!(walked.finished() && walked.duplicates == 40, "{walked:?}");
+        assert_eq!(b.counted_stats().await.unwrap(), Some(walked.clone()));
+        assert_eq!(done.job, walked);
+        assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(true));
+    }
 }
