@@ -20,6 +20,8 @@ mod old_formats;
 mod parquet;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_fleet;
 mod progress;
 mod reruns;
 mod throttle;
