@@ -5,8 +5,10 @@
 //!
 //! Rate shares, computed in the heartbeat's transaction under a per-job advisory lock (not
 //! the job row's lock, so a planning transaction never delays a heartbeat):
-//! fair = R / live non-draining workers; free = R - the other live workers' shares;
-//! share = max(0, min(fair, free)); a draining worker's share is 0. Every grant leaves the
+//! fair = R / live workers neither draining nor idle; free = R - the other live workers'
+//! shares; share = max(0, min(fair, free)); a draining or idle worker's (one that holds no
+//! bucket and found none to lease) is 0. Each worker's part of the job's burst B is
+//! floor(B · share / R), at least 1 while its share is positive. Every grant leaves the
 //! live shares' sum at most R, and an expired session's share stops counting at once, so
 //! the sum never exceeds R. A newcomer starts at 0 and grows as others' next heartbeats
 //! give up their excess. The worker must stop using its share (and its leases) when its
