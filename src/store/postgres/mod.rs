@@ -48,6 +48,7 @@ pub mod migrate;
 pub mod outage;
 pub mod planner;
 pub mod rate;
+mod reruns;
 pub mod results;
 mod rows;
 pub mod session;
