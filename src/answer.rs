@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::failure::{ErrorClass, Failure, Next};
+use crate::setting::Setting;
 
 /// How much of an answer a failure's message shows.
 const SNIPPET_CHARS: usize = 200;
@@ -70,22 +71,26 @@ impl AnswerSpec {
     pub fn changes(&self, other: &AnswerSpec) -> Vec<String> {
         let mut out = Vec::new();
         let show = |p: &Option<String>| p.as_deref().map_or("none".into(), |p| format!("{p:?}"));
-        let mut cmp = |what: &str, a: String, b: String| {
+        let mut cmp = |what: Setting, a: String, b: String| {
             if a != b {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
         let expect = |json| if json { "json" } else { "any" }.to_string();
         cmp(
-            "--expect",
+            Setting::ExpectJson,
             expect(self.expect_json),
             expect(other.expect_json),
         );
-        cmp("--fail-if", show(&self.fail_if), show(&other.fail_if));
-        cmp("--retry-if", show(&self.retry_if), show(&other.retry_if));
-        cmp("--extract", show(&self.extract), show(&other.extract));
+        cmp(Setting::FailIf, show(&self.fail_if), show(&other.fail_if));
         cmp(
-            "--keep-body",
+            Setting::RetryIf,
+            show(&self.retry_if),
+            show(&other.retry_if),
+        );
+        cmp(Setting::Extract, show(&self.extract), show(&other.extract));
+        cmp(
+            Setting::KeepBody,
             self.keep_body.to_string(),
             other.keep_body.to_string(),
         );
@@ -97,8 +102,8 @@ impl AnswerSpec {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} {program:?} is not a valid jq program: {reason}")]
 pub struct AnswerError {
-    /// Which of the spec's programs (`--fail-if`, ...).
-    pub what: &'static str,
+    /// Which of the spec's programs.
+    pub what: Setting,
     pub program: String,
     /// The parser's or compiler's message.
     pub reason: String,
@@ -126,9 +131,9 @@ enum Run {
 }
 
 impl Program {
-    fn compile(what: &'static str, source: &str) -> Result<Program, AnswerError> {
+    fn compile(what: Setting, source: &str) -> Result<Program, AnswerError> {
         let refuse = |reason: String| AnswerError {
-            what,
+            what: what.clone(),
             program: source.to_string(),
             reason,
         };
@@ -241,16 +246,16 @@ pub struct Answer {
 impl Answer {
     /// Compile `spec`'s programs; a malformed one is named with the parser's message.
     pub fn compile(spec: &AnswerSpec) -> Result<Answer, AnswerError> {
-        let compile = |what, p: &Option<String>| {
+        let compile = |what: Setting, p: &Option<String>| {
             p.as_deref()
-                .map(|source| Program::compile(what, source))
+                .map(|source| Program::compile(what.clone(), source))
                 .transpose()
         };
         Ok(Answer {
             expect_json: spec.expect_json,
-            fail_if: compile("--fail-if", &spec.fail_if)?,
-            retry_if: compile("--retry-if", &spec.retry_if)?,
-            extract: compile("--extract", &spec.extract)?,
+            fail_if: compile(Setting::FailIf, &spec.fail_if)?,
+            retry_if: compile(Setting::RetryIf, &spec.retry_if)?,
+            extract: compile(Setting::Extract, &spec.extract)?,
             keep_body: spec.keep_body,
         })
     }
@@ -604,7 +609,7 @@ mod tests {
                 ..AnswerSpec::default()
             })
             .unwrap_err();
-            assert_eq!(e.what, "--retry-if");
+            assert_eq!(e.what, Setting::RetryIf);
             assert!(e.to_string().contains(says), "{program}: {e}");
         }
     }

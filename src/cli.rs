@@ -30,6 +30,7 @@ use crate::store::{ItemStatus, JobView, Log, Store, StoreStats};
 use crate::throttle::{Rate, ThrottleOptions};
 
 mod demo_command;
+mod flags;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(not(feature = "postgres"))]
@@ -458,6 +459,7 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    flags::install();
     init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

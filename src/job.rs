@@ -22,6 +22,7 @@ use crate::answer::{AnswerError, AnswerSpec};
 use crate::handler::exec::DEFAULT_RETRY_EXIT_CODES;
 use crate::handler::serde_millis;
 use crate::input::{Fingerprint, InputSpec};
+use crate::setting::Setting;
 use crate::store::{JobView, Store, StoreError, StoredJob};
 
 pub use crate::handler::exec::ExecSpec;
@@ -148,18 +149,18 @@ impl JobSpec {
     /// Meaning changes that are never allowed (they would cut the input differently).
     pub fn fixed_changes(&self, other: &JobSpec) -> Vec<String> {
         let mut out = Vec::new();
-        let mut cmp = |what: &str, a: String, b: String| {
+        let mut cmp = |what: &dyn std::fmt::Display, a: String, b: String| {
             if a != b {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
         cmp(
-            "input format",
+            &"input format",
             self.input.format.to_string(),
             other.input.format.to_string(),
         );
         cmp(
-            "--bucket-size",
+            &Setting::BucketSize,
             self.bucket_size.to_string(),
             other.bucket_size.to_string(),
         );
@@ -170,7 +171,7 @@ impl JobSpec {
     pub fn request_changes(&self, other: &JobSpec) -> Vec<String> {
         // An exec job stores no URL: a change between the two is said once, as --exec.
         let mut out = Vec::new();
-        let mut cmp = |what: &str, a: String, b: String| {
+        let mut cmp = |what: &dyn std::fmt::Display, a: String, b: String| {
             if a != b {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
@@ -180,24 +181,28 @@ impl JobSpec {
                 .as_ref()
                 .map_or("none".into(), |e| format!("{:?}", e.command))
         };
-        cmp("--exec", command(self), command(other));
+        cmp(&Setting::Exec, command(self), command(other));
         let handler = |s: &JobSpec| {
             s.handler
                 .as_ref()
                 .map_or("none".into(), |h| format!("{h:?}"))
         };
-        cmp("handler", handler(self), handler(other));
+        cmp(&"handler", handler(self), handler(other));
         if self.handler.is_some() && other.handler.is_some() {
             return out;
         }
-        cmp("--url", self.request.url.clone(), other.request.url.clone());
         cmp(
-            "--method",
+            &Setting::Url,
+            self.request.url.clone(),
+            other.request.url.clone(),
+        );
+        cmp(
+            &Setting::Method,
             self.request.method.clone(),
             other.request.method.clone(),
         );
         cmp(
-            "--body",
+            &Setting::Body,
             format!("{:?}", self.request.body),
             format!("{:?}", other.request.body),
         );
@@ -304,12 +309,21 @@ impl Default for RunOptions {
 
 pub use crate::store::now_ms;
 
+/// What a resume may change, for [`JobError::MeaningChanged`].
+fn what_may_change() -> String {
+    use Setting::*;
+    format!(
+        "operational settings such as {} may change; {}, {}, {}, {} and the answer checks ({}, {}, {}, {}, {}) may change with {}; start a new state directory for a different job",
+        Concurrency, Url, Exec, Method, Body, ExpectJson, FailIf, RetryIf, Extract, KeepBody, AllowSpecChange
+    )
+}
+
 /// Errors while creating or resuming a job.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     #[error("{0}")]
     Usage(String),
-    #[error("the state directory holds a job that this run may not change:\n  {}\n(operational flags such as --concurrency may change; --url, --exec, --method, --body and the answer checks (--expect, --fail-if, --retry-if, --extract, --keep-body) may change with --allow-spec-change; start a new state directory for a different job)", .0.join("\n  "))]
+    #[error("the state directory holds a job that this run may not change:\n  {}\n({})", .0.join("\n  "), what_may_change())]
     MeaningChanged(Vec<String>),
     #[error("input {path} has changed since the job was created: {what} (then {then}, now {now}); only appending rows is accepted; refusing to resume against it")]
     InputChanged {
@@ -468,13 +482,17 @@ impl JobRequest {
 /// command.
 fn check_request(request: &JobRequest) -> Result<(), JobError> {
     if request.bucket_size == Some(0) {
-        return Err(JobError::Usage("--bucket-size must be at least 1".into()));
+        return Err(JobError::Usage(format!(
+            "{} must be at least 1",
+            Setting::BucketSize
+        )));
     }
     if request.url.is_some() && request.exec.is_some() {
-        return Err(JobError::Usage(
-            "--url and --exec cannot be used together: a job either calls a URL or runs a command"
-                .into(),
-        ));
+        return Err(JobError::Usage(format!(
+            "{} and {} cannot be used together: a job either calls a URL or runs a command",
+            Setting::Url,
+            Setting::Exec
+        )));
     }
     Ok(())
 }
@@ -482,9 +500,11 @@ fn check_request(request: &JobRequest) -> Result<(), JobError> {
 /// Exit codes asked for a job that runs no command.
 fn check_retry_exit_codes(request: &JobRequest, spec: &JobSpec) -> Result<(), JobError> {
     if request.retry_exit_codes.is_some() && spec.exec.is_none() {
-        return Err(JobError::Usage(
-            "--retry-exit-codes applies to a job that runs a command (--exec); this job calls a URL".into(),
-        ));
+        return Err(JobError::Usage(format!(
+            "{} applies to a job that runs a command ({}); this job calls a URL",
+            Setting::RetryExitCodes,
+            Setting::Exec
+        )));
     }
     Ok(())
 }
@@ -588,10 +608,12 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
     match stored_job(store).await? {
         None => {
             let (Some(input), true) = (&request.input, request.has_work()) else {
-                return Err(JobError::Usage(
-                    "this state directory holds no job yet: give --input and --url (or --exec) to create one"
-                        .into(),
-                ));
+                return Err(JobError::Usage(format!(
+                    "this state directory holds no job yet: give {} and {} (or {}) to create one",
+                    Setting::Input,
+                    Setting::Url,
+                    Setting::Exec
+                )));
             };
             check_new_job(request)?;
             let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
@@ -886,32 +908,32 @@ mod tests {
                     url: Some("http://other/{id}".into()),
                     ..JobRequest::default()
                 },
-                "--url",
+                Setting::Url,
             ),
             (
                 JobRequest {
                     bucket_size: Some(7),
                     ..JobRequest::default()
                 },
-                "--bucket-size",
+                Setting::BucketSize,
             ),
             (
                 JobRequest {
                     method: Some("post".into()),
                     ..JobRequest::default()
                 },
-                "--method",
+                Setting::Method,
             ),
             (
                 JobRequest {
                     body: Some("{}".into()),
                     ..JobRequest::default()
                 },
-                "--body",
+                Setting::Body,
             ),
         ] {
             let err = open_job(&store, &req).await.unwrap_err().to_string();
-            assert!(err.contains(flag), "{err}");
+            assert!(err.contains(&flag.to_string()), "{err}");
         }
         // The same values given again are fine.
         open_job(&store, &request).await.unwrap();
@@ -973,7 +995,7 @@ mod tests {
         assert_eq!(spec.history.len(), 1);
         assert_eq!(spec.history[0].command, "rerun");
         assert!(
-            spec.history[0].changes[0].contains("--url"),
+            spec.history[0].changes[0].contains(&Setting::Url.to_string()),
             "{:?}",
             spec.history
         );
@@ -985,7 +1007,7 @@ mod tests {
             ..JobRequest::default()
         };
         let err = open_job(&store, &bucket).await.unwrap_err().to_string();
-        assert!(err.contains("--bucket-size"), "{err}");
+        assert!(err.contains(&Setting::BucketSize.to_string()), "{err}");
     }
 
     #[tokio::test]
@@ -1061,7 +1083,8 @@ mod tests {
         };
         let err = open_job(&store, &change).await.unwrap_err().to_string();
         assert!(
-            err.contains("--fail-if") && err.contains("--expect"),
+            err.contains(&Setting::FailIf.to_string())
+                && err.contains(&Setting::ExpectJson.to_string()),
             "{err}"
         );
         let spec = open_job(
@@ -1078,7 +1101,7 @@ mod tests {
         assert!(spec.history[0]
             .changes
             .iter()
-            .any(|c| c.contains("--fail-if")));
+            .any(|c| c.contains(&Setting::FailIf.to_string())));
         // An empty program removes the check; a malformed one is refused, nothing stored.
         let bad = JobRequest {
             answer: AnswerRequest {
@@ -1129,7 +1152,10 @@ mod tests {
             ..JobRequest::default()
         };
         let err = open_job(&store, &url).await.unwrap_err().to_string();
-        assert!(err.contains("--exec") && err.contains("--url"), "{err}");
+        assert!(
+            err.contains(&Setting::Exec.to_string()) && err.contains(&Setting::Url.to_string()),
+            "{err}"
+        );
         let changed = JobRequest {
             exec: Some("printf %s {id}".into()),
             allow_spec_change: true,

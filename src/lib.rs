@@ -39,6 +39,7 @@ pub mod plan;
 pub mod progress;
 pub mod rerun;
 pub mod retry;
+pub mod setting;
 pub mod sink;
 pub mod store;
 pub mod throttle;

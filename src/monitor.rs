@@ -461,7 +461,7 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
     let spawned = std::thread::Builder::new()
         .name("count-rows".into())
         .spawn(move || {
-            lower_priority();
+            crate::os::lower_thread_priority();
             let Ok(mut reader) = InputReader::open(&input, Cursor::default()) else {
                 return;
             };
@@ -480,15 +480,6 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
         });
     if let Err(e) = spawned {
         tracing::debug!("cannot count the input's rows: {e}");
-    }
-}
-
-/// Give the calling thread a lower CPU priority, so counting yields to the run.
-fn lower_priority() {
-    // SAFETY: gettid and setpriority on the calling thread; no memory is involved.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 

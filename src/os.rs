@@ -1,5 +1,6 @@
 //! What the process asks of the operating system: as many open files as it may have, so
-//! that `concurrency` in the thousands gets its connections; and, for the exec handler's
+//! that `concurrency` in the thousands gets its connections; holes punched in a sparse file; a
+//! lower priority for a background thread; and, for the exec handler's
 //! processes, a process group of their own and their death with highwater's. The platform
 //! calls live here, behind `cfg(unix)` and `cfg(target_os = "linux")`; elsewhere the limit is
 //! left as it is and not checked, and a child is contained only by its attempt killing it.
@@ -127,6 +128,54 @@ pub fn kill_process_group(group: u32) {
     }
     #[cfg(not(unix))]
     let _ = group;
+}
+
+/// Give the space of `len` bytes at `at` back to the filesystem, keeping the file's size
+/// (Linux `fallocate` with `PUNCH_HOLE | KEEP_SIZE`). Elsewhere, or on a filesystem without
+/// hole punching, an error: the space stays allocated, which costs disk, not correctness.
+pub(crate) fn punch_hole(file: &std::fs::File, at: u64, len: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else {
+            return Err(std::io::Error::other(
+                "range beyond the largest file offset",
+            ));
+        };
+        // SAFETY: a plain syscall on a file descriptor this process owns; no memory is shared.
+        let rc = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                at,
+                len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, at, len);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "hole punching is only done on Linux",
+        ))
+    }
+}
+
+/// Give the calling thread a lower CPU priority (nice 10), so background work such as
+/// counting the input's rows yields to the run. Linux only (there a thread is its own
+/// scheduling entity); elsewhere nothing.
+pub(crate) fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority on the calling thread; no memory is involved.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
 }
 
 #[cfg(test)]

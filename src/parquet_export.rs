@@ -158,7 +158,8 @@ impl FlatSchema {
                     None => {
                         if schema.fields.len() == MAX_FLAT_FIELDS {
                             return Err(io::Error::other(format!(
-                                "the results have more than {MAX_FLAT_FIELDS} distinct top-level fields: not a table to flatten (export without flatten, or pick the fields with --extract)"
+                                "the results have more than {MAX_FLAT_FIELDS} distinct top-level fields: not a table to flatten (export without flatten, or pick the fields with {})",
+                                crate::setting::Setting::Extract
                             )));
                         }
                         index.insert(name.to_string(), schema.fields.len());

@@ -113,7 +113,8 @@ impl Planner {
                             path: self.reader.path().to_owned(),
                             line: row.line,
                             reason: format!(
-                                "{reason} (use --skip-bad-lines to skip and record such lines)"
+                                "{reason} (use {} to skip and record such lines)",
+                                crate::setting::Setting::SkipBadLines
                             ),
                         }
                         .into())
@@ -257,7 +258,7 @@ mod tests {
         let mut p = Planner::new(reader, PlannerState::default(), 10, false, fp());
         let err = p.next_batch(&store, 1).await.unwrap_err().to_string();
         assert!(
-            err.contains("in.txt:2:") && err.contains("--skip-bad-lines"),
+            err.contains("in.txt:2:") && err.contains("skip_bad_lines"),
             "{err}"
         );
         let buckets = cut_all(&spec, &store, 10, 1, PlannerState::default()).await;

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::failure::{ErrorClass, Failure};
 use crate::handler::Output;
+use crate::setting::Setting;
 use crate::store::StoreStats;
 use crate::throttle::Throttle;
 
@@ -486,8 +487,9 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
         return None;
     }
     let head = format!(
-        "falling behind: {achieved:.1} requests/s over the last {:.0}s, --rate is {configured:.1}/s",
-        load.seconds
+        "falling behind: {achieved:.1} requests/s over the last {:.0}s, {} is {configured:.1}/s",
+        load.seconds,
+        Setting::Rate
     );
     let latency_ms = if load.attempts > 0 {
         load.durations.api_ms / load.attempts as f64
@@ -512,7 +514,8 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
         format!("the adaptive rate is down to {rate:.1}/s after API pushback (429 or 503 answers, timeouts or rising latency)")
     } else if latency_ms > 0.0 && configured * latency_ms / 1e3 > 0.8 * load.concurrency as f64 {
         format!(
-            "API latency: {latency_ms:.0} ms per call with --concurrency {} allows about {:.1}/s",
+            "API latency: {latency_ms:.0} ms per call with {} {} allows about {:.1}/s",
+            Setting::Concurrency,
             load.concurrency,
             load.concurrency as f64 * 1e3 / latency_ms
         )
@@ -663,7 +666,8 @@ mod tests {
         };
         let w = why(&slow, Some(100.0));
         assert!(
-            w.contains("API latency: 400 ms") && w.contains("--concurrency 16"),
+            w.contains("API latency: 400 ms")
+                && w.contains(&format!("{} 16", Setting::Concurrency)),
             "{w}"
         );
         let store = IntervalLoad {

@@ -43,6 +43,7 @@ use super::template::{IdEncoding, Template};
 use super::{Handler, HandlerError, Output};
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure};
+use crate::setting::Setting;
 
 /// The largest standard output kept (as for an HTTP answer body); more fails the ID.
 pub const MAX_OUTPUT_BYTES: usize = super::http::MAX_BODY_BYTES;
@@ -87,7 +88,7 @@ impl Handler for ExecHandler {
     }
 }
 
-const WHAT: &str = "--exec";
+const WHAT: &Setting = &Setting::Exec;
 
 /// Split `command` into argument templates, expanding `${VAR}` with `env`.
 fn parse(
@@ -95,7 +96,7 @@ fn parse(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<Template>, HandlerError> {
     let invalid = |reason: &str| HandlerError::Invalid {
-        what: WHAT.into(),
+        what: WHAT.clone(),
         reason: reason.into(),
     };
     let words = shlex::split(command)
@@ -143,7 +144,7 @@ impl ExecHandler {
         let program = argv[0].render("");
         if find_program(Path::new(&program)).is_none() {
             return Err(HandlerError::Invalid {
-                what: WHAT.into(),
+                what: WHAT.clone(),
                 reason: format!("program {program:?} not found (or not executable)"),
             });
         }
@@ -428,7 +429,7 @@ mod tests {
             ("prog x", "appears in no argument"),
         ] {
             let err = check_command(&spec(bad)).unwrap_err().to_string();
-            assert!(err.contains(says) && err.contains("--exec"), "{bad}: {err}");
+            assert!(err.contains(says) && err.contains("exec"), "{bad}: {err}");
         }
         let err = ExecHandler::with_env(
             &spec("no-such-program-here {id}"),

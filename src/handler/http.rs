@@ -36,6 +36,7 @@ use super::template::{IdEncoding, Piece, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure, Next};
+use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
@@ -304,44 +305,43 @@ impl Compiled {
     ) -> Result<Compiled, HandlerError> {
         let method =
             Method::from_bytes(spec.method.as_bytes()).map_err(|_| HandlerError::Invalid {
-                what: "--method".into(),
+                what: Setting::Method,
                 reason: format!("{:?} is not an HTTP method", spec.method),
             })?;
-        let url = Template::parse(&spec.url, "--url", IdEncoding::Url, env)?;
+        let url = Template::parse(&spec.url, &Setting::Url, IdEncoding::Url, env)?;
         let probe = url.render("id");
         let parsed = reqwest::Url::parse(&probe).map_err(|e| HandlerError::Invalid {
-            what: "--url".into(),
+            what: Setting::Url,
             reason: format!("not a valid URL once filled in ({e})"),
         })?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(HandlerError::Invalid {
-                what: "--url".into(),
+                what: Setting::Url,
                 reason: format!("scheme {:?} is not http or https", parsed.scheme()),
             });
         }
         let mut headers = Vec::new();
         let mut json_body = true;
         for h in &spec.headers {
-            let what = "--header";
             let (name, value) = h.split_once(':').ok_or_else(|| HandlerError::Invalid {
-                what: what.into(),
+                what: Setting::Header(None),
                 reason: format!("{:?} is not of the form 'Name: value'", redact_value(h)),
             })?;
             let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
                 HandlerError::Invalid {
-                    what: what.into(),
+                    what: Setting::Header(None),
                     reason: format!("{:?} is not a valid header name", name.trim()),
                 }
             })?;
             let value = Template::parse(
                 value.trim(),
-                &format!("--header {name}"),
+                &Setting::Header(Some(name.to_string())),
                 IdEncoding::Raw,
                 env,
             )?;
             if HeaderValue::from_str(&value.render("id")).is_err() {
                 return Err(HandlerError::Invalid {
-                    what: format!("--header {name}"),
+                    what: Setting::Header(Some(name.to_string())),
                     reason: "the value is not a valid header value once filled in".into(),
                 });
             }
@@ -353,7 +353,7 @@ impl Compiled {
         let body = spec
             .body
             .as_deref()
-            .map(|b| Template::parse(b, "--body", IdEncoding::Json, env))
+            .map(|b| Template::parse(b, &Setting::Body, IdEncoding::Json, env))
             .transpose()?;
         let url = UrlTemplate::new(url);
         let anywhere = url.template.has_id()
@@ -361,8 +361,13 @@ impl Compiled {
             || headers.iter().any(|(_, v)| v.has_id());
         if !anywhere {
             return Err(HandlerError::Invalid {
-                what: "--url".into(),
-                reason: "{id} appears nowhere (not in --url, --body or a --header): every request would be the same".into(),
+                what: Setting::Url,
+                reason: format!(
+                    "{{id}} appears in none of {}, {}, {}: every request would be the same",
+                    Setting::Url,
+                    Setting::Body,
+                    Setting::Header(None)
+                ),
             });
         }
         let id_is_path_segment = url.template.id_is_path_segment();
@@ -486,7 +491,7 @@ mod tests {
     fn url_id_is_percent_encoded_in_path_and_query() {
         let t = Template::parse(
             "http://${HOST}/a/{id}?q={id}&k=${TOKEN}",
-            "--url",
+            &Setting::Url,
             IdEncoding::Url,
             &env,
         )
@@ -499,14 +504,17 @@ mod tests {
 
     #[test]
     fn env_values_are_not_templates_and_ids_are_not_expanded() {
-        let t =
-            Template::parse("x{id}y", "--url", IdEncoding::Raw, &|_| Some("{id}".into())).unwrap();
+        let t = Template::parse("x{id}y", &Setting::Url, IdEncoding::Raw, &|_| {
+            Some("{id}".into())
+        })
+        .unwrap();
         assert_eq!(t.render("${TOKEN}"), "x${TOKEN}y");
     }
 
     #[test]
     fn body_id_is_json_escaped() {
-        let t = Template::parse(r#"{"id":"{id}"}"#, "--body", IdEncoding::Json, &env).unwrap();
+        let t =
+            Template::parse(r#"{"id":"{id}"}"#, &Setting::Body, IdEncoding::Json, &env).unwrap();
         let body = t.render("a\"b\\c\nd");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["id"], "a\"b\\c\nd");
@@ -517,7 +525,7 @@ mod tests {
         let err = HttpHandler::with_env(&spec("http://x/{id}?k=${NOPE}"), &env)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("NOPE") && err.contains("--url"), "{err}");
+        assert!(err.contains("NOPE") && err.contains("url"), "{err}");
         let mut s = spec("http://x/{id}");
         s.headers = vec!["Authorization: Bearer ${MISSING}".into()];
         let err = HttpHandler::with_env(&s, &env).unwrap_err().to_string();
@@ -550,7 +558,7 @@ mod tests {
         assert!(check_templates(&s).is_ok());
         s.headers = vec![];
         let err = check_templates(&s).unwrap_err().to_string();
-        assert!(err.contains("appears nowhere"), "{err}");
+        assert!(err.contains("appears in none of"), "{err}");
     }
 
     #[test]
@@ -567,7 +575,7 @@ mod tests {
             assert_eq!(err.class, ErrorClass::Request, "{id}");
         }
         let whole = |t: &str| {
-            Template::parse(t, "--url", IdEncoding::Url, &env)
+            Template::parse(t, &Setting::Url, IdEncoding::Url, &env)
                 .unwrap()
                 .id_is_path_segment()
         };
@@ -625,7 +633,7 @@ mod tests {
         ];
         let ids = ["a", ".", "..", "x y", "é", "a/b?c#d%", "", "%2e", "\\"];
         for t in templates {
-            let template = Template::parse(t, "--url", IdEncoding::Url, &|_| None).unwrap();
+            let template = Template::parse(t, &Setting::Url, IdEncoding::Url, &|_| None).unwrap();
             let url = UrlTemplate::new(template);
             let expect_base = !t.starts_with("{id}") && !t.contains("://{id}");
             assert_eq!(url.base.is_some(), expect_base, "{t}");

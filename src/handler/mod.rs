@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+use crate::setting::Setting;
+
 pub use crate::failure::{ErrorClass, Failure, Next};
 
 pub mod exec;
@@ -115,13 +117,13 @@ impl From<serde_json::Value> for Output {
 }
 
 /// Errors found while building a handler from a job's spec, before any attempt. `what`
-/// names the setting (the spec's field as the command line spells it).
+/// names the setting.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     #[error("{what}: environment variable {name} is not set")]
-    MissingVar { what: String, name: String },
+    MissingVar { what: Setting, name: String },
     #[error("{what}: {reason}")]
-    Invalid { what: String, reason: String },
+    Invalid { what: Setting, reason: String },
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
 }

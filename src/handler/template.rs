@@ -8,6 +8,7 @@
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::HandlerError;
+use crate::setting::Setting;
 
 /// Everything but RFC 3986 unreserved characters is encoded: safe in a path segment (where
 /// `/` must be encoded) and in a query value (where `&`, `=`, `+`, `#` must be).
@@ -42,10 +43,10 @@ pub(crate) struct Template {
 }
 
 impl Template {
-    /// Parse `source`, expanding `${VAR}` with `env`. `what` names the flag for messages.
+    /// Parse `source`, expanding `${VAR}` with `env`. `what` names the setting for messages.
     pub(crate) fn parse(
         source: &str,
-        what: &str,
+        what: &Setting,
         encoding: IdEncoding,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Template, HandlerError> {
@@ -129,22 +130,22 @@ impl Template {
 /// after the closing `}`. `what` names the setting for messages (never the value).
 fn expand_var<'a>(
     after: &'a str,
-    what: &str,
+    what: &Setting,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(String, &'a str), HandlerError> {
     let end = after.find('}').ok_or_else(|| HandlerError::Invalid {
-        what: what.into(),
+        what: what.clone(),
         reason: "unclosed ${ (write ${NAME})".into(),
     })?;
     let name = &after[..end];
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(HandlerError::Invalid {
-            what: what.into(),
+            what: what.clone(),
             reason: format!("invalid variable name ${{{name}}}"),
         });
     }
     let value = env(name).ok_or_else(|| HandlerError::MissingVar {
-        what: what.into(),
+        what: what.clone(),
         name: name.into(),
     })?;
     Ok((value, &after[end + 1..]))
@@ -154,7 +155,7 @@ fn expand_var<'a>(
 /// are not templates, such as a database URL). Errors name `what` and the variable only.
 pub fn expand_env(
     source: &str,
-    what: &str,
+    what: &Setting,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, HandlerError> {
     let mut out = String::new();

@@ -338,26 +338,8 @@ fn region_len(slots: u64) -> u64 {
 /// Give the space of `len` bytes at `at` back to the filesystem, keeping the file's size;
 /// best effort (a filesystem without hole punching keeps it allocated).
 fn punch(file: &File, at: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(at), Ok(len)) = (i64::try_from(at), i64::try_from(len)) else {
-        return;
-    };
-    // SAFETY: a plain syscall on a file descriptor this process owns; no memory is shared.
-    let rc = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            at,
-            len,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(
-            at,
-            len,
-            error = %io::Error::last_os_error(),
-            "could not punch a hole in the ID index"
-        );
+    if let Err(error) = crate::os::punch_hole(file, at, len) {
+        tracing::debug!(at, len, %error, "could not punch a hole in the ID index");
     }
 }
 

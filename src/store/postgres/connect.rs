@@ -313,7 +313,7 @@ pub async fn connect(target: &PgTarget, options: &ConnectOptions) -> Result<Clie
 /// value are percent-encoded, so a password holding `@`, `/`, `:` or `&` works as written
 /// (and cannot break the URL apart); elsewhere (hosts, database) they go in as they are.
 fn expand_url(template: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, PgError> {
-    const WHAT: &str = "the database URL";
+    const WHAT: &crate::setting::Setting = &crate::setting::Setting::DatabaseUrl;
     let encoded = |name: &str| {
         env(name).map(|v| percent_encoding::utf8_percent_encode(&v, COMPONENT).to_string())
     };

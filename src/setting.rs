@@ -1,0 +1,139 @@
+//! Setting: the names of a job's settings in messages.
+//!
+//! A library error or warning that is about a setting (a template that does not parse, a
+//! check that is not jq, a limit that was passed) names it with a [`Setting`], never with a
+//! command-line flag: the library does not know how its caller spells its settings. By
+//! default a setting reads as the library's field name (`url`, `header Authorization`,
+//! `fail_if`, `max_failures`). A front end that spells them otherwise (the command line:
+//! `--url`, `--header Authorization`, `--fail-if`, `--max-failures`) installs its names once
+//! at start with [`name_settings`], and every message after that reads in its words.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+/// One setting of a job, a run or a rerun, as messages name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Setting {
+    /// The request's URL template.
+    Url,
+    /// The request's HTTP method.
+    Method,
+    /// One request header template, by name (no name: the header list as a whole).
+    Header(Option<String>),
+    /// The request's body template.
+    Body,
+    /// The command run per ID (an exec job).
+    Exec,
+    /// An exec job's exit codes that are retried.
+    RetryExitCodes,
+    /// Rows per bucket.
+    BucketSize,
+    /// The answer check "the body must be JSON".
+    ExpectJson,
+    /// The jq program failing an ID.
+    FailIf,
+    /// The jq program retrying an ID.
+    RetryIf,
+    /// The jq program whose output is stored.
+    Extract,
+    /// Keep the whole body beside what is extracted.
+    KeepBody,
+    /// The limit of permanently failed IDs in a run.
+    MaxFailures,
+    /// How long the API may stay unreachable before the run stops.
+    MaxOutage,
+    /// The rate limit (calls per second).
+    Rate,
+    /// How many IDs are worked on at once.
+    Concurrency,
+    /// Skip input lines without a usable ID instead of stopping.
+    SkipBadLines,
+    /// Accept a changed request or answer check on an existing job.
+    AllowSpecChange,
+    /// The input.
+    Input,
+    /// A rerun of the failed IDs.
+    RerunFailed,
+    /// A rerun of chosen buckets.
+    RerunBuckets,
+    /// A rerun of every item of chosen buckets, not only the failed ones.
+    RerunAllItems,
+    /// A rerun of the IDs listed in a file.
+    RerunIds,
+    /// Where the job's state is (a directory or a database URL).
+    State,
+    /// The PostgreSQL database's URL.
+    DatabaseUrl,
+}
+
+impl Setting {
+    /// The library's name of the setting: its field's name.
+    pub fn field_name(&self) -> String {
+        let name = match self {
+            Setting::Url => "url",
+            Setting::Method => "method",
+            Setting::Header(Some(name)) => return format!("header {name}"),
+            Setting::Header(None) => "headers",
+            Setting::Body => "body",
+            Setting::Exec => "exec",
+            Setting::RetryExitCodes => "retry_exit_codes",
+            Setting::BucketSize => "bucket_size",
+            Setting::ExpectJson => "expect_json",
+            Setting::FailIf => "fail_if",
+            Setting::RetryIf => "retry_if",
+            Setting::Extract => "extract",
+            Setting::KeepBody => "keep_body",
+            Setting::MaxFailures => "max_failures",
+            Setting::MaxOutage => "max_outage",
+            Setting::Rate => "rate",
+            Setting::Concurrency => "concurrency",
+            Setting::SkipBadLines => "skip_bad_lines",
+            Setting::AllowSpecChange => "allow_spec_change",
+            Setting::Input => "input",
+            Setting::RerunFailed => "rerun of the failed IDs",
+            Setting::RerunBuckets => "rerun buckets",
+            Setting::RerunAllItems => "all items",
+            Setting::RerunIds => "rerun IDs file",
+            Setting::State => "state",
+            Setting::DatabaseUrl => "database URL",
+        };
+        name.into()
+    }
+}
+
+/// How a front end spells settings: `None` keeps the library's name.
+pub type Namer = fn(&Setting) -> Option<String>;
+
+static NAMER: OnceLock<Namer> = OnceLock::new();
+
+/// Install the front end's names of settings, once per process (later calls are ignored:
+/// messages must not change words half way through a run).
+pub fn name_settings(namer: Namer) {
+    let _ = NAMER.set(namer);
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match NAMER.get().and_then(|namer| namer(self)) {
+            Some(name) => f.write_str(&name),
+            None => f.write_str(&self.field_name()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setting_reads_as_its_field_name_by_default() {
+        // No test in this crate's unit tests installs a namer (the CLI does, in its own process).
+        assert_eq!(Setting::Url.field_name(), "url");
+        assert_eq!(
+            Setting::Header(Some("Authorization".into())).field_name(),
+            "header Authorization"
+        );
+        assert!(!Setting::FailIf.field_name().starts_with('-'));
+    }
+}
