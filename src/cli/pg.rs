@@ -204,7 +204,7 @@ pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, 
     let runner = if live { "running" } else { "none" };
     let rendered = (
         serde_json::json!(workers),
-        format!("{}{}", planning.render(), render_workers(&workers)),
+        format!("{}{}", render_planning(&planning), render_workers(&workers)),
     );
     let mut text = super::describe(
         &store,
@@ -223,6 +223,20 @@ pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, 
         text = format!("{value}\n");
     }
     Ok((text, false))
+}
+
+/// Where planning stands, one line of `status`.
+fn render_planning(p: &crate::store::postgres::stats::Planning) -> String {
+    let who = p.planner.as_deref().map_or(String::new(), |w| {
+        format!(" (worker {})", &w[..8.min(w.len())])
+    });
+    match p.state {
+        "done" => "planner:    the input is planned to its end\n".into(),
+        "planning" => format!("planner:    planning{who}\n"),
+        _ => "planner:    the job waits for a worker with the input to plan the rest \
+              (start one with --input FILE)\n"
+            .into(),
+    }
 }
 
 /// The worker table of `status`.

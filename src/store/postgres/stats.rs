@@ -84,20 +84,6 @@ pub struct Planning {
     pub planner: Option<String>,
 }
 
-impl Planning {
-    /// One line for `status`.
-    pub fn render(&self) -> String {
-        let who = self.planner.as_deref().map_or(String::new(), |p| {
-            format!(" (worker {})", &p[..8.min(p.len())])
-        });
-        match self.state {
-            "done" => "planner:    the input is planned to its end\n".into(),
-            "planning" => format!("planner:    planning{who}\n"),
-            _ => "planner:    the job waits for a worker with the input to plan the rest (start one with --input FILE)\n".into(),
-        }
-    }
-}
-
 /// Where planning stands: done, planned by a live worker, or waiting for one with the input.
 pub async fn planning(client: &impl GenericClient, job: JobId) -> Result<Planning, PgError> {
     let row = client
@@ -135,15 +121,9 @@ mod tests {
         acquire_planner(&client, job, &a).await.unwrap().unwrap();
         let p = planning(&client, job).await.unwrap();
         assert_eq!((p.state, p.planner.as_deref()), ("planning", Some(&*a.0)));
-        assert!(p.render().contains(&a.0[..8]), "{}", p.render());
         expire(&client, job, &a).await;
         let p = planning(&client, job).await.unwrap();
-        assert_eq!(p.state, "waiting");
-        assert!(
-            p.render().contains("waits for a worker with the input"),
-            "{}",
-            p.render()
-        );
+        assert_eq!((p.state, p.planner), ("waiting", Some(a.0.clone())));
         client
             .execute(
                 "UPDATE hw_job SET planner_exhausted = true WHERE job_id = $1",
