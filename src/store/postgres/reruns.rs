@@ -129,7 +129,7 @@ pub(super) async fn rerun_bucket_items(
     let rows = c
         .query(
             "SELECT i.id, i.\"row\", i.bucket, i.status, i.body::text, i.record::text
-             FROM hw_rerun_item r JOIN hw_item i ON job_id = r.job_id AND i.id = r.id
+             FROM hw_rerun_item r JOIN hw_item i ON i.job_id = r.job_id AND i.id = r.id
              WHERE r.job_id = $1 AND r.rerun = $2 AND r.bucket = $3 ORDER BY r.\"row\"",
             &[&job.0, &(offset.rerun as i32), &to_i64(offset.bucket)?],
         )
