@@ -842,8 +842,9 @@ mod builder;
 mod reporters;
 mod results;
 
-pub use builder::{Job, JobInput, RunError};
-pub use reporters::{run_reported, Reporters, SecondSignal};
+pub use builder::{Job, JobInput, Opened, RunError};
+pub use reporters::SecondSignal;
+pub(crate) use reporters::{run_reported, Reporters};
 pub use results::{Record, Results};
 
 #[cfg(test)]

@@ -35,7 +35,8 @@ pub enum EventFormat {
 /// What the monitor of a run is told at the start.
 pub struct MonitorConfig {
     pub input: InputSpec,
-    pub state: PathBuf,
+    /// The directory `live.json` is published in (`status` reads it); `None`: not published.
+    pub state: Option<PathBuf>,
     pub interval: Duration,
     pub format: EventFormat,
     /// Show the terminal bar (standard error is a terminal and not `-q`). Built without the
@@ -285,8 +286,11 @@ fn publish(
     since: Option<&Sample>,
     finished: Option<&str>,
 ) {
-    if let Err(e) = live::publish(&config.state, &view.snapshot(run, since, finished)) {
-        tracing::debug!("cannot write {}: {e}", live::path(&config.state).display());
+    let Some(state) = &config.state else {
+        return;
+    };
+    if let Err(e) = live::publish(state, &view.snapshot(run, since, finished)) {
+        tracing::debug!("cannot write {}: {e}", live::path(state).display());
     }
 }
 

@@ -7,13 +7,14 @@
 //! exactly the same IDs, skipping those whose new result is already durable. The engine
 //! runs a rerun with the same dispatcher and writer as a job ([`crate::engine::run_log`]).
 //!
-//! Never rerun what is not asked: `--failed` and `--buckets` select only IDs whose record is
-//! failed; only `--all-items` (explicit) and `--ids` (an explicit list) select IDs that
+//! Never rerun what is not asked: every failed ID and the failed IDs of some buckets select
+//! only IDs whose record is failed; only all the IDs of some buckets (explicit) and a file of
+//! IDs (an explicit list) select IDs that
 //! succeeded.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::failure::ErrorClass;
 use crate::input::Fingerprint;
@@ -23,7 +24,7 @@ use crate::store::{
     RerunOffset, RerunRecord, RerunSelection, Store, StoreError,
 };
 
-/// What the command line asks a rerun to call.
+/// What a rerun is asked to call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RerunAsk {
     /// Every failed ID.
@@ -52,13 +53,16 @@ pub enum RerunError {
         line: u64,
         reason: String,
     },
-    #[error("rerun {number} ({selection}) is not finished; finish it first with the same command: highwater rerun --state {state} {selection}")]
+    /// A bucket number the job does not have.
+    #[error("the job has no bucket {bucket} (its buckets are 0 to {})", .planned.saturating_sub(1))]
+    NoBucket { bucket: u64, planned: u64 },
+    /// The last rerun, of another selection, is not finished.
+    #[error("rerun {number} is not finished; finish it first")]
     Unfinished {
         number: u32,
-        selection: String,
-        state: String,
+        selection: RerunSelection,
     },
-    #[error("the job has {0} bucket(s) not committed yet; finish the run first (highwater run --state DIR), then rerun")]
+    #[error("the job has {0} bucket(s) not committed yet; finish its run first, then rerun")]
     JobInFlight(u64),
     #[error("{path}: {source}")]
     Io {
@@ -84,7 +88,7 @@ impl From<ExportError> for RerunError {
 #[derive(Debug, Clone)]
 pub enum Prepared {
     /// The selection is empty; nothing to call.
-    Nothing(String),
+    Nothing(RerunSelection),
     /// Run this rerun (`resumed`: it existed, unfinished).
     Ready { rerun: RerunRecord, resumed: bool },
 }
@@ -103,7 +107,7 @@ pub enum Chosen {
     /// The unfinished rerun asked for again.
     Resume(RerunRecord),
     /// The selection is empty; nothing to call.
-    Nothing(String),
+    Nothing(RerunSelection),
     /// A new rerun of these IDs (in input order).
     New {
         selection: RerunSelection,
@@ -139,12 +143,8 @@ impl Selected {
 /// `ask` is the same, or select the IDs of a new one. Every refusal (an unfinished rerun of
 /// another selection, buckets in flight, an unknown bucket or ID) comes before the command
 /// writes anything, a spec change included; [`start`] then carries it out.
-pub async fn choose<S: Store>(
-    store: &S,
-    ask: &RerunAsk,
-    state: &Path,
-) -> Result<Chosen, RerunError> {
-    // An unfinished `--ids` rerun resumes from its stored IDs: the file is not needed any
+pub async fn choose<S: Store>(store: &S, ask: &RerunAsk) -> Result<Chosen, RerunError> {
+    // An unfinished rerun of a file of IDs resumes from its stored IDs: the file is not needed any
     // more, and a file edited, moved or deleted since must not leave the rerun stuck.
     if let (RerunAsk::Ids(file), Some(open)) = (ask, unfinished(store).await?) {
         if let RerunSelection::Ids {
@@ -160,7 +160,7 @@ pub async fn choose<S: Store>(
                 if Fingerprint::of_file(stored).ok().as_ref() != Some(fingerprint) {
                     tracing::warn!(
                         file = %stored.display(),
-                        "the --ids file changed since rerun {} was created; it resumes with the IDs stored then",
+                        "the file of IDs changed since rerun {} was created; it resumes with the IDs stored then",
                         open.number
                     );
                 }
@@ -194,8 +194,7 @@ pub async fn choose<S: Store>(
         }
         return Err(RerunError::Unfinished {
             number: open.number,
-            selection: open.selection.to_string(),
-            state: crate::console::shell_path(state),
+            selection: open.selection,
         });
     }
     let in_flight = store.stats().await?.buckets_in_flight;
@@ -204,10 +203,7 @@ pub async fn choose<S: Store>(
     }
     let selected = select(store, &selection).await?;
     if selected.is_empty() {
-        return Ok(Chosen::Nothing(match &selection {
-            RerunSelection::Ids { .. } => "the --ids file lists no IDs".into(),
-            _ => format!("no failed IDs to rerun ({selection})"),
-        }));
+        return Ok(Chosen::Nothing(selection));
     }
     Ok(Chosen::New {
         selection,
@@ -272,10 +268,7 @@ async fn select<S: Store>(
             let planned = store.stats().await?.buckets_planned;
             for &b in buckets {
                 let Some(offset) = store.offset(b).await? else {
-                    return Err(RerunError::Usage(format!(
-                        "--buckets: the job has no bucket {b} (its buckets are 0 to {})",
-                        planned.saturating_sub(1)
-                    )));
+                    return Err(RerunError::NoBucket { bucket: b, planned });
                 };
                 if *all_items {
                     out.extend(

@@ -94,7 +94,7 @@ pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         spec,
         handler,
         &options,
-        &state,
+        Some(&state),
         None,
         &resume,
     )

@@ -21,6 +21,17 @@ pub(super) async fn run(
     Ok(unsupported())
 }
 
+pub(super) async fn rerun(
+    _args: &RunArgs,
+    _ask: &crate::rerun::RerunAsk,
+    _request: &JobRequest,
+    _url: &str,
+    _job: &str,
+    _metrics: Option<tokio::net::TcpListener>,
+) -> Result<u8> {
+    Ok(unsupported())
+}
+
 pub(super) async fn status(_url: &str, _job: &str, _json: bool) -> Result<(String, bool)> {
     std::process::exit(i32::from(unsupported()))
 }

@@ -5,7 +5,8 @@
 //! registers a session, leases buckets as it goes, and exits by itself (0 or 3) once the
 //! input is planned and every bucket committed. A stop (SIGINT/SIGTERM) finishes or abandons
 //! the items in flight within `--shutdown-timeout`, then ends the session, which releases
-//! every lease at once. `status`, `export` and `failures` read the job without a session.
+//! every lease at once. `status`, `export` and `failures` read the job without a session;
+//! `rerun` runs with a session of its own, as the rerun's one worker.
 //! The URL is shown only without its password.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use anyhow::Result;
 use super::{exit, refused, run_job, RunArgs};
 use crate::input::Fingerprint;
 use crate::job::{join_job, open_job, stored_job, JobRequest, JobSpec};
+use crate::rerun::RerunAsk;
 use crate::say;
 use crate::store::postgres::{connect::redact_url, PgOpen, PgStore, PgTarget};
 use crate::store::{JobView, StoreError};
@@ -164,12 +166,17 @@ pub(super) async fn run(
         spec,
         handler,
         &args.options(),
-        &PathBuf::from(redact_url(&url)),
+        None,
         metrics,
         &resume,
     )
     .await;
-    // The session ends: what this worker still holds is released at once.
+    close(store).await;
+    code
+}
+
+/// End the worker's session: what it still holds is released at once.
+async fn close(store: Arc<PgStore>) {
     match Arc::into_inner(store) {
         Some(store) => {
             if let Err(e) = store.close().await {
@@ -178,6 +185,62 @@ pub(super) async fn run(
         }
         None => tracing::warn!("the worker's session is left to expire by itself"),
     }
+}
+
+/// `rerun` on a job of a database, as on a directory: this process is the rerun's one
+/// worker (a session of its own, ended when the rerun stops).
+pub(super) async fn rerun(
+    args: &RunArgs,
+    ask: &RerunAsk,
+    request: &JobRequest,
+    url: &str,
+    job: &str,
+    metrics: Option<tokio::net::TcpListener>,
+) -> Result<u8> {
+    let target = match target(url) {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
+    let open = PgOpen {
+        ttl: args.lease_ttl,
+        ..PgOpen::new(job)
+    };
+    let store = match PgStore::open(&target, &open).await {
+        Ok(store) => store,
+        Err(e) if matches!(e.root(), StoreError::NotAStore { .. }) => {
+            say!("error: there is no {} to rerun", shown(url, job));
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let store = Arc::new(store);
+    if stored_job(&*store).await?.is_none() {
+        say!(
+            "error: the {} has no spec yet (its first run stopped before creating it): nothing to rerun",
+            shown(url, job)
+        );
+        close(store).await;
+        return Ok(exit::USAGE);
+    }
+    let place = super::rerun::Place {
+        job: format!("the {}", shown(url, job)),
+        state: format!(
+            "--state {} --job {}",
+            redact_url(url),
+            crate::console::shell_path(Path::new(job))
+        ),
+        live: None,
+    };
+    let code = super::rerun::rerun_in(
+        store.clone(),
+        ask,
+        request,
+        &args.options(),
+        metrics,
+        &place,
+    )
+    .await;
+    close(store).await;
     code
 }
 
@@ -206,7 +269,7 @@ pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, 
         serde_json::json!(workers),
         format!("{}{}", render_planning(&planning), render_workers(&workers)),
     );
-    let mut text = super::describe(
+    let mut text = super::status::describe(
         &store,
         &spec,
         Path::new(&redact_url(url)),

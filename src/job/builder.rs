@@ -21,7 +21,7 @@ use crate::engine::{stop_pair, EngineError, Stop, StopHandle};
 use crate::handler::Handler;
 use crate::input::{InputFormat, InputSpec};
 use crate::job::{
-    open_job, JobError, JobRequest, Reporters, RetryOverrides, RetryPolicy, RunOptions,
+    open_job, JobError, JobRequest, JobSpec, Reporters, RetryOverrides, RetryPolicy, RunOptions,
 };
 use crate::monitor::{EventFormat, MonitorConfig};
 use crate::progress::RunSummary;
@@ -79,12 +79,83 @@ pub struct Job<H, P = StateDir> {
     store: P,
     bucket_size: Option<u64>,
     retry: RetryOverrides,
+    reporting: Reporting,
+}
+
+/// A store and the job it holds, opened by the caller: see [`Job::opened`].
+pub struct Opened<S> {
+    store: Arc<S>,
+    spec: JobSpec,
+    log: Log,
+}
+
+/// How a run is done and reported, whatever the store: the per-run options and the opt-in
+/// reporters.
+struct Reporting {
     options: RunOptions,
     signals: Option<crate::job::SecondSignal>,
     progress: Option<(Duration, EventFormat, bool)>,
     #[cfg(feature = "metrics")]
     metrics: Option<tokio::net::TcpListener>,
+    /// Where `live.json` goes, if not in the state directory.
+    live_dir: Option<PathBuf>,
     stop: (StopHandle, Stop),
+}
+
+impl Reporting {
+    fn new() -> Reporting {
+        Reporting {
+            options: RunOptions {
+                progress_interval: Duration::ZERO,
+                ..RunOptions::default()
+            },
+            signals: None,
+            progress: None,
+            #[cfg(feature = "metrics")]
+            metrics: None,
+            live_dir: None,
+            stop: stop_pair(),
+        }
+    }
+
+    /// Run `log` of the job `spec` in `store` with `handler`; `dir` is the state directory,
+    /// if any (`live.json` goes there unless [`Job::live_dir`] said otherwise).
+    async fn run<S: Store + Leases, H: Handler>(
+        self,
+        store: Arc<S>,
+        spec: JobSpec,
+        handler: H,
+        dir: Option<PathBuf>,
+        log: Log,
+    ) -> Result<RunSummary, RunError> {
+        let live = self.live_dir.or(dir);
+        let monitor = self.progress.map(|(interval, format, bar)| MonitorConfig {
+            input: spec.input.clone(),
+            state: live,
+            interval,
+            format,
+            bar,
+            concurrency: self.options.concurrency,
+            configured_rate: self.options.throttle.rate.map(|r| r.per_second()),
+        });
+        let reporters = Reporters {
+            signals: self.signals,
+            monitor,
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics,
+        };
+        let summary = super::run_reported(
+            store,
+            spec,
+            Arc::new(handler),
+            &self.options,
+            reporters,
+            self.stop,
+            log,
+        )
+        .await?;
+        Ok(summary)
+    }
 }
 
 /// Errors of [`Job::run`], found before any work unless said otherwise.
@@ -131,15 +202,7 @@ impl<H: Handler> Job<H, StateDir> {
             store: StateDir(None),
             bucket_size: None,
             retry: RetryOverrides::default(),
-            options: RunOptions {
-                progress_interval: Duration::ZERO,
-                ..RunOptions::default()
-            },
-            signals: None,
-            progress: None,
-            #[cfg(feature = "metrics")]
-            metrics: None,
-            stop: stop_pair(),
+            reporting: Reporting::new(),
         }
     }
 
@@ -158,13 +221,120 @@ impl<H: Handler> Job<H, StateDir> {
             store,
             bucket_size: self.bucket_size,
             retry: self.retry,
-            options: self.options,
-            signals: self.signals,
-            progress: self.progress,
-            #[cfg(feature = "metrics")]
-            metrics: self.metrics,
-            stop: self.stop,
+            reporting: self.reporting,
         }
+    }
+}
+
+impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
+    /// Run the job `store` holds as `spec`, the job [`crate::job::open_job`] (or
+    /// [`crate::job::stored_job`]) returned for it, with `handler` (built for that spec:
+    /// [`crate::job::job_handler`] builds the one a spec's request or command names). For a
+    /// program that creates, checks or changes the job itself before running it, as the
+    /// command line does; nothing is checked against the store again. `live.json` is written
+    /// only where [`Job::live_dir`] says.
+    pub fn opened(store: Arc<S>, spec: JobSpec, handler: H) -> Job<H, Opened<S>> {
+        Job {
+            handler,
+            name: String::new(),
+            input: None,
+            store: Opened {
+                store,
+                spec,
+                log: Log::Job,
+            },
+            bucket_size: None,
+            retry: RetryOverrides::default(),
+            reporting: Reporting::new(),
+        }
+    }
+
+    /// Run rerun `number` (written ahead by [`crate::rerun::start`]) instead of the job's
+    /// own buckets.
+    pub fn rerun(mut self, number: u32) -> Self {
+        self.store.log = Log::Rerun(number);
+        self
+    }
+
+    /// The job's spec.
+    pub fn spec(&self) -> &JobSpec {
+        &self.store.spec
+    }
+
+    /// Run the job (or the rerun) until it is finished or stopped.
+    pub async fn run(self) -> Result<RunSummary, RunError> {
+        let Opened { store, spec, log } = self.store;
+        self.reporting
+            .run(store, spec, self.handler, None, log)
+            .await
+    }
+}
+
+impl<H: Handler, P> Job<H, P> {
+    /// IDs worked on at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.reporting.options.concurrency = n;
+        self
+    }
+
+    /// Every per-run setting at once (rate limit, failure limit, durability, ...).
+    pub fn options(mut self, options: RunOptions) -> Self {
+        self.reporting.options = options;
+        self
+    }
+
+    /// A handle that stops the run gracefully (items in flight finish, the rest stays
+    /// pending for a resume).
+    pub fn stop_handle(&self) -> StopHandle {
+        self.reporting.stop.0.clone()
+    }
+
+    /// Stop gracefully on SIGINT/SIGTERM; a second signal exits the process (status 130).
+    pub fn stop_on_signals(self) -> Self {
+        self.stop_on_signals_then(Box::new(|| {
+            crate::console::say("stopped at once; the state is consistent, resume to go on");
+            std::process::exit(130);
+        }))
+    }
+
+    /// Stop gracefully on SIGINT/SIGTERM; a second signal calls `second` (which typically
+    /// says so and exits the process).
+    pub fn stop_on_signals_then(mut self, second: crate::job::SecondSignal) -> Self {
+        self.reporting.signals = Some(second);
+        self
+    }
+
+    /// Progress events every `interval` (through `tracing` as text, or JSON lines on
+    /// standard error) and the `live.json` snapshot in the state directory.
+    pub fn progress(mut self, interval: Duration, format: EventFormat) -> Self {
+        self.reporting.options.progress_interval = interval;
+        self.reporting.progress = Some((interval, format, false));
+        self
+    }
+
+    /// The terminal progress bar on standard error.
+    #[cfg(feature = "progress-bar")]
+    pub fn progress_bar(mut self) -> Self {
+        let (interval, format, _) =
+            self.reporting
+                .progress
+                .unwrap_or((Duration::ZERO, EventFormat::Text, true));
+        self.reporting.progress = Some((interval, format, true));
+        self
+    }
+
+    /// Publish the `live.json` snapshot (with [`Job::progress`] or the bar) in `dir`
+    /// instead of the state directory: for a store given, which has none.
+    pub fn live_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.reporting.live_dir = Some(dir.into());
+        self
+    }
+
+    /// Serve Prometheus metrics on `listener` while the run lasts.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(mut self, listener: tokio::net::TcpListener) -> Self {
+        self.reporting.metrics = Some(listener);
+        self
     }
 }
 
@@ -206,12 +376,6 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         self
     }
 
-    /// IDs worked on at once.
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.options.concurrency = n;
-        self
-    }
-
     /// How failed attempts are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = RetryOverrides {
@@ -220,52 +384,6 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
             max_interval: Some(policy.max_interval),
             max_elapsed: Some(policy.max_elapsed),
         };
-        self
-    }
-
-    /// Every per-run setting at once (rate limit, failure limit, durability, ...).
-    pub fn options(mut self, options: RunOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// A handle that stops the run gracefully (items in flight finish, the rest stays
-    /// pending for a resume).
-    pub fn stop_handle(&self) -> StopHandle {
-        self.stop.0.clone()
-    }
-
-    /// Stop gracefully on SIGINT/SIGTERM; a second signal exits the process (status 130).
-    pub fn stop_on_signals(mut self) -> Self {
-        self.signals = Some(Box::new(|| {
-            crate::console::say("stopped at once; the state is consistent, resume to go on");
-            std::process::exit(130);
-        }));
-        self
-    }
-
-    /// Progress events every `interval` (through `tracing` as text, or JSON lines on
-    /// standard error) and the `live.json` snapshot in the state directory.
-    pub fn progress(mut self, interval: Duration, format: EventFormat) -> Self {
-        self.options.progress_interval = interval;
-        self.progress = Some((interval, format, false));
-        self
-    }
-
-    /// The terminal progress bar on standard error.
-    #[cfg(feature = "progress-bar")]
-    pub fn progress_bar(mut self) -> Self {
-        let (interval, format, _) =
-            self.progress
-                .unwrap_or((Duration::ZERO, EventFormat::Text, true));
-        self.progress = Some((interval, format, true));
-        self
-    }
-
-    /// Serve Prometheus metrics on `listener` while the run lasts.
-    #[cfg(feature = "metrics")]
-    pub fn metrics(mut self, listener: tokio::net::TcpListener) -> Self {
-        self.metrics = Some(listener);
         self
     }
 
@@ -312,44 +430,17 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         };
         let spec = open_job(&*store, &request).await.map_err(|e| match e {
             JobError::InputChanged { what, .. } if from_ids => RunError::IdsChanged { what },
-            JobError::MeaningChanged(lines) => {
-                RunError::JobChanged(lines.iter().map(|l| unflagged(l)).collect())
-            }
+            JobError::MeaningChanged(lines) => RunError::JobChanged(lines),
             JobError::Usage(_) if request.input.is_none() => RunError::NoJob,
             e => RunError::Job(e),
         });
         if let Some(previous) = previous {
             previous.settle(spec.is_ok());
         }
-        let spec = spec?;
-        let monitor = self.progress.map(|(interval, format, bar)| MonitorConfig {
-            input: spec.input.clone(),
-            state: dir
-                .clone()
-                .or(scratch.as_ref().map(|t| t.path().to_path_buf()))
-                .unwrap_or_else(std::env::temp_dir),
-            interval,
-            format,
-            bar,
-            concurrency: self.options.concurrency,
-            configured_rate: self.options.throttle.rate.map(|r| r.per_second()),
-        });
-        let reporters = Reporters {
-            signals: self.signals,
-            monitor,
-            #[cfg(feature = "metrics")]
-            metrics: self.metrics,
-        };
-        let summary = super::run_reported(
-            store,
-            spec,
-            Arc::new(self.handler),
-            &self.options,
-            reporters,
-            self.stop,
-            Log::Job,
-        )
-        .await?;
+        let summary = self
+            .reporting
+            .run(store, spec?, self.handler, dir, Log::Job)
+            .await?;
         drop(scratch);
         Ok(summary)
     }
@@ -423,13 +514,6 @@ fn store_ids(
         path: path.to_path_buf(),
         format: InputFormat::Text,
     })
-}
-
-/// A line of the job's changes with the command line's flag names turned into words.
-fn unflagged(line: &str) -> String {
-    line.strip_prefix("--")
-        .map(|rest| rest.replacen('-', " ", 1))
-        .unwrap_or_else(|| line.to_owned())
 }
 
 #[cfg(test)]
@@ -534,6 +618,35 @@ mod tests {
             }
             e => panic!("{e}"),
         }
+    }
+
+    #[tokio::test]
+    async fn an_opened_job_runs_the_rerun_its_caller_wrote() {
+        use crate::rerun::{choose, start, Prepared, RerunAsk};
+        use crate::store::JobView;
+        let store = Arc::new(MemStore::new());
+        let ids = ["1", "x", "3"].map(String::from);
+        let s = Job::new(double)
+            .store(store.clone())
+            .ids(ids)
+            .run()
+            .await
+            .unwrap();
+        assert_eq!((s.job.ok, s.job.failed), (2, 1));
+        let spec = crate::job::stored_job(&*store).await.unwrap().unwrap();
+        let chosen = choose(&*store, &RerunAsk::Failed).await.unwrap();
+        let Prepared::Ready { rerun, .. } = start(&*store, &spec, chosen).await.unwrap() else {
+            panic!("one failed ID to rerun");
+        };
+        // The fault is fixed: any ID is accepted now.
+        let lenient = |id: String| async move { Ok::<_, Failure>(serde_json::json!(id.len())) };
+        let job = Job::opened(store.clone(), spec, lenient).rerun(rerun.number);
+        assert_eq!(job.spec().bucket_size, crate::job::DEFAULT_BUCKET_SIZE);
+        job.run().await.unwrap();
+        let r = store.rerun_stats(rerun.number).await.unwrap();
+        assert!(r.finished() && (r.ok, r.failed) == (1, 0), "{r:?}");
+        let stats = store.stats().await.unwrap();
+        assert_eq!((stats.ok, stats.failed), (3, 0));
     }
 
     #[tokio::test]

@@ -2,8 +2,8 @@
 //! SIGINT/SIGTERM stops gracefully, a second one calls the program's own handler), the
 //! progress monitor (events, the terminal bar under the `progress-bar` feature, `live.json`)
 //! and the Prometheus endpoint (under the `metrics` feature). [`run_reported`] runs the
-//! engine with the reporters asked for; the [`super::Job`] builder and the command line both
-//! run through it.
+//! engine with the reporters asked for; the [`super::Job`] builder runs through it (and the
+//! command line through the builder).
 
 use std::sync::Arc;
 
@@ -20,21 +20,21 @@ pub type SecondSignal = Box<dyn Fn() + Send + Sync>;
 
 /// The reporters of one run; none by default.
 #[derive(Default)]
-pub struct Reporters {
+pub(crate) struct Reporters {
     /// Stop on SIGINT/SIGTERM: the first one finishes the items in flight, a second one
     /// calls this.
-    pub signals: Option<SecondSignal>,
+    pub(crate) signals: Option<SecondSignal>,
     /// Progress events, the bar and the `live.json` snapshot.
-    pub monitor: Option<MonitorConfig>,
+    pub(crate) monitor: Option<MonitorConfig>,
     /// Serve `/metrics` on this listener while the run lasts.
     #[cfg(feature = "metrics")]
-    pub metrics: Option<tokio::net::TcpListener>,
+    pub(crate) metrics: Option<tokio::net::TcpListener>,
 }
 
 /// Run `log` of the job in `store` with `reporters`, until it ends or `stop` is asked for
 /// (`handle` is the one the signal reporter pulls).
 #[allow(clippy::too_many_arguments)]
-pub async fn run_reported<S: Store + Leases, H: Handler>(
+pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: JobSpec,
     handler: Arc<H>,

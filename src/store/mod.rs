@@ -275,34 +275,15 @@ pub struct PlannerState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RerunSelection {
-    /// Every failed ID of the job (`--failed`).
+    /// Every failed ID of the job.
     Failed,
-    /// The failed IDs of these buckets, or all their IDs (`--buckets`, `--all-items`).
+    /// The failed IDs of these buckets, or all their IDs.
     Buckets { buckets: Vec<u64>, all_items: bool },
-    /// Exactly the IDs of a file (`--ids`).
+    /// Exactly the IDs of a file, one per line.
     Ids {
         file: PathBuf,
         fingerprint: Fingerprint,
     },
-}
-
-impl std::fmt::Display for RerunSelection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RerunSelection::Failed => write!(f, "--failed"),
-            RerunSelection::Buckets { buckets, all_items } => {
-                let list: Vec<String> = buckets.iter().map(u64::to_string).collect();
-                write!(f, "--buckets {}", list.join(","))?;
-                if *all_items {
-                    write!(f, " --all-items")?;
-                }
-                Ok(())
-            }
-            RerunSelection::Ids { file, .. } => {
-                write!(f, "--ids {}", crate::console::shell_path(file))
-            }
-        }
-    }
 }
 
 /// A rerun: its number, what it selected, and how big it is.

@@ -21,7 +21,11 @@ mod parquet;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
+mod postgres_faults;
+#[cfg(feature = "postgres")]
 mod postgres_fleet;
+#[cfg(feature = "postgres")]
+mod postgres_rerun;
 mod progress;
 mod reruns;
 mod throttle;

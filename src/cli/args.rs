@@ -1,0 +1,487 @@
+//! The command line's clap definitions and value parsers, and their conversion into the
+//! library's [`JobRequest`] and [`RunOptions`] (validated once, here).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::input::{format_from_extension, InputFormat, InputSpec};
+use crate::job::{Durability, FailureLimit, JobRequest, RetryOverrides, RunOptions};
+use crate::sink::{self, ExportFormat};
+use crate::throttle::{Rate, ThrottleOptions};
+
+pub(crate) const EXIT_CODES: &str = "Exit codes:
+  0    every ID succeeded
+  1    the job could not proceed (input, state or store error)
+  2    usage error
+  3    the run completed but some IDs failed permanently
+  130  stopped by a signal (run the same command again to resume)";
+
+#[derive(Debug, Parser)]
+#[command(name = "highwater", version, about = "Long, resumable enrichment jobs: one API call per ID, crash-safe", after_help = EXIT_CODES)]
+pub(crate) struct Cli {
+    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub(crate) verbose: u8,
+    /// Less log output (warnings and errors only).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub(crate) quiet: bool,
+    /// Log lines and progress events as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    pub(crate) log_format: LogFormat,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create a job and run it, or resume the job stored in --state.
+    /// A flag given twice takes its last value.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
+    Run(Box<RunArgs>),
+    /// Show where a job stands.
+    Status(StatusArgs),
+    /// Write one record per unique ID, in input order.
+    Export(ExportArgs),
+    /// List the IDs that failed permanently (the error table), in input order.
+    Failures(FailuresArgs),
+    /// Call chosen IDs of a job again: the failed ones, those of some buckets, or a list.
+    /// Crash-safe like a run: after a kill, the same command resumes it.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
+    Rerun(Box<RerunArgs>),
+    /// Run a complete job against a local fake API with injected faults.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// State directory (created on first run, resumed after), or a PostgreSQL URL
+    /// (postgres://user@host/db, ${VAR} expanded) with --job: the job's workers share it.
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name in that database.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// With a PostgreSQL --state: how long a worker's leases outlive its last heartbeat
+    /// (its buckets are taken over after that when it dies).
+    #[arg(long, default_value = "30s", value_parser = lease_ttl, value_name = "DURATION")]
+    pub(crate) lease_ttl: Duration,
+    /// File of IDs (needed to create the job; optional on resume).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) input: Option<PathBuf>,
+    /// Input format; default from the extension (.csv, .jsonl/.ndjson, else text).
+    #[arg(long, value_enum)]
+    pub(crate) input_format: Option<FormatArg>,
+    /// CSV column holding the ID.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) id_column: Option<String>,
+    /// JSONL field holding the ID.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) id_field: Option<String>,
+    /// URL template: {id} is percent-encoded, ${VAR} comes from the environment.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub(crate) url: Option<String>,
+    /// Run a command for each ID instead of calling a URL: 'PROGRAM ARG... {id}', split
+    /// like a shell would (no shell unless you write sh -c), {id} one argument, ${VAR} from
+    /// the environment. Standard output is the result; exit 0 ok, a --retry-exit-codes code
+    /// retried, past --timeout killed and retried, any other exit fails the ID.
+    #[arg(long, value_name = "COMMAND", conflicts_with_all = ["url", "method", "headers", "body", "connect_timeout"])]
+    pub(crate) exec: Option<String>,
+    /// With --exec: exit codes that mean "try again later" [default: 75].
+    #[arg(long, value_name = "CODE,...", value_delimiter = ',', value_parser = clap::value_parser!(i32).range(1..=255))]
+    pub(crate) retry_exit_codes: Option<Vec<i32>>,
+    /// HTTP method [default: GET].
+    #[arg(long)]
+    pub(crate) method: Option<String>,
+    /// Request header 'Name: value' (repeatable); ${VAR} comes from the environment.
+    #[arg(long = "header", short = 'H', value_name = "HEADER")]
+    pub(crate) headers: Vec<String>,
+    /// Body template: {id} is JSON-escaped, ${VAR} comes from the environment.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub(crate) body: Option<String>,
+    /// Rows per bucket (micro-batch) [default: 1000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) bucket_size: Option<u64>,
+    /// Items in flight at most.
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) concurrency: u32,
+    /// TCP connect timeout [default: 10s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub(crate) connect_timeout: Option<Duration>,
+    /// Whole-request timeout; with --exec, how long a process may run [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub(crate) timeout: Option<Duration>,
+    /// Attempts per ID, the first included [default: 5].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: Option<u32>,
+    /// First retry wait; doubles per attempt, with jitter [default: 500ms].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub(crate) retry_initial: Option<Duration>,
+    /// Longest retry wait [default: 30s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub(crate) retry_max: Option<Duration>,
+    /// Give up on an ID this long after its first attempt [default: 15m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub(crate) max_retry_time: Option<Duration>,
+    /// Skip input lines without a usable ID (counted and recorded) instead of stopping.
+    #[arg(long)]
+    pub(crate) skip_bad_lines: bool,
+    /// After SIGINT/SIGTERM, how long in-flight items may take to finish.
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) shutdown_timeout: Duration,
+    /// How often to report progress when standard error is not a terminal, and whether to
+    /// report at the end (0 = never).
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) progress_interval: Duration,
+    /// Make results and commit records durable in the background every
+    /// --checkpoint-interval instead of before each bucket's commit (a crash then repeats
+    /// up to one interval of calls). May be switched on or off between runs.
+    #[arg(long)]
+    pub(crate) async_progress: bool,
+    /// With --async-progress: how often results and commits are made durable.
+    #[arg(long, default_value = "1s", value_parser = positive_duration, value_name = "DURATION", requires = "async_progress")]
+    pub(crate) checkpoint_interval: Duration,
+    /// Requests per second at most, retries and probes included: 50, 50/s, 3000/min, 0.5/s.
+    /// With adaptive control (the default) this is the ceiling.
+    #[arg(long, value_name = "RATE")]
+    pub(crate) rate: Option<Rate>,
+    /// Requests that may start at once above the rate: the API sees at most R*t + N in any
+    /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
+    /// worth at high ones), enough to make up for late timer wake-ups without tuning.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) burst: Option<u32>,
+    /// Follow the API's pushback (429, 503, timeouts, rising latency): the rate between
+    /// --min-rate and --rate, or, without --rate, the concurrency up to --concurrency.
+    #[arg(long, value_enum, default_value = "on")]
+    pub(crate) adaptive: OnOff,
+    /// Floor of the adaptive rate [default: --rate / 100, at least 0.1/s].
+    #[arg(long, value_name = "RATE")]
+    pub(crate) min_rate: Option<Rate>,
+    /// Starting rate [default: --rate].
+    #[arg(long, value_name = "RATE")]
+    pub(crate) initial_rate: Option<Rate>,
+    /// Control law, proportional gain (experts).
+    #[arg(long, default_value_t = 1.0, value_name = "K")]
+    pub(crate) kp: f64,
+    /// Control law, integral gain, applied to the share of pushback (experts).
+    #[arg(long, default_value_t = 0.2, value_name = "K")]
+    pub(crate) ki: f64,
+    /// Control law, derivative gain (experts).
+    #[arg(long, default_value_t = 0.0, value_name = "K")]
+    pub(crate) kd: f64,
+    /// How long the API may be unreachable (everything failing) before the run stops with
+    /// exit 1, progress durable.
+    #[arg(long, default_value = "30m", value_parser = duration, value_name = "DURATION")]
+    pub(crate) max_outage: Duration,
+    /// Stop the run once more IDs than this failed permanently in it: a count or N%.
+    #[arg(long, value_name = "N|N%")]
+    pub(crate) max_failures: Option<FailureLimit>,
+    /// sled page cache size in MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    pub(crate) store_cache_mb: u64,
+    /// Reopen the sled database after this much written (e.g. 64MiB, 512KiB; at least 1/32
+    /// of the store's size), so it writes a snapshot: a restart after a crash then replays at
+    /// most about this much of sled's log before the first request. Lower: faster restarts,
+    /// more short pauses; 1TiB: never (least memory, but a restart replays everything since
+    /// the last start).
+    #[arg(long, default_value = "64MiB", value_parser = byte_size, value_name = "SIZE")]
+    pub(crate) store_reopen_after: u64,
+    /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Accept a changed --url, --method, --body or answer check (--expect, --fail-if,
+    /// --retry-if, --extract, --keep-body) for an existing job (recorded in the job's spec
+    /// history, shown by `status`).
+    #[arg(long)]
+    pub(crate) allow_spec_change: bool,
+    /// What a 2xx answer must be: json (else a retryable failure of class body), or any
+    /// [default: any].
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub(crate) expect: Option<ExpectArg>,
+    /// jq condition over the answer ($status, $headers bound): true fails the ID for good,
+    /// class invalid. E.g. '.error != null'. '' removes it.
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) fail_if: Option<String>,
+    /// jq condition over the answer: true retries the attempt with backoff (counted against
+    /// --max-attempts and --max-retry-time), class invalid. E.g. '.status == "pending"'.
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) retry_if: Option<String>,
+    /// jq program whose one output is stored as the result instead of the whole body.
+    /// E.g. '{name: .data.name, score: .data.score}'. '' removes it.
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) extract: Option<String>,
+    /// With --extract: keep the raw body too (stored as {"extract": ..., "raw": ...}).
+    #[arg(long)]
+    pub(crate) keep_body: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ExpectArg {
+    /// The body must be one JSON document.
+    Json,
+    /// Any body (not JSON is stored as a JSON string).
+    Any,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("selection").required(true).args(["failed", "buckets", "ids"])))]
+pub(crate) struct RerunArgs {
+    /// Call again every failed ID of the job.
+    #[arg(long)]
+    pub(crate) failed: bool,
+    /// Call again the failed IDs of these buckets: 10,20,21.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    pub(crate) buckets: Vec<u64>,
+    /// With --buckets: call every ID of those buckets, the ones that succeeded too.
+    #[arg(long)]
+    pub(crate) all_items: bool,
+    /// Call again exactly the IDs in FILE (one per line); each must belong to the job.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ids: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FailuresArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub(crate) format: sink::FailuresFormat,
+    /// Only the failures of this bucket.
+    #[arg(long, value_name = "N")]
+    pub(crate) bucket: Option<u64>,
+    /// Only failures of this error class: http, timeout, connect, connection, body, request,
+    /// invalid.
+    #[arg(long, value_name = "CLASS")]
+    pub(crate) class: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum FormatArg {
+    Text,
+    Csv,
+    Jsonl,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Refresh every second until the run ends (Ctrl-C to leave).
+    #[arg(long)]
+    pub(crate) watch: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    #[arg(long, value_enum, default_value = "jsonl")]
+    pub(crate) format: ExportFormat,
+    /// Write here (atomically) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
+    /// Only the records with this status.
+    #[arg(long, value_enum)]
+    pub(crate) status: Option<StatusArg>,
+    /// With --format parquet: the top-level fields of object results become typed columns
+    /// in place of body.
+    #[arg(long)]
+    pub(crate) flatten: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum StatusArg {
+    Ok,
+    Failed,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Where to put the input and the state (default: a new temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// How many IDs the demo input holds.
+    #[arg(long, default_value_t = 20_000, value_name = "N")]
+    pub(crate) ids: u64,
+}
+
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
+}
+
+/// A size in bytes: a number with an optional unit, B, KiB, MiB, GiB or TiB (K, M, G, T also).
+pub(crate) fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("unknown unit {other:?} (write e.g. 64MiB, 512KiB)")),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (write e.g. 64MiB, 512KiB)"))?;
+    match n.checked_mul(1 << shift) {
+        Some(0) => Err("must be more than 0 (write e.g. 64MiB)".into()),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{s:?} is too large")),
+    }
+}
+
+pub(crate) fn lease_ttl(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d < Duration::from_secs(2) => Err("must be at least 2s (write e.g. 30s)".into()),
+        d => Ok(d),
+    }
+}
+
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d.is_zero() => Err("must be more than 0 (write e.g. 500ms, 1s)".into()),
+        d => Ok(d),
+    }
+}
+
+impl RunArgs {
+    pub(crate) fn input_spec(&self) -> Result<Option<InputSpec>, String> {
+        let Some(path) = &self.input else {
+            if self.input_format.is_some() || self.id_column.is_some() || self.id_field.is_some() {
+                return Err("--input-format, --id-column and --id-field need --input".into());
+            }
+            return Ok(None);
+        };
+        let path = std::fs::canonicalize(path)
+            .or_else(|_| std::path::absolute(path))
+            .map_err(|e| format!("--input {}: {e}", path.display()))?;
+        let format = match self.input_format {
+            Some(FormatArg::Text) => "text",
+            Some(FormatArg::Csv) => "csv",
+            Some(FormatArg::Jsonl) => "jsonl",
+            None => format_from_extension(&path),
+        };
+        let format = match format {
+            "csv" => InputFormat::Csv {
+                column: self
+                    .id_column
+                    .clone()
+                    .ok_or("a CSV input needs --id-column NAME")?,
+            },
+            "jsonl" => InputFormat::Jsonl {
+                field: self
+                    .id_field
+                    .clone()
+                    .ok_or("a JSONL input needs --id-field NAME")?,
+            },
+            _ => InputFormat::Text,
+        };
+        match (&format, &self.id_column, &self.id_field) {
+            (InputFormat::Csv { .. }, _, None)
+            | (InputFormat::Jsonl { .. }, None, _)
+            | (InputFormat::Text, None, None) => {}
+            _ => {
+                return Err(format!(
+                "--id-column goes with CSV input and --id-field with JSONL; this input is {format}"
+            ))
+            }
+        }
+        Ok(Some(InputSpec { path, format }))
+    }
+
+    pub(crate) fn request(&self) -> Result<JobRequest, String> {
+        Ok(JobRequest {
+            input: self.input_spec()?,
+            bucket_size: self.bucket_size,
+            method: self.method.clone(),
+            url: self.url.clone(),
+            exec: self.exec.clone(),
+            retry_exit_codes: self.retry_exit_codes.clone(),
+            handler: None,
+            headers: if self.headers.is_empty() {
+                None
+            } else {
+                Some(self.headers.clone())
+            },
+            body: self.body.clone(),
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            retry: RetryOverrides {
+                max_attempts: self.max_attempts,
+                initial: self.retry_initial,
+                max_interval: self.retry_max,
+                max_elapsed: self.max_retry_time,
+            },
+            answer: crate::job::AnswerRequest {
+                expect_json: self.expect.map(|e| e == ExpectArg::Json),
+                fail_if: self.fail_if.clone(),
+                retry_if: self.retry_if.clone(),
+                extract: self.extract.clone(),
+                keep_body: self.keep_body.then_some(true),
+            },
+            allow_spec_change: self.allow_spec_change,
+            command: "run".into(),
+        })
+    }
+
+    pub(crate) fn options(&self) -> RunOptions {
+        RunOptions {
+            concurrency: self.concurrency as usize,
+            skip_bad_lines: self.skip_bad_lines,
+            shutdown_timeout: self.shutdown_timeout,
+            progress_interval: self.progress_interval,
+            throttle: ThrottleOptions {
+                rate: self.rate,
+                burst: self.burst,
+                adaptive: self.adaptive == OnOff::On,
+                min_rate: self.min_rate,
+                initial_rate: self.initial_rate,
+                kp: self.kp,
+                ki: self.ki,
+                kd: self.kd,
+                max_outage: self.max_outage,
+                ..ThrottleOptions::default()
+            },
+            max_failures: self.max_failures,
+            durability: if self.async_progress {
+                Durability::Async {
+                    interval: self.checkpoint_interval,
+                }
+            } else {
+                Durability::Sync
+            },
+        }
+    }
+}

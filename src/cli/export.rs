@@ -1,0 +1,64 @@
+//! `highwater export`: one record per unique ID, in input order, as JSON lines, CSV or
+//! Parquet, to standard output or a file.
+
+use std::io;
+
+use anyhow::{Context, Result};
+
+use super::args::{ExportArgs, StatusArg};
+use super::{exit, open_existing, pg, state_arg, StateArg};
+use crate::say;
+use crate::sink::{self, ExportFormat};
+use crate::store::{ItemStatus, Store};
+
+pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
+    let parquet = args.format == ExportFormat::Parquet;
+    if args.flatten && !parquet {
+        say!("error: --flatten goes with --format parquet");
+        return Ok(exit::USAGE);
+    }
+    if parquet && args.output.is_none() {
+        say!("error: --format parquet needs --output FILE (Parquet is not written to standard output)");
+        return Ok(exit::USAGE);
+    }
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => {
+            let (store, _) = pg::open_reader(&url, &job).await?;
+            return export_of(&store, &args).await;
+        }
+        Err(code) => return Ok(code),
+    }
+    let (store, _) = open_existing(&args.state).await?;
+    export_of(&store, &args).await
+}
+
+/// `export` over an opened store.
+async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
+    let parquet = args.format == ExportFormat::Parquet;
+    let only = args.status.map(|s| match s {
+        StatusArg::Ok => ItemStatus::Ok,
+        StatusArg::Failed => ItemStatus::Failed,
+    });
+    match &args.output {
+        Some(path) => {
+            let n = if parquet {
+                crate::parquet_export::export_to_file(store, only, args.flatten, path).await
+            } else {
+                sink::export_to_file(store, args.format, only, path).await
+            }
+            .with_context(|| format!("exporting to {}", path.display()))?;
+            say!("wrote {n} records to {}", path.display());
+        }
+        None => {
+            let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
+            match sink::export(store, args.format, only, &mut out).await {
+                Ok(_) => {}
+                Err(crate::store::ExportError::Write(e))
+                    if e.kind() == io::ErrorKind::BrokenPipe => {}
+                Err(e) => return Err(e).context("exporting to standard output"),
+            }
+        }
+    }
+    Ok(exit::OK)
+}

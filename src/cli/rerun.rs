@@ -1,0 +1,216 @@
+//! `highwater rerun`: choose the IDs to call again, write the rerun ahead, and run it, on a
+//! state directory or on a job of a PostgreSQL database (this process is then the rerun's
+//! one worker). The flags that name a selection are the command line's: [`flags`] writes a
+//! stored selection back as them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::args::RerunArgs;
+use super::run::cli_job;
+use super::{exit, library_job, open_files, pg, refused, state_arg, StateArg};
+use crate::console::shell_path;
+use crate::job::{open_job, JobRequest, RunOptions};
+use crate::rerun::{Prepared, RerunAsk, RerunError};
+use crate::say;
+use crate::store::sled_store::{OpenMode, SledStore};
+use crate::store::{JobView, Leases, RerunSelection, Store};
+
+/// Where a rerun's job is, as its messages name it.
+pub(crate) struct Place<'a> {
+    /// The job, in a sentence: `the job in DIR`.
+    pub(crate) job: String,
+    /// `--state ...` (with `--job ...` for a database) as a command that resumes it takes them.
+    pub(crate) state: String,
+    /// The state directory `live.json` goes to, if any.
+    pub(crate) live: Option<&'a Path>,
+}
+
+/// A selection as the flags that ask for it: `--failed`, `--buckets 1,2 --all-items`,
+/// `--ids FILE`.
+pub(crate) fn flags(selection: &RerunSelection) -> String {
+    match selection {
+        RerunSelection::Failed => "--failed".into(),
+        RerunSelection::Buckets { buckets, all_items } => {
+            let list: Vec<String> = buckets.iter().map(u64::to_string).collect();
+            let all = if *all_items { " --all-items" } else { "" };
+            format!("--buckets {}{all}", list.join(","))
+        }
+        RerunSelection::Ids { file, .. } => format!("--ids {}", shell_path(file)),
+    }
+}
+
+pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
+    if let Some(code) = open_files(&args.run) {
+        return Ok(code);
+    }
+    let state = args.run.state.clone();
+    let at = match state_arg(&state, args.run.job.as_deref()) {
+        Ok(at) => at,
+        Err(code) => return Ok(code),
+    };
+    let mut request = match args.run.request() {
+        Ok(r) => r,
+        Err(message) => {
+            say!("error: {message}");
+            return Ok(exit::USAGE);
+        }
+    };
+    request.command = "rerun".into();
+    // Listen first: a bad --metrics-addr stops the rerun before anything is created.
+    let metrics = match args.run.metrics_addr {
+        Some(addr) => Some(
+            crate::metrics::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("--metrics-addr {e}"))?,
+        ),
+        None => None,
+    };
+    if args.all_items && args.buckets.is_empty() {
+        say!("error: --all-items goes with --buckets (it redoes every ID of those buckets)");
+        return Ok(exit::USAGE);
+    }
+    let ask = if args.failed {
+        RerunAsk::Failed
+    } else if let Some(file) = &args.ids {
+        RerunAsk::Ids(file.clone())
+    } else {
+        RerunAsk::Buckets {
+            buckets: args.buckets.clone(),
+            all_items: args.all_items,
+        }
+    };
+    if let StateArg::Pg { url, job } = at {
+        return pg::rerun(&args.run, &ask, &request, &url, &job, metrics).await;
+    }
+    let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
+    store.set_reopen_after(args.run.store_reopen_after);
+    if store.job().await?.is_none() {
+        say!("error: {} holds no job to rerun", state.display());
+        return Ok(exit::USAGE);
+    }
+    let place = Place {
+        job: format!("the job in {}", state.display()),
+        state: format!("--state {}", shell_path(&state)),
+        live: Some(&state),
+    };
+    rerun_in(
+        Arc::new(store),
+        &ask,
+        &request,
+        &args.run.options(),
+        metrics,
+        &place,
+    )
+    .await
+}
+
+/// Rerun what `ask` selects of the job in `store`, opened for it.
+pub(crate) async fn rerun_in<S: Store + Leases>(
+    store: Arc<S>,
+    ask: &RerunAsk,
+    request: &JobRequest,
+    options: &RunOptions,
+    metrics: Option<tokio::net::TcpListener>,
+    place: &Place<'_>,
+) -> Result<u8> {
+    // Every refusal comes before anything is written (a spec change included).
+    let chosen = match crate::rerun::choose(&*store, ask).await {
+        Ok(chosen) => chosen,
+        Err(e) => return refused_rerun(e, place),
+    };
+    let spec = match open_job(&*store, request).await {
+        Ok(spec) => spec,
+        Err(e) => return refused(e),
+    };
+    if let Some(code) = library_job(&spec, &place.job) {
+        return Ok(code);
+    }
+    // A missing ${VAR} is refused before the rerun is written.
+    let handler = crate::job::job_handler(&spec)?;
+    let rerun = match crate::rerun::start(&*store, &spec, chosen).await {
+        Ok(Prepared::Ready { rerun, resumed }) => {
+            say!(
+                "{} rerun {} ({}): {} IDs in {} rerun buckets",
+                if resumed { "resuming" } else { "starting" },
+                rerun.number,
+                flags(&rerun.selection),
+                rerun.ids,
+                rerun.buckets
+            );
+            rerun
+        }
+        Ok(Prepared::Nothing(selection)) => {
+            match selection {
+                RerunSelection::Ids { .. } => say!("nothing to rerun: the --ids file lists no IDs"),
+                _ => say!(
+                    "nothing to rerun: no failed IDs to rerun ({})",
+                    flags(&selection)
+                ),
+            }
+            return Ok(exit::OK);
+        }
+        Err(e) => return refused_rerun(e, place),
+    };
+    let summary = cli_job(store.clone(), spec, handler, options, place.live, metrics)
+        .rerun(rerun.number)
+        .run()
+        .await?;
+    say!("{}", summary.render());
+    let selection = flags(&rerun.selection);
+    let r = store.rerun_stats(rerun.number).await?;
+    say!(
+        "rerun {} ({selection}): {} ok, {} failed, {} pending of {} IDs",
+        r.number,
+        r.ok,
+        r.failed,
+        r.pending,
+        r.ids
+    );
+    if !r.finished() {
+        let resume = format!("highwater rerun {} {selection}", place.state);
+        if let Some(reason) = &summary.halted {
+            say!("stopped: {reason}\nresume with: {resume}");
+            return Ok(exit::ERROR);
+        }
+        say!("resume with: {resume}");
+        return Ok(if summary.interrupted {
+            exit::SIGNAL
+        } else {
+            exit::ERROR
+        });
+    }
+    Ok(if r.failed > 0 {
+        exit::FAILURES
+    } else {
+        exit::OK
+    })
+}
+
+/// A rerun that cannot be: a usage error (2) for what the command asks (an unfinished rerun
+/// of another selection, an unknown bucket), said with the flags; 1 for a job still running;
+/// anything else is the command's error.
+fn refused_rerun(e: RerunError, place: &Place<'_>) -> Result<u8> {
+    match e {
+        RerunError::Usage(message) => say!("error: {message}"),
+        RerunError::NoBucket { .. } => say!("error: --buckets: {e}"),
+        RerunError::Unfinished { number, selection } => {
+            let selection = flags(&selection);
+            say!(
+                "error: rerun {number} ({selection}) is not finished; finish it first with the same command: highwater rerun {} {selection}",
+                place.state
+            );
+        }
+        RerunError::JobInFlight(n) => {
+            say!(
+                "error: the job has {n} bucket(s) not committed yet; finish the run first (highwater run {}), then rerun",
+                place.state
+            );
+            return Ok(exit::ERROR);
+        }
+        e => return Err(e.into()),
+    }
+    Ok(exit::USAGE)
+}

@@ -1,0 +1,254 @@
+//! `highwater status`: where a job stands, as text or one JSON line, once or watched; a
+//! live run's snapshot when a run holds the state directory.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::args::StatusArgs;
+use super::{exit, open_existing, pg, state_arg, StateArg};
+use crate::console::shell_path;
+use crate::job::JobSpec;
+use crate::sink;
+use crate::store::{JobView, Store, StoreStats};
+
+pub(crate) async fn status(args: StatusArgs) -> Result<u8> {
+    if let Err(code) = state_arg(&args.state, args.job.as_deref()) {
+        return Ok(code);
+    }
+    if !args.watch {
+        let (text, _) = status_once(&args).await?;
+        let _ = io::stdout().lock().write_all(text.as_bytes());
+        return Ok(exit::OK);
+    }
+    let clear = std::io::IsTerminal::is_terminal(&io::stdout()) && !args.json;
+    loop {
+        let (text, live) = status_once(&args).await?;
+        let mut out = io::stdout().lock();
+        // Home the cursor and clear the screen: refresh in place.
+        let home: &[u8] = if clear { b"\x1b[H\x1b[2J" } else { b"" };
+        let written = out
+            .write_all(home)
+            .and_then(|()| out.write_all(text.as_bytes()))
+            .and_then(|()| out.flush());
+        drop(out);
+        // Nobody reads any more (a closed pipe, `| head`): stop watching.
+        if !live || written.is_err() {
+            return Ok(exit::OK);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The status text (or JSON line), and whether a run is live.
+async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
+    use crate::live;
+    match state_arg(&args.state, args.job.as_deref()) {
+        Ok(StateArg::Dir) => {}
+        Ok(StateArg::Pg { url, job }) => return pg::status(&url, &job, args.json).await,
+        Err(_) => anyhow::bail!("--state and --job do not go together"),
+    }
+    let now = crate::job::now_ms();
+    let state_text = args.state.display().to_string();
+    let (store, spec) = match open_existing(&args.state).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            let busy = e.downcast_ref().map(crate::store::StoreError::root);
+            let Some(crate::store::StoreError::Busy { pid, .. }) = busy else {
+                return Err(e);
+            };
+            // A run holds the store: show what it publishes. The snapshot is read after the
+            // lock was found held, and judged by its pid and age.
+            let live = live::read(&args.state).filter(|s| Some(s.pid) == *pid && !s.finished);
+            let Some(s) = live else {
+                return Ok((
+                    if args.json {
+                        format!(
+                            "{}\n",
+                            serde_json::json!({"state": state_text, "runner": "starting", "pid": pid, "finished": false})
+                        )
+                    } else {
+                        format!(
+                            "{} is in use by a run (pid {}) that has not published a live snapshot yet\n",
+                            args.state.display(),
+                            pid.map_or("?".into(), |p| p.to_string())
+                        )
+                    },
+                    true,
+                ));
+            };
+            let runner = s.runner(now);
+            let text = if args.json {
+                format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "state": state_text,
+                        "job_id": s.job_id,
+                        "runner": runner,
+                        "live": s,
+                        "stats": s.stats(),
+                        "finished": false,
+                    })
+                )
+            } else {
+                s.render(&args.state, runner, now)
+            };
+            return Ok((text, true));
+        }
+    };
+    // The store is free and we hold its lock: no run is active, and none can start until we
+    // let go. A runner marks its snapshot finished before it lets go of the lock, so a
+    // snapshot read now that is not marked finished means the last runner died (kill -9,
+    // crash, power loss), whatever process has its pid now.
+    let died = live::read(&args.state).filter(|s| !s.finished);
+    let runner = match &died {
+        Some(_) => "died",
+        None => "none",
+    };
+    let text = describe(&store, &spec, &args.state, args.json, runner, died, None).await?;
+    Ok((text, false))
+}
+
+/// A job's status from its store: text, or one JSON line. `died`: the last run's snapshot
+/// when it died unfinished; `workers`: a shared job's worker sessions.
+pub(crate) async fn describe<S: Store>(
+    store: &S,
+    spec: &JobSpec,
+    state: &Path,
+    json: bool,
+    runner: &str,
+    died: Option<crate::live::LiveSnapshot>,
+    workers: Option<(serde_json::Value, String)>,
+) -> Result<String> {
+    use crate::live;
+    let state_text = state.display().to_string();
+    let stats = store.stats().await?;
+    let bad = store.bad_lines(5).await?;
+    let failures = sink::FailureSummary::of(store, FAILED_BUCKETS_SHOWN).await?;
+    let mut reruns = Vec::new();
+    for r in store.reruns().await? {
+        reruns.push((store.rerun_stats(r.number).await?, r));
+    }
+    Ok(if json {
+        let mut value = serde_json::json!({
+            "state": state_text,
+            "job_id": spec.job_id,
+            "input": spec.input.path.display().to_string(),
+            "input_format": spec.input.format.to_string(),
+            "input_bytes": spec.fingerprint.len,
+            "url": spec.request.url,
+            "method": spec.request.method,
+            "exec": spec.exec.as_ref().map(|e| &e.command),
+            "bucket_size": spec.bucket_size,
+            "runner": runner,
+            "last_run": died,
+            "stats": stats,
+            "finished": stats.finished(),
+            "bad_line_examples": bad,
+            "failures": failures,
+            "reruns": reruns.iter().map(|(s, r)| serde_json::json!({
+                "number": r.number,
+                "selection": super::rerun::flags(&r.selection),
+                "created_at_ms": r.created_at_ms,
+                "ids": r.ids,
+                "ok": s.ok,
+                "failed": s.failed,
+                "pending": s.pending,
+                "finished": s.finished(),
+            })).collect::<Vec<_>>(),
+            "spec_history": spec.history,
+        });
+        if let Some((w, _)) = &workers {
+            value["workers"] = w.clone();
+        }
+        format!("{value}\n")
+    } else {
+        let mut text = String::new();
+        if let Some(s) = &died {
+            text.push_str(&format!(
+                "the last run (pid {}, run {}, started {}) died without finishing; its last snapshot was at {}. \
+                 The figures below are the store's: resume with `highwater run --state {}`\n",
+                s.pid,
+                s.run_id,
+                live::format_ms(s.started_ms),
+                live::format_ms(s.updated_ms),
+                shell_path(state)
+            ));
+        }
+        text.push_str(&render_status(state, spec, &stats, &bad));
+        text.push_str(&failures.render());
+        for (s, r) in &reruns {
+            text.push_str(&format!(
+                "rerun {}:    {}: {} ok, {} failed, {} pending of {} IDs{}\n",
+                r.number,
+                super::rerun::flags(&r.selection),
+                s.ok,
+                s.failed,
+                s.pending,
+                r.ids,
+                if s.finished() { "" } else { " (not finished)" }
+            ));
+        }
+        for change in &spec.history {
+            text.push_str(&format!("spec change: {change}\n"));
+        }
+        if let Some((_, w)) = &workers {
+            text.push_str(w);
+        }
+        text
+    })
+}
+
+/// How many buckets committed with failures `status` lists (it counts them all).
+const FAILED_BUCKETS_SHOWN: usize = 100;
+
+fn render_status(
+    state: &Path,
+    spec: &JobSpec,
+    s: &StoreStats,
+    bad: &[crate::store::BadLine],
+) -> String {
+    let read = if s.input_exhausted {
+        "read to the end".to_string()
+    } else if spec.fingerprint.len > 0 {
+        format!(
+            "{:.1}% read",
+            100.0 * s.input_bytes_read as f64 / spec.fingerprint.len as f64
+        )
+    } else {
+        String::new()
+    };
+    let mut text = format!(
+        "state:      {}\njob:        {}\ninput:      {} ({}), {} rows {}\n{}\n\
+         buckets:    {} planned, {} committed, {} in flight (size {})\n\
+         IDs:        {} ok, {} failed, {} pending of {} planned\n\
+         duplicates: {}\nbad lines:  {}\nfinished:   {}\n",
+        state.display(),
+        spec.job_id,
+        spec.input.path.display(),
+        spec.input.format,
+        s.rows_read,
+        read,
+        match &spec.exec {
+            Some(exec) => format!("exec:       {}", exec.command),
+            None => format!("request:    {} {}", spec.request.method, spec.request.url),
+        },
+        s.buckets_planned,
+        s.buckets_committed,
+        s.buckets_in_flight,
+        spec.bucket_size,
+        s.ok,
+        s.failed,
+        s.pending,
+        s.ids_planned,
+        s.duplicates,
+        s.bad_lines,
+        if s.finished() { "yes" } else { "no" },
+    );
+    for b in bad {
+        text.push_str(&format!("  bad line {}: {}\n", b.line, b.reason));
+    }
+    text
+}
