@@ -630,53 +630,7 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             Ok(spec)
         }
         Some(stored) => {
-            let mut asked = stored.clone();
-            if let Some(input) = &request.input {
-                asked.input = input.clone();
-            }
-            if let Some(b) = request.bucket_size {
-                asked.bucket_size = b;
-            }
-            if let Some(m) = &request.method {
-                asked.request.method = m.to_ascii_uppercase();
-            }
-            if let Some(u) = &request.url {
-                asked.request.url = u.clone();
-                asked.exec = None;
-            }
-            if let Some(command) = &request.exec {
-                let retry_exit_codes = asked
-                    .exec
-                    .take()
-                    .map_or_else(|| DEFAULT_RETRY_EXIT_CODES.to_vec(), |e| e.retry_exit_codes);
-                asked.exec = Some(ExecSpec {
-                    command: command.clone(),
-                    retry_exit_codes,
-                });
-                asked.request.url = String::new();
-            }
-            check_retry_exit_codes(request, &asked)?;
-            if request.handler.is_some() || request.url.is_some() || request.exec.is_some() {
-                asked.handler = request.handler.clone();
-            }
-            if request.body.is_some() {
-                asked.request.body = request.body.clone();
-            }
-            request.answer.apply(&mut asked.answer);
-            crate::answer::Answer::compile(&asked.answer)?;
-            let fixed = stored.fixed_changes(&asked);
-            let changes = stored.meaning_changes(&asked);
-            if !fixed.is_empty() || (!changes.is_empty() && !request.allow_spec_change) {
-                return Err(JobError::MeaningChanged(changes));
-            }
-            if !changes.is_empty() {
-                asked.history.push(SpecChange {
-                    at_ms: now_ms(),
-                    command: request.command.clone(),
-                    changes,
-                    previous_input: None,
-                });
-            }
+            let mut asked = resumed_spec(&stored, request)?;
             // The input may have moved (a new --input path) or grown by appending, but
             // what was planned from it never changes.
             let moved = asked.input.path != stored.input.path;
@@ -743,6 +697,81 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             Ok(asked)
         }
     }
+}
+
+/// The stored job as a resume (or a joining worker) asks for it: meaning-changing flags that
+/// differ from the stored ones refused ([`JobError::MeaningChanged`]; with
+/// `allow_spec_change`, accepted and recorded), the input not looked at. Operational flags
+/// are applied by the caller.
+fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobError> {
+    let mut asked = stored.clone();
+    if let Some(input) = &request.input {
+        asked.input = input.clone();
+    }
+    if let Some(b) = request.bucket_size {
+        asked.bucket_size = b;
+    }
+    if let Some(m) = &request.method {
+        asked.request.method = m.to_ascii_uppercase();
+    }
+    if let Some(u) = &request.url {
+        asked.request.url = u.clone();
+        asked.exec = None;
+    }
+    if let Some(command) = &request.exec {
+        let retry_exit_codes = asked
+            .exec
+            .take()
+            .map_or_else(|| DEFAULT_RETRY_EXIT_CODES.to_vec(), |e| e.retry_exit_codes);
+        asked.exec = Some(ExecSpec {
+            command: command.clone(),
+            retry_exit_codes,
+        });
+        asked.request.url = String::new();
+    }
+    check_retry_exit_codes(request, &asked)?;
+    if request.handler.is_some() || request.url.is_some() || request.exec.is_some() {
+        asked.handler = request.handler.clone();
+    }
+    if request.body.is_some() {
+        asked.request.body = request.body.clone();
+    }
+    request.answer.apply(&mut asked.answer);
+    crate::answer::Answer::compile(&asked.answer)?;
+    let fixed = stored.fixed_changes(&asked);
+    let changes = stored.meaning_changes(&asked);
+    if !fixed.is_empty() || (!changes.is_empty() && !request.allow_spec_change) {
+        return Err(JobError::MeaningChanged(changes));
+    }
+    if !changes.is_empty() {
+        asked.history.push(SpecChange {
+            at_ms: now_ms(),
+            command: request.command.clone(),
+            changes,
+            previous_input: None,
+        });
+    }
+    Ok(asked)
+}
+
+/// Join a job a shared store holds as one more worker, without its input: the same checks
+/// of the flags as a resume ([`open_job`]), the operational ones stored, but no input to
+/// check (a joining worker plans only if the stored input is here, unchanged).
+pub async fn join_job<S: Store>(
+    store: &S,
+    request: &JobRequest,
+) -> Result<Option<JobSpec>, JobError> {
+    check_request(request)?;
+    let Some(stored) = stored_job(store).await? else {
+        return Ok(None);
+    };
+    let mut asked = resumed_spec(&stored, request)?;
+    request.apply_operational(&mut asked);
+    check_work(&asked)?;
+    if asked != stored {
+        store.put_job(&asked.to_stored()).await?;
+    }
+    Ok(Some(asked))
 }
 
 /// Check that `spec.path` (now `now`) is the input fingerprinted as `then` with rows

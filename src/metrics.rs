@@ -95,10 +95,12 @@ pub fn render(view: &RunView) -> String {
     let run = counters.snapshot();
     let job = view.figures(&run);
     let mut out = String::new();
+    let worker = view.worker.as_deref();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, value) in samples {
+            let labels = with_worker(labels, worker);
             let _ = writeln!(out, "{name}{labels} {value}");
         }
     };
@@ -241,4 +243,48 @@ pub fn render(view: &RunView) -> String {
         &[(String::new(), view.started_ms as f64 / 1e3)],
     );
     out
+}
+
+/// A sample's name suffix and labels (`_bucket{le="0.1"}`, `{status="ok"}`, ``) with the
+/// `worker` label first, for a worker of a shared job: each worker's series stay apart
+/// when several are scraped into one Prometheus. Unchanged without a worker.
+fn with_worker(labels: &str, worker: Option<&str>) -> String {
+    let Some(worker) = worker else {
+        return labels.to_string();
+    };
+    let label = format!("worker=\"{}\"", escape_label(worker));
+    match labels.split_once('{') {
+        Some((suffix, rest)) => format!("{suffix}{{{label},{rest}"),
+        None => format!("{labels}{{{label}}}"),
+    }
+}
+
+/// A label value as the text format writes it.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_worker;
+
+    #[test]
+    fn the_worker_label_goes_first_in_every_sample_and_nowhere_without_a_worker() {
+        let w = Some("3f2a");
+        assert_eq!(with_worker("", w), r#"{worker="3f2a"}"#);
+        assert_eq!(
+            with_worker(r#"{status="ok"}"#, w),
+            r#"{worker="3f2a",status="ok"}"#
+        );
+        assert_eq!(
+            with_worker(r#"_bucket{le="0.1"}"#, w),
+            r#"_bucket{worker="3f2a",le="0.1"}"#
+        );
+        assert_eq!(with_worker("_sum", w), r#"_sum{worker="3f2a"}"#);
+        assert_eq!(with_worker(r#"{status="ok"}"#, None), r#"{status="ok"}"#);
+        assert_eq!(with_worker("", Some("a\"b")), r#"{worker="a\"b"}"#);
+    }
 }

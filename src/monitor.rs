@@ -56,6 +56,9 @@ pub struct RunView {
     pub run_id: String,
     pub started: Instant,
     pub started_ms: u64,
+    /// This worker among the job's (a shared store's session), for the metrics' `worker`
+    /// label; `None` for a job with one worker at a time.
+    pub worker: Option<String>,
     /// Rows in the whole input, once counted (`u64::MAX` until then).
     total_rows: AtomicU64,
 }
@@ -74,8 +77,14 @@ impl RunView {
             run_id: new_run_id(),
             started: Instant::now(),
             started_ms: now_ms(),
+            worker: None,
             total_rows: AtomicU64::new(total),
         }
+    }
+
+    /// The view of one worker of a shared job ([`RunView::worker`]).
+    pub fn with_worker(self, worker: Option<String>) -> RunView {
+        RunView { worker, ..self }
     }
 
     pub fn total_rows(&self) -> Option<u64> {

@@ -16,7 +16,7 @@ use anyhow::Result;
 
 use super::{exit, refused, run_job, RunArgs};
 use crate::input::Fingerprint;
-use crate::job::{open_job, stored_job, JobRequest, JobSpec};
+use crate::job::{join_job, open_job, stored_job, JobRequest, JobSpec};
 use crate::rerun::RerunAsk;
 use crate::say;
 use crate::store::postgres::{connect::redact_url, PgOpen, PgStore, PgTarget};
@@ -111,9 +111,15 @@ pub(super) async fn run(
             }
         }
     } else {
-        match stored_job(&store).await? {
-            Some(spec) => joining(spec),
-            None => {
+        // The same checks of the flags as a directory resume: what changes the job's
+        // meaning is refused, operational flags apply.
+        match join_job(&store, &request).await {
+            Ok(Some(spec)) => joining(spec),
+            Err(e) => {
+                store.close().await?;
+                return refused(e);
+            }
+            Ok(None) => {
                 say!(
                     "error: {} has no spec yet: its first run needs --input FILE --url TEMPLATE",
                     shown(&url, &job)
@@ -256,10 +262,14 @@ fn joining(mut spec: JobSpec) -> JobSpec {
 pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
     let (store, spec) = open_reader(url, job).await?;
     let workers = store.workers().await?;
+    let planning = store.planning().await?;
     let live = workers.iter().any(|w| w.state != "expired");
     let runner = if live { "running" } else { "none" };
-    let rendered = (serde_json::json!(workers), render_workers(&workers));
-    let text = super::status::describe(
+    let rendered = (
+        serde_json::json!(workers),
+        format!("{}{}", render_planning(&planning), render_workers(&workers)),
+    );
+    let mut text = super::status::describe(
         &store,
         &spec,
         Path::new(&redact_url(url)),
@@ -269,7 +279,27 @@ pub(super) async fn status(url: &str, job: &str, json: bool) -> Result<(String, 
         Some(rendered),
     )
     .await?;
+    if json {
+        // Where planning stands, beside the workers.
+        let mut value: serde_json::Value = serde_json::from_str(&text)?;
+        value["planner"] = serde_json::json!(planning);
+        text = format!("{value}\n");
+    }
     Ok((text, false))
+}
+
+/// Where planning stands, one line of `status`.
+fn render_planning(p: &crate::store::postgres::stats::Planning) -> String {
+    let who = p.planner.as_deref().map_or(String::new(), |w| {
+        format!(" (worker {})", &w[..8.min(w.len())])
+    });
+    match p.state {
+        "done" => "planner:    the input is planned to its end\n".into(),
+        "planning" => format!("planner:    planning{who}\n"),
+        _ => "planner:    the job waits for a worker with the input to plan the rest \
+              (start one with --input FILE)\n"
+            .into(),
+    }
 }
 
 /// The worker table of `status`.

@@ -12,6 +12,17 @@
 //! to its end and every bucket is committed, by this worker or another; with nothing to
 //! lease until then it polls, backing off to [`POLL_MAX`].
 //!
+//! Planning: a worker whose input is here (unchanged) plans under the job's planner lease
+//! ([`plan_fleet`]): while another live worker holds it, it waits and tries again every
+//! [`PLANNER_POLL`]; once that worker's session ends or expires, it takes the lease over and
+//! plans on from the stored position. A worker without the input never plans: it leases
+//! what others planned and, while nobody plans, waits (polling, backed off) with the job
+//! unfinished, as `status` says.
+//!
+//! A stop drains the worker: it says so to the store at once ([`Leases::drain`]: no new
+//! bucket, its rate share back to the others), then finishes or abandons what it holds;
+//! the run releases its leases as it ends.
+//!
 //! One rate for the fleet: `--rate` is the job's total ([`Leases::set_fleet_rate`]), and
 //! this worker's throttle follows the share the store grants it ([`Leases::fleet_rate`],
 //! read every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A
@@ -21,8 +32,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{job_work, rerun_work, Dispatcher, EngineError, Stop, Track};
-use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+use super::{job_work, plan_ahead, rerun_work, Dispatcher, EngineError, Stop, Track};
+use crate::input::InputReader;
+use crate::job::JobSpec;
+use crate::plan::{PlanError, Planner};
+use crate::progress::Counters;
+use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::Throttle;
 
 /// How often the throttle reads the share the store last granted (a read in memory).
@@ -34,7 +49,11 @@ pub(super) type Pauser = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Apply the store's grant (share and shared pause) to the throttle.
 pub(super) fn apply_rate<S: Leases>(store: &S, throttle: &Throttle) {
     if let Some(f) = store.fleet_rate() {
-        throttle.follow_fleet(f.share, f.paused_until.map(tokio::time::Instant::from_std));
+        throttle.follow_fleet(
+            f.share,
+            f.burst,
+            f.paused_until.map(tokio::time::Instant::from_std),
+        );
     }
 }
 
@@ -83,6 +102,26 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
+    let dispatched =
+        lease_and_dispatch(store, dispatcher, log, stop, &mut idle, &mut next_key).await;
+    if stop.is_stopping() {
+        // Draining: seen in `status` while what is held is finished or abandoned.
+        if let Err(e) = store.drain().await {
+            tracing::warn!("could not mark the worker draining: {e}");
+        }
+    }
+    dispatched
+}
+
+/// [`dispatch_leased`]'s loop, until finished or stopped.
+async fn lease_and_dispatch<S: Store + Leases>(
+    store: &S,
+    dispatcher: &mut Dispatcher,
+    log: Log,
+    stop: &Stop,
+    idle: &mut Duration,
+    next_key: &mut u64,
+) -> Result<(), EngineError> {
     while !stop.is_stopping() {
         let leases = if store.alive() {
             store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
@@ -94,13 +133,13 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
                 return Ok(());
             }
             tokio::select! {
-                _ = tokio::time::sleep(idle) => {}
+                _ = tokio::time::sleep(*idle) => {}
                 _ = stop.stopping() => {}
             }
-            idle = (idle * 2).min(POLL_MAX);
+            *idle = (*idle * 2).min(POLL_MAX);
             continue;
         }
-        idle = POLL_MIN;
+        *idle = POLL_MIN;
         for lease in leases {
             let LeaseScope::Bucket { bucket, .. } = lease.scope else {
                 continue;
@@ -121,12 +160,12 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
                 }
             };
             // A key of this lease's own (see `Track`): above any bucket number.
-            next_key += 1;
+            *next_key += 1;
             for item in &mut todo {
-                item.track = next_key;
+                item.track = *next_key;
             }
             let track = Track {
-                key: next_key,
+                key: *next_key,
                 bucket,
                 remaining: todo.len() as u64,
                 done,
@@ -138,12 +177,103 @@ pub(super) async fn dispatch_leased<S: Store + Leases>(
     Ok(())
 }
 
-/// Whether `log` is planned to its end with every bucket committed.
-async fn finished<S: Store>(store: &S, log: Log) -> Result<bool, EngineError> {
+/// Whether `log` is planned to its end with every bucket committed: one cheap question to
+/// a store that can answer it ([`Leases::log_finished`]), else from the records.
+async fn finished<S: Store + Leases>(store: &S, log: Log) -> Result<bool, EngineError> {
+    if let Some(done) = store.log_finished(log).await? {
+        return Ok(done);
+    }
     Ok(match log {
         Log::Job => store.stats().await?.finished(),
         Log::Rerun(k) => store.rerun_stats(k).await?.finished(),
     })
+}
+
+/// How often a worker with the input tries to take over planning while another plans.
+pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
+
+/// Plan the job's input whenever this worker may (see the module doc), until the input is
+/// planned to its end or a stop. Without the input here, plan nothing.
+pub(super) async fn plan_fleet<S: Store + Leases>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    skip_bad_lines: bool,
+    stop: Stop,
+    counters: Arc<Counters>,
+) -> Result<(), PlanError> {
+    let mut waiting = false;
+    while !stop.is_stopping() {
+        let position = store.planner().await?;
+        if position.exhausted {
+            return Ok(());
+        }
+        let reader =
+            match InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len) {
+                Ok(reader) => reader,
+                Err(e) => {
+                    tracing::info!("not planning: the input cannot be read here ({e})");
+                    return Ok(());
+                }
+            };
+        if store.take_planner().await? {
+            // From where the last planner left off: read again under the lease.
+            let position = store.planner().await?;
+            if position.exhausted {
+                return Ok(());
+            }
+            if waiting {
+                tracing::info!(
+                    bucket = position.next_bucket,
+                    "taking over planning from a planner that is gone"
+                );
+            }
+            let reader = if position.cursor == reader.cursor() {
+                reader
+            } else {
+                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)?
+            };
+            let planner = Planner::new(
+                reader,
+                position,
+                spec.bucket_size,
+                skip_bad_lines,
+                spec.fingerprint,
+            );
+            // Planned buckets go to the store, open to every worker: nobody reads them here.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<PlannedBucket>>(1);
+            let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let planned = tokio::task::spawn_blocking(plan_ahead(
+                planner,
+                store.clone(),
+                tx,
+                stop.clone(),
+                counters.clone(),
+            ))
+            .await;
+            drain.abort();
+            match planned {
+                Ok(Ok(())) => return Ok(()),
+                // Another worker took the lease over (this session expired): wait again.
+                Ok(Err(PlanError::Store(e)))
+                    if matches!(e.root(), StoreError::LeaseLost { .. }) =>
+                {
+                    tracing::info!("planning stopped: {e}");
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(StoreError::backend(format!("planner: {e}")).into()),
+            }
+        } else if !waiting {
+            tracing::info!(
+                "another worker plans the input: this one waits to take over if it goes"
+            );
+        }
+        waiting = true;
+        tokio::select! {
+            _ = tokio::time::sleep(PLANNER_POLL) => {}
+            _ = stop.stopping() => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(all(test, feature = "postgres"))]
@@ -363,5 +493,144 @@ mod tests {
         assert_eq!(after.error, before.error);
         assert_eq!(b.stats().await.unwrap(), summary.job);
         exactly_once(&b, &f.ids).await;
+    }
+
+    /// Run a worker of the fleet's job in the background.
+    fn spawn_run(
+        store: Arc<PgStore>,
+        spec: Arc<JobSpec>,
+    ) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
+        tokio::spawn(async move {
+            let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+            run(
+                store,
+                spec,
+                handler,
+                &options(),
+                Arc::new(Counters::default()),
+                stop_pair().1,
+            )
+            .await
+            .unwrap()
+        })
+    }
+
+    /// Wait (with a deadline) until `ready` says yes.
+    async fn until<F: std::future::Future<Output = bool>>(
+        what: &str,
+        mut ready: impl FnMut() -> F,
+    ) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !ready().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not in 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    fn expire(f: &Fleet, store: &PgStore) {
+        f.db.psql(&format!(
+            "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+             WHERE worker_id = '{}'",
+            f.db.db.schema,
+            store.worker()
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
+        let f = fleet(700).await;
+        // X plans the first 100 rows, then dies with the planner lease.
+        let x = worker(&f.db, false).await;
+        let reader = crate::input::InputReader::open_bounded(
+            &f.spec.input,
+            Default::default(),
+            f.spec.fingerprint.len,
+        )
+        .unwrap();
+        let mut planner = crate::plan::Planner::new(
+            reader,
+            Default::default(),
+            f.spec.bucket_size,
+            false,
+            f.spec.fingerprint,
+        );
+        let batch = planner.next_batch(&*x, 100).await.unwrap();
+        x.plan(&batch, &planner.state()).await.unwrap();
+        assert_eq!(x.planning().await.unwrap().state, "planning");
+        let planned_by_x = x.stats().await.unwrap().buckets_planned;
+        assert!(planned_by_x > 0);
+        // B has no input: it works on what X planned, then waits. C has the input, but X
+        // is alive and plans: C waits too, ready to take over.
+        let mut no_input = (*f.spec).clone();
+        no_input.input.path = std::path::PathBuf::new();
+        let b = worker(&f.db, false).await;
+        let b_run = spawn_run(b.clone(), Arc::new(no_input));
+        let c = worker(&f.db, false).await;
+        let c_run = spawn_run(c.clone(), f.spec.clone());
+        until("X's buckets committed", || {
+            let b = b.clone();
+            async move { b.stats().await.unwrap().buckets_committed == planned_by_x }
+        })
+        .await;
+        // Two idle polls and planner polls later, both still wait for the live planner.
+        tokio::time::sleep(super::POLL_MAX.max(super::PLANNER_POLL) * 2).await;
+        assert!(!b_run.is_finished() && !c_run.is_finished(), "both wait");
+        assert_eq!(b.stats().await.unwrap().buckets_planned, planned_by_x);
+        assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(false));
+        // X dies: C, still running, takes the planner lease over and plans the rest.
+        expire(&f, &x);
+        let both = async { (b_run.await.unwrap(), c_run.await.unwrap()) };
+        let (b_sum, c_sum) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
+            .await
+            .expect("C plans the rest and both finish");
+        assert!(b_sum.job.finished() && c_sum.job.finished());
+        assert_eq!(c.planning().await.unwrap().state, "done");
+        assert_eq!(f.api.total_calls(), 700, "no ID called twice");
+        exactly_once(&c, &f.ids).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn status_figures_counted_by_the_database_are_the_walks() {
+        let f = fleet(400).await;
+        let a = worker(&f.db, false).await;
+        let (handle, stop) = stop_pair();
+        let api = f.api.clone();
+        let watcher = tokio::spawn(async move {
+            while api.total_calls() < 60 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        });
+        let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+        run(
+            a.clone(),
+            f.spec.clone(),
+            handler,
+            &options(),
+            Arc::new(Counters::default()),
+            stop,
+        )
+        .await
+        .unwrap();
+        watcher.await.unwrap();
+        // Stopped part way: committed buckets, buckets with some results, duplicates.
+        let walked = crate::store::view::walked_stats(&*a).await.unwrap();
+        assert!(
+            walked.buckets_committed > 0 && walked.pending > 0,
+            "{walked:?}"
+        );
+        assert_eq!(a.counted_stats().await.unwrap(), Some(walked.clone()));
+        assert_eq!(a.stats().await.unwrap(), walked);
+        assert_eq!(a.log_finished(Log::Job).await.unwrap(), Some(false));
+        let b = worker(&f.db, false).await;
+        let done = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
+        let walked = crate::store::view::walked_stats(&*b).await.unwrap();
+        assert!(walked.finished() && walked.duplicates == 40, "{walked:?}");
+        assert_eq!(b.counted_stats().await.unwrap(), Some(walked.clone()));
+        assert_eq!(done.job, walked);
+        assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(true));
     }
 }

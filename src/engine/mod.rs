@@ -137,7 +137,9 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     };
     // `--rate` is the job's total: every worker's share is carved from it ([`fleet`]).
     if let (true, Some(rate)) = (shared, opts.throttle.rate) {
-        store.set_fleet_rate(rate.per_second()).await?;
+        store
+            .set_fleet_rate(rate.per_second(), opts.throttle.burst)
+            .await?;
     }
     let mut replay: Vec<Replay> = Vec::new();
     let mut rerun_buckets = Vec::new();
@@ -161,16 +163,13 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
             ..Default::default()
         },
     };
-    let mut reader = if planner_state.exhausted {
+    // A worker of a shared job plans under the planner's lease, whenever it is free
+    // ([`fleet::plan_fleet`]).
+    let mut reader = if planner_state.exhausted || shared {
         None
     } else {
         match InputReader::open_bounded(&spec.input, planner_state.cursor, spec.fingerprint.len) {
             Ok(reader) => Some(reader),
-            // A worker of a shared job needs no input: another one plans.
-            Err(e) if shared => {
-                tracing::info!("not planning: the input cannot be read here ({e})");
-                None
-            }
             Err(e) => return Err(PlanError::from(e).into()),
         }
     };
@@ -239,7 +238,15 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
 
     let (plan_tx, plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
     let mut plan_rx = Some(plan_rx);
-    let planner = if let Some(reader) = reader.take() {
+    let planner = if shared && !planner_state.exhausted {
+        Some(tokio::spawn(fleet::plan_fleet(
+            store.clone(),
+            spec.clone(),
+            opts.skip_bad_lines,
+            stop.clone(),
+            counters.clone(),
+        )))
+    } else if let Some(reader) = reader.take() {
         let planner = Planner::new(
             reader,
             planner_state,
@@ -297,6 +304,10 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
         result = fleet::dispatch_leased(&*store, &mut dispatcher, log, &stop).await;
         drain.abort();
+        if let (Some(p), false) = (&planner, stop.is_stopping()) {
+            // Finished (planned to its end) or failed: nothing is left to plan.
+            p.abort();
+        }
     } else if let Log::Rerun(k) = log {
         for offset in rerun_buckets {
             if result.is_err() || stop.is_stopping() {
@@ -341,18 +352,10 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     }
     forward.abort();
     let planned = match planner {
-        Some(p) => match p
-            .await
-            .map_err(|e| EngineError::Internal(format!("planner: {e}")))?
-        {
-            // Another worker of the shared job plans.
-            Err(PlanError::Store(e))
-                if shared && matches!(e.root(), StoreError::LeaseLost { .. }) =>
-            {
-                tracing::info!("not planning: {e}");
-                Ok(())
-            }
-            planned => planned,
+        Some(p) => match p.await {
+            Ok(planned) => planned,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => return Err(EngineError::Internal(format!("planner: {e}"))),
         },
         None => Ok(()),
     };

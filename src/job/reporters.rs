@@ -47,11 +47,14 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
         .signals
         .map(|second| tokio::spawn(watch_signals(handle.clone(), second)));
     let counters = Arc::new(Counters::default());
-    let view = Arc::new(RunView::new(
-        counters.clone(),
-        store.stats().await?,
-        spec.job_id.to_string(),
-    ));
+    let view = Arc::new(
+        RunView::new(
+            counters.clone(),
+            store.stats().await?,
+            spec.job_id.to_string(),
+        )
+        .with_worker(store.worker_label()),
+    );
     #[cfg(feature = "metrics")]
     let metrics = reporters.metrics.map(|listener| {
         tracing::info!(

@@ -39,7 +39,7 @@ use std::future::Future;
 
 use super::{
     BadLine, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
-    RerunOffset, RerunRecord, StoreError, StoredJob,
+    RerunOffset, RerunRecord, StoreError, StoreStats, StoredJob,
 };
 
 /// A bucket of the job's log with its commit record, if it is committed.
@@ -129,6 +129,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         offset: &RerunOffset,
     ) -> impl Future<Output = Result<Vec<(String, ItemRecord)>, StoreError>> + Send;
+    /// The job's figures counted by the backend itself (a database's aggregate), if it can;
+    /// `None`: [`super::view::JobView::stats`] derives them by walking every bucket. Either
+    /// way the figures are the same.
+    fn counted_stats(&self) -> impl Future<Output = Result<Option<StoreStats>, StoreError>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// A fencing token: a lease granted later carries a larger one.
@@ -236,9 +242,14 @@ pub trait Leases: Send + Sync + 'static {
         None
     }
 
-    /// Make `rate` (requests per second, over all workers) the job's total rate, if it is
-    /// not already. Only for a store that shares a rate.
-    fn set_fleet_rate(&self, _rate: f64) -> impl Future<Output = Result<(), StoreError>> + Send {
+    /// Make `rate` (requests per second, over all workers) the job's total rate, and
+    /// `burst` (`--burst`; none: one call) its burst, if they are not already. Only for a
+    /// store that shares a rate.
+    fn set_fleet_rate(
+        &self,
+        _rate: f64,
+        _burst: Option<u32>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
 
@@ -251,6 +262,36 @@ pub trait Leases: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send {
         async { Ok(None) }
     }
+
+    /// Say that this worker is draining (a stop was asked for): it takes no new bucket and
+    /// gives its rate share back, while it finishes or abandons what it holds. Only for a
+    /// shared store; the leases themselves are released by the run as it ends.
+    fn drain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Take the planner's lease (or keep it) before planning the job's input: false while
+    /// another live worker of a shared store plans, or once the input is planned to its
+    /// end. A store with one holder at a time plans under its job lease: always true.
+    fn take_planner(&self) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(true) }
+    }
+
+    /// Whether `log` is planned to its end with every bucket committed, if the store can
+    /// say so cheaply (a shared store's idle workers ask this at every poll); `None`: derive
+    /// it from the records ([`super::view::JobView::stats`]).
+    fn log_finished(
+        &self,
+        _log: Log,
+    ) -> impl Future<Output = Result<Option<bool>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// This worker's name among the job's workers (for a shared store: its session), for
+    /// the `worker` label of its metrics; `None` for a store with one worker at a time.
+    fn worker_label(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A worker's part of the fleet's rate ([`Leases::fleet_rate`]).
@@ -259,6 +300,10 @@ pub struct FleetRate {
     /// Requests per second this worker may start: `Some(0.0)` waits (a newcomer before its
     /// first grant, a draining worker); `None`: the job has no rate limit.
     pub share: Option<f64>,
+    /// How many of the job's `--burst` this worker may send at once (its part, in proportion
+    /// to its share: the parts never sum above the job's burst while it covers a call per
+    /// worker); `None`: the run's own burst applies.
+    pub burst: Option<u32>,
     /// Start nothing before this (a `Retry-After` seen by any worker of the job).
     pub paused_until: Option<std::time::Instant>,
 }

@@ -27,44 +27,10 @@ pub trait JobView: Store {
     /// committed buckets, from the items of the others.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send {
         async move {
-            let planner = self.planner().await?;
-            let mut s = StoreStats {
-                input_exhausted: planner.exhausted,
-                rows_read: planner.cursor.row,
-                input_bytes_read: planner.cursor.byte,
-                ..StoreStats::default()
-            };
-            let mut from = 0;
-            loop {
-                let page = self.buckets(from, PAGE).await?;
-                let Some(last) = page.last() else { break };
-                from = last.offset.bucket + 1;
-                for b in page {
-                    s.buckets_planned += 1;
-                    s.ids_planned += b.offset.items;
-                    s.duplicates += b.offset.duplicates;
-                    s.bad_lines += b.offset.bad_lines;
-                    match b.commit {
-                        Some(c) => {
-                            s.buckets_committed += 1;
-                            s.ok += c.ok;
-                            s.failed += c.failed;
-                        }
-                        None => {
-                            s.buckets_in_flight += 1;
-                            for (_, r) in self.bucket_items(&b.offset).await? {
-                                match r.status {
-                                    ItemStatus::Ok => s.ok += 1,
-                                    ItemStatus::Failed => s.failed += 1,
-                                    ItemStatus::Pending => {}
-                                }
-                            }
-                        }
-                    }
-                }
+            match self.counted_stats().await? {
+                Some(s) => Ok(s),
+                None => walked_stats(self).await,
             }
-            s.pending = s.ids_planned.saturating_sub(s.ok + s.failed);
-            Ok(s)
         }
     }
 
@@ -368,6 +334,49 @@ pub trait JobView: Store {
             Ok((fresh, job))
         }
     }
+}
+
+/// [`JobView::stats`] the long way: the commit records of committed buckets, the items of the
+/// others, a page of buckets at a time.
+pub(crate) async fn walked_stats<S: Store + ?Sized>(store: &S) -> Result<StoreStats, StoreError> {
+    let planner = store.planner().await?;
+    let mut s = StoreStats {
+        input_exhausted: planner.exhausted,
+        rows_read: planner.cursor.row,
+        input_bytes_read: planner.cursor.byte,
+        ..StoreStats::default()
+    };
+    let mut from = 0;
+    loop {
+        let page = store.buckets(from, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        from = last.offset.bucket + 1;
+        for b in page {
+            s.buckets_planned += 1;
+            s.ids_planned += b.offset.items;
+            s.duplicates += b.offset.duplicates;
+            s.bad_lines += b.offset.bad_lines;
+            match b.commit {
+                Some(c) => {
+                    s.buckets_committed += 1;
+                    s.ok += c.ok;
+                    s.failed += c.failed;
+                }
+                None => {
+                    s.buckets_in_flight += 1;
+                    for (_, r) in store.bucket_items(&b.offset).await? {
+                        match r.status {
+                            ItemStatus::Ok => s.ok += 1,
+                            ItemStatus::Failed => s.failed += 1,
+                            ItemStatus::Pending => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    s.pending = s.ids_planned.saturating_sub(s.ok + s.failed);
+    Ok(s)
 }
 
 impl<S: Store> JobView for S {}

@@ -160,6 +160,8 @@ pub struct Throttle {
 struct FleetHold {
     /// The share in force: `None` while the worker follows no fleet rate.
     share: Option<f64>,
+    /// This worker's part of the job's burst, if the job has one.
+    burst: Option<u32>,
     /// No attempt starts before this.
     paused_until: Option<tokio::time::Instant>,
 }
@@ -264,12 +266,18 @@ impl Throttle {
     /// controller runs inside it), and a share of 0 holds every attempt until a share is
     /// granted. `None`: the fleet has no rate limit, the run's own applies. A throttle
     /// without a rate limiter (not adaptive, no rate) cannot follow a share.
-    pub fn follow_fleet(&self, share: Option<f64>, paused_until: Option<tokio::time::Instant>) {
+    pub fn follow_fleet(
+        &self,
+        share: Option<f64>,
+        burst: Option<u32>,
+        paused_until: Option<tokio::time::Instant>,
+    ) {
         let share = share.map(|s| if s.is_finite() { s.max(0.0) } else { 0.0 });
         let changed = {
             let mut f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
-            let changed_share = f.share != share;
+            let changed_share = f.share != share || f.burst != burst;
             f.share = share;
+            f.burst = burst;
             let extended = paused_until.is_some_and(|u| f.paused_until.is_none_or(|p| u > p));
             if extended {
                 f.paused_until = paused_until;
@@ -289,7 +297,10 @@ impl Throttle {
                 Some(c) => c.set_ceiling(share),
                 None => share,
             };
-            tracing::debug!(share, rate, "fleet share applied");
+            tracing::debug!(share, rate, ?burst, "fleet share applied");
+            if let Some(b) = burst {
+                l.set_burst(b);
+            }
             l.set_rate(Rate(rate));
         }
         self.fleet_changed.notify_waiters();

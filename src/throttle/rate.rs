@@ -5,7 +5,7 @@
 use std::fmt;
 use std::num::NonZeroU32;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -67,8 +67,9 @@ pub(crate) struct RateLimiter {
     /// The rate in force (f64 bits): read without a lock when it is [`UNLIMITED`].
     rate: AtomicU64,
     schedule: Mutex<Schedule>,
-    /// `--burst`, if given; else derived from the rate ([`default_grants`]).
-    burst: Option<NonZeroU32>,
+    /// `--burst` (or a fleet worker's part of the job's), if given; 0: derived from the rate
+    /// ([`default_grants`]).
+    burst: AtomicU32,
     /// Held by the waiter that sleeps on the clock; the others queue for it in order.
     turn: tokio::sync::Mutex<()>,
     changed: tokio::sync::Notify,
@@ -85,7 +86,7 @@ impl RateLimiter {
                 grants_at_once(rate.0, burst),
                 tokio::time::Instant::now(),
             )),
-            burst,
+            burst: AtomicU32::new(burst.map_or(0, NonZeroU32::get)),
             turn: tokio::sync::Mutex::new(()),
             changed: tokio::sync::Notify::new(),
         }
@@ -99,16 +100,23 @@ impl RateLimiter {
     /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
     /// lets no burst through and the new rate holds from the next grant.
     pub fn set_rate(&self, rate: Rate) {
+        let burst = NonZeroU32::new(self.burst.load(Relaxed));
         self.schedule
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .set_rate(
                 rate.0,
-                grants_at_once(rate.0, self.burst),
+                grants_at_once(rate.0, burst),
                 tokio::time::Instant::now(),
             );
         self.rate.store(rate.0.to_bits(), Relaxed);
         self.changed.notify_waiters();
+    }
+
+    /// Change the burst (a fleet worker's part of the job's `--burst`); it holds from the
+    /// next [`RateLimiter::set_rate`].
+    pub fn set_burst(&self, burst: u32) {
+        self.burst.store(burst.max(1), Relaxed);
     }
 
     /// Wait until one request may start.

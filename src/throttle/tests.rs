@@ -618,7 +618,7 @@ fn fleet_tick(throttle: &Throttle, observed: Observed, n: usize) {
 async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
     let throttle = throttle_at(600.0);
     // A newcomer: no share yet.
-    throttle.follow_fleet(Some(0.0), None);
+    throttle.follow_fleet(Some(0.0), None, None);
     let waiter = tokio::spawn({
         let t = throttle.clone();
         async move { t.before_attempt().await }
@@ -626,14 +626,14 @@ async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiter.is_finished(), "a share of 0 starts nothing");
     // A lone worker's first grant is the whole rate, at once.
-    throttle.follow_fleet(Some(600.0), None);
+    throttle.follow_fleet(Some(600.0), None, None);
     tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("a grant releases the waiter")
         .unwrap();
     assert_eq!(throttle.rate(), Some(600.0));
     // Others joined: the share shrinks, and calm ticks never climb above it.
-    throttle.follow_fleet(Some(200.0), None);
+    throttle.follow_fleet(Some(200.0), None, None);
     assert_eq!(throttle.rate(), Some(200.0));
     for _ in 0..20 {
         fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
@@ -644,7 +644,7 @@ async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
     fleet_tick(&throttle, Observed::Pushback, 30);
     let pushed = throttle.rate().unwrap();
     assert!(pushed < 200.0, "{pushed}");
-    throttle.follow_fleet(Some(300.0), None);
+    throttle.follow_fleet(Some(300.0), None, None);
     assert_eq!(throttle.rate(), Some(pushed));
     for _ in 0..60 {
         fleet_tick(&throttle, Observed::Success(Duration::from_millis(1)), 10);
@@ -652,7 +652,7 @@ async fn a_fleet_share_is_the_ceiling_and_a_share_of_0_waits() {
     }
     assert_eq!(throttle.rate(), Some(300.0));
     // No fleet limit (the job has no rate): the share stops binding, the rate stays.
-    throttle.follow_fleet(None, None);
+    throttle.follow_fleet(None, None, None);
     throttle.before_attempt().await;
 }
 
@@ -688,7 +688,7 @@ async fn a_pause_holds_every_attempt_until_it_ends() {
     assert!(start.elapsed() >= Duration::from_millis(290));
     // A pause learned from the fleet holds too.
     let until = tokio::time::Instant::now() + Duration::from_millis(300);
-    throttle.follow_fleet(Some(1000.0), Some(until));
+    throttle.follow_fleet(Some(1000.0), None, Some(until));
     throttle.before_attempt().await;
     assert!(tokio::time::Instant::now() >= until);
 }
@@ -715,7 +715,7 @@ async fn the_throttle_works_on_after_a_worker_panicked_holding_its_locks() {
     poison(&throttle.pushback_filter);
     poison(&throttle.outage);
     poison(&throttle.fleet);
-    throttle.follow_fleet(Some(300.0), None);
+    throttle.follow_fleet(Some(300.0), None, None);
     assert!(throttle.pause_for(Duration::from_millis(1)));
     let probe = tokio::time::timeout(Duration::from_secs(5), throttle.before_attempt())
         .await

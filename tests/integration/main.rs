@@ -23,6 +23,8 @@ mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_faults;
 #[cfg(feature = "postgres")]
+mod postgres_fleet;
+#[cfg(feature = "postgres")]
 mod postgres_rerun;
 mod progress;
 mod reruns;

@@ -13,7 +13,8 @@ pub struct NewJob<'a> {
     pub input_fingerprint: Option<&'a serde_json::Value>,
     pub bucket_size: u64,
     pub rate_per_s: Option<f64>,
-    pub burst: u32,
+    /// `--burst` (none: each worker derives its own from its share).
+    pub burst: Option<u32>,
 }
 
 /// Create the job, or find it if a job of that name exists. Returns its id and whether
@@ -33,7 +34,8 @@ pub async fn create_job(
                 &job.input_fingerprint,
                 &to_i64(job.bucket_size)?,
                 &job.rate_per_s,
-                &i32::try_from(job.burst.max(1)).unwrap_or(i32::MAX),
+                &job.burst
+                    .map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX)),
             ],
         )
         .await

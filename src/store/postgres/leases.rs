@@ -76,14 +76,17 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
         if let Some(c) = client.as_mut() {
             let sent = Instant::now();
             let me = store.me();
-            let recorded = store.local().recorded;
+            let (recorded, idle) = {
+                let local = store.local();
+                (local.recorded, local.idle)
+            };
             let secs = last.1.elapsed().as_secs_f64().max(1e-3);
             let stats = serde_json::json!({
                 "items": recorded,
                 "items_per_s": (recorded - last.0) as f64 / secs,
             });
             last = (recorded, Instant::now());
-            match heartbeat(c, store.job, &me, store.ttl, &stats).await {
+            match heartbeat(c, store.job, &me, store.ttl, &stats, idle).await {
                 Ok(Heartbeat::Renewed(grant)) => {
                     take_grant(&store, &me, sent, grant);
                 }
@@ -105,8 +108,12 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
                 }
             }
         }
+        let wake = store.wake.clone();
         drop(store);
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = wake.notified() => {}
+        }
     }
 }
 
@@ -163,6 +170,13 @@ impl PgStore {
             local
                 .held
                 .insert((log_number(log), a.lease.bucket), a.lease.token);
+        }
+        let idle = local.held.is_empty();
+        if idle != local.idle {
+            local.idle = idle;
+            // The share follows at once: an idle worker's goes to the busy ones, and a
+            // worker with work again asks for its part.
+            self.inner.wake.notify_one();
         }
         Ok(got)
     }
@@ -290,15 +304,20 @@ impl Leases for PgStore {
         Some(FleetRate {
             // No grant yet (a newcomer): wait for the first heartbeat's.
             share: session.grant.as_ref().map_or(Some(0.0), |g| g.rate_share),
+            burst: session
+                .grant
+                .as_ref()
+                .filter(|g| g.rate_share.is_some())
+                .and_then(|g| g.burst),
             paused_until: session.paused_until,
         })
     }
 
-    async fn set_fleet_rate(&self, rate: f64) -> Result<(), StoreError> {
+    async fn set_fleet_rate(&self, rate: f64, burst: Option<u32>) -> Result<(), StoreError> {
         let mut conn = self.inner.client().await?;
         let c = conn.as_mut().expect("connected by client()");
         let job = self.inner.job;
-        let changed = super::rate::ensure_rate(c, job, rate)
+        let changed = super::rate::ensure_rate(c, job, rate, burst)
             .await
             .map_err(|e| self.inner.err(e))?;
         if changed {
@@ -307,7 +326,8 @@ impl Leases for PgStore {
             let me = self.inner.me();
             let sent = Instant::now();
             let stats = serde_json::json!({"items": 0, "items_per_s": 0.0});
-            match heartbeat(c, job, &me, self.inner.ttl, &stats).await {
+            let idle = self.inner.local().idle;
+            match heartbeat(c, job, &me, self.inner.ttl, &stats, idle).await {
                 Ok(Heartbeat::Renewed(grant)) => take_grant(&self.inner, &me, sent, grant),
                 Ok(Heartbeat::Expired) => self.inner.local().session.grant = None,
                 Err(e) => return Err(self.inner.err(e)),
@@ -329,6 +349,45 @@ impl Leases for PgStore {
         let p = &mut local.session.paused_until;
         *p = Some(p.map_or(until, |u| u.max(until)));
         Ok(Some(left))
+    }
+
+    async fn drain(&self) -> Result<(), StoreError> {
+        let me = self.inner.me();
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        super::session::drain(c, self.inner.job, &me)
+            .await
+            .map_err(|e| self.inner.err(e))
+    }
+
+    async fn take_planner(&self) -> Result<bool, StoreError> {
+        let me = self.inner.me();
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        let token = super::planner::acquire_planner(c, self.inner.job, &me)
+            .await
+            .map_err(|e| self.inner.err(e))?;
+        Ok(token.is_some())
+    }
+
+    async fn log_finished(&self, log: Log) -> Result<Option<bool>, StoreError> {
+        let mut outage = Outage::default();
+        loop {
+            let attempt = async {
+                let conn = self.inner.connection().await?;
+                let c = conn.as_ref().expect("connected by connection()");
+                super::stats::finished(c, self.inner.job, log).await
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => return attempt.map(Some).map_err(|e| self.inner.err(e)),
+            }
+        }
+    }
+
+    fn worker_label(&self) -> Option<String> {
+        Some(self.inner.me().0)
     }
 
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
@@ -365,7 +424,12 @@ impl Leases for PgStore {
             }
         };
         match done {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                if let LeaseScope::Bucket { log, bucket } = lease.scope {
+                    self.inner.local().held.remove(&(log_number(log), bucket));
+                }
+                Ok(())
+            }
             Ok(false) | Err(_) => {
                 // Nothing of it was written: the results wait for the next sync.
                 let mut local = self.inner.local();

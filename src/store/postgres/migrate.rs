@@ -28,11 +28,18 @@ impl Migration {
 }
 
 /// This build's migrations, in version order (one per file in `migrations/`).
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../../migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "fleet_burst_idle",
+        sql: include_str!("../../../migrations/0002_fleet_burst_idle.sql"),
+    },
+];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").
 const LOCK_KEY: i64 = 0x6877_5f73_6368_656d;
@@ -164,9 +171,11 @@ mod tests {
     async fn migrations_apply_once_then_find_nothing_to_do() {
         let db = test_db::fresh().await;
         let mut client = db.connect().await;
-        assert_eq!(migrate(&mut client).await.unwrap(), vec![1]);
+        assert_eq!(migrate(&mut client).await.unwrap(), vec![1, 2]);
         let recorded = versions(&client).await;
-        assert_eq!(recorded, vec![(1, MIGRATIONS[0].sha256())]);
+        let expected: Vec<(i32, String)> =
+            MIGRATIONS.iter().map(|m| (m.version, m.sha256())).collect();
+        assert_eq!(recorded, expected);
         assert!(migrate(&mut client).await.unwrap().is_empty());
         assert_eq!(versions(&client).await, recorded);
         // The schema is there.
@@ -191,8 +200,8 @@ mod tests {
             applied.push(r.await.unwrap().expect("no runner fails"));
         }
         applied.sort();
-        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1]]);
-        assert_eq!(versions(&db.connect().await).await.len(), 1);
+        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1, 2]]);
+        assert_eq!(versions(&db.connect().await).await.len(), 2);
     }
 
     const V1: Migration = Migration {

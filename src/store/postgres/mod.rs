@@ -2,15 +2,17 @@
 //! through one database. [`PgStore`] implements the `Store` and `Leases` seam ([`store`],
 //! [`leases`]) on top of the functions of the other modules here.
 //!
-//! # Schema (`migrations/0001_init.sql`, applied by [`migrate`])
+//! # Schema (`migrations/0001_init.sql` and `0002_fleet_burst_idle.sql`, applied by [`migrate`])
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position
 //!   (`next_bucket`, cursor, `planner_exhausted`) and the **planner lease** (`planner`,
-//!   `planner_token`), the fleet's `rate_per_s` and `burst`, and the shared `paused_until`.
+//!   `planner_token`), the fleet's `rate_per_s` and `burst` (NULL: no `--burst`), and the
+//!   shared `paused_until`.
 //! - `hw_worker`: one row per process start (`worker_id` a random UUID made by the
 //!   database), with host, pid, version, `heartbeat_at` and `expires_at` in **database time**,
-//!   `draining`, `rate_share` and `stats`.
+//!   `draining`, `idle` (holds no bucket, found none: takes no rate share), `rate_share` and
+//!   `stats`.
 //! - `hw_bucket`: one row per bucket of a log (`rerun` 0 is the job's own log, n > 0 rerun
 //!   n): the offset record, `state` open / leased / committed, `owner` (a worker session),
 //!   `lease_token`, `owner_switches`, and the counts written at commit.
@@ -46,9 +48,11 @@ pub mod migrate;
 pub mod outage;
 pub mod planner;
 pub mod rate;
+mod reruns;
 pub mod results;
 mod rows;
 pub mod session;
+pub mod stats;
 pub mod store;
 mod tls;
 

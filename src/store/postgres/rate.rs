@@ -15,7 +15,7 @@ pub async fn set_rate(
     client: &mut Client,
     job: JobId,
     rate_per_s: Option<f64>,
-    burst: u32,
+    burst: Option<u32>,
 ) -> Result<(), PgError> {
     let tx = client
         .transaction()
@@ -26,7 +26,7 @@ pub async fn set_rate(
         &[
             &job.0,
             &rate_per_s,
-            &i32::try_from(burst.max(1)).unwrap_or(i32::MAX),
+            &burst.map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX)),
         ],
     )
     .await
@@ -44,23 +44,29 @@ pub async fn set_rate(
     Ok(())
 }
 
-/// Make `rate_per_s` the job's total rate unless it already is (a worker started with
-/// `--rate`): the shares are reset only by a change, so workers joining with the same rate
-/// do not stall the others. Returns whether the rate changed.
+/// Make `rate_per_s` the job's total rate and `burst` its burst unless they already are (a
+/// worker started with `--rate`): the shares are reset only by a change, so workers joining
+/// with the same rate do not stall the others. Returns whether anything changed.
 pub async fn ensure_rate(
     client: &mut Client,
     job: JobId,
     rate_per_s: f64,
+    burst: Option<u32>,
 ) -> Result<bool, PgError> {
-    let current: Option<f64> = client
-        .query_one("SELECT rate_per_s FROM hw_job WHERE job_id = $1", &[&job.0])
+    let row = client
+        .query_one(
+            "SELECT rate_per_s, burst FROM hw_job WHERE job_id = $1",
+            &[&job.0],
+        )
         .await
-        .map_err(PgError::sql("reading the rate"))?
-        .get(0);
-    if current.is_some_and(|c| (c - rate_per_s).abs() <= 1e-9 * rate_per_s) {
+        .map_err(PgError::sql("reading the rate"))?;
+    let (current, current_burst): (Option<f64>, Option<i32>) = (row.get(0), row.get(1));
+    let burst = burst.map(|b| b.max(1));
+    let same_rate = current.is_some_and(|c| (c - rate_per_s).abs() <= 1e-9 * rate_per_s);
+    if same_rate && current_burst.map(|b| b as u32) == burst {
         return Ok(false);
     }
-    set_rate(client, job, Some(rate_per_s), 1).await?;
+    set_rate(client, job, Some(rate_per_s), burst).await?;
     Ok(true)
 }
 

@@ -5,8 +5,10 @@
 //!
 //! Rate shares, computed in the heartbeat's transaction under a per-job advisory lock (not
 //! the job row's lock, so a planning transaction never delays a heartbeat):
-//! fair = R / live non-draining workers; free = R - the other live workers' shares;
-//! share = max(0, min(fair, free)); a draining worker's share is 0. Every grant leaves the
+//! fair = R / live workers neither draining nor idle; free = R - the other live workers'
+//! shares; share = max(0, min(fair, free)); a draining or idle worker's (one that holds no
+//! bucket and found none to lease) is 0. Each worker's part of the job's burst B is
+//! floor(B · share / R), at least 1 while its share is positive. Every grant leaves the
 //! live shares' sum at most R, and an expired session's share stops counting at once, so
 //! the sum never exceeds R. A newcomer starts at 0 and grows as others' next heartbeats
 //! give up their excess. The worker must stop using its share (and its leases) when its
@@ -32,8 +34,9 @@ pub struct WorkerInfo<'a> {
 pub struct Grant {
     /// Calls per second this worker may make (none: the job has no rate limit).
     pub rate_share: Option<f64>,
-    /// This worker's part of the job's burst (at least 1 while it has a share).
-    pub burst: u32,
+    /// This worker's part of the job's `--burst` (at least 1 while it has a share; none:
+    /// the job has no `--burst`).
+    pub burst: Option<u32>,
     /// The job is paused (a shared `Retry-After`) for this much longer.
     pub paused_for: Option<Duration>,
     pub draining: bool,
@@ -83,6 +86,7 @@ pub async fn heartbeat(
     me: &WorkerId,
     ttl: Duration,
     stats: &serde_json::Value,
+    idle: bool,
 ) -> Result<Heartbeat, PgError> {
     let tx = client
         .transaction()
@@ -101,14 +105,17 @@ pub async fn heartbeat(
              SET heartbeat_at = clock_timestamp(),
                  expires_at = clock_timestamp() + make_interval(secs => $3),
                  stats = $4,
+                 idle = $5,
                  rate_share = CASE
                      WHEN j.rate_per_s IS NULL THEN NULL
-                     WHEN w.draining THEN 0
-                     ELSE greatest(0, least(j.rate_per_s / live.n, j.rate_per_s - others.s))
+                     WHEN w.draining OR $5 THEN 0
+                     ELSE greatest(0, least(j.rate_per_s / greatest(live.n, 1),
+                                            j.rate_per_s - others.s))
                  END
              FROM (SELECT rate_per_s, burst, paused_until FROM hw_job WHERE job_id = $1) j,
                   (SELECT count(*) AS n FROM hw_worker
-                   WHERE job_id = $1 AND NOT draining AND expires_at > clock_timestamp()) live,
+                   WHERE job_id = $1 AND NOT draining AND expires_at > clock_timestamp()
+                     AND CASE WHEN worker_id = $2::text::uuid THEN NOT $5 ELSE NOT idle END) live,
                   (SELECT coalesce(sum(rate_share), 0) AS s FROM hw_worker
                    WHERE job_id = $1 AND worker_id <> $2::text::uuid
                      AND expires_at > clock_timestamp()) others
@@ -116,7 +123,7 @@ pub async fn heartbeat(
                AND w.expires_at > clock_timestamp()
              RETURNING w.rate_share, j.rate_per_s, j.burst, w.draining,
                        extract(epoch FROM j.paused_until - clock_timestamp())::float8",
-            &[&job.0, &me.0, &ttl.as_secs_f64(), stats],
+            &[&job.0, &me.0, &ttl.as_secs_f64(), stats, &idle],
         )
         .await
         .map_err(PgError::sql("renewing the worker session"))?;
@@ -128,7 +135,7 @@ pub async fn heartbeat(
         .map_err(PgError::sql("committing a heartbeat"))?;
     let rate_share: Option<f64> = row.get(0);
     let rate: Option<f64> = row.get(1);
-    let burst: i32 = row.get(2);
+    let burst: Option<i32> = row.get(2);
     let paused: Option<f64> = row.get(4);
     Ok(Heartbeat::Renewed(Grant {
         rate_share,
@@ -138,16 +145,18 @@ pub async fn heartbeat(
     }))
 }
 
-/// ceil(burst · share / R), at least 1 while the share is positive.
-fn share_of_burst(burst: i32, share: Option<f64>, rate: Option<f64>) -> u32 {
-    let burst = burst.max(1) as u32;
-    match (share, rate) {
+/// This worker's part of the job's burst B: floor(B · share / R), at least 1 while the share
+/// is positive. Floors sum to at most B; only workers whose floor is 0 round up, so the
+/// fleet's burst is B, or one call per worker when B is smaller than the workers.
+fn share_of_burst(burst: Option<i32>, share: Option<f64>, rate: Option<f64>) -> Option<u32> {
+    let burst = burst?.max(1) as u32;
+    Some(match (share, rate) {
         (Some(share), Some(rate)) if share > 0.0 && rate > 0.0 => {
-            ((f64::from(burst) * share / rate).ceil() as u32).clamp(1, burst)
+            ((f64::from(burst) * share / rate + 1e-9).floor() as u32).clamp(1, burst)
         }
         (Some(_), Some(_)) => 0,
         _ => burst,
-    }
+    })
 }
 
 /// One worker session as `status` shows it.
@@ -250,7 +259,7 @@ mod tests {
     const TTL: Duration = Duration::from_secs(30);
 
     async fn beat(client: &mut Client, job: JobId, me: &WorkerId) -> Heartbeat {
-        heartbeat(client, job, me, TTL, &serde_json::json!({"ok": 1}))
+        heartbeat(client, job, me, TTL, &serde_json::json!({"ok": 1}), false)
             .await
             .unwrap()
     }
@@ -341,14 +350,14 @@ mod tests {
             Heartbeat::Renewed(g) => {
                 assert!(g.draining);
                 assert_eq!(g.rate_share, Some(0.0));
-                assert_eq!(g.burst, 0);
+                assert_eq!(g.burst, Some(0));
             }
             Heartbeat::Expired => panic!("draining is not expired"),
         }
         match beat(&mut client, job, &c).await {
             Heartbeat::Renewed(g) => {
                 assert_eq!(g.rate_share, Some(100.0));
-                assert_eq!(g.burst, 10);
+                assert_eq!(g.burst, Some(10));
             }
             Heartbeat::Expired => panic!("c is live"),
         }
@@ -386,7 +395,7 @@ mod tests {
             let me = worker(&c, job).await;
             tasks.push(tokio::spawn(async move {
                 for _ in 0..20 {
-                    heartbeat(&mut c, job, &me, TTL, &serde_json::json!({}))
+                    heartbeat(&mut c, job, &me, TTL, &serde_json::json!({}), false)
                         .await
                         .unwrap();
                 }
@@ -430,7 +439,7 @@ mod tests {
         let (_db, mut client, job) = with_job().await;
         let a = worker(&client, job).await;
         assert_eq!(share(&beat(&mut client, job, &a).await), 100.0);
-        crate::store::postgres::rate::set_rate(&mut client, job, Some(10.0), 2)
+        crate::store::postgres::rate::set_rate(&mut client, job, Some(10.0), Some(2))
             .await
             .unwrap();
         assert_eq!(live_sum(&client, job).await, 0.0);
@@ -467,10 +476,38 @@ mod tests {
     }
 
     #[test]
-    fn burst_is_shared_in_proportion_and_never_zero_with_a_share() {
-        assert_eq!(share_of_burst(10, Some(50.0), Some(100.0)), 5);
-        assert_eq!(share_of_burst(10, Some(1.0), Some(100.0)), 1);
-        assert_eq!(share_of_burst(10, Some(0.0), Some(100.0)), 0);
-        assert_eq!(share_of_burst(10, None, None), 10);
+    fn burst_is_shared_in_proportion_never_above_the_jobs_and_never_zero_with_a_share() {
+        assert_eq!(share_of_burst(Some(10), Some(50.0), Some(100.0)), Some(5));
+        assert_eq!(share_of_burst(Some(10), Some(1.0), Some(100.0)), Some(1));
+        assert_eq!(share_of_burst(Some(10), Some(0.0), Some(100.0)), Some(0));
+        assert_eq!(share_of_burst(Some(10), None, None), Some(10));
+        assert_eq!(share_of_burst(None, Some(50.0), Some(100.0)), None);
+        // Three fair shares of 100: 3 + 3 + 3 <= 10 (a ceiling would give 4 + 4 + 4).
+        let third = 100.0 / 3.0;
+        let parts: u32 = (0..3)
+            .map(|_| share_of_burst(Some(10), Some(third), Some(100.0)).unwrap())
+            .sum();
+        assert_eq!(parts, 9);
+    }
+
+    #[tokio::test]
+    async fn an_idle_worker_gives_its_share_to_the_busy_ones() {
+        let (_db, mut client, job) = with_job().await;
+        let a = worker(&client, job).await;
+        let b = worker(&client, job).await;
+        assert_eq!(share(&beat(&mut client, job, &a).await), 50.0);
+        assert_eq!(share(&beat(&mut client, job, &b).await), 50.0);
+        // B has no bucket left: its next heartbeat gives its share back, and A's fair
+        // share is the whole rate.
+        let h = heartbeat(&mut client, job, &b, TTL, &serde_json::json!({}), true)
+            .await
+            .unwrap();
+        assert_eq!(share(&h), 0.0);
+        assert_eq!(share(&beat(&mut client, job, &a).await), 100.0);
+        assert!(live_sum(&client, job).await <= 100.0 + 1e-9);
+        // Work again: B asks for its part and gets it as A gives up its excess.
+        assert_eq!(share(&beat(&mut client, job, &b).await), 0.0);
+        assert_eq!(share(&beat(&mut client, job, &a).await), 50.0);
+        assert_eq!(share(&beat(&mut client, job, &b).await), 50.0);
     }
 }

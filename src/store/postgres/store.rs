@@ -30,7 +30,7 @@ use super::session::{register, WorkerInfo};
 use super::{connect, log_number, migrate, ConnectOptions, JobId, Lease, PgTarget, WorkerId};
 use crate::store::{
     BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
-    RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoredJob,
+    RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
 };
 
 /// How a worker opens a job of a database.
@@ -80,6 +80,8 @@ pub(super) struct Inner {
     pub(super) created: bool,
     conn: tokio::sync::Mutex<Option<Client>>,
     pub(super) local: Mutex<Local>,
+    /// Wakes the heartbeat early: the worker's idleness changed, its share should follow.
+    pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
 /// What the session holds in memory.
@@ -98,6 +100,9 @@ pub(super) struct Local {
     pub(super) fenced: u64,
     /// Results written (recorded) since the store was opened: the heartbeat reports them.
     pub(super) recorded: u64,
+    /// The worker holds no bucket and found none to lease: its heartbeat gives its rate
+    /// share back to the busy workers.
+    pub(super) idle: bool,
 }
 
 impl PgStore {
@@ -120,7 +125,7 @@ impl PgStore {
                         input_fingerprint: None,
                         bucket_size: 1,
                         rate_per_s: None,
-                        burst: 1,
+                        burst: None,
                     },
                 )
                 .await
@@ -150,7 +155,9 @@ impl PgStore {
                 job_lease: None,
                 fenced: 0,
                 recorded: 0,
+                idle: false,
             }),
+            wake: Arc::new(tokio::sync::Notify::new()),
         });
         let heartbeat = if open.worker {
             tokio::spawn(super::leases::keep_alive(Arc::downgrade(&inner)))
@@ -199,6 +206,15 @@ impl PgStore {
         let conn = self.inner.client().await?;
         let c = conn.as_ref().expect("connected by client()");
         super::session::workers(c, self.inner.job)
+            .await
+            .map_err(|e| self.inner.err(e))
+    }
+
+    /// Where planning stands, for `status`.
+    pub async fn planning(&self) -> Result<super::stats::Planning, StoreError> {
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        super::stats::planning(c, self.inner.job)
             .await
             .map_err(|e| self.inner.err(e))
     }
@@ -631,29 +647,7 @@ impl Store for PgStore {
     }
 
     async fn reruns(&self) -> Result<Vec<RerunRecord>, StoreError> {
-        with_client!(self, |c, i| {
-            let rows = c
-                .query(
-                    "SELECT number, selection, buckets, ids,
-                            (extract(epoch FROM created_at) * 1000)::float8
-                     FROM hw_rerun WHERE job_id = $1 ORDER BY number",
-                    &[&i.job.0],
-                )
-                .await
-                .map_err(sql("reading reruns"))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(RerunRecord {
-                        number: r.get::<_, i32>(0) as u32,
-                        selection: serde_json::from_value(r.get(1))
-                            .map_err(|e| malformed("a rerun's selection", e))?,
-                        buckets: r.get::<_, i64>(2) as u64,
-                        ids: r.get::<_, i64>(3) as u64,
-                        created_at_ms: r.get::<_, f64>(4).round() as u64,
-                    })
-                })
-                .collect()
-        })
+        with_client!(self, |c, i| { super::reruns::reruns(c, i.job).await })
     }
 
     async fn create_rerun(
@@ -666,59 +660,7 @@ impl Store for PgStore {
             (local.job_lease, local.session.me.clone())
         };
         with_client!(self, |c, i| {
-            let selection =
-                serde_json::to_value(&rerun.selection).map_err(|e| malformed("a selection", e))?;
-            let number = rerun.number as i32;
-            let tx = c.transaction().await.map_err(sql("starting a rerun"))?;
-            tx.execute(
-                "INSERT INTO hw_rerun (job_id, number, selection, buckets, ids, created_at)
-                 VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8 / 1000))",
-                &[
-                    &i.job.0,
-                    &number,
-                    &selection,
-                    &to_i64(rerun.buckets)?,
-                    &to_i64(rerun.ids)?,
-                    &(rerun.created_at_ms as f64),
-                ],
-            )
-            .await
-            .map_err(sql("writing a rerun"))?;
-            let (mut numbers, mut records, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut item_buckets, mut rows, mut ids) = (Vec::new(), Vec::new(), Vec::new());
-            for b in buckets {
-                numbers.push(to_i64(b.offset.bucket)?);
-                records.push(
-                    serde_json::to_string(&b.offset).map_err(|e| malformed("a rerun offset", e))?,
-                );
-                sizes.push(to_i64(b.offset.items)?);
-                for (row, id) in &b.items {
-                    item_buckets.push(to_i64(b.offset.bucket)?);
-                    rows.push(to_i64(*row)?);
-                    ids.push(id.as_str());
-                }
-            }
-            tx.execute(
-                "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state, owner,
-                                        lease_token)
-                 SELECT $1, $2, u.bucket, u.record::jsonb, u.items,
-                        CASE WHEN $6::bigint IS NULL THEN 'open' ELSE 'leased' END,
-                        CASE WHEN $6::bigint IS NULL THEN NULL ELSE $7::text::uuid END, $6
-                 FROM unnest($3::bigint[], $4::text[], $5::bigint[]) AS u(bucket, record, items)",
-                &[
-                    &i.job.0, &number, &numbers, &records, &sizes, &job_lease, &me.0,
-                ],
-            )
-            .await
-            .map_err(sql("writing rerun buckets"))?;
-            tx.execute(
-                "INSERT INTO hw_rerun_item (job_id, rerun, bucket, \"row\", id)
-                 SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[])",
-                &[&i.job.0, &number, &item_buckets, &rows, &ids],
-            )
-            .await
-            .map_err(sql("writing rerun IDs"))?;
-            tx.commit().await.map_err(sql("committing a rerun"))
+            super::reruns::create_rerun(c, i.job, &me, job_lease, rerun, buckets).await
         })
     }
 
@@ -729,17 +671,7 @@ impl Store for PgStore {
         limit: usize,
     ) -> Result<Vec<RerunBucketState>, StoreError> {
         with_client!(self, |c, i| {
-            let rows = bucket_rows(c, i.job, Log::Rerun(rerun), from, limit).await?;
-            rows.iter()
-                .map(|r| {
-                    let offset: RerunOffset = serde_json::from_value(r.get(6))
-                        .map_err(|e| malformed("a rerun offset", e))?;
-                    Ok(RerunBucketState {
-                        offset,
-                        commit: commit_record(r, 0)?,
-                    })
-                })
-                .collect()
+            super::reruns::rerun_buckets(c, i.job, rerun, from, limit).await
         })
     }
 
@@ -748,22 +680,19 @@ impl Store for PgStore {
         offset: &RerunOffset,
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         with_client!(self, |c, i| {
-            let rows = c
-                .query(
-                    "SELECT i.id, i.\"row\", i.bucket, i.status, i.body::text, i.record::text
-                     FROM hw_rerun_item r JOIN hw_item i ON i.job_id = r.job_id AND i.id = r.id
-                     WHERE r.job_id = $1 AND r.rerun = $2 AND r.bucket = $3 ORDER BY r.\"row\"",
-                    &[&i.job.0, &(offset.rerun as i32), &to_i64(offset.bucket)?],
-                )
-                .await
-                .map_err(sql("reading a rerun bucket's items"))?;
-            rows.iter().map(|r| item_record(r, 0)).collect()
+            super::reruns::rerun_bucket_items(c, i.job, offset).await
+        })
+    }
+
+    async fn counted_stats(&self) -> Result<Option<StoreStats>, StoreError> {
+        with_client!(self, |c, i| {
+            super::stats::counted(&*c, i.job).await.map(Some)
         })
     }
 }
 
 /// A page of a log's bucket rows ([`BUCKET_COLUMNS`]).
-async fn bucket_rows(
+pub(super) async fn bucket_rows(
     c: &Client,
     job: JobId,
     log: Log,

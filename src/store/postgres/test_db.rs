@@ -60,7 +60,7 @@ pub async fn with_job() -> (Db, Client, super::JobId) {
             input_fingerprint: None,
             bucket_size: 10,
             rate_per_s: Some(100.0),
-            burst: 10,
+            burst: Some(10),
         },
     )
     .await

@@ -1,0 +1,279 @@
+//! Many workers, one job, seen from outside: a stopping worker shows as draining, a job
+//! whose planner is gone waits (saying so) for a worker with the input, a joining worker's
+//! flags are checked like a resume's, and a worker's metrics carry its name. The real binary
+//! against a throwaway PostgreSQL cluster and the fake API.
+
+use std::io::{Read, Write};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use highwater::demo::api::ApiConfig;
+
+use crate::postgres::pg_cluster;
+
+use crate::harness::*;
+
+const JOB: &str = "fleet";
+
+/// `status --state URL --job JOB --json`, parsed.
+fn status(h: &Harness, url: &str) -> serde_json::Value {
+    let out = h.run(&["status", "--state", url, "--job", JOB, "--json"]);
+    out.expect_code(0);
+    serde_json::from_str(out.stdout.trim()).expect("status --json is JSON")
+}
+
+/// `status --state URL --job JOB` as text.
+fn status_text(h: &Harness, url: &str) -> String {
+    let out = h.run(&["status", "--state", url, "--job", JOB]);
+    out.expect_code(0);
+    out.stdout
+}
+
+/// `run --state URL --job JOB` with `extra`, started.
+fn worker(h: &Harness, url: &str, extra: &[&str]) -> Child {
+    let mut args = vec![
+        "run",
+        "--state",
+        url,
+        "--job",
+        JOB,
+        "--lease-ttl",
+        "2s",
+        "--progress-interval",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    h.spawn(&args)
+}
+
+/// Wait (with a deadline) until `ready` says yes.
+fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what}: not in 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SQL in the test's schema.
+fn query(db: &pg_cluster::TestDb, sql: &str) -> String {
+    pg_cluster::shared().psql(
+        &db.name,
+        &format!("SET search_path TO {}; {sql}", db.schema),
+    )
+}
+
+/// A finished job of `ids`, created by a first worker.
+fn finished_job(h: &Harness, url: &str, ids: &[String]) -> std::path::PathBuf {
+    let input = h.ids_file("ids.txt", ids);
+    let api = h.url();
+    let first = worker(
+        h,
+        url,
+        &["--input", p(&input), "--url", &api, "--bucket-size", "10"],
+    );
+    finish(first).expect_code(0);
+    input
+}
+
+#[test]
+fn a_stopping_worker_shows_as_draining_while_it_finishes_what_it_holds() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(1500),
+        latency_max: Duration::from_millis(2500),
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(400);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut w = worker(
+        &h,
+        &url,
+        &[
+            "--input",
+            p(&input),
+            "--url",
+            &api,
+            "--bucket-size",
+            "10",
+            "--concurrency",
+            "4",
+            "--shutdown-timeout",
+            "20s",
+        ],
+    );
+    assert!(h.wait_for_calls(&mut w, 4), "the worker calls");
+    assert_eq!(status(&h, &url)["workers"][0]["state"], "alive");
+    signal(&w, libc::SIGTERM);
+    // Its calls in flight take seconds: it drains, and says so, meanwhile.
+    until("status shows the worker draining", || {
+        status(&h, &url)["workers"][0]["state"] == "draining"
+    });
+    assert!(status_text(&h, &url).contains(", draining, "));
+    let run = finish(w);
+    run.expect_code(130);
+    assert_eq!(query(&db, "SELECT count(*) FROM hw_worker"), "0");
+    assert_eq!(
+        query(&db, "SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
+        "0"
+    );
+}
+
+#[test]
+fn a_job_whose_planner_is_gone_waits_for_a_worker_with_the_input_and_says_so() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(300);
+    let input = finished_job(&h, &url, &ids);
+    // The planner died before it recorded the input's end: the lease is a gone session's.
+    query(
+        &db,
+        "UPDATE hw_job SET planner_exhausted = false, planner = gen_random_uuid()",
+    );
+    let s = status(&h, &url);
+    assert_eq!(s["planner"]["state"], "waiting", "{s}");
+    assert_eq!(s["finished"], false, "{s}");
+    assert!(
+        status_text(&h, &url).contains("waits for a worker with the input"),
+        "{}",
+        status_text(&h, &url)
+    );
+    // A worker without the input (on another machine: here, the file moved away) cannot
+    // plan: it waits, it does not exit.
+    let moved = h.path("elsewhere.txt");
+    std::fs::rename(&input, &moved).unwrap();
+    let mut b = worker(&h, &url, &[]);
+    until("the worker's session is alive", || {
+        status(&h, &url)["workers"][0]["state"] == "alive"
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(b.try_wait().unwrap().is_none(), "the worker waits");
+    assert_eq!(status(&h, &url)["planner"]["state"], "waiting");
+    // A worker with the input takes planning over; both finish.
+    let c = worker(&h, &url, &["--input", p(&moved)]);
+    finish(c).expect_code(0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the waiting worker finishes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    finish(b).expect_code(0);
+    let s = status(&h, &url);
+    assert_eq!(
+        (&s["planner"]["state"], &s["finished"]),
+        (&"done".into(), &true.into())
+    );
+    assert_eq!(h.api.distinct_ids(), 300);
+}
+
+#[test]
+fn a_joining_worker_may_not_change_what_the_job_means() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(50);
+    finished_job(&h, &url, &ids);
+    let spec = || query(&db, "SELECT spec::text FROM hw_job");
+    let before = spec();
+    let other = format!("{}?v=2", h.url());
+    let refused = finish(worker(&h, &url, &["--url", &other]));
+    refused.expect_refused(1, &["--allow-spec-change"]);
+    let refused = finish(worker(&h, &url, &["--bucket-size", "5"]));
+    refused.expect_refused(1, &["bucket"]);
+    assert_eq!(spec(), before, "nothing changed");
+    // Operational flags are a worker's own business.
+    finish(worker(&h, &url, &["--concurrency", "3", "--timeout", "7s"]))
+        .expect_code(0)
+        .expect_stderr("already finished");
+    // A meaning change asked for is accepted and recorded, as on a directory.
+    finish(worker(&h, &url, &["--url", &other, "--allow-spec-change"])).expect_code(0);
+    let history = status(&h, &url)["spec_history"].to_string();
+    assert!(history.contains("v=2"), "{history}");
+}
+
+#[test]
+fn a_workers_metrics_carry_its_name() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(200),
+        latency_max: Duration::from_millis(400),
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(2_000);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut w = worker(
+        &h,
+        &url,
+        &[
+            "--input",
+            p(&input),
+            "--url",
+            &api,
+            "--concurrency",
+            "2",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--shutdown-timeout",
+            "1s",
+        ],
+    );
+    let addr = metrics_addr(&mut w);
+    assert!(h.wait_for_calls(&mut w, 2), "the worker calls");
+    let name = status(&h, &url)["workers"][0]["worker"]
+        .as_str()
+        .expect("the worker's name")
+        .to_string();
+    let body = scrape(&addr);
+    let label = format!("worker=\"{name}\"");
+    let samples: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(!samples.is_empty());
+    for s in &samples {
+        assert!(s.contains(&label), "{s} has no {label}");
+    }
+    assert!(body.contains(&format!(
+        "highwater_run_items_total{{{label},status=\"ok\"}}"
+    )));
+    signal(&w, libc::SIGTERM);
+    finish(w).expect_code(130);
+}
+
+/// The metrics address the worker logs at its start.
+fn metrics_addr(child: &mut Child) -> String {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the worker logs its metrics address");
+        if let Some(rest) = line.split("metrics on http://").nth(1) {
+            std::thread::spawn(move || for _ in rx {});
+            return rest.split('/').next().unwrap().to_string();
+        }
+    }
+}
+
+/// GET /metrics: the body.
+fn scrape(addr: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n")
+        .expect("an HTTP answer")
+        .1
+        .to_string()
+}
