@@ -68,19 +68,73 @@ pub(crate) const TOLERATED_PUSHBACK: f64 = 0.02;
 /// refuses a steady few percent at any rate. Reacting to every refusal, the controller ground
 /// a job against the second kind down to a few items/s (2% of IDs answering 503 once took
 /// the demo from ~700 to ~4 items/s). So pushback counts only when its share over about the
-/// last second is above [`TOLERATED_PUSHBACK`] by more than chance: more than `T·n +
+/// last second is above the tolerated share `T` by more than chance: more than `T·n +
 /// 2·sqrt(T·n)` of `n` attempts (a one-sided binomial bound, so a handful of attempts with
 /// one refusal among them does not count either, and a large overload counts at once).
-#[derive(Debug, Clone, Default)]
+///
+/// `T` starts at [`TOLERATED_PUSHBACK`] and is learned from what a cut does. When pushback
+/// is acted on, the window's attempts and accepted attempts are noted; once the attempts
+/// have fallen to [`CUT_EVIDENCE`] of that (the controller cut the rate) while pushback
+/// still comes, the two kinds part: an API at its capacity accepts as much as before (the
+/// refusals were the excess), while an API whose refusals do not depend on the rate accepts
+/// less in proportion to what it is sent. In the second case the share it refuses at any rate
+/// becomes the tolerated one (with a margin, at most [`MAX_TOLERATED_PUSHBACK`]): the
+/// controller stops cutting and climbs back, and an overload on top of that share still
+/// counts.
+#[derive(Debug, Clone)]
 pub(crate) struct PushbackFilter {
-    /// Attempts and pushback over about the last second (exponentially weighted).
+    /// Attempts and pushback over about the last second (exponentially weighted), and the
+    /// seconds they cover (weighted alike: less than the window while the run is young).
     attempts: f64,
     pushback: f64,
+    seconds: f64,
+    /// The share of attempts that may be pushback.
+    tolerated: f64,
+    /// When pushback was acted on: the window's attempts and accepted attempts per second
+    /// then, and the time since.
+    acted: Option<Acted>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Acted {
+    attempts: f64,
+    accepted: f64,
+    age: Duration,
+}
+
+/// The share of attempts that, learned, may be pushback at most: an API refusing more than
+/// this at any rate is slowed down anyway.
+pub(crate) const MAX_TOLERATED_PUSHBACK: f64 = 0.25;
+
+/// What the window's attempts must have fallen to, against when pushback was acted on, before
+/// the accepted attempts tell the two kinds of pushback apart.
+const CUT_EVIDENCE: f64 = 0.6;
+
+impl Default for PushbackFilter {
+    fn default() -> Self {
+        PushbackFilter {
+            attempts: 0.0,
+            pushback: 0.0,
+            seconds: 0.0,
+            tolerated: TOLERATED_PUSHBACK,
+            acted: None,
+        }
+    }
 }
 
 impl PushbackFilter {
     /// The window's time constant.
     const WINDOW: Duration = Duration::from_secs(1);
+    /// How long a noted cut waits for its evidence before it is forgotten.
+    const EVIDENCE_WAIT: Duration = Duration::from_secs(30);
+    /// The time constant of a learned share's drift back.
+    const FORGET: Duration = Duration::from_secs(60);
+
+    /// The share of attempts that may be pushback now.
+    #[cfg(test)]
+    pub(super) fn tolerated(&self) -> f64 {
+        self.tolerated
+    }
 
     /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
     /// window's share says the API is overloaded, else 0.
@@ -88,8 +142,48 @@ impl PushbackFilter {
         let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
         self.attempts = self.attempts * keep + attempts as f64;
         self.pushback = self.pushback * keep + pushback as f64;
-        let expected = TOLERATED_PUSHBACK * self.attempts;
-        if pushback > 0 && self.pushback > expected + 2.0 * expected.sqrt() {
+        self.seconds = self.seconds * keep + elapsed.as_secs_f64();
+        let per_second = |n: f64| n / self.seconds.max(f64::MIN_POSITIVE);
+        // A learned share drifts back (over about a minute) to what the API refuses now, so
+        // an API whose flaky spell is over is watched at the base share again.
+        if self.tolerated > TOLERATED_PUSHBACK && self.attempts >= 20.0 {
+            let target = (1.25 * self.pushback / self.attempts).max(TOLERATED_PUSHBACK);
+            if target < self.tolerated {
+                let k = (-elapsed.as_secs_f64() / Self::FORGET.as_secs_f64()).exp();
+                self.tolerated = target + (self.tolerated - target) * k;
+            }
+        }
+        let over = |tolerated: f64, attempts: f64, pushback: f64| {
+            let expected = tolerated * attempts;
+            pushback > expected + 2.0 * expected.sqrt()
+        };
+        if let Some(acted) = self.acted.as_mut() {
+            acted.age += elapsed;
+            let sent = per_second(self.attempts);
+            if sent <= CUT_EVIDENCE * acted.attempts {
+                let accepted = per_second(self.attempts - self.pushback);
+                // Pushback still comes at the lower rate, and what is accepted fell with what
+                // is sent (not held at a capacity): the API refuses this share at any rate.
+                let refuses_anyway = over(self.tolerated, self.attempts, self.pushback)
+                    && accepted <= 1.15 * acted.accepted * sent / acted.attempts;
+                if refuses_anyway {
+                    let share = self.pushback / self.attempts;
+                    self.tolerated = (share * 1.25)
+                        .clamp(self.tolerated, MAX_TOLERATED_PUSHBACK.max(self.tolerated));
+                }
+                self.acted = None;
+            } else if acted.age > Self::EVIDENCE_WAIT {
+                self.acted = None;
+            }
+        }
+        if pushback > 0 && over(self.tolerated, self.attempts, self.pushback) {
+            if self.acted.is_none() && self.attempts >= 20.0 {
+                self.acted = Some(Acted {
+                    attempts: per_second(self.attempts),
+                    accepted: per_second(self.attempts - self.pushback),
+                    age: Duration::ZERO,
+                });
+            }
             pushback
         } else {
             0
