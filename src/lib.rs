@@ -9,7 +9,7 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports ([`parquet_export`] as Parquet); [`cli`] is the command line;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! Cargo features: the library alone (`default-features = false`) has none of the command
@@ -36,12 +36,12 @@ pub mod live;
 pub mod metrics;
 pub mod monitor;
 pub mod os;
-pub mod parquet_export;
 pub mod plan;
 pub mod progress;
 pub mod rerun;
 pub mod retry;
 pub mod setting;
 pub mod sink;
+pub mod spec;
 pub mod store;
 pub mod throttle;

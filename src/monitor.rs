@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use crate::console::{self, Bar};
 use crate::input::{Cursor, InputReader, InputSpec};
-use crate::job::now_ms;
 use crate::live::{self, LiveSnapshot};
 use crate::progress::{
     self, per_second, CounterSnapshot, Counters, Durations, IntervalLoad, JobFigures, ProgressEvent,
 };
+use crate::store::now_ms;
 use crate::store::StoreStats;
 
 /// How progress events are written.

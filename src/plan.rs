@@ -15,7 +15,7 @@
 //! engine's job (through [`crate::store::Store::plan`]).
 
 use crate::input::{Fingerprint, InputError, InputReader};
-use crate::job::now_ms;
+use crate::store::now_ms;
 use crate::store::{BadLine, OffsetRecord, PlannedBucket, PlannerState, Store, StoreError};
 
 /// Errors while planning.

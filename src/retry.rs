@@ -13,7 +13,7 @@ use backoff::backoff::Backoff;
 
 use crate::failure::{AttemptNote, Failure};
 use crate::handler::Output;
-use crate::job::RetryPolicy;
+use crate::spec::RetryPolicy;
 
 /// How an item ended. `errors` lists every failed attempt's error, oldest first.
 #[derive(Debug)]

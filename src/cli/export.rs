@@ -43,7 +43,7 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
     match &args.output {
         Some(path) => {
             let n = if parquet {
-                crate::parquet_export::export_to_file(store, only, args.flatten, path).await
+                crate::sink::parquet::export_to_file(store, only, args.flatten, path).await
             } else {
                 sink::export_to_file(store, args.format, only, path).await
             }

@@ -34,9 +34,9 @@ use std::time::Duration;
 
 use super::{job_work, plan_ahead, rerun_work, Dispatcher, EngineError, Stop, Track};
 use crate::input::InputReader;
-use crate::job::JobSpec;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
+use crate::spec::JobSpec;
 use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::Throttle;
 

@@ -59,9 +59,9 @@ use tokio::task::JoinSet;
 
 use crate::handler::{millis, Handler};
 use crate::input::InputReader;
-use crate::job::{Durability, JobSpec, RunOptions};
 use crate::plan::{PlanError, Planner};
 use crate::progress::{Counters, RunSummary};
+use crate::spec::{Durability, JobSpec, RunOptions};
 use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
 use crate::throttle::Throttle;
 

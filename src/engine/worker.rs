@@ -13,9 +13,10 @@ use super::writer::group_target;
 use super::{fleet, Halt, HaltOnPanic, Item, Stop, WorkQueue, WriterMsg};
 use crate::failure::Failure;
 use crate::handler::Handler;
-use crate::job::{now_ms, JobSpec};
 use crate::progress::Counters;
 use crate::retry::{self, Charge, ItemOutcome};
+use crate::spec::JobSpec;
+use crate::store::now_ms;
 use crate::store::{ItemRecord, ItemStatus};
 use crate::throttle::{ItemHistory, Observed, Throttle};
 

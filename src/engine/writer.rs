@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 
 use super::{EngineError, Halt, Track};
-use crate::job::FailureLimit;
 use crate::progress::Counters;
+use crate::spec::FailureLimit;
 use crate::store::{
     CommitRecord, ItemRecord, ItemStatus, Lease, Leases, Log, Store, StoreError, Tally,
 };

@@ -442,7 +442,9 @@ mod tests {
     /// A login role `hw` with [`PASSWORD`], for TCP (SCRAM) connections.
     async fn with_role() -> Db {
         let db = fresh().await;
-        let sql = format!("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'hw') THEN CREATE ROLE hw LOGIN PASSWORD '{PASSWORD}'; END IF; END $$");
+        // Tests run at once: two may both see no role and both create it, so the loser's
+        // duplicate is caught, not checked for beforehand.
+        let sql = format!("DO $$ BEGIN CREATE ROLE hw LOGIN PASSWORD '{PASSWORD}'; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$");
         db.psql(&sql);
         db
     }

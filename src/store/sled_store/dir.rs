@@ -41,6 +41,9 @@ pub(super) struct MarkerState {
     pub(super) at: std::time::Instant,
 }
 
+/// How long a lock recorded as this process's own is waited for (see [`lock`]).
+const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Take the directory's advisory lock, or say who holds it.
 pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join("lock");
@@ -52,21 +55,28 @@ pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
         .truncate(false)
         .open(&path)
         .map_err(io)?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut text = String::new();
-            let _ = file.read_to_string(&mut text);
-            return Err(StoreError::at(
-                dir.display(),
-                StoreError::Busy {
-                    pid: text.trim().parse().ok(),
-                },
-            ));
+    // A lock recorded as this process's own, on a store this process let go of, is a
+    // child's copy of the descriptor between its fork and its exec (an exec handler's
+    // process, spawned by any thread): gone within moments, so it is waited for, briefly.
+    let deadline = std::time::Instant::now() + OWN_LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
         }
-        return Err(io(err));
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io(err));
+        }
+        let mut text = String::new();
+        file.rewind().map_err(io)?;
+        let _ = file.read_to_string(&mut text);
+        let pid: Option<u32> = text.trim().parse().ok();
+        if pid != Some(std::process::id()) || std::time::Instant::now() >= deadline {
+            return Err(StoreError::at(dir.display(), StoreError::Busy { pid }));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;

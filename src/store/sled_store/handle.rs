@@ -111,6 +111,25 @@ impl Trees {
 
 /// sled can panic on some damaged files instead of returning an error; turn that into one.
 pub(super) fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
+    // sled takes a lock on its file; a reopen in a process that spawns children (an exec
+    // handler's processes) can find it still held by a child's copy of the descriptor between
+    // fork and exec: gone within moments, so a refused lock is tried again, briefly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match open_sled_once(path, cache_bytes) {
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One attempt of [`open_sled`].
+fn open_sled_once(path: &Path, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
     let config = sled::Config::new()
         .path(path)
         .cache_capacity(cache_bytes)

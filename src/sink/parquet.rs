@@ -22,7 +22,7 @@
 //! the field has null. A field named like a fixed column gets a `body_` prefix. Results that
 //! are not objects keep a `body` column (null for the flattened ones), so nothing is lost.
 //!
-//! Written through [`crate::sink::replace_atomically`]: a temp file, synced, then renamed.
+//! Written through [`super::replace_atomically`]: a temp file, synced, then renamed.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -464,7 +464,7 @@ async fn walk(
     only: Option<ItemStatus>,
     f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
 ) -> Result<(), ExportError> {
-    crate::sink::for_each(store, only, f).await
+    super::for_each(store, only, f).await
 }
 
 /// Write the results of `store` (with status `only`) as Parquet to `out`; with `flatten`,
@@ -529,7 +529,7 @@ pub async fn export_to_file(
     flatten: bool,
     path: &Path,
 ) -> Result<u64, ExportError> {
-    crate::sink::replace_atomically(path, async |out| export(store, only, flatten, out).await).await
+    super::replace_atomically(path, async |out| export(store, only, flatten, out).await).await
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Sink: writing a job's results out, one record per unique ID, in input order.
 //!
-//! Owns the export formats (JSONL and CSV; Parquet in [`crate::parquet_export`]) and their
+//! Owns the export formats (JSONL and CSV; Parquet in [`parquet`]) and their
 //! fields, and writing them either to
 //! standard output or to a file replaced atomically (a temp file in the same directory,
 //! synced, then renamed), so a reader never sees half an export. Also owns the error table
@@ -15,13 +15,15 @@ use serde_json::value::RawValue;
 
 use crate::store::{ExportError, ItemRecord, ItemStatus, JobView, Store};
 
+pub mod parquet;
+
 /// Export file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ExportFormat {
     Jsonl,
     Csv,
-    /// Written to a file only ([`crate::parquet_export`]).
+    /// Written to a file only ([`parquet`]).
     Parquet,
 }
 
@@ -168,7 +170,7 @@ pub async fn export_to_file(
     path: &Path,
 ) -> Result<u64, ExportError> {
     if format == ExportFormat::Parquet {
-        return crate::parquet_export::export_to_file(store, only, false, path).await;
+        return parquet::export_to_file(store, only, false, path).await;
     }
     replace_atomically(path, async |out| export(store, format, only, out).await).await
 }

@@ -1,0 +1,306 @@
+//! Spec: what a job is and how a run of it goes, the types below the engine.
+//!
+//! A [`JobSpec`] is the part of a run that is stored at creation and read back on resume: the
+//! input, its fingerprint, the bucket size, the work to do for each ID (a request, a command
+//! or a library handler's name) and the retry policy. Fields that change what the job means
+//! ([`JobSpec::meaning_changes`]) may never change on resume; the others (headers, retry,
+//! timeouts) may, and the stored spec is updated; changes are kept in its history
+//! ([`SpecChange`]). [`RunOptions`] are per-run knobs that are never stored (concurrency,
+//! durability, the throttle's options and the like).
+//!
+//! These types sit below both the engine (which runs a spec with options) and
+//! [`crate::job`] (which creates, checks and resumes jobs, and runs them through the
+//! engine), so the arrows point one way. Templates are stored as written (`${API_TOKEN}` and
+//! all): secrets are expanded from the environment only when a handler is built.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::answer::AnswerSpec;
+use crate::handler::serde_millis;
+use crate::input::{Fingerprint, InputSpec};
+use crate::setting::Setting;
+use crate::store::{StoreError, StoredJob};
+
+pub use crate::handler::exec::ExecSpec;
+pub use crate::handler::http::RequestSpec;
+
+/// How failed attempts are retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts per item, the first included (at least 1).
+    pub max_attempts: u32,
+    /// First backoff interval; doubles per attempt, with jitter.
+    #[serde(with = "serde_millis")]
+    pub initial: Duration,
+    /// Largest backoff interval.
+    #[serde(with = "serde_millis")]
+    pub max_interval: Duration,
+    /// Give up on an item once this much time has passed since its first attempt.
+    #[serde(with = "serde_millis")]
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_millis(500),
+            max_interval: Duration::from_secs(30),
+            max_elapsed: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// Everything stored about a job at creation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Stable job id (random at creation, kept across restarts).
+    pub job_id: String,
+    pub input: InputSpec,
+    /// Fingerprint of the input file when the job was created.
+    pub fingerprint: Fingerprint,
+    /// Rows per bucket.
+    pub bucket_size: u64,
+    /// The request made for each ID (for an exec job, only its `timeout` is used; unused by
+    /// a job of a library handler).
+    pub request: RequestSpec,
+    /// The command run for each ID instead of a request: an exec job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecSpec>,
+    /// The name a library program gave its own handler (a job built with [`Job`]), which
+    /// does the work instead of a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
+    /// What is checked of each 2xx answer and kept of it (none in specs stored before).
+    #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
+    pub answer: AnswerSpec,
+    pub retry: RetryPolicy,
+    /// Unix time (ms) of creation.
+    pub created_at_ms: u64,
+    /// Changes of the spec since creation, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<SpecChange>,
+}
+
+/// One change of a job's spec after its creation: a changed request (with
+/// `--allow-spec-change`) or a grown input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecChange {
+    pub at_ms: u64,
+    /// The command that made it (`run`, `rerun`).
+    pub command: String,
+    /// What changed, one human line each.
+    pub changes: Vec<String>,
+    /// The input's fingerprint before it grew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_input: Option<Fingerprint>,
+}
+
+impl std::fmt::Display for SpecChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + Duration::from_millis(self.at_ms),
+        );
+        write!(f, "{at} by {}: {}", self.command, self.changes.join("; "))
+    }
+}
+
+impl JobSpec {
+    /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
+    pub const STORED_VERSION: u32 = 1;
+
+    /// The spec as a store keeps it (opaque to the store).
+    pub fn to_stored(&self) -> StoredJob {
+        StoredJob {
+            id: self.job_id.clone(),
+            version: Self::STORED_VERSION,
+            spec: serde_json::to_vec(self).expect("a job spec serializes"),
+        }
+    }
+
+    /// Decode what [`JobSpec::to_stored`] wrote.
+    pub fn from_stored(stored: &StoredJob) -> Result<JobSpec, StoreError> {
+        if stored.version != Self::STORED_VERSION {
+            return Err(StoreError::corrupt(format!(
+                "the job's spec is stored in encoding version {}; this highwater reads version {}",
+                stored.version,
+                Self::STORED_VERSION
+            )));
+        }
+        serde_json::from_slice(&stored.spec)
+            .map_err(|e| StoreError::corrupt(format!("undecodable job record: {e}")))
+    }
+
+    /// The differences between `self` (stored) and `other` (asked for) that change what the job
+    /// means, one human line each. Empty when `other` may resume this job. The input's path
+    /// is not among them: a moved input is accepted when its content is unchanged (the caller
+    /// checks the fingerprint).
+    pub fn meaning_changes(&self, other: &JobSpec) -> Vec<String> {
+        let mut out = self.fixed_changes(other);
+        out.extend(self.request_changes(other));
+        out.extend(self.answer.changes(&other.answer));
+        out
+    }
+
+    /// Meaning changes that are never allowed (they would cut the input differently).
+    pub fn fixed_changes(&self, other: &JobSpec) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |what: &dyn std::fmt::Display, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: stored {a}, given {b}"));
+            }
+        };
+        cmp(
+            &"input format",
+            self.input.format.to_string(),
+            other.input.format.to_string(),
+        );
+        cmp(
+            &Setting::BucketSize,
+            self.bucket_size.to_string(),
+            other.bucket_size.to_string(),
+        );
+        out
+    }
+
+    /// Changes of the request (URL, method, body): allowed with `--allow-spec-change`.
+    pub fn request_changes(&self, other: &JobSpec) -> Vec<String> {
+        // An exec job stores no URL: a change between the two is said once, as --exec.
+        let mut out = Vec::new();
+        let mut cmp = |what: &dyn std::fmt::Display, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: stored {a}, given {b}"));
+            }
+        };
+        let command = |s: &JobSpec| {
+            s.exec
+                .as_ref()
+                .map_or("none".into(), |e| format!("{:?}", e.command))
+        };
+        cmp(&Setting::Exec, command(self), command(other));
+        let handler = |s: &JobSpec| {
+            s.handler
+                .as_ref()
+                .map_or("none".into(), |h| format!("{h:?}"))
+        };
+        cmp(&"handler", handler(self), handler(other));
+        if self.handler.is_some() && other.handler.is_some() {
+            return out;
+        }
+        cmp(
+            &Setting::Url,
+            self.request.url.clone(),
+            other.request.url.clone(),
+        );
+        cmp(
+            &Setting::Method,
+            self.request.method.clone(),
+            other.request.method.clone(),
+        );
+        cmp(
+            &Setting::Body,
+            format!("{:?}", self.request.body),
+            format!("{:?}", other.request.body),
+        );
+        out
+    }
+}
+
+/// Per-run settings, never stored.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Items in flight at most (requests plus their retry waits).
+    pub concurrency: usize,
+    /// Skip (and record) input lines that hold no usable ID instead of stopping.
+    pub skip_bad_lines: bool,
+    /// After a stop signal, how long in-flight items may take to finish.
+    pub shutdown_timeout: Duration,
+    /// How often a progress line is logged (zero: never).
+    pub progress_interval: Duration,
+    /// Rate limit, adaptive control and outage handling.
+    pub throttle: crate::throttle::ThrottleOptions,
+    /// Stop the run once more IDs than this failed permanently in it.
+    pub max_failures: Option<FailureLimit>,
+    /// When results and commit records are made durable.
+    pub durability: Durability,
+}
+
+/// When a run makes its results and commit records durable. Offset records are made durable
+/// before their items are dispatched in both modes (the planner thread does it ahead of the
+/// work, one flush per batch of buckets). Nothing of it is stored: a job may switch between
+/// runs, and a run in one mode resumes what a crashed run in the other left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Group commit: each group of results is flushed before the next is taken, and a
+    /// bucket's commit record follows the flush that covered its last result. A kill -9
+    /// repeats at most [`crate::engine::max_unsynced_items`] calls.
+    #[default]
+    Sync,
+    /// `--async-progress`: results are written as they come and flushed in the background
+    /// every `interval`; a bucket's commit record is written after the flush that covered its
+    /// last result and is durable at the next one. A kill -9 repeats the calls of the results
+    /// finished since the start of the last completed flush (about one interval) plus those
+    /// in flight.
+    Async { interval: Duration },
+}
+
+/// `--max-failures`: a count, or a share of the IDs finished in the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailureLimit {
+    Count(u64),
+    /// Percent (0-100) of finished IDs, judged once at least [`FailureLimit::MIN_SAMPLE`] finished.
+    Percent(f64),
+}
+
+impl FailureLimit {
+    /// Finished IDs needed before a percentage is judged.
+    pub const MIN_SAMPLE: u64 = 100;
+
+    /// Whether `failed` of `finished` is past the limit.
+    pub fn exceeded(&self, failed: u64, finished: u64) -> bool {
+        match *self {
+            FailureLimit::Count(n) => failed > n,
+            FailureLimit::Percent(p) => {
+                finished >= Self::MIN_SAMPLE && failed as f64 > p / 100.0 * finished as f64
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for FailureLimit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some(p) = s.strip_suffix('%') {
+            let p: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a percentage"))?;
+            if !(0.0..=100.0).contains(&p) {
+                return Err(format!("{s:?}: a percentage is between 0% and 100%"));
+            }
+            Ok(FailureLimit::Percent(p))
+        } else {
+            s.parse()
+                .map(FailureLimit::Count)
+                .map_err(|_| format!("{s:?} is not a count or a percentage (write 100 or 5%)"))
+        }
+    }
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            concurrency: 16,
+            skip_bad_lines: false,
+            shutdown_timeout: Duration::from_secs(30),
+            progress_interval: Duration::from_secs(30),
+            throttle: crate::throttle::ThrottleOptions::default(),
+            max_failures: None,
+            durability: Durability::Sync,
+        }
+    }
+}
