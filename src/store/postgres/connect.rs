@@ -45,6 +45,18 @@ impl Default for ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// These options for the connection of a worker session living `ttl`: a transaction
+    /// that a stopped worker left open (paused, partitioned, its machine gone) ends within
+    /// half the TTL, so its row locks never hold its buckets back from the others (whose
+    /// `SKIP LOCKED` acquisitions pass locked rows by) once its session has expired.
+    pub fn for_session(mut self, ttl: Duration) -> ConnectOptions {
+        let bound = (ttl / 2).max(Duration::from_secs(1));
+        self.idle_in_transaction_timeout = self.idle_in_transaction_timeout.min(bound);
+        self
+    }
+}
+
 /// A parsed, expanded database target, ready to connect. Shows without its password.
 #[derive(Clone)]
 pub struct PgTarget {
