@@ -181,8 +181,15 @@ impl PgStore {
         Ok(got)
     }
 
+    /// Have the session renewed now, not at its next heartbeat (a test's expiry is learned
+    /// at once).
+    #[cfg(test)]
+    pub(crate) fn renew_session_now(&self) {
+        self.inner.wake.notify_one();
+    }
+
     /// Whether `lease` is the one this store holds for its scope.
-    fn holds(&self, lease: &Lease) -> bool {
+    fn held_here(&self, lease: &Lease) -> bool {
         let local = self.inner.local();
         let token = match lease.scope {
             LeaseScope::Job => local.job_lease,
@@ -234,14 +241,14 @@ impl Leases for PgStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        if !self.holds(lease) || !self.alive() {
+        if !self.held_here(lease) || !self.alive() {
             return Err(lost(lease));
         }
         Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        if !self.holds(lease) {
+        if !self.held_here(lease) {
             return Ok(());
         }
         {
@@ -296,6 +303,10 @@ impl Leases for PgStore {
 
     fn alive(&self) -> bool {
         PgStore::alive(self)
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.held_here(lease)
     }
 
     fn fleet_rate(&self) -> Option<FleetRate> {
@@ -391,7 +402,7 @@ impl Leases for PgStore {
     }
 
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
-        if !self.holds(lease) {
+        if !self.held_here(lease) {
             return Err(lost(lease));
         }
         let (log, records, moved): (Log, &[CommitRecord], &[CommitRecord]) = match commit {
