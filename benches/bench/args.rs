@@ -101,6 +101,8 @@ modes:
     --no-fsync        keep the test cluster's settings (fsync, synchronous_commit and
                       full_page_writes off: not durable; shows what the disk costs)
     --bin PATH        the highwater binary [default: the one cargo built]
+    --before PATH     another highwater binary (a baseline build): a PostgreSQL run of it
+                      in every round of the `one` part too, the two in alternating order
 
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
@@ -287,7 +289,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             "--bin" if matches!(mode, Mode::Rss | Mode::Latency | Mode::Cpu | Mode::Pg) => {
                 args.bin = Some(PathBuf::from(value(name)?))
             }
-            "--before" if matches!(mode, Mode::Latency | Mode::Cpu) => {
+            "--before" if matches!(mode, Mode::Latency | Mode::Cpu | Mode::Pg) => {
                 args.before = Some(PathBuf::from(value(name)?))
             }
             "--latency-ms" if mode == Mode::Latency => {

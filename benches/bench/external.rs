@@ -71,6 +71,7 @@ pub fn wrk(threads: usize, connections: usize, secs: u64, url: &str, log: &Path)
 }
 
 /// One run of the binary over a fresh state directory.
+#[derive(Debug, Clone)]
 pub struct BinRun {
     pub exit: Exit,
     pub elapsed: Duration,

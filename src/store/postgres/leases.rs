@@ -29,6 +29,7 @@ use super::job::to_i64;
 use super::outage::Outage;
 use super::session::{heartbeat, Grant, Heartbeat};
 use super::store::{register_here, Inner, PgStore};
+use super::writes::WriterConn;
 use super::{connect, log_number, WorkerId};
 use crate::store::{
     Commit, CommitRecord, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, StoreError,
@@ -374,8 +375,9 @@ impl Leases for PgStore {
 
     async fn take_planner(&self) -> Result<bool, StoreError> {
         let me = self.inner.me();
-        let conn = self.inner.client().await?;
-        let c = conn.as_ref().expect("connected by client()");
+        let conn = self.inner.planner_connection().await;
+        let conn = conn.map_err(|e| self.inner.err(e))?;
+        let c = conn.as_ref().expect("connected by planner_connection()");
         let token = super::planner::acquire_planner(c, self.inner.job, &me)
             .await
             .map_err(|e| self.inner.err(e))?;
@@ -418,16 +420,23 @@ impl Leases for PgStore {
             tracing::error!(bucket = c.bucket, "a commit outside its lease");
             return Err(lost(lease));
         }
-        let results = std::mem::take(&mut self.inner.local().results);
         let me = self.inner.me();
         let mut outage = Outage::default();
         let done = loop {
             let attempt = async {
-                let mut conn = self.inner.connection().await?;
-                let c = conn.as_mut().expect("connected by connection()");
+                let mut conn = self.inner.writer_connection().await?;
+                let w = conn.as_mut().expect("connected by writer_connection()");
+                // Taken under the writer's lock (see `super::writes`).
+                let results = std::mem::take(&mut self.inner.local().results);
                 // Again after an outage: the results and commits are idempotent (a bucket
                 // this lease committed is left as it is).
-                commit_fenced(c, &self.inner, &me, lease, log, records, moved, &results).await
+                let done =
+                    commit_fenced(w, &self.inner, &me, lease, log, records, moved, &results).await;
+                if !matches!(done, Ok(true)) {
+                    // Nothing of it was written: the results wait for the next flush.
+                    self.inner.keep_for_later(results);
+                }
+                done
             }
             .await;
             match attempt {
@@ -442,16 +451,8 @@ impl Leases for PgStore {
                 }
                 Ok(())
             }
-            Ok(false) | Err(_) => {
-                // Nothing of it was written: the results wait for the next sync.
-                let mut local = self.inner.local();
-                let later = std::mem::replace(&mut local.results, results);
-                local.results.extend(later);
-                match done {
-                    Err(e) => Err(self.inner.err(e)),
-                    _ => Err(lost(lease)),
-                }
-            }
+            Ok(false) => Err(lost(lease)),
+            Err(e) => Err(self.inner.err(e)),
         }
     }
 }
@@ -461,7 +462,7 @@ impl Leases for PgStore {
 /// if a bucket is not held under the lease's token.
 #[allow(clippy::too_many_arguments)]
 async fn commit_fenced(
-    c: &mut tokio_postgres::Client,
+    w: &mut WriterConn,
     inner: &Inner,
     me: &WorkerId,
     lease: &Lease,
@@ -470,11 +471,12 @@ async fn commit_fenced(
     moved: &[CommitRecord],
     results: &[(String, crate::store::ItemRecord)],
 ) -> Result<bool, PgError> {
-    let tx = c
+    let tx = w
+        .client
         .transaction()
         .await
         .map_err(PgError::sql("starting a commit"))?;
-    inner.write_fenced(&tx, results).await?;
+    inner.write_fenced(&tx, &w.write, results).await?;
     let numbers = records
         .iter()
         .map(|r| to_i64(r.bucket))
@@ -484,8 +486,7 @@ async fn commit_fenced(
     let token = lease.token.0 as i64;
     let rows = tx
         .query(
-            "SELECT bucket, owner = $4::text::uuid AND lease_token = $5 FROM hw_bucket
-             WHERE job_id = $1 AND rerun = $2 AND bucket = ANY($3) AND state = 'committed'",
+            &w.committed,
             &[&inner.job.0, &log_number(log), &numbers, &me.0, &token],
         )
         .await
@@ -503,7 +504,7 @@ async fn commit_fenced(
             bucket: record.bucket,
             token: lease.token.0 as i64,
         };
-        match super::results::commit_bucket(&tx, inner.job, me, &held, record).await {
+        match super::results::commit_bucket_as(&tx, &w.commit, inner.job, me, &held, record).await {
             Ok(()) => {}
             Err(PgError::LeaseLost { .. }) => return Ok(false),
             Err(e) => return Err(e),

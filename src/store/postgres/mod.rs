@@ -55,6 +55,7 @@ pub mod session;
 pub mod stats;
 pub mod store;
 mod tls;
+mod writes;
 
 #[cfg(test)]
 pub(crate) mod test_db;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, ToStatement};
 
 use super::error::PgError;
 use super::job::to_i64;
@@ -42,10 +42,49 @@ pub struct Written {
     pub fenced: u64,
 }
 
+/// The fenced result write of [`write_results`] (one statement: check, share-lock, upsert).
+pub const WRITE_RESULTS: &str = "WITH held AS (
+                 SELECT b.bucket, b.lease_token FROM hw_bucket b
+                 WHERE b.job_id = $1 AND b.rerun = $3 AND b.owner = $2::text::uuid
+                   AND b.state = 'leased'
+                   AND (b.bucket, b.lease_token) IN
+                       (SELECT DISTINCT * FROM unnest($4::bigint[], $5::bigint[]))
+                 FOR SHARE OF b),
+             incoming AS (
+                 SELECT * FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[],
+                                      $8::bigint[], $9::text[], $10::integer[], $11::text[],
+                                      $12::text[]) WITH ORDINALITY
+                     AS u(lease_bucket, token, id, bucket, item_row, status, http_status,
+                          body, record, ord))
+             INSERT INTO hw_item AS i
+                 (job_id, id, bucket, \"row\", status, http_status, body, record, lease_token)
+             SELECT $1, u.id, u.bucket, u.item_row, u.status, u.http_status, u.body::json,
+                    u.record::jsonb, u.token
+             FROM incoming u JOIN held h ON h.bucket = u.lease_bucket AND h.lease_token = u.token
+             ORDER BY u.ord
+             ON CONFLICT (job_id, id) DO UPDATE
+                 SET status = EXCLUDED.status, http_status = EXCLUDED.http_status,
+                     body = EXCLUDED.body, record = EXCLUDED.record,
+                     lease_token = EXCLUDED.lease_token
+                 WHERE i.lease_token <= EXCLUDED.lease_token";
+
 /// Write final results of one log, fenced by their leases (see the module doc). A later row
-/// for the same ID in `rows` wins. Use inside the transaction that commits the buckets.
+/// for the same ID in `rows` wins. One statement: by itself, or inside the transaction that
+/// commits the buckets.
 pub async fn write_results(
     client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+    log: Log,
+    rows: &[ResultRow],
+) -> Result<Written, PgError> {
+    write_results_as(client, WRITE_RESULTS, job, me, log, rows).await
+}
+
+/// [`write_results`] by `statement`: [`WRITE_RESULTS`], or the same prepared.
+pub async fn write_results_as<T: ?Sized + ToStatement + Sync + Send>(
+    client: &impl GenericClient,
+    statement: &T,
     job: JobId,
     me: &WorkerId,
     log: Log,
@@ -91,30 +130,7 @@ pub async fn write_results(
     }
     let written = client
         .execute(
-            "WITH held AS (
-                 SELECT b.bucket, b.lease_token FROM hw_bucket b
-                 WHERE b.job_id = $1 AND b.rerun = $3 AND b.owner = $2::text::uuid
-                   AND b.state = 'leased'
-                   AND (b.bucket, b.lease_token) IN
-                       (SELECT DISTINCT * FROM unnest($4::bigint[], $5::bigint[]))
-                 FOR SHARE OF b),
-             incoming AS (
-                 SELECT * FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[],
-                                      $8::bigint[], $9::text[], $10::integer[], $11::text[],
-                                      $12::text[]) WITH ORDINALITY
-                     AS u(lease_bucket, token, id, bucket, item_row, status, http_status,
-                          body, record, ord))
-             INSERT INTO hw_item AS i
-                 (job_id, id, bucket, \"row\", status, http_status, body, record, lease_token)
-             SELECT $1, u.id, u.bucket, u.item_row, u.status, u.http_status, u.body::json,
-                    u.record::jsonb, u.token
-             FROM incoming u JOIN held h ON h.bucket = u.lease_bucket AND h.lease_token = u.token
-             ORDER BY u.ord
-             ON CONFLICT (job_id, id) DO UPDATE
-                 SET status = EXCLUDED.status, http_status = EXCLUDED.http_status,
-                     body = EXCLUDED.body, record = EXCLUDED.record,
-                     lease_token = EXCLUDED.lease_token
-                 WHERE i.lease_token <= EXCLUDED.lease_token",
+            statement,
             &[
                 &job.0,
                 &me.0,
@@ -156,15 +172,30 @@ pub async fn commit_bucket(
     lease: &Lease,
     tally: &CommitRecord,
 ) -> Result<(), PgError> {
+    commit_bucket_as(client, COMMIT_BUCKET, job, me, lease, tally).await
+}
+
+/// The update of [`commit_bucket`].
+pub const COMMIT_BUCKET: &str = "UPDATE hw_bucket
+             SET state = 'committed', ok = $6, failed = $7, failed_by_class = $8,
+                 committed_at = to_timestamp($9::float8 / 1000)
+             WHERE job_id = $1 AND rerun = $3 AND bucket = $4 AND owner = $2::text::uuid
+               AND lease_token = $5 AND state = 'leased'";
+
+/// [`commit_bucket`] by `statement`: [`COMMIT_BUCKET`], or the same prepared.
+pub async fn commit_bucket_as<T: ?Sized + ToStatement + Sync + Send>(
+    client: &impl GenericClient,
+    statement: &T,
+    job: JobId,
+    me: &WorkerId,
+    lease: &Lease,
+    tally: &CommitRecord,
+) -> Result<(), PgError> {
     let by_class = serde_json::to_value(&tally.failed_by_class)
         .map_err(|e| PgError::Malformed(e.to_string()))?;
     let n = client
         .execute(
-            "UPDATE hw_bucket
-             SET state = 'committed', ok = $6, failed = $7, failed_by_class = $8,
-                 committed_at = to_timestamp($9::float8 / 1000)
-             WHERE job_id = $1 AND rerun = $3 AND bucket = $4 AND owner = $2::text::uuid
-               AND lease_token = $5 AND state = 'leased'",
+            statement,
             &[
                 &job.0,
                 &me.0,

@@ -22,12 +22,12 @@ use super::error::PgError;
 use super::job::{find_job, to_i64};
 use super::leases::Session;
 use super::outage::Outage;
-use super::results::{write_results, ResultRow};
 use super::rows::{
     commit_record, item_record, malformed, spec_from_json, spec_json, sql, BUCKET_COLUMNS,
 };
 use super::session::{register, WorkerInfo};
-use super::{connect, log_number, migrate, ConnectOptions, JobId, Lease, PgTarget, WorkerId};
+use super::writes::WriterConn;
+use super::{connect, log_number, migrate, ConnectOptions, JobId, PgTarget, WorkerId};
 use crate::store::{
     BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
     RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
@@ -78,7 +78,13 @@ pub(super) struct Inner {
     pub(super) ttl: Duration,
     /// Whether this open created the job's row.
     pub(super) created: bool,
+    /// The dispatcher's connection (leases, bucket reads) and everything else's but the
+    /// planner's and the result writer's.
     conn: tokio::sync::Mutex<Option<Client>>,
+    /// The planner's (connected once it plans): its batches never hold up the leases.
+    planner_conn: tokio::sync::Mutex<Option<Client>>,
+    /// The result writer's (connected at its first write, see [`super::writes`]).
+    pub(super) writer: tokio::sync::Mutex<Option<WriterConn>>,
     pub(super) local: Mutex<Local>,
     /// Wakes the heartbeat early: the worker's idleness changed, its share should follow.
     pub(super) wake: Arc<tokio::sync::Notify>,
@@ -152,6 +158,8 @@ impl PgStore {
             ttl: open.ttl,
             created,
             conn: tokio::sync::Mutex::new(Some(client)),
+            planner_conn: tokio::sync::Mutex::new(None),
+            writer: tokio::sync::Mutex::new(None),
             local: Mutex::new(Local {
                 session: Session::new(me, Instant::now() + open.ttl),
                 results: Vec::new(),
@@ -291,124 +299,43 @@ impl Inner {
     pub(super) async fn connection(
         &self,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PgError> {
-        let mut conn = self.conn.lock().await;
+        self.connected(&self.conn).await
+    }
+
+    /// The planner's connection, as [`Inner::connection`].
+    pub(super) async fn planner_connection(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PgError> {
+        self.connected(&self.planner_conn).await
+    }
+
+    /// `conn`, connected (again) if it is not.
+    async fn connected<'a>(
+        &self,
+        conn: &'a tokio::sync::Mutex<Option<Client>>,
+    ) -> Result<tokio::sync::MutexGuard<'a, Option<Client>>, PgError> {
+        let mut conn = conn.lock().await;
         if conn.as_ref().is_none_or(Client::is_closed) {
             *conn = None;
             *conn = Some(connect(&self.target, &self.options).await?);
         }
         Ok(conn)
     }
-
-    /// Which lease covers a result, and its row as written: the job bucket's lease (or the
-    /// job-wide one), or for a rerun's result the rerun bucket's, found in `rerun_buckets`.
-    fn result_row(
-        &self,
-        local: &Local,
-        id: &str,
-        record: &ItemRecord,
-        rerun_buckets: &HashMap<String, u64>,
-    ) -> Result<Option<ResultRow>, PgError> {
-        let (log, bucket) = match record.rerun {
-            None => (Log::Job, record.bucket),
-            Some(k) => match rerun_buckets.get(id) {
-                Some(&b) => (Log::Rerun(k), b),
-                None => return Ok(None),
-            },
-        };
-        let token = local
-            .held
-            .get(&(log_number(log), bucket))
-            .copied()
-            .or(local.job_lease);
-        let Some(token) = token else { return Ok(None) };
-        let mut rest = record.clone();
-        let body = rest.body.take().map(|b| b.get().to_string());
-        Ok(Some(ResultRow {
-            lease: Lease { log, bucket, token },
-            id: id.to_string(),
-            bucket: record.bucket,
-            row: record.row,
-            status: record.status,
-            http_status: record.http_status,
-            body,
-            record: serde_json::to_string(&rest).map_err(|e| PgError::Malformed(e.to_string()))?,
-        }))
-    }
-
-    /// Write `results` fenced by their leases, inside `tx`; the dropped ones are counted.
-    pub(super) async fn write_fenced(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-        results: &[(String, ItemRecord)],
-    ) -> Result<(), PgError> {
-        if results.is_empty() {
-            return Ok(());
-        }
-        // A rerun's result is fenced by its rerun bucket's lease: find the buckets.
-        let mut rerun_buckets: HashMap<u32, HashMap<String, u64>> = HashMap::new();
-        for (id, r) in results {
-            if let Some(k) = r.rerun {
-                rerun_buckets.entry(k).or_default().insert(id.clone(), 0);
-            }
-        }
-        for (k, ids) in &mut rerun_buckets {
-            let wanted: Vec<&str> = ids.keys().map(String::as_str).collect();
-            let rows = tx
-                .query(
-                    "SELECT id, bucket FROM hw_rerun_item
-                     WHERE job_id = $1 AND rerun = $2 AND id = ANY($3)",
-                    &[&self.job.0, &(*k as i32), &wanted],
-                )
-                .await
-                .map_err(PgError::sql("finding rerun buckets"))?;
-            let found: HashMap<String, u64> = rows
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                .collect();
-            *ids = found;
-        }
-        let (me, mut by_log, mut dropped) = {
-            let local = self.local();
-            let mut by_log: Vec<(Log, Vec<ResultRow>)> = Vec::new();
-            let mut dropped = 0;
-            let none = HashMap::new();
-            for (id, r) in results {
-                let buckets = r.rerun.and_then(|k| rerun_buckets.get(&k)).unwrap_or(&none);
-                match self.result_row(&local, id, r, buckets)? {
-                    Some(row) => match by_log.iter_mut().find(|(l, _)| *l == row.lease.log) {
-                        Some((_, rows)) => rows.push(row),
-                        None => by_log.push((row.lease.log, vec![row])),
-                    },
-                    None => dropped += 1,
-                }
-            }
-            (local.session.me.clone(), by_log, dropped)
-        };
-        for (log, rows) in &mut by_log {
-            let written = write_results(tx, self.job, &me, *log, rows).await?;
-            dropped += written.fenced;
-        }
-        if dropped > 0 {
-            tracing::warn!(
-                results = dropped,
-                "results of buckets whose lease this worker does not hold were not written"
-            );
-            self.local().fenced += dropped;
-        }
-        Ok(())
-    }
 }
 
-/// Run `$body` with the store's connection `$c` and its state `$i`; its error said of the
-/// job.
+/// Run `$body` with the store's connection `$c` (or the one `$conn` gives) and its state
+/// `$i`; its error said of the job.
 /// A database outage (restarting, refusing connections) is waited out: the step is tried
 /// again with backoff ([`Outage`]), on a new connection.
 macro_rules! with_client {
-    ($store:expr, |$c:ident, $i:ident| $body:block) => {{
+    ($store:expr, |$c:ident, $i:ident| $body:block) => {
+        with_client!($store, connection, |$c, $i| $body)
+    };
+    ($store:expr, $conn:ident, |$c:ident, $i:ident| $body:block) => {{
         let mut outage = Outage::default();
         loop {
             let result: Result<_, PgError> = async {
-                let mut conn = $store.inner.connection().await?;
+                let mut conn = $store.inner.$conn().await?;
                 let $c: &mut Client = conn.as_mut().expect("connected by connection()");
                 let $i: &Inner = &$store.inner;
                 $body
@@ -447,14 +374,14 @@ impl Store for PgStore {
     }
 
     async fn planner(&self) -> Result<PlannerState, StoreError> {
-        with_client!(self, |c, i| {
+        with_client!(self, planner_connection, |c, i| {
             super::planner::planner_state(&*c, i.job).await
         })
     }
 
     async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
         let ids: Vec<&str> = rows.iter().map(|(_, id)| *id).collect();
-        let planned: HashMap<String, u64> = with_client!(self, |c, i| {
+        let planned: HashMap<String, u64> = with_client!(self, planner_connection, |c, i| {
             let found = c
                 .query(
                     "SELECT id, \"row\" FROM hw_item WHERE job_id = $1 AND id = ANY($2)",
@@ -495,7 +422,7 @@ impl Store for PgStore {
             let local = self.inner.local();
             (local.job_lease, local.session.me.clone())
         };
-        with_client!(self, |c, i| {
+        with_client!(self, planner_connection, |c, i| {
             if buckets.is_empty() {
                 return move_planner(c, i.job, &me, planner).await;
             }
@@ -562,22 +489,13 @@ impl Store for PgStore {
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
-        let results = std::mem::take(&mut self.inner.local().results);
-        if results.is_empty() {
-            return Ok(());
+        let mut outage = Outage::default();
+        loop {
+            match self.inner.sync_results().await {
+                Err(e) if outage.wait(&e).await => continue,
+                synced => return synced.map_err(|e| self.inner.err(e)),
+            }
         }
-        let written = with_client!(self, |c, i| {
-            let tx = c.transaction().await.map_err(sql("starting a sync"))?;
-            i.write_fenced(&tx, &results).await?;
-            tx.commit().await.map_err(sql("committing a sync"))
-        });
-        if written.is_err() {
-            // Kept for the next sync: nothing of this one was written.
-            let mut local = self.inner.local();
-            let later = std::mem::replace(&mut local.results, results);
-            local.results.extend(later);
-        }
-        written
     }
 
     async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
