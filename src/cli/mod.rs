@@ -92,7 +92,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     flags::install();
     init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
-    let runtime = match runtime_builder().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             say!("error: cannot start the async runtime: {e}");
@@ -106,20 +109,6 @@ pub fn main() -> ExitCode {
             ExitCode::from(exit::ERROR)
         }
     }
-}
-
-/// The async runtime: one thread runs every task (the item workers, hyper's connections, the
-/// writer); blocking work (the planner, syncs, sled's flushes) has threads of its own.
-///
-/// On a fast API an item's work is a few short steps on several tasks (worker, connection,
-/// writer) that wake one another. Spread over a multi-threaded runtime's workers, those
-/// wake-ups crossed threads (a futex call, a cache line moving between cores, the idle worker
-/// parked and unparked); on one thread they are a queue push. Against nginx on loopback
-/// (README, Performance, issue 18 item 3) one thread took 4.6% fewer instructions per item
-/// and a third fewer `futex` calls than two workers, and less CPU per item in every
-/// alternating round; the API's answer time, not the runtime, bounds a slow API's rate.
-fn runtime_builder() -> tokio::runtime::Builder {
-    tokio::runtime::Builder::new_current_thread()
 }
 
 /// An error and its causes, joined by ": ", leaving out a cause whose text the message before
