@@ -95,7 +95,9 @@ modes:
     --repeat K        (sled, pg) pairs [default: 3]
     --workers N       workers of the fleet and failover parts [default: 3]
     --ttls S,S,...    --lease-ttl of the failover runs, in seconds [default: 30,3]
-    --only P,P,...    run only these parts: one (incl. storage), fleet, failover, wire
+    --only P,P,...    run only these parts: one (incl. storage), fleet, failover, wire,
+                      capacity (the fleet against a hidden capacity C = 300/s: goodput
+                      and 429s with the job's --rate at 2·C and without)
     --no-fsync        keep the test cluster's settings (fsync, synchronous_commit and
                       full_page_writes off: not durable; shows what the disk costs)
     --bin PATH        the highwater binary [default: the one cargo built]
@@ -196,7 +198,7 @@ pub enum Parsed {
 }
 
 /// The parts of `pg --only`.
-pub const PG_PARTS: [&str; 4] = ["one", "fleet", "failover", "wire"];
+pub const PG_PARTS: [&str; 5] = ["one", "fleet", "failover", "wire", "capacity"];
 
 pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
     let mut it = raw.iter().peekable();

@@ -4,7 +4,8 @@
 //! fake API in this process. Parts (`--only`): `one`, one worker against one sled run,
 //! alternating, and the tables' size per ID afterwards; `fleet`, several workers on one
 //! job; `failover`, the same with one worker killed (SIGKILL) mid-run, timed until its
-//! buckets are leased by others; `wire`, one worker through a counting TCP proxy.
+//! buckets are leased by others; `wire`, one worker through a counting TCP proxy;
+//! `capacity`, the fleet against a hidden capacity (its own fake API, [`capacity`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use crate::machine::{machine_facts, us_per, Baseline};
 use crate::numbers::{median, mib, thousands};
 use crate::scratch::{dir_size, finish_temp, temp_dir, write_input};
 
+mod capacity;
 #[path = "../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
 mod proxy;
@@ -112,6 +114,9 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     }
     if args.pg_part("wire") {
         wire(rt, &bench, &mut body)?;
+    }
+    if args.pg_part("capacity") {
+        capacity::capacity(rt, &bench, &mut body, &mut failed)?;
     }
     out.push_str(&machine_facts(&tmp, &baseline, started.elapsed()));
     writeln!(

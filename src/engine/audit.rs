@@ -215,6 +215,9 @@ impl<S: Store + Leases> Leases for Audit<S> {
     fn alive(&self) -> bool {
         self.inner.alive()
     }
+    fn holds(&self, lease: &Lease) -> bool {
+        self.inner.holds(lease)
+    }
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
         let buckets = match commit {
             Commit::Job(c) => c,

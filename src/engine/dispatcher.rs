@@ -26,6 +26,9 @@ pub(super) struct Item {
     pub(super) track: u64,
     /// In a rerun: the record the result replaces.
     pub(super) prior: Option<Box<ItemRecord>>,
+    /// In a shared store: the lease of the item's bucket, checked before the item is called
+    /// (none: the run holds the whole job).
+    pub(super) lease: Option<Lease>,
 }
 
 /// A bucket to replay: its number, results already final, and the items to call.
@@ -56,6 +59,7 @@ pub(super) fn job_work(bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally,
                 bucket,
                 track: bucket,
                 prior: None,
+                lease: None,
             }),
         }
     }
@@ -82,6 +86,7 @@ pub(super) fn rerun_work(
                     body: None,
                     ..record
                 })),
+                lease: None,
             }),
         }
     }
@@ -203,6 +208,7 @@ impl Dispatcher {
                         bucket,
                         track: bucket,
                         prior: None,
+                        lease: None,
                     })
                     .collect();
                 (track, items)

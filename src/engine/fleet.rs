@@ -7,8 +7,10 @@
 //! a few at a time, as room frees in its work queue, so no worker hoards buckets. A leased
 //! bucket is read back and only its items without a final result are called (invariant 5
 //! holds across workers: a takeover repeats at most what the dead worker had in flight or
-//! unflushed). Its commit carries its lease; a lease lost meanwhile drops the bucket
-//! ([`super::Writer::commit`]). The run ends once the job's log (or the rerun's) is planned
+//! unflushed). Its items carry its lease, and one whose lease is lost by the time a worker
+//! takes it from the queue (the session expired, paused or cut off, and was registered
+//! anew) is not called ([`Leases::holds`]): its results would be fenced out. Its commit
+//! carries the lease too; a lease lost meanwhile drops the bucket ([`super::Writer::commit`]). The run ends once the job's log (or the rerun's) is planned
 //! to its end and every bucket is committed, by this worker or another; with nothing to
 //! lease until then it polls, backing off to [`POLL_MAX`].
 //!
@@ -163,6 +165,7 @@ async fn lease_and_dispatch<S: Store + Leases>(
             *next_key += 1;
             for item in &mut todo {
                 item.track = *next_key;
+                item.lease = Some(lease.clone());
             }
             let track = Track {
                 key: *next_key,
@@ -537,6 +540,83 @@ mod tests {
             f.db.db.schema,
             store.worker()
         ));
+    }
+
+    /// A worker whose session expired (paused past its TTL) and who registered again holds
+    /// none of its old leases: the items it had queued for them are not called (their
+    /// results would be fenced out; the buckets are others' now), only the items of buckets
+    /// it leases again. A (a slow API of its own) has a queue full of its buckets' items when
+    /// its session expires; B (the fast API) finishes the job meanwhile. An ID is called
+    /// twice only if A had it in flight, or called it before it learned of the expiry.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() {
+        let f = fleet(700).await;
+        let slow = FakeApi::start(ApiConfig {
+            latency_min: std::time::Duration::from_millis(300),
+            latency_max: std::time::Duration::from_millis(300),
+            ..f.api.config().clone()
+        })
+        .await
+        .unwrap();
+        let a = worker(&f.db, false).await;
+        let a_run = {
+            let (store, spec) = (a.clone(), f.spec.clone());
+            let mut request = spec.request.clone();
+            request.url = slow.url_template();
+            tokio::spawn(async move {
+                let handler = Arc::new(HttpHandler::new(&request).unwrap());
+                run(
+                    store,
+                    spec,
+                    handler,
+                    &options(),
+                    Arc::new(Counters::default()),
+                    stop_pair().1,
+                )
+                .await
+                .unwrap()
+            })
+        };
+        // A's queue is full (it leases as room frees): more than its 4 calls in flight.
+        until("A calls", || {
+            let slow = slow.clone();
+            async move { slow.total_calls() >= 4 }
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let old = a.worker();
+        expire(&f, &a);
+        a.renew_session_now();
+        until("A learns its session expired and registers again", || {
+            let (a, old) = (a.clone(), old.clone());
+            async move { a.worker() != old }
+        })
+        .await;
+        let called_by_a = slow.total_calls();
+        let b = worker(&f.db, false).await;
+        let b_sum = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
+        let a_sum = tokio::time::timeout(std::time::Duration::from_secs(60), a_run)
+            .await
+            .expect("A ends once the job is finished")
+            .unwrap();
+        assert!(b_sum.job.finished() && a_sum.job.finished());
+        exactly_once(&b, &f.ids).await;
+        // Every call A made after it learned of the expiry was for a bucket it leased anew
+        // (without the check, 70 of its queued IDs were called twice, A having called 4).
+        let (fast, slow_calls) = (f.api.calls_snapshot(), slow.calls_snapshot());
+        let twice: Vec<&String> = f
+            .ids
+            .iter()
+            .filter(|id| {
+                fast.get(*id).copied().unwrap_or(0) + slow_calls.get(*id).copied().unwrap_or(0) > 1
+            })
+            .collect();
+        assert!(
+            twice.len() as u64 <= called_by_a,
+            "{} IDs called twice (A called {called_by_a} before it learned of the expiry): \
+             {twice:?}",
+            twice.len()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -284,6 +284,10 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
                 let store = store.clone();
                 Arc::new(move || store.alive())
             },
+            holds: {
+                let store = store.clone();
+                Arc::new(move |lease| store.holds(lease))
+            },
             pause: shared.then(|| fleet::pauser(store.clone(), throttle.clone())),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));

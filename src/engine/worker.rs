@@ -17,7 +17,7 @@ use crate::progress::Counters;
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
 use crate::store::now_ms;
-use crate::store::{ItemRecord, ItemStatus};
+use crate::store::{ItemRecord, ItemStatus, Lease};
 use crate::throttle::{ItemHistory, Observed, Throttle};
 
 /// A worker: take items from the queue and process them, one at a time, each under a
@@ -48,6 +48,13 @@ pub(super) async fn work<H: Handler>(
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = task.stop.stopping() => return,
             }
+        }
+        // A lease lost meanwhile (the session expired and was registered anew): its bucket
+        // is another worker's, and a result of this one would be fenced out. Not called; its
+        // track never completes here, and the lease is not committed.
+        if let Some(lease) = item.lease.as_ref().filter(|l| !(task.holds)(l)) {
+            tracing::debug!(id = item.id, ?lease.scope, "not called: its bucket's lease is lost");
+            continue;
         }
         let mut started = Abandon(Some(&task.counters));
         task.process(item).await;
@@ -82,6 +89,8 @@ pub(super) struct ItemTask<H> {
     pub(super) rerun: Option<u32>,
     /// Whether the run's leases are surely held ([`crate::store::Leases::alive`]).
     pub(super) alive: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Whether an item's lease is still held ([`crate::store::Leases::holds`]).
+    pub(super) holds: Arc<dyn Fn(&Lease) -> bool + Send + Sync>,
     /// Pause the whole fleet (a worker of a shared job saw `Retry-After`).
     pub(super) pause: Option<fleet::Pauser>,
 }

@@ -235,6 +235,13 @@ pub trait Leases: Send + Sync + 'static {
         true
     }
 
+    /// Whether this worker still holds `lease`, as far as it knows without asking: a lease
+    /// released, or lost with a session that expired, is not. A worker calls no item of a
+    /// lease it does not hold (its results would be fenced out).
+    fn holds(&self, _lease: &Lease) -> bool {
+        true
+    }
+
     /// The fleet's rate as this worker last learned it (for a shared store whose job has
     /// one rate for all its workers): its share and the shared pause. `None`: the store
     /// shares no rate, the run's own rate applies.

@@ -261,11 +261,20 @@ impl RateController {
             });
         }
         let p = s.pushback as f64 / s.attempts as f64;
-        let new_rate = if s.pushback > 0 || slow {
+        let new_rate = if s.pushback == 0 && slow {
+            // Rising latency alone brakes gently (a tenth of ki a tick, about 10% a second
+            // while it lasts): it is no measure of unused rate (a run bound by its
+            // concurrency accepts less when latency rises, however much rate is left), and
+            // a loaded client's own scheduling delays read as latency too. Cut to what was
+            // accepted, three workers of a fleet fell from 200/s to 6/s on a loaded machine.
+            self.calm = Duration::ZERO;
+            self.last_error = None;
+            self.rate * (1.0 - c.ki * 0.1)
+        } else if s.pushback > 0 {
             self.calm = Duration::ZERO;
             let accepted = (s.attempts - s.pushback) as f64 / secs;
             let error = self.rate - accepted;
-            let historical = if slow { self.rate * 0.1 } else { p * self.rate };
+            let historical = p * self.rate;
             let d_error = self
                 .last_error
                 .map(|last| (error - last) / secs)

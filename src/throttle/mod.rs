@@ -15,12 +15,14 @@
 //!
 //! ```text
 //! pushback (p > 0, and more of it over the last second than a steady few percent: see
-//! [`PushbackFilter`]) or the tick's lowest latency above 3x its baseline and 10 ms above it:
+//! [`PushbackFilter`]):
 //!     error      = rate - accepted
 //!     historical = p * rate
 //!     d_error    = (error - last_error) / tick
 //!     new_rate   = rate - kp*error - ki*historical - kd*d_error
 //!     new_rate   = max(new_rate, (1 - ki) * accepted)   (never far below what was accepted)
+//! no pushback, but the tick's lowest latency above 3x its baseline and 10 ms above it:
+//!     new_rate   = rate * (1 - ki/10)           (gently: latency is no measure of unused rate)
 //! otherwise (the API keeps up):
 //!     new_rate   = rate * (1 + increase * boost)     (10% per second, compounded per tick;
 //!                                                    boost doubles per calm second, max 5)

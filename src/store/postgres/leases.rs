@@ -14,10 +14,11 @@
 //! bucket committed before is left as it is if this lease committed it, else the commit is
 //! refused: a stale worker's commit never reads as a success.
 //!
-//! The session is renewed in the background every third of its TTL on a connection of its
-//! own. The worker trusts it until `ttl` after the last renewal was sent, on its own
-//! monotonic clock ([`PgStore::alive`]); a renewal that finds the session expired drops every
-//! lease and registers a new session.
+//! The session is renewed in the background every third of its TTL (at most every second
+//! while the job has a fleet rate: [`heartbeat_every`]) on a connection of its own. The
+//! worker trusts it until `ttl` after the last renewal was sent, on its own monotonic clock
+//! ([`PgStore::alive`]); a renewal that finds the session expired drops every lease and
+//! registers a new session.
 
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -66,7 +67,7 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
     let mut last = (0u64, Instant::now());
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let every = heartbeat_every(store.ttl);
+        let every = heartbeat_every(store.ttl, store.local().session.grant.as_ref());
         if client
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed)
@@ -181,8 +182,15 @@ impl PgStore {
         Ok(got)
     }
 
+    /// Have the session renewed now, not at its next heartbeat (a test's expiry is learned
+    /// at once).
+    #[cfg(test)]
+    pub(crate) fn renew_session_now(&self) {
+        self.inner.wake.notify_one();
+    }
+
     /// Whether `lease` is the one this store holds for its scope.
-    fn holds(&self, lease: &Lease) -> bool {
+    fn held_here(&self, lease: &Lease) -> bool {
         let local = self.inner.local();
         let token = match lease.scope {
             LeaseScope::Job => local.job_lease,
@@ -234,14 +242,14 @@ impl Leases for PgStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        if !self.holds(lease) || !self.alive() {
+        if !self.held_here(lease) || !self.alive() {
             return Err(lost(lease));
         }
         Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        if !self.holds(lease) {
+        if !self.held_here(lease) {
             return Ok(());
         }
         {
@@ -296,6 +304,10 @@ impl Leases for PgStore {
 
     fn alive(&self) -> bool {
         PgStore::alive(self)
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.held_here(lease)
     }
 
     fn fleet_rate(&self) -> Option<FleetRate> {
@@ -391,7 +403,7 @@ impl Leases for PgStore {
     }
 
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
-        if !self.holds(lease) {
+        if !self.held_here(lease) {
             return Err(lost(lease));
         }
         let (log, records, moved): (Log, &[CommitRecord], &[CommitRecord]) = match commit {
@@ -604,7 +616,18 @@ async fn acquire_one(
     Ok(row.map(|r| r.get(0)))
 }
 
-/// How long to wait between two heartbeats of a session living `ttl`.
-pub fn heartbeat_every(ttl: Duration) -> Duration {
-    ttl / 3
+/// How long to wait between two heartbeats of a session living `ttl`: a third of it, and at
+/// most [`SHARE_FOLLOW`] while the job has a fleet rate (`grant`, the last one), so that
+/// shares follow workers joining and leaving within a second or so rather than a third of
+/// the TTL (at the default 30 s, a newcomer waited 10 s with a share of 0 for the others to
+/// give up their excess).
+pub fn heartbeat_every(ttl: Duration, grant: Option<&Grant>) -> Duration {
+    let every = ttl / 3;
+    match grant {
+        Some(g) if g.rate_share.is_some() => every.min(SHARE_FOLLOW),
+        _ => every,
+    }
 }
+
+/// The longest wait between two heartbeats while the job has a fleet rate.
+pub const SHARE_FOLLOW: Duration = Duration::from_secs(1);

@@ -256,3 +256,33 @@ fn rising_latency_brakes_and_the_floor_holds() {
     }
     assert_eq!(c.rate, 5.0);
 }
+
+/// Latency that rises while the API pushes nothing back brakes a little each tick, never
+/// down to what the tick accepted: a run bound by its concurrency accepts less when latency
+/// rises however much rate it has left (a fleet worker's 200/s share once fell to 6/s so).
+#[test]
+fn rising_latency_alone_brakes_gently_not_to_what_was_accepted() {
+    let mut c = RateController::new(ControlSettings::new(2.0, 200.0), 200.0);
+    let tick = |attempts, ms| TickSignals {
+        elapsed: Duration::from_millis(200),
+        attempts,
+        pushback: 0,
+        min_latency: Some(Duration::from_millis(ms)),
+    };
+    c.update(&tick(30, 100));
+    // Four times the latency, and one answer in the tick (a worker just starting).
+    let after = c.update(&tick(1, 400));
+    assert!(after < 200.0, "it brakes: {after}");
+    assert!(after >= 0.95 * 200.0, "gently: {after}");
+    // A second of it: about 10% less, not the 5/s accepted.
+    for _ in 0..4 {
+        c.update(&tick(1, 400));
+    }
+    assert!(c.rate > 150.0 && c.rate < 200.0, "{}", c.rate);
+    // Pushback still cuts towards what was accepted.
+    let cut = c.update(&TickSignals {
+        pushback: 10,
+        ..tick(20, 100)
+    });
+    assert!(cut < 0.6 * 200.0, "pushback cuts: {cut}");
+}
