@@ -25,6 +25,14 @@ pub(super) struct WorkQueue<T> {
     room: Notify,
 }
 
+/// What a pop without waiting found.
+enum Popped<T> {
+    /// Nothing yet: wait for items.
+    Empty,
+    /// The pop's answer.
+    Done(Option<T>),
+}
+
 struct State<T> {
     items: VecDeque<T>,
     closed: bool,
@@ -87,30 +95,43 @@ impl<T> WorkQueue<T> {
 
     /// The next item; None once a stop is asked for, or the queue is closed and empty.
     pub(super) async fn pop(&self, stop: &Stop) -> Option<T> {
+        // Most pops find an item: they take it without registering as a waiter (which locks
+        // the notifier's list twice, on the way in and out).
+        match self.try_pop(stop) {
+            Popped::Empty => {}
+            Popped::Done(item) => return item,
+        }
         loop {
             let ready = self.ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
-            if stop.is_stopping() {
-                return None;
-            }
-            {
-                let mut s = self.state();
-                if let Some(item) = s.items.pop_front() {
-                    if s.items.len() == self.low {
-                        self.room.notify_waiters();
-                    }
-                    return Some(item);
-                }
-                if s.closed {
-                    return None;
-                }
+            match self.try_pop(stop) {
+                Popped::Empty => {}
+                Popped::Done(item) => return item,
             }
             tokio::select! {
                 _ = ready => {}
                 _ = stop.stopping() => return None,
             }
         }
+    }
+
+    /// An item, or None once a stop is asked for or the queue is closed and empty.
+    fn try_pop(&self, stop: &Stop) -> Popped<T> {
+        if stop.is_stopping() {
+            return Popped::Done(None);
+        }
+        let mut s = self.state();
+        if let Some(item) = s.items.pop_front() {
+            if s.items.len() == self.low {
+                self.room.notify_waiters();
+            }
+            return Popped::Done(Some(item));
+        }
+        if s.closed {
+            return Popped::Done(None);
+        }
+        Popped::Empty
     }
 
     /// No more items will come: workers finish what is queued, then stop.

@@ -2,39 +2,58 @@
 //! listens on), and the run stopping itself ([`Halt`]: a panicking worker, a failing writer,
 //! `--max-failures`, an outage past `--max-outage`), with why.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// Asks a run to stop. Cloneable; `stop` is idempotent.
 #[derive(Clone)]
-pub struct StopHandle(Arc<watch::Sender<bool>>);
+pub struct StopHandle(Arc<Flag>);
 
 /// A run's view of stop requests.
+///
+/// Every item's attempt waits on it beside its work (several times per item), so a wait
+/// costs no shared write unless it has to sleep: a flag and a [`Notify`], not a `watch`
+/// channel, whose waits cloned a receiver (two shared counters) and took its lock each time.
 #[derive(Clone)]
-pub struct Stop(watch::Receiver<bool>);
+pub struct Stop(Arc<Flag>);
+
+struct Flag {
+    stopping: AtomicBool,
+    changed: Notify,
+}
 
 /// A connected pair: the handle asks, the run listens.
 pub fn stop_pair() -> (StopHandle, Stop) {
-    let (tx, rx) = watch::channel(false);
-    (StopHandle(Arc::new(tx)), Stop(rx))
+    let flag = Arc::new(Flag {
+        stopping: AtomicBool::new(false),
+        changed: Notify::new(),
+    });
+    (StopHandle(flag.clone()), Stop(flag))
 }
 
 impl StopHandle {
     pub fn stop(&self) {
-        self.0.send_replace(true);
+        self.0.stopping.store(true, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
     }
 }
 
 impl Stop {
     pub fn is_stopping(&self) -> bool {
-        *self.0.borrow()
+        self.0.stopping.load(Ordering::SeqCst)
     }
 
     /// Resolves once a stop was asked for.
     pub async fn stopping(&self) {
-        let mut rx = self.0.clone();
-        let _ = rx.wait_for(|stop| *stop).await;
+        // Created before the flag is read, so a stop in between is not missed: a
+        // `notify_waiters` after this point completes it.
+        let changed = self.0.changed.notified();
+        if self.is_stopping() {
+            return;
+        }
+        changed.await;
     }
 }
 

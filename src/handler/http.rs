@@ -98,7 +98,13 @@ impl HttpHandler {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<HttpHandler, HandlerError> {
         let request = Compiled::new(spec, env)?;
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder();
+        if !proxy_in_env() {
+            // Nothing for reqwest's system proxy to find, but it would still look each
+            // request's host up in its (empty) rules: 1.5k instructions per request.
+            client = client.no_proxy();
+        }
+        let client = client
             .connect_timeout(spec.connect_timeout)
             .timeout(spec.timeout)
             // Every idle connection was opened by a call in flight, so the pool never
@@ -195,6 +201,21 @@ impl HttpHandler {
             status: Some(status.as_u16()),
         })
     }
+}
+
+/// Whether the environment names a proxy for reqwest's system proxy (the variables it reads
+/// on Linux, as curl does); without one, `no_proxy()` changes nothing but its cost.
+fn proxy_in_env() -> bool {
+    [
+        "ALL_PROXY",
+        "all_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+    ]
+    .iter()
+    .any(|name| std::env::var_os(name).is_some())
 }
 
 /// What an answer outside 2xx means (see the module doc): 429 and 503 are the API pushing
