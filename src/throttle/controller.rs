@@ -78,7 +78,8 @@ pub(crate) const TOLERATED_PUSHBACK: f64 = 0.02;
 /// still comes, the two kinds part: an API at its capacity accepts as much as before (the
 /// refusals were the excess), while an API whose refusals do not depend on the rate accepts
 /// less in proportion to what it is sent. In the second case the share it refuses at any rate
-/// becomes the tolerated one (with a margin, at most [`MAX_TOLERATED_PUSHBACK`]): the
+/// becomes the tolerated one (with a margin, at most [`MAX_TOLERATED_PUSHBACK`]; a share
+/// too large for that margin is never learned): the
 /// controller stops cutting and climbs back, and an overload on top of that share still
 /// counts.
 #[derive(Debug, Clone)]
@@ -164,7 +165,12 @@ impl PushbackFilter {
                 let accepted = per_second(self.attempts - self.pushback);
                 // Pushback still comes at the lower rate, and what is accepted fell with what
                 // is sent (not held at a capacity): the API refuses this share at any rate.
+                // A share beyond what may ever be tolerated is not learned at all: an API
+                // refusing that much is slowed down anyway, and a starved client's bursts
+                // against a small burst allowance look like it (seen: 60% refused by a
+                // `limit_req` at 174/s sent, its capacity 200/s, on a machine at load 17).
                 let refuses_anyway = over(self.tolerated, self.attempts, self.pushback)
+                    && self.pushback * 1.25 <= MAX_TOLERATED_PUSHBACK * self.attempts
                     && accepted <= 1.15 * acted.accepted * sent / acted.attempts;
                 if refuses_anyway {
                     let share = self.pushback / self.attempts;

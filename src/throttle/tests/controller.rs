@@ -119,6 +119,25 @@ fn a_share_refused_at_any_rate_is_learned_and_the_rate_climbs_back() {
     }
 }
 
+/// A client starved of CPU (a loaded machine) sends in bursts after each stall, and a
+/// `limit_req` with a small burst allowance refuses a large share of them at any average
+/// rate, so what it accepts falls with what is sent after a cut, as with a flaky API. A share
+/// that large (here 60%) is never learned: the rate stays cut.
+#[test]
+fn a_large_share_refused_after_a_cut_is_never_learned() {
+    let tick = Duration::from_millis(200);
+    let mut filter = PushbackFilter::default();
+    // Sent 290/s, accepted 115/s: acted on.
+    for _ in 0..10 {
+        filter.filter(tick, 58, 35);
+    }
+    // Cut: sent 150/s, accepted 60/s, the same share refused.
+    for _ in 0..20 {
+        filter.filter(tick, 30, 18);
+    }
+    assert_eq!(filter.tolerated(), TOLERATED_PUSHBACK);
+}
+
 /// An API at its capacity (nginx's `limit_req`) refuses the excess: cutting the rate leaves
 /// what it accepts where it was, so its refusals are never learned as the API's weather,
 /// however far above or just above its capacity the job starts.
