@@ -503,8 +503,18 @@ mod tests {
         store: Arc<PgStore>,
         spec: Arc<JobSpec>,
     ) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
+        let request = spec.request.clone();
+        spawn_run_against(store, spec, request)
+    }
+
+    /// [`spawn_run`], its calls made as `request` says (another API).
+    fn spawn_run_against(
+        store: Arc<PgStore>,
+        spec: Arc<JobSpec>,
+        request: crate::handler::http::RequestSpec,
+    ) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
         tokio::spawn(async move {
-            let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+            let handler = Arc::new(HttpHandler::new(&request).unwrap());
             run(
                 store,
                 spec,
@@ -560,22 +570,9 @@ mod tests {
         .unwrap();
         let a = worker(&f.db, false).await;
         let a_run = {
-            let (store, spec) = (a.clone(), f.spec.clone());
-            let mut request = spec.request.clone();
+            let mut request = f.spec.request.clone();
             request.url = slow.url_template();
-            tokio::spawn(async move {
-                let handler = Arc::new(HttpHandler::new(&request).unwrap());
-                run(
-                    store,
-                    spec,
-                    handler,
-                    &options(),
-                    Arc::new(Counters::default()),
-                    stop_pair().1,
-                )
-                .await
-                .unwrap()
-            })
+            spawn_run_against(a.clone(), f.spec.clone(), request)
         };
         // A's queue is full (it leases as room frees): more than its 4 calls in flight.
         until("A calls", || {
