@@ -68,6 +68,17 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     // For `pg_stat_wal`'s sync time (the `one` part's WAL columns).
     cluster.psql("postgres", "ALTER SYSTEM SET track_wal_io_timing = on");
     cluster.psql("postgres", "SELECT pg_reload_conf()");
+    if args.statements {
+        cluster.psql(
+            "postgres",
+            "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'",
+        );
+        cluster.restart();
+        cluster.psql(
+            pg_cluster::TEST_DATABASE,
+            "CREATE EXTENSION pg_stat_statements",
+        );
+    }
     let settings = cluster.psql(
         "postgres",
         "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \

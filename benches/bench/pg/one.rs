@@ -1,6 +1,8 @@
 //! `pg --only one`: one PostgreSQL worker against one sled run, alternating (with `--before`,
 //! a baseline binary's PostgreSQL run too), with the database's counts per run
-//! ([`DbCounts`]: transactions, WAL, the server's CPU), and the tables' size per ID afterwards.
+//! ([`DbCounts`]: transactions, WAL, buffers, HOT updates, the server's CPU; with
+//! `--statements`, pg_stat_statements' costliest statements), and the tables' size per ID
+//! afterwards.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,14 +10,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::pg_cluster::TestDb;
+use super::pg_cluster::{TestDb, TEST_DATABASE};
 use super::{Bench, JOB};
 use crate::args::Args;
 use crate::child::worker_args;
-use crate::external::run_binary;
+use crate::external::{run_binary, BinRun};
 use crate::machine::us_per;
 use crate::numbers::{median, mib, thousands};
 use crate::scratch::dir_size;
+
+/// With `--statements`: the run's costliest statements, one a line (`|` between the fields).
+const TOP_STATEMENTS: &str = "SELECT round(total_exec_time::numeric, 0) AS ms, calls, rows, \
+     shared_blks_hit + shared_blks_read AS blocks, shared_blks_dirtied, wal_records, wal_bytes, \
+     left(regexp_replace(query, '\\s+', ' ', 'g'), 110) \
+     FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12";
 
 pub(super) fn one_vs_sled(
     bench: &Bench,
@@ -27,7 +35,8 @@ pub(super) fn one_vs_sled(
     let url = bench.api.url_template();
     let mut rows = Vec::new();
     let mut sled_bytes = 0;
-    let mut last_db = None;
+    // The last job of each binary, for its storage.
+    let mut last_dbs: Vec<(&str, TestDb)> = Vec::new();
     for rep in 1..=args.repeat {
         let state = bench.tmp.join(format!("sled-{rep}"));
         let calls = || bench.calls();
@@ -50,16 +59,34 @@ pub(super) fn one_vs_sled(
         for (label, bin) in arms {
             let db = bench.cluster.create_db();
             let pg_args = worker_args(Some(&bench.input), &url, Bench::state(&db), c);
+            if args.statements {
+                bench
+                    .cluster
+                    .psql(TEST_DATABASE, "SELECT pg_stat_statements_reset()");
+            }
             let start = bench.db_counts(&db)?;
             let log = bench
                 .tmp
                 .join(format!("{}-{rep}.log", label.replace(' ', "-")));
             let pg = bench.run_bin(bin, &pg_args, &[], &log)?;
             let counts = bench.db_counts_after(&db, &start)?;
+            if args.statements {
+                eprintln!(
+                    "{label}, round {rep}: {}",
+                    bench.cluster.psql(TEST_DATABASE, TOP_STATEMENTS)
+                );
+            }
+            // The dead row versions' cleanup, outside the run (else the next run's server
+            // CPU has this run's autovacuum in it).
+            let vacuumed = Instant::now();
+            bench.sql(&db, "VACUUM hw_item");
+            let vacuum = vacuumed.elapsed();
             eprintln!(
                 "rep {rep}: sled {:.0} items/s, {label} {:.0} items/s ({:.2}); steady {:.0} / {:.0} \
                  ({:.2}); per 1000 items: {:.1} transactions, {:.1} WAL syncs; WAL sync time \
-                 {:.2} s of {:.2} s; CPU per item: binary {:.1} µs, server {:.1} µs",
+                 {:.2} s of {:.2} s; CPU per item: binary {:.1} µs, server {:.1} µs; per item: \
+                 {:.0} WAL bytes, {:.2} WAL records, {:.3} FPIs, {:.1} buffer accesses; HOT \
+                 {:.0}% of {} updates; {} autovacuum/analyze runs; VACUUM after {:.2} s",
                 sled.items_per_sec(n),
                 pg.items_per_sec(n),
                 pg.items_per_sec(n) / sled.items_per_sec(n),
@@ -71,10 +98,19 @@ pub(super) fn one_vs_sled(
                 counts.wal_sync_secs,
                 pg.elapsed.as_secs_f64(),
                 us_per(pg.exit.cpu, n),
-                counts.server_cpu_secs * 1e6 / n as f64
+                counts.server_cpu_secs * 1e6 / n as f64,
+                counts.per_item(counts.wal_bytes, n),
+                counts.per_item(counts.wal_records, n),
+                counts.per_item(counts.wal_fpi, n),
+                counts.per_item(counts.blocks, n),
+                counts.hot_share() * 100.0,
+                counts.item_updates,
+                counts.item_autovacuums,
+                vacuum.as_secs_f64()
             );
-            rows.push((label, sled.clone(), pg, counts));
-            last_db = Some(db);
+            rows.push((label, sled.clone(), pg, counts, vacuum));
+            last_dbs.retain(|(l, _)| *l != label);
+            last_dbs.push((label, db));
         }
     }
     writeln!(out, "\n### one PostgreSQL worker against one sled run\n")?;
@@ -94,7 +130,7 @@ pub(super) fn one_vs_sled(
     writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")?;
     let (mut s_rates, mut p_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut before_ratios = Vec::new();
-    for (i, (label, s, p, d)) in rows.iter().enumerate() {
+    for (i, (label, s, p, d, _)) in rows.iter().enumerate() {
         let (sr, pr) = (s.items_per_sec(n), p.items_per_sec(n));
         let (ss, ps) = (s.steady.unwrap_or(0.0), p.steady.unwrap_or(0.0));
         writeln!(
@@ -137,14 +173,60 @@ pub(super) fn one_vs_sled(
         thousands(median(&p_rates) as u64),
         median(&ratios)
     )?;
-    if let Some(db) = last_db {
-        storage(bench, &db, sled_bytes, out)?;
+    server_work(n, &rows, out)?;
+    for (label, db) in &last_dbs {
+        storage(bench, label, db, sled_bytes, out)?;
+    }
+    Ok(())
+}
+
+/// The server's work per item of each PostgreSQL run of [`one_vs_sled`]: counts that do not
+/// depend on the machine's load.
+fn server_work(
+    n: u64,
+    rows: &[(&str, BinRun, BinRun, DbCounts, Duration)],
+    out: &mut String,
+) -> Result<()> {
+    writeln!(
+        out,
+        "\nThe server's work per item of the same runs: WAL (`pg_stat_wal`: bytes, records, \
+         full page images), shared buffer accesses (`pg_stat_database`: hit + read), the \
+         share of the job's `hw_item` updates that were HOT (`pg_stat_user_tables`: no index \
+         entry written), autovacuum and autoanalyze runs on it during the run, and the time \
+         of a `VACUUM hw_item` right after it (not in the run).\n"
+    )?;
+    writeln!(
+        out,
+        "| round | binary | server CPU per item | WAL bytes | WAL records | FPIs | buffer accesses | HOT updates | autovacuum/analyze | VACUUM after |"
+    )?;
+    writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for (i, (label, _, _, d, vacuum)) in rows.iter().enumerate() {
+        writeln!(
+            out,
+            "| {} | {label} | {:.1} µs | {:.0} | {:.2} | {:.3} | {:.1} | {:.0}% of {} | {} | {:.2} s |",
+            i + 1,
+            d.server_cpu_secs * 1e6 / n as f64,
+            d.per_item(d.wal_bytes, n),
+            d.per_item(d.wal_records, n),
+            d.per_item(d.wal_fpi, n),
+            d.per_item(d.blocks, n),
+            d.hot_share() * 100.0,
+            thousands(d.item_updates),
+            d.item_autovacuums,
+            vacuum.as_secs_f64()
+        )?;
     }
     Ok(())
 }
 
 /// The job's tables in `db` after its run: as left, and after `VACUUM FULL`.
-fn storage(bench: &Bench, db: &TestDb, sled_bytes: u64, out: &mut String) -> Result<()> {
+fn storage(
+    bench: &Bench,
+    label: &str,
+    db: &TestDb,
+    sled_bytes: u64,
+    out: &mut String,
+) -> Result<()> {
     let n = bench.n;
     let query = format!(
         "SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid) \
@@ -169,10 +251,10 @@ fn storage(bench: &Bench, db: &TestDb, sled_bytes: u64, out: &mut String) -> Res
     let full = sizes(bench.cluster.psql(&db.name, &query));
     writeln!(
         out,
-        "\nStorage of the last round's job ({} IDs, each result the API's {}-byte JSON body): \
-         `pg_total_relation_size` (table + indexes + TOAST) per table of the job's schema, as \
-         the run left it and after `VACUUM FULL`; the sled state dir of the same round beside \
-         it.\n",
+        "\nStorage of the last round's job of `{label}` ({} IDs, each result the API's {}-byte \
+         JSON body): `pg_total_relation_size` (table + indexes + TOAST) per table of the job's \
+         schema, as the run left it (then `VACUUM hw_item`) and after `VACUUM FULL`; the sled \
+         state dir of the same round beside it.\n",
         thousands(n),
         bench.body
     )?;
@@ -214,12 +296,24 @@ fn storage(bench: &Bench, db: &TestDb, sled_bytes: u64, out: &mut String) -> Res
     Ok(())
 }
 
-/// The database's committed transactions and the cluster's WAL syncs, as counted so far.
+/// The database's committed transactions, the cluster's WAL, the job's item table and the
+/// server's CPU, as counted so far.
 #[derive(Debug, Clone, Copy, Default)]
 struct DbCounts {
     commits: u64,
     wal_syncs: u64,
     wal_sync_secs: f64,
+    /// `pg_stat_wal`: records, full page images, bytes.
+    wal_records: u64,
+    wal_fpi: u64,
+    wal_bytes: u64,
+    /// `pg_stat_database`: shared buffers found (hit) and read in.
+    blocks: u64,
+    /// `pg_stat_user_tables` of the job's `hw_item`: rows updated, of them HOT (no index
+    /// touched), and autovacuum and autoanalyze runs.
+    item_updates: u64,
+    item_hot_updates: u64,
+    item_autovacuums: u64,
     /// CPU of the server's processes (user + system): the postmaster's children, the ended
     /// ones included (reaped: in its `cutime`).
     server_cpu_secs: f64,
@@ -229,6 +323,32 @@ impl DbCounts {
     fn per_1000(&self, count: u64, n: u64) -> f64 {
         count as f64 * 1000.0 / n.max(1) as f64
     }
+
+    fn per_item(&self, count: u64, n: u64) -> f64 {
+        count as f64 / n.max(1) as f64
+    }
+
+    /// The share of the item table's updates that were HOT.
+    fn hot_share(&self) -> f64 {
+        self.item_hot_updates as f64 / self.item_updates.max(1) as f64
+    }
+
+    /// What was counted from `before` to `self`.
+    fn since(&self, before: &DbCounts) -> DbCounts {
+        DbCounts {
+            commits: self.commits - before.commits,
+            wal_syncs: self.wal_syncs - before.wal_syncs,
+            wal_sync_secs: self.wal_sync_secs - before.wal_sync_secs,
+            wal_records: self.wal_records - before.wal_records,
+            wal_fpi: self.wal_fpi - before.wal_fpi,
+            wal_bytes: self.wal_bytes - before.wal_bytes,
+            blocks: self.blocks - before.blocks,
+            item_updates: self.item_updates - before.item_updates,
+            item_hot_updates: self.item_hot_updates - before.item_hot_updates,
+            item_autovacuums: self.item_autovacuums - before.item_autovacuums,
+            server_cpu_secs: self.server_cpu_secs - before.server_cpu_secs,
+        }
+    }
 }
 
 impl Bench {
@@ -236,19 +356,39 @@ impl Bench {
         let text = self.cluster.psql(
             "postgres",
             &format!(
-                "SELECT d.xact_commit, w.wal_sync, w.wal_sync_time / 1000 \
+                "SELECT d.xact_commit, w.wal_sync, w.wal_sync_time / 1000, w.wal_records, \
+                 w.wal_fpi, w.wal_bytes, d.blks_hit + d.blks_read \
                  FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = '{}'",
                 db.name
             ),
         );
         let f: Vec<&str> = text.split('|').map(str::trim).collect();
-        let [commits, syncs, secs] = f[..] else {
+        let [commits, syncs, secs, records, fpi, bytes, blocks] = f[..] else {
             bail!("pg_stat_database, pg_stat_wal: {text:?}");
         };
+        // Before the run the job's schema has no tables yet: zeros.
+        let text = self.sql(
+            db,
+            "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count + autoanalyze_count \
+             FROM pg_stat_user_tables WHERE relname = 'hw_item' \
+             AND schemaname = current_schema()",
+        );
+        let t: Vec<u64> = text
+            .split('|')
+            .map(|v| v.trim().parse().unwrap_or(0))
+            .collect();
+        let table = |i: usize| t.get(i).copied().unwrap_or(0);
         Ok(DbCounts {
             commits: commits.parse().context("xact_commit")?,
             wal_syncs: syncs.parse().context("wal_sync")?,
             wal_sync_secs: secs.parse().context("wal_sync_time")?,
+            wal_records: records.parse().context("wal_records")?,
+            wal_fpi: fpi.parse().context("wal_fpi")?,
+            wal_bytes: bytes.parse().context("wal_bytes")?,
+            blocks: blocks.parse().context("blks_hit")?,
+            item_updates: table(0),
+            item_hot_updates: table(1),
+            item_autovacuums: table(2),
             server_cpu_secs: self.server_cpu()?,
         })
     }
@@ -305,11 +445,6 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(100));
             after = self.db_counts(db)?;
         }
-        Ok(DbCounts {
-            commits: after.commits - before.commits,
-            wal_syncs: after.wal_syncs - before.wal_syncs,
-            wal_sync_secs: after.wal_sync_secs - before.wal_sync_secs,
-            server_cpu_secs: after.server_cpu_secs - before.server_cpu_secs,
-        })
+        Ok(after.since(before))
     }
 }
