@@ -200,7 +200,8 @@ pub struct AttemptNote {
     pub class: ErrorClass,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
-    /// The attempt failed during an API outage and did not count against the item.
+    /// The attempt did not count against the item's attempts: it failed during an API
+    /// outage, or the API refused it to slow the client down (429).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub free: bool,
 }

@@ -37,6 +37,11 @@ pub enum ItemOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
     Counted,
+    /// The API refused the call to slow the client down (429): not the ID's doing, so it
+    /// uses none of the item's attempts. It waits its backoff (or the server's delay) as a
+    /// counted one does, and that time counts against the item's retry time, which bounds an
+    /// API that refuses for good.
+    Refused,
     /// The attempt failed because the whole API was out: it costs the item nothing.
     Free,
 }
@@ -44,8 +49,9 @@ pub enum Charge {
 /// Run `attempt` until it succeeds, fails permanently, or the policy runs out.
 ///
 /// `attempt` gets the 1-based number of the attempt and returns its result and whether it
-/// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping); free attempts (during an outage) neither use up attempts nor advance
-/// the backoff. `stopping` resolves when the run is shutting down: the loop then gives up
+/// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping);
+/// free attempts (during an outage) neither use up attempts nor advance the backoff, and
+/// refused ones (429) use up retry time but no attempt. `stopping` resolves when the run is shutting down: the loop then gives up
 /// instead of waiting for a backoff to pass, and the item is [`ItemOutcome::Abandoned`].
 pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
 where
@@ -85,7 +91,7 @@ where
         errors.push(AttemptNote {
             class: error.class,
             http_status: error.status,
-            free: charge == Charge::Free,
+            free: charge != Charge::Counted,
         });
         let wait = match (error.next.retry_after(), charge) {
             (None, _) => {
@@ -97,8 +103,10 @@ where
             }
             // The outage gate holds the next attempt back; only avoid a hot loop here.
             (Some(_), Charge::Free) => policy.initial.min(Duration::from_millis(100)),
-            (Some(after), Charge::Counted) => {
-                charged += 1;
+            (Some(after), counted_or_refused) => {
+                if counted_or_refused == Charge::Counted {
+                    charged += 1;
+                }
                 charged_time += started.elapsed();
                 let wait = after
                     .or_else(|| backoff.next_backoff())
@@ -238,6 +246,46 @@ mod tests {
                 assert_eq!(attempts, 8);
                 assert_eq!(errors.iter().filter(|e| e.free).count(), 6);
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_use_no_attempt_but_use_up_retry_time() {
+        // Nine 429s, then an answer, with 3 attempts: the refusals cost none of them.
+        let outcome = run(
+            &policy(3),
+            |n| async move {
+                Some(if n <= 9 {
+                    (Err(http(429)), Charge::Refused)
+                } else {
+                    (Ok(ok()), Charge::Counted)
+                })
+            },
+            std::future::pending(),
+        )
+        .await;
+        match outcome {
+            ItemOutcome::Ok {
+                attempts, errors, ..
+            } => {
+                assert_eq!(attempts, 10);
+                assert!(errors.iter().all(|e| e.free && e.http_status == Some(429)));
+            }
+            other => panic!("{other:?}"),
+        }
+        // An API that refuses for good: the item fails once its retry time is used up,
+        // however many attempts it has left.
+        let mut p = policy(3);
+        p.max_elapsed = Duration::from_millis(200);
+        let outcome = run(
+            &p,
+            |_| async { Some((Err(http(429)), Charge::Refused)) },
+            std::future::pending(),
+        )
+        .await;
+        match outcome {
+            ItemOutcome::Failed { attempts, .. } => assert!(attempts > 3, "{attempts}"),
             other => panic!("{other:?}"),
         }
     }

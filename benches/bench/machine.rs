@@ -118,9 +118,15 @@ pub fn machine_facts(tmp: &Path, baseline: &Baseline, elapsed: Duration) -> Stri
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| "?".into());
+    let profile = if cfg!(debug_assertions) {
+        "without optimizations"
+    } else {
+        "optimized"
+    };
     format!(
         "- machine: {cpus} CPUs (available_parallelism), {model}, {mem} RAM, Linux {kernel}\n\
-         - toolchain: {rustc}, release profile\n\
+         - toolchain: {rustc}; this bench process built {profile}; the binary under test \
+           as it was built (`--bin` names another)\n\
          - load average (1/5/15 min) at start: {}, at end: {}\n\
          - other processes used {others} while this ran\n\
          - temporary files (input, state) under: {} ({})\n",

@@ -155,14 +155,16 @@ impl<H: Handler> ItemTask<H> {
                     _ => {}
                 }
                 let counts = Box::pin(throttle.charge(observed, probe, history)).await;
-                Some((
-                    result,
-                    if counts {
-                        Charge::Counted
-                    } else {
-                        Charge::Free
-                    },
-                ))
+                let charge = match &result {
+                    _ if !counts => Charge::Free,
+                    // "Too many requests" is about the client's rate, never the ID: the
+                    // throttle slows down, and the item waits without losing an attempt.
+                    Err(Failure {
+                        status: Some(429), ..
+                    }) => Charge::Refused,
+                    _ => Charge::Counted,
+                };
+                Some((result, charge))
             },
             self.stop.stopping(),
         )

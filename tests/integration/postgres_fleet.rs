@@ -1,7 +1,8 @@
 //! Many workers, one job, seen from outside: a stopping worker shows as draining, a job
 //! whose planner is gone waits (saying so) for a worker with the input, a joining worker's
 //! flags are checked like a resume's, a worker's metrics carry its name, and the job's
-//! `--burst` is the fleet's, not each worker's. The real binary against a throwaway
+//! `--burst` is the fleet's, not each worker's, and a joining worker gets its rate share
+//! within seconds. The real binary against a throwaway
 //! PostgreSQL cluster and the fake API.
 
 use std::io::{Read, Write};
@@ -353,4 +354,71 @@ fn scrape(addr: &str) -> String {
         .expect("an HTTP answer")
         .1
         .to_string()
+}
+
+/// A worker joining a job with a rate gets its share at its next heartbeat, about a second
+/// later, not a third of the TTL later: its first renewal (at registration) finds the job's
+/// rate all held by the first worker and grants it 0, and it used to wait ttl/3 (here
+/// 20 s) for the next one, running nothing meanwhile.
+#[test]
+fn a_joining_worker_gets_its_rate_share_within_seconds_not_a_third_of_the_ttl() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(20),
+        latency_max: Duration::from_millis(40),
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(20_000);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let fleet = ["--lease-ttl", "60s", "--rate", "100", "--concurrency", "8"];
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--state",
+            &url,
+            "--job",
+            JOB,
+            "--progress-interval",
+            "0",
+        ];
+        args.extend_from_slice(&fleet);
+        args.extend_from_slice(extra);
+        h.spawn(&args)
+    };
+    let mut first = run(&["--input", p(&input), "--url", &api, "--bucket-size", "10"]);
+    assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
+    until("the first worker holds the whole rate", || {
+        status(&h, &url)["workers"][0]["rate_share"].as_f64() == Some(100.0)
+    });
+    let second = run(&[]);
+    // From the moment the second worker is registered (status lists it) to its first share.
+    let joined_alive = |s: &serde_json::Value| {
+        s["workers"]
+            .as_array()
+            .is_some_and(|ws| ws.len() == 2 && ws.iter().all(|w| w["state"] == "alive"))
+    };
+    until("the second worker registers", || {
+        joined_alive(&status(&h, &url))
+    });
+    let registered = Instant::now();
+    until("both workers have a share", || {
+        let s = status(&h, &url);
+        joined_alive(&s)
+            && s["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|w| w["rate_share"].as_f64().unwrap_or(0.0) > 0.0)
+    });
+    let waited = registered.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "the joiner had no share for {waited:?} (a third of the TTL is 20 s)"
+    );
+    for w in [first, second] {
+        signal(&w, libc::SIGTERM);
+        finish(w).expect_code(130);
+    }
 }

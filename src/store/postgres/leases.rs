@@ -68,7 +68,6 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
     let mut last = (0u64, Instant::now());
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let every = heartbeat_every(store.ttl, store.local().session.grant.as_ref());
         if client
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed)
@@ -110,6 +109,9 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
                 }
             }
         }
+        // After the renewal: a worker's first grant tells it whether the job has a rate (a
+        // joiner that waited ttl/3 with a share of 0 left the fleet a worker short for 10 s).
+        let every = heartbeat_every(store.ttl, store.local().session.grant.as_ref());
         let wake = store.wake.clone();
         drop(store);
         tokio::select! {
