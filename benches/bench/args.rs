@@ -100,6 +100,8 @@ modes:
                       and 429s with the job's --rate at 2·C and without)
     --no-fsync        keep the test cluster's settings (fsync, synchronous_commit and
                       full_page_writes off: not durable; shows what the disk costs)
+    --statements      load pg_stat_statements and print each `one` run's top statements
+                      (time, calls, rows, buffers, WAL) to standard error
     --bin PATH        the highwater binary [default: the one cargo built]
     --before PATH     another highwater binary (a baseline build): a PostgreSQL run of it
                       in every round of the `one` part too, the two in alternating order
@@ -192,6 +194,8 @@ pub struct Args {
     pub ttls: Vec<Duration>,
     /// `pg`: keep the test cluster's settings (fsync, synchronous_commit off).
     pub no_fsync: bool,
+    /// `pg`: pg_stat_statements per run of the `one` part, on standard error.
+    pub statements: bool,
 }
 
 pub enum Parsed {
@@ -233,6 +237,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         workers: 3,
         ttls: vec![Duration::from_secs(30), Duration::from_secs(3)],
         no_fsync: false,
+        statements: false,
     };
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -354,6 +359,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                     .collect::<Result<_, String>>()?;
             }
             "--no-fsync" if mode == Mode::Pg => args.no_fsync = true,
+            "--statements" if mode == Mode::Pg => args.statements = true,
             "--keep" => args.keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
         }

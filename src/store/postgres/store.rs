@@ -382,9 +382,14 @@ impl Store for PgStore {
     async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
         let ids: Vec<&str> = rows.iter().map(|(_, id)| *id).collect();
         let planned: HashMap<String, u64> = with_client!(self, planner_connection, |c, i| {
+            // One primary-key probe per ID, whatever the table's statistics say: with
+            // `id = ANY($2)` the planner (no statistics yet on a new job's rows: `job_id`
+            // looks selective) scanned every row of the job per batch, quadratic in the job.
             let found = c
                 .query(
-                    "SELECT id, \"row\" FROM hw_item WHERE job_id = $1 AND id = ANY($2)",
+                    "SELECT u.id, i.\"row\" FROM unnest($2::text[]) AS u(id)
+                     CROSS JOIN LATERAL (SELECT \"row\" FROM hw_item
+                                         WHERE job_id = $1 AND id = u.id LIMIT 1) i",
                     &[&i.job.0, &ids],
                 )
                 .await
