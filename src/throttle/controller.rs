@@ -88,8 +88,10 @@ pub(crate) struct PushbackFilter {
     /// seconds they cover (weighted alike: less than the window while the run is young).
     attempts: f64,
     pushback: f64,
+    /// Of the pushback, the answers 429 ("too many requests").
+    too_many: f64,
     seconds: f64,
-    /// The share of attempts that may be pushback.
+    /// The share of attempts that may be pushback other than 429.
     tolerated: f64,
     /// When pushback was acted on: the window's attempts and accepted attempts per second
     /// then, and the time since.
@@ -116,6 +118,7 @@ impl Default for PushbackFilter {
         PushbackFilter {
             attempts: 0.0,
             pushback: 0.0,
+            too_many: 0.0,
             seconds: 0.0,
             tolerated: TOLERATED_PUSHBACK,
             acted: None,
@@ -138,17 +141,37 @@ impl PushbackFilter {
     }
 
     /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
-    /// window's share says the API is overloaded, else 0.
+    /// window's share says the API is overloaded, else 0. All of `pushback` may be learned
+    /// as what the API refuses at any rate (see [`Self::filter_with_429s`]).
     pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
+        self.filter_with_429s(elapsed, attempts, pushback, 0)
+    }
+
+    /// [`Self::filter`], with `too_many` of the tick's `pushback` answered 429. A 429 says
+    /// the client sends too much, whatever else the API does, so it is never learned as a
+    /// share refused at any rate and always counts beyond the base share. (A worker of a
+    /// fleet that cuts its rate sees what it is accepted fall with what it sends, the others
+    /// taking the capacity it left: learned, that read as "the API refuses 10% at any rate",
+    /// and the fleet sent 11-13% 429s over a minute.)
+    pub fn filter_with_429s(
+        &mut self,
+        elapsed: Duration,
+        attempts: u64,
+        pushback: u64,
+        too_many: u64,
+    ) -> u64 {
         let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
         self.attempts = self.attempts * keep + attempts as f64;
         self.pushback = self.pushback * keep + pushback as f64;
+        self.too_many = self.too_many * keep + too_many.min(pushback) as f64;
         self.seconds = self.seconds * keep + elapsed.as_secs_f64();
         let per_second = |n: f64| n / self.seconds.max(f64::MIN_POSITIVE);
+        // What may be the API's weather rather than the client's rate.
+        let learnable = (self.pushback - self.too_many).max(0.0);
         // A learned share drifts back (over about a minute) to what the API refuses now, so
         // an API whose flaky spell is over is watched at the base share again.
         if self.tolerated > TOLERATED_PUSHBACK && self.attempts >= 20.0 {
-            let target = (1.25 * self.pushback / self.attempts).max(TOLERATED_PUSHBACK);
+            let target = (1.25 * learnable / self.attempts).max(TOLERATED_PUSHBACK);
             if target < self.tolerated {
                 let k = (-elapsed.as_secs_f64() / Self::FORGET.as_secs_f64()).exp();
                 self.tolerated = target + (self.tolerated - target) * k;
@@ -169,11 +192,11 @@ impl PushbackFilter {
                 // refusing that much is slowed down anyway, and a starved client's bursts
                 // against a small burst allowance look like it (seen: 60% refused by a
                 // `limit_req` at 174/s sent, its capacity 200/s, on a machine at load 17).
-                let refuses_anyway = over(self.tolerated, self.attempts, self.pushback)
-                    && self.pushback * 1.25 <= MAX_TOLERATED_PUSHBACK * self.attempts
+                let refuses_anyway = over(self.tolerated, self.attempts, learnable)
+                    && learnable * 1.25 <= MAX_TOLERATED_PUSHBACK * self.attempts
                     && accepted <= 1.15 * acted.accepted * sent / acted.attempts;
                 if refuses_anyway {
-                    let share = self.pushback / self.attempts;
+                    let share = learnable / self.attempts;
                     self.tolerated = (share * 1.25)
                         .clamp(self.tolerated, MAX_TOLERATED_PUSHBACK.max(self.tolerated));
                 }
@@ -182,7 +205,9 @@ impl PushbackFilter {
                 self.acted = None;
             }
         }
-        if pushback > 0 && over(self.tolerated, self.attempts, self.pushback) {
+        let overloaded = over(self.tolerated, self.attempts, self.pushback)
+            || over(TOLERATED_PUSHBACK, self.attempts, self.too_many);
+        if pushback > 0 && overloaded {
             if self.acted.is_none() && self.attempts >= 20.0 {
                 self.acted = Some(Acted {
                     attempts: per_second(self.attempts),

@@ -113,6 +113,8 @@ struct TickCounters {
     pushback: AtomicU64,
     /// The lowest latency of a success over the tick (`u64::MAX`: none).
     min_latency_us: AtomicU64,
+    /// [`Throttle::throttled`] at the last tick: the tick's 429s are the difference.
+    throttled_at_tick: AtomicU64,
 }
 
 impl Default for TickCounters {
@@ -121,6 +123,7 @@ impl Default for TickCounters {
             attempts: AtomicU64::new(0),
             pushback: AtomicU64::new(0),
             min_latency_us: AtomicU64::new(u64::MAX),
+            throttled_at_tick: AtomicU64::new(0),
         }
     }
 }
@@ -151,7 +154,8 @@ pub struct Throttle {
     /// The fleet's hold on this worker (see [`Throttle::follow_fleet`]).
     fleet: Mutex<FleetHold>,
     fleet_changed: tokio::sync::Notify,
-    /// Attempts answered 429 over the run, for reports.
+    /// Attempts answered 429 over the run, for reports and for the pushback filter, which
+    /// never learns a 429 as the API's weather.
     pub throttled: AtomicU64,
     /// Attempts answered 503 over the run, for reports.
     pub unavailable: AtomicU64,
@@ -386,6 +390,9 @@ impl Throttle {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
         let min_latency_us = self.tick.min_latency_us.swap(u64::MAX, Relaxed);
+        let throttled = self.throttled.load(Relaxed);
+        let too_many =
+            throttled.saturating_sub(self.tick.throttled_at_tick.swap(throttled, Relaxed));
         if self
             .outage
             .lock()
@@ -399,7 +406,7 @@ impl Throttle {
             .pushback_filter
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .filter(elapsed, attempts, pushback);
+            .filter_with_429s(elapsed, attempts, pushback, too_many);
         let signals = TickSignals {
             elapsed,
             attempts,

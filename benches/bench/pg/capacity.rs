@@ -2,7 +2,7 @@
 //! one job, against a fake API of its own that answers 429 (no `Retry-After`) above C
 //! requests/s (`FakeApi::set_capacity`: a token bucket, burst C/10): the job's `--rate` at
 //! 2·C, and no `--rate` at all (each worker's adaptive concurrency alone); every other flag
-//! at its default but `--bucket-size` ([`BUCKET_SIZE`]). Issue 17's goal: goodput >= 0.9·C with <= 5% of the answers 429. Goodput
+//! at its default. Issue 17's goal: goodput >= 0.9·C with <= 5% of the answers 429. Goodput
 //! and the 429 share are the API's own counts over the middle of the run (20% to 80% of the
 //! IDs answered 200), sampled every 100 ms.
 
@@ -20,12 +20,11 @@ use crate::scratch::write_input;
 
 /// The hidden capacity, requests per second.
 const C: f64 = 300.0;
-/// IDs per run: about 20 s at C.
-const IDS: u64 = 6_000;
-/// Buckets of 100 IDs: 60 buckets, 20 a worker, as a long job has many per worker. At the
-/// default 1,000 the job had 6 buckets, 2 a worker, and the middle of the run measured which
-/// worker was left holding the last bucket (one at a low rate ran alone for seconds).
-const BUCKET_SIZE: u64 = 100;
+/// IDs per run: about 100 s at C, 30 buckets at the default bucket size (10 a worker), as a
+/// long job has many per worker. With 6,000 (6 buckets, 2 a worker) the middle of the run
+/// measured which worker was left holding the last buckets: one its controller had pushed
+/// to a low rate ran them alone for seconds.
+const IDS: u64 = 30_000;
 /// The API's latencies: a fast one, and one slow enough that a loaded machine's scheduling
 /// delays are small beside it.
 const LATENCIES_MS: [u64; 2] = [2, 100];
@@ -81,9 +80,8 @@ pub(super) fn capacity(
     writeln!(
         out,
         "A fake API of its own (no faults) answers 429 without `Retry-After` above C \
-         (a token bucket, burst C/10). {} workers on one job of {} IDs in buckets of \
-         {BUCKET_SIZE}, `--concurrency {}` each, every other flag at its default (adaptive \
-         control on). Goodput and the 429 \
+         (a token bucket, burst C/10). {} workers on one job of {} IDs, `--concurrency {}` \
+         each, every other flag at its default (adaptive control on). Goodput and the 429 \
          share over the middle of the run (20% to 80% of the IDs answered 200), from the \
          API's counts sampled every 100 ms; issue 17's goal is >= 0.9·C with <= 5% 429s.\n",
         bench.workers,
@@ -147,7 +145,6 @@ fn capacity_run(
     let log = |i: usize| bench.tmp.join(format!("{label}-{i}.log"));
     let creator = [
         worker_args(Some(input), &url, state(), bench.c),
-        vec!["--bucket-size".into(), BUCKET_SIZE.to_string()],
         rate_args.clone(),
     ]
     .concat();

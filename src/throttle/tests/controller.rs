@@ -286,3 +286,39 @@ fn rising_latency_alone_brakes_gently_not_to_what_was_accepted() {
     });
     assert!(cut < 0.6 * 200.0, "pushback cuts: {cut}");
 }
+
+/// A worker of a fleet that cuts its rate sees what it is accepted fall with what it sends:
+/// the other workers take the capacity it left. Its refusals then look like an API refusing
+/// a share at any rate. Answered 503, that share is learned (a flaky API); answered 429 ("too
+/// many requests"), never: the filter keeps acting on it.
+#[test]
+fn refusals_answered_429_are_never_learned_as_the_apis_weather() {
+    let tick = Duration::from_millis(200);
+    for (too_many, learned) in [(false, true), (true, false)] {
+        let mut filter = PushbackFilter::default();
+        let mut feed = |attempts: u64, refused: u64| {
+            let of_them_429 = if too_many { refused } else { 0 };
+            filter.filter_with_429s(tick, attempts, refused, of_them_429)
+        };
+        // Sent 100/s, 10% refused: acted on.
+        for _ in 0..10 {
+            assert!(feed(20, 2) > 0 || !too_many);
+        }
+        // Cut to half: accepted fell with it, 10% still refused.
+        let mut acted = 0;
+        for _ in 0..20 {
+            if feed(10, 1) > 0 {
+                acted += 1;
+            }
+        }
+        assert_eq!(
+            filter.tolerated() > TOLERATED_PUSHBACK,
+            learned,
+            "429s: {too_many}, tolerated {}",
+            filter.tolerated()
+        );
+        if too_many {
+            assert!(acted >= 10, "acted on {acted} of 20 ticks of 10% 429s");
+        }
+    }
+}
