@@ -143,6 +143,7 @@ impl PushbackFilter {
     /// Adds one tick's counts; returns the pushback to act on: the tick's own when the
     /// window's share says the API is overloaded, else 0. All of `pushback` may be learned
     /// as what the API refuses at any rate (see [`Self::filter_with_429s`]).
+    #[cfg(test)]
     pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
         self.filter_with_429s(elapsed, attempts, pushback, 0)
     }
