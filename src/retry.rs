@@ -51,8 +51,9 @@ pub enum Charge {
 /// `attempt` gets the 1-based number of the attempt and returns its result and whether it
 /// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping);
 /// free attempts (during an outage) neither use up attempts nor advance the backoff, and
-/// refused ones (429) use up retry time but no attempt. `stopping` resolves when the run is shutting down: the loop then gives up
-/// instead of waiting for a backoff to pass, and the item is [`ItemOutcome::Abandoned`].
+/// refused ones (429) use up retry time but no attempt. `stopping` resolves when the run is
+/// shutting down: the loop then gives up instead of waiting for a backoff to pass, and the
+/// item is [`ItemOutcome::Abandoned`].
 pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
 where
     F: FnMut(u32) -> Fut,

@@ -11,7 +11,6 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 
 use super::writer::group_target;
 use super::{fleet, Halt, HaltOnPanic, Item, Stop, WorkQueue, WriterMsg};
-use crate::failure::Failure;
 use crate::handler::Handler;
 use crate::progress::Counters;
 use crate::retry::{self, Charge, ItemOutcome};
@@ -145,23 +144,18 @@ impl<H: Handler> ItemTask<H> {
                         pause(after);
                     }
                 }
-                match &result {
-                    Err(Failure {
-                        status: Some(429), ..
-                    }) => Counters::add(&throttle.throttled, 1),
-                    Err(Failure {
-                        status: Some(503), ..
-                    }) => Counters::add(&throttle.unavailable, 1),
+                let status = result.as_ref().err().and_then(|f| f.status);
+                match status {
+                    Some(429) => Counters::add(&throttle.throttled, 1),
+                    Some(503) => Counters::add(&throttle.unavailable, 1),
                     _ => {}
                 }
                 let counts = Box::pin(throttle.charge(observed, probe, history)).await;
-                let charge = match &result {
+                let charge = match status {
                     _ if !counts => Charge::Free,
                     // "Too many requests" is about the client's rate, never the ID: the
                     // throttle slows down, and the item waits without losing an attempt.
-                    Err(Failure {
-                        status: Some(429), ..
-                    }) => Charge::Refused,
+                    Some(429) => Charge::Refused,
                     _ => Charge::Counted,
                 };
                 Some((result, charge))
