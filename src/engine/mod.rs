@@ -5,10 +5,11 @@
 //! - the **planner** (a blocking thread) reads the input from the stored position, cuts
 //!   buckets ([`crate::plan`]), writes them ahead of their work with [`Store::plan`] and makes
 //!   them durable with [`Store::sync`], then hands them over (at most two batches ahead);
-//! - the **dispatcher** first replays the buckets that have an offset record but no commit
-//!   record, calling only their IDs that have no final result, then dispatches new buckets:
-//!   it queues their items (a bounded queue, [`queue`]), so workers never wait at a bucket
-//!   boundary and buckets may commit out of order;
+//! - the **dispatcher** takes the buckets the run's source hands it (for the job's log: first
+//!   the buckets that have an offset record but no commit record, calling only their IDs that
+//!   have no final result, then the planner's) and queues their items (a bounded queue,
+//!   [`queue`]), so workers never wait at a bucket boundary and buckets may commit out of
+//!   order;
 //! - the **workers**, a fixed pool of `concurrency` tasks, each takes an item, calls the API
 //!   under the throttle (rate limit, adaptive concurrency limit, retries) and hands the final
 //!   result to the writer;
@@ -36,64 +37,64 @@
 //! The unit tests run the engine over a store that logs every write and sync and check 1
 //! and 2 on the log, in both modes.
 //!
-//! The same dispatcher and writer run a rerun ([`run_log`] with [`Log::Rerun`]): its work
-//! is the rerun's open buckets (written ahead when the rerun was created, read one at a time
-//! as they are dispatched), each item carries the record it replaces (whose history the new
-//! record keeps), and the writer commits to the rerun's commit log instead of the job's.
+//! # Where buckets come from
 //!
-//! The parts, one file each: [`stop`] (the stop pair, and a run halting itself),
-//! [`dispatcher`] (the planner thread and the dispatcher), [`queue`] (the work queue),
-//! [`worker`] (the item workers and the throttle's controller task), [`writer`] (group
-//! commit), [`fleet`] (leased dispatch over a shared store); this file ties them together.
+//! A run has one [`source`] of buckets, chosen by [`run_log`] before it starts; the run
+//! itself ([`wiring::run_source`]) wires the same throttle, writer, workers and dispatcher to
+//! any of them:
+//!
+//! - the job's own log, run alone: replay, then plan ([`source::job`]);
+//! - a rerun's log, run alone: the rerun's open buckets, written ahead when the rerun was
+//!   created; each item carries the record it replaces, and the writer commits to the
+//!   rerun's commit log ([`source::rerun`]);
+//! - either log, run by a worker of a fleet sharing the store: buckets leased one by one
+//!   ([`source::leased`]).
+//!
+//! A run alone holds the job's lease, which every commit carries. A worker of a fleet holds
+//! a lease per bucket, and its item workers ask the fleet, through one handle
+//! ([`member`]), whether an item's lease is still held before they call it.
+//!
+//! The parts, one file each: [`wiring`] (the run itself), [`source`] (one file per mode),
+//! [`planner`] (the planner thread, and planning in a fleet), [`dispatcher`], [`queue`] (the
+//! work queue), [`item`] (what is queued), [`worker`] (the item workers and the throttle's
+//! controller task), [`member`] (the workers' handle on a fleet), [`writer`] (group commit),
+//! [`stop`] (the stop pair, and a run halting itself), [`error`].
 //!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
 //! writer makes everything it received durable and the run returns.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
-use tokio::task::JoinSet;
-
-use crate::handler::{millis, Handler};
-use crate::input::InputReader;
-use crate::plan::{PlanError, Planner};
+use crate::handler::Handler;
 use crate::progress::{Counters, RunSummary};
-use crate::spec::{Durability, JobSpec, RunOptions};
-use crate::store::{JobView, LeaseScope, Leases, Log, PlannedBucket, Store, StoreError};
-use crate::throttle::Throttle;
+use crate::spec::{JobSpec, RunOptions};
+use crate::store::{Leases, Log, Store};
 
 #[cfg(test)]
 pub(crate) mod audit;
 mod dispatcher;
-mod fleet;
+mod error;
+#[cfg(all(test, feature = "postgres"))]
+mod fleet_tests;
+mod item;
+mod member;
+mod planner;
 mod queue;
+mod source;
 mod stop;
 #[cfg(test)]
 mod tests;
+mod wiring;
 mod worker;
 mod writer;
 
-use dispatcher::{job_work, plan_ahead, rerun_work, work_queue, Dispatcher, Item, Replay, Track};
-use queue::WorkQueue;
+pub use error::EngineError;
+use source::{job::JobLog, leased::Leased, rerun::RerunLog};
 pub use stop::{stop_pair, Stop, StopHandle};
-use stop::{Halt, HaltOnPanic, StopOnDrop};
-use worker::{control, work, ItemTask};
+use wiring::{run_source, Run};
 pub use writer::max_unsynced_items;
-use writer::{writer_queue, Writer, WriterMsg};
-
-/// Errors that stop a run.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("internal error: {0}")]
-    Internal(String),
-}
 
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///
@@ -110,7 +111,9 @@ pub async fn run<S: Store + Leases, H: Handler>(
 }
 
 /// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
-/// buckets, planned when the rerun was created).
+/// buckets, planned when the rerun was created). The source of the run's buckets is chosen
+/// here: a store several workers share leases them; a store run alone replays and plans the
+/// job's log, or reads the rerun's.
 pub async fn run_log<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
@@ -120,263 +123,26 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     stop: Stop,
     log: Log,
 ) -> Result<RunSummary, EngineError> {
-    let started = Instant::now();
-    // Everything that can fail comes before any task is spawned. The lease first: every
-    // commit of the run carries it. A shared store's run leases buckets as it goes
-    // ([`fleet`]) and takes no lease on the whole job.
-    let shared = store.shared();
-    let lease = if shared {
-        None
-    } else {
-        Some(
-            store
-                .acquire(LeaseScope::Job)
-                .await?
-                .ok_or_else(|| StoreError::backend("another worker holds the job's lease"))?,
-        )
+    let run = Run {
+        spec,
+        handler,
+        opts,
+        counters,
+        stop,
+        started: Instant::now(),
     };
-    // `--rate` is the job's total: every worker's share is carved from it ([`fleet`]).
-    if let (true, Some(rate)) = (shared, opts.throttle.rate) {
-        store
-            .set_fleet_rate(rate.per_second(), opts.throttle.burst)
-            .await?;
+    if store.shared() {
+        let source = Leased::open(store.clone(), run.spec.clone(), opts, log).await?;
+        return run_source(store, source, run).await;
     }
-    let mut replay: Vec<Replay> = Vec::new();
-    let mut rerun_buckets = Vec::new();
     match log {
-        _ if shared => {}
         Log::Job => {
-            for offset in store.open_buckets().await? {
-                let (done, todo) = job_work(offset.bucket, store.bucket_items(&offset).await?);
-                replay.push((offset.bucket, done, todo));
-            }
+            let source = JobLog::open(store.clone(), &run.spec, opts).await?;
+            run_source(store, source, run).await
         }
-        // A rerun's buckets are read one at a time as they are dispatched (below), so its
-        // memory does not grow with its size.
-        Log::Rerun(k) => rerun_buckets = store.rerun_open_buckets(k).await?,
-    }
-    let planner_state = match log {
-        Log::Job => store.planner().await?,
-        // A rerun plans nothing: its buckets were all written ahead at its creation.
-        Log::Rerun(_) => crate::store::PlannerState {
-            exhausted: true,
-            ..Default::default()
-        },
-    };
-    // A worker of a shared job plans under the planner's lease, whenever it is free
-    // ([`fleet::plan_fleet`]).
-    let mut reader = if planner_state.exhausted || shared {
-        None
-    } else {
-        match InputReader::open_bounded(&spec.input, planner_state.cursor, spec.fingerprint.len) {
-            Ok(reader) => Some(reader),
-            Err(e) => return Err(PlanError::from(e).into()),
-        }
-    };
-    // The run's own stop: asked for from outside, or by the run itself (a halt).
-    let (own_stop, stop_inner) = stop_pair();
-    let halt = Arc::new(Halt {
-        stop: own_stop.clone(),
-        reason: std::sync::Mutex::new(None),
-    });
-    let forward = tokio::spawn({
-        let (outer, own) = (stop.clone(), own_stop);
-        async move {
-            outer.stopping().await;
-            own.stop();
-        }
-    });
-    let stop = stop_inner;
-    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
-    let throttle = Arc::new(Throttle::new(
-        opts.throttle.clone(),
-        permits.clone(),
-        opts.concurrency.max(1),
-    ));
-    counters.attach_throttle(throttle.clone());
-    let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
-    // A worker of a fleet starts nothing before its share is known.
-    let follower = shared.then(|| {
-        fleet::apply_rate(&*store, &throttle);
-        tokio::spawn(fleet::follow_rate(store.clone(), throttle.clone()))
-    });
-
-    let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
-    // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
-    // full: the writer, gathering a group, is not woken by each result sent, only by this or
-    // its group's deadline.
-    let writer_full = Arc::new(Notify::new());
-    let durability = opts.durability;
-    let writer = Writer {
-        store: store.clone(),
-        counters: counters.clone(),
-        max_failures: opts.max_failures,
-        halt: halt.clone(),
-        open: HashMap::new(),
-        log,
-        leases: HashMap::new(),
-        completed: HashMap::new(),
-        shared,
-        full: writer_full.clone(),
-    };
-    let writer = tokio::spawn({
-        let halt = halt.clone();
-        async move {
-            // A writer that fails (or panics) stops the run: the workers would otherwise call
-            // the API for results nobody can store.
-            let mut stop_unless_done = StopOnDrop(Some(&halt.stop));
-            let written = match durability {
-                Durability::Sync => writer.run_sync(writer_rx).await,
-                Durability::Async { interval } => writer.run_async(writer_rx, interval).await,
-            };
-            if written.is_ok() {
-                stop_unless_done.0 = None;
-            }
-            written
-        }
-    });
-
-    let (plan_tx, plan_rx) = mpsc::channel::<Vec<PlannedBucket>>(1);
-    let mut plan_rx = Some(plan_rx);
-    let planner = if shared && !planner_state.exhausted {
-        Some(tokio::spawn(fleet::plan_fleet(
-            store.clone(),
-            spec.clone(),
-            opts.skip_bad_lines,
-            stop.clone(),
-            counters.clone(),
-        )))
-    } else if let Some(reader) = reader.take() {
-        let planner = Planner::new(
-            reader,
-            planner_state,
-            spec.bucket_size,
-            opts.skip_bad_lines,
-            spec.fingerprint,
-        );
-        Some(tokio::task::spawn_blocking(plan_ahead(
-            planner,
-            store.clone(),
-            plan_tx,
-            stop.clone(),
-            counters.clone(),
-        )))
-    } else {
-        None
-    };
-    let workers = opts.concurrency.max(1);
-    let queue = Arc::new(WorkQueue::new(work_queue(workers)));
-    let mut pool = JoinSet::new();
-    for _ in 0..workers {
-        let task = ItemTask {
-            throttle: throttle.clone(),
-            spec: spec.clone(),
-            handler: handler.clone(),
-            counters: counters.clone(),
-            stop: stop.clone(),
-            writer: writer_tx.clone(),
-            writer_full: writer_full.clone(),
-            rerun: match log {
-                Log::Job => None,
-                Log::Rerun(k) => Some(k),
-            },
-            alive: {
-                let store = store.clone();
-                Arc::new(move || store.alive())
-            },
-            holds: {
-                let store = store.clone();
-                Arc::new(move |lease| store.holds(lease))
-            },
-            pause: shared.then(|| fleet::pauser(store.clone(), throttle.clone())),
-        };
-        pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
-    }
-    let mut dispatcher = Dispatcher {
-        stop: stop.clone(),
-        queue,
-        workers: pool,
-        writer: writer_tx,
-        replaying: matches!(log, Log::Job),
-        lease: lease.clone(),
-    };
-    let mut result = dispatcher.replay(replay).await;
-    if shared {
-        // Planned buckets are in the store, open to every worker: this one leases them
-        // like the others do.
-        let mut rx = plan_rx.take().expect("taken once");
-        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        result = fleet::dispatch_leased(&*store, &mut dispatcher, log, &stop).await;
-        drain.abort();
-        if let (Some(p), false) = (&planner, stop.is_stopping()) {
-            // Finished (planned to its end) or failed: nothing is left to plan.
-            p.abort();
-        }
-    } else if let Log::Rerun(k) = log {
-        for offset in rerun_buckets {
-            if result.is_err() || stop.is_stopping() {
-                break;
-            }
-            result = match store.rerun_bucket_items(&offset).await {
-                Ok(items) => {
-                    let (done, todo) = rerun_work(k, offset.bucket, items);
-                    let track = Track {
-                        key: offset.bucket,
-                        bucket: offset.bucket,
-                        remaining: todo.len() as u64,
-                        done,
-                        lease: dispatcher.job_lease(),
-                    };
-                    dispatcher.dispatch(vec![track], vec![todo]).await
-                }
-                Err(e) => Err(e.into()),
-            };
+        Log::Rerun(k) => {
+            let source = RerunLog::open(store.clone(), k).await?;
+            run_source(store, source, run).await
         }
     }
-    if let (true, Some(_), Some(plan_rx)) = (result.is_ok(), &planner, plan_rx.as_mut()) {
-        while let Some(batch) = plan_rx.recv().await {
-            if let Err(e) = dispatcher.dispatch_planned(batch).await {
-                result = Err(e);
-                break;
-            }
-            if stop.is_stopping() {
-                break;
-            }
-        }
-    }
-    drop(plan_rx);
-    let finished = dispatcher.finish(opts.shutdown_timeout).await;
-    drop(dispatcher);
-    let written = writer
-        .await
-        .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
-    controller.abort();
-    if let Some(f) = follower {
-        f.abort();
-    }
-    forward.abort();
-    let planned = match planner {
-        Some(p) => match p.await {
-            Ok(planned) => planned,
-            Err(e) if e.is_cancelled() => Ok(()),
-            Err(e) => return Err(EngineError::Internal(format!("planner: {e}"))),
-        },
-        None => Ok(()),
-    };
-    let released = match &lease {
-        Some(lease) => store.release(lease).await,
-        None => Ok(()),
-    };
-    finished?;
-    written?;
-    result?;
-    planned?;
-    released?;
-    Ok(RunSummary {
-        job: store.stats().await?,
-        run: counters.snapshot(),
-        elapsed_ms: millis(started.elapsed()),
-        interrupted: stop.is_stopping(),
-        halted: halt.reason(),
-    })
 }

@@ -1,17 +1,22 @@
 //! The engine's unit tests: runs over a real sled store against the fake API, and over a
 //! store that logs every write and sync, checking the write-ahead and commit order.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::audit::Audit;
+use super::dispatcher::work_queue;
+use super::stop::{Halt, HaltOnPanic};
 use super::worker::Abandon;
 use super::*;
 use crate::demo::api::{ApiConfig, FakeApi, Fault};
 use crate::handler::http::HttpHandler;
-use crate::input::{InputFormat, InputSpec};
+use crate::input::{InputFormat, InputReader, InputSpec};
 use crate::job::{open_job, JobRequest};
+use crate::plan::Planner;
+use crate::spec::Durability;
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
-use crate::store::{ItemRecord, ItemStatus};
+use crate::store::{ItemRecord, ItemStatus, JobView};
 
 struct Setup {
     _dir: tempfile::TempDir,

@@ -9,14 +9,17 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify, Semaphore};
 
-use super::writer::group_target;
-use super::{fleet, Halt, HaltOnPanic, Item, Stop, WorkQueue, WriterMsg};
+use super::item::Item;
+use super::member::Member;
+use super::queue::WorkQueue;
+use super::stop::{Halt, HaltOnPanic, Stop};
+use super::writer::{group_target, WriterMsg};
 use crate::handler::Handler;
 use crate::progress::Counters;
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
 use crate::store::now_ms;
-use crate::store::{ItemRecord, ItemStatus, Lease};
+use crate::store::{ItemRecord, ItemStatus};
 use crate::throttle::{ItemHistory, Observed, Throttle};
 
 /// A worker: take items from the queue and process them, one at a time, each under a
@@ -42,7 +45,7 @@ pub(super) async fn work<H: Handler>(
             return;
         }
         // Leases that may have lapsed: no call starts until they are surely held again.
-        while !(task.alive)() {
+        while !task.fleet.alive() {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 _ = task.stop.stopping() => return,
@@ -51,7 +54,7 @@ pub(super) async fn work<H: Handler>(
         // A lease lost meanwhile (the session expired and was registered anew): its bucket
         // is another worker's, and a result of this one would be fenced out. Not called; its
         // track never completes here, and the lease is not committed.
-        if let Some(lease) = item.lease.as_ref().filter(|l| !(task.holds)(l)) {
+        if let Some(lease) = item.lease.as_ref().filter(|l| !task.fleet.holds(l)) {
             tracing::debug!(id = item.id, ?lease.scope, "not called: its bucket's lease is lost");
             continue;
         }
@@ -86,12 +89,8 @@ pub(super) struct ItemTask<H> {
     pub(super) writer: mpsc::Sender<WriterMsg>,
     pub(super) writer_full: Arc<Notify>,
     pub(super) rerun: Option<u32>,
-    /// Whether the run's leases are surely held ([`crate::store::Leases::alive`]).
-    pub(super) alive: Arc<dyn Fn() -> bool + Send + Sync>,
-    /// Whether an item's lease is still held ([`crate::store::Leases::holds`]).
-    pub(super) holds: Arc<dyn Fn(&Lease) -> bool + Send + Sync>,
-    /// Pause the whole fleet (a worker of a shared job saw `Retry-After`).
-    pub(super) pause: Option<fleet::Pauser>,
+    /// The run's fleet, if any: are its leases held, pause it on `Retry-After`.
+    pub(super) fleet: Arc<dyn Member>,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -100,7 +99,7 @@ impl<H: Handler> ItemTask<H> {
         let counters = &self.counters;
         let throttle = &*self.throttle;
         let stop = &self.stop;
-        let pause = &self.pause;
+        let fleet = &*self.fleet;
         let id = item.id.as_str();
         // When the first and the last attempt started, and how long the last one took (µs).
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
@@ -139,9 +138,9 @@ impl<H: Handler> ItemTask<H> {
                 Counters::add_elapsed(&counters.api_ns, start);
                 counters.http.observe(&result, latency);
                 let observed = Observed::of(&result, latency);
-                if let (Err(e), Some(pause)) = (&result, pause) {
+                if let Err(e) = &result {
                     if let Some(Some(after)) = e.next.retry_after() {
-                        pause(after);
+                        fleet.pause(after);
                     }
                 }
                 let status = result.as_ref().err().and_then(|f| f.status);

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
-use super::{EngineError, Halt, Track};
+use super::error::EngineError;
+use super::stop::Halt;
 use crate::progress::Counters;
 use crate::spec::FailureLimit;
 use crate::store::{
-    CommitRecord, ItemRecord, ItemStatus, Lease, Leases, Log, Store, StoreError, Tally,
+    CommitRecord, ItemRecord, ItemStatus, Lease, LeaseScope, Leases, Log, Store, StoreError, Tally,
 };
 
 /// The capacity of the queue of results waiting to be made durable.
@@ -33,6 +34,19 @@ pub(crate) const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
 /// those whose results were queued or being written but not yet durable.
 pub fn max_unsynced_items(concurrency: usize) -> usize {
     concurrency + 2 * writer_queue(concurrency)
+}
+
+/// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted,
+/// and the lease its commit carries.
+pub(super) struct Track {
+    /// What the bucket's items carry as their `track`: the bucket itself, or in a fleet a
+    /// key of this lease's own (a bucket leased again gets a new track, and the
+    /// results of its earlier lease's items never count towards it).
+    pub(super) key: u64,
+    pub(super) bucket: u64,
+    pub(super) remaining: u64,
+    pub(super) done: Tally,
+    pub(super) lease: Lease,
 }
 
 pub(super) enum WriterMsg {
@@ -66,8 +80,6 @@ pub(super) struct Writer<S> {
     pub(super) leases: HashMap<u64, Lease>,
     /// The leases of completed buckets waiting for their commit, by bucket.
     pub(super) completed: HashMap<u64, Lease>,
-    /// A shared store: a bucket whose lease was lost is dropped, not an error.
-    pub(super) shared: bool,
     /// Rung when a sender finds the queue holding a group, or full.
     pub(super) full: Arc<Notify>,
 }
@@ -161,8 +173,9 @@ impl<S: Store + Leases> Writer<S> {
     }
 
     /// Write commit records, each under its bucket's lease; callers made the buckets'
-    /// results durable first. In a shared store a bucket whose lease was lost is another
-    /// worker's now: it is dropped here, with a warning.
+    /// results durable first. A bucket leased on its own (by a worker of a fleet) whose lease
+    /// was lost is another worker's now: it is dropped here, with a warning. A lost lease on
+    /// the whole job fails the run.
     pub(super) async fn commit(
         &mut self,
         commits: &mut Vec<CommitRecord>,
@@ -185,7 +198,10 @@ impl<S: Store + Leases> Writer<S> {
         for (lease, group) in groups {
             match crate::store::view::commit(&*self.store, &lease, self.log, &group).await {
                 Ok(()) => Counters::add(&self.counters.buckets_committed, group.len() as u64),
-                Err(e) if self.shared && matches!(e.root(), StoreError::LeaseLost { .. }) => {
+                Err(e)
+                    if matches!(lease.scope, LeaseScope::Bucket { .. })
+                        && matches!(e.root(), StoreError::LeaseLost { .. }) =>
+                {
                     let buckets: Vec<u64> = group.iter().map(|c| c.bucket).collect();
                     tracing::warn!(?buckets, "not committed here: {e}");
                 }
@@ -197,10 +213,11 @@ impl<S: Store + Leases> Writer<S> {
     }
 
     /// Give back the leases of buckets left unfinished (a stop), so other workers take
-    /// them at once. Only a shared store's: a run's lease on the whole job is the run's.
+    /// them at once. Only bucket leases (a fleet's): a lease on the whole job is the run's,
+    /// released by its source.
     async fn release_unfinished(&mut self) -> Result<(), StoreError> {
-        if self.shared {
-            for (_, lease) in self.leases.drain() {
+        for (_, lease) in self.leases.drain() {
+            if matches!(lease.scope, LeaseScope::Bucket { .. }) {
                 self.store.release(&lease).await?;
             }
         }

@@ -174,6 +174,16 @@ pub enum Log {
     Rerun(u32),
 }
 
+impl Log {
+    /// The rerun's number, for a rerun's log.
+    pub fn rerun(self) -> Option<u32> {
+        match self {
+            Log::Job => None,
+            Log::Rerun(k) => Some(k),
+        }
+    }
+}
+
 /// What one commit writes, atomically.
 #[derive(Debug, Clone, Copy)]
 pub enum Commit<'a> {

@@ -1,0 +1,431 @@
+//! The fleet's engine tests: workers of one job sharing a PostgreSQL database, each run by
+//! the real engine against the fake API.
+
+use std::sync::Arc;
+
+use crate::demo::api::{ApiConfig, FakeApi};
+use crate::engine::planner::PLANNER_POLL;
+use crate::engine::source::leased::POLL_MAX;
+use crate::engine::{run, stop_pair};
+use crate::handler::http::HttpHandler;
+use crate::input::{InputFormat, InputSpec};
+use crate::job::{open_job, JobRequest, JobSpec, RunOptions};
+use crate::progress::Counters;
+use crate::store::postgres::test_db::{migrated, Db};
+use crate::store::postgres::{PgOpen, PgStore};
+use crate::store::{ItemStatus, JobView, LeaseScope, Leases, Log, Store};
+
+struct Fleet {
+    _dir: tempfile::TempDir,
+    db: Db,
+    api: FakeApi,
+    spec: Arc<JobSpec>,
+    ids: Vec<String>,
+}
+
+/// A job of `n` IDs in bucket of 7 (some twice), created by a first worker's open.
+async fn fleet(n: usize) -> Fleet {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..n).map(|i| format!("f-{i}")).collect();
+    let input = dir.path().join("ids.txt");
+    let mut rows = ids.clone();
+    rows.extend(ids[..n / 10].iter().cloned());
+    std::fs::write(&input, rows.join("\n")).unwrap();
+    let api = FakeApi::start(ApiConfig {
+        latency_min: std::time::Duration::from_micros(200),
+        latency_max: std::time::Duration::from_millis(1),
+        not_found_per_mille: 30,
+        ..ApiConfig::fast()
+    })
+    .await
+    .unwrap();
+    let db = migrated().await;
+    let first = worker(&db, true).await;
+    let request = JobRequest {
+        input: Some(InputSpec {
+            path: input,
+            format: InputFormat::Text,
+        }),
+        url: Some(api.url_template()),
+        bucket_size: Some(7),
+        ..JobRequest::default()
+    };
+    let spec = Arc::new(open_job(&*first, &request).await.unwrap());
+    Fleet {
+        _dir: dir,
+        db,
+        api,
+        spec,
+        ids,
+    }
+}
+
+async fn worker(db: &Db, create: bool) -> Arc<PgStore> {
+    let open = PgOpen {
+        create,
+        ttl: std::time::Duration::from_secs(3),
+        ..PgOpen::new("fleet")
+    };
+    Arc::new(PgStore::open(&db.target, &open).await.unwrap())
+}
+
+fn options() -> RunOptions {
+    RunOptions {
+        concurrency: 4,
+        progress_interval: std::time::Duration::ZERO,
+        ..RunOptions::default()
+    }
+}
+
+/// Every ID once in the export, in input order.
+async fn exactly_once(store: &PgStore, ids: &[String]) {
+    let mut seen = Vec::new();
+    store
+        .for_each_final(&mut |id, _| {
+            seen.push(id.to_string());
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), ids.len(), "every ID once");
+    assert!(seen.iter().zip(ids).all(|(a, b)| a == b), "in input order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_share_a_job_and_call_each_id_once() {
+    let f = fleet(1200).await;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let store = worker(&f.db, false).await;
+        let (spec, api) = (f.spec.clone(), f.api.clone());
+        runs.push(tokio::spawn(async move {
+            let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+            let counters = Arc::new(Counters::default());
+            let summary = run(
+                store.clone(),
+                spec,
+                handler,
+                &options(),
+                counters,
+                stop_pair().1,
+            )
+            .await
+            .unwrap();
+            drop(api);
+            (summary, store)
+        }));
+    }
+    let mut calls_by_worker = Vec::new();
+    let mut last = None;
+    for r in runs {
+        let (summary, store) = r.await.unwrap();
+        assert!(summary.job.finished(), "{:?}", summary.job);
+        calls_by_worker.push(summary.run.ok + summary.run.failed);
+        last = Some(store);
+    }
+    let store = last.unwrap();
+    assert_eq!(f.api.distinct_ids(), 1200);
+    assert_eq!(f.api.total_calls(), 1200, "no ID called twice");
+    assert_eq!(calls_by_worker.iter().sum::<u64>(), 1200);
+    assert!(
+        calls_by_worker.iter().filter(|&&c| c > 0).count() >= 2,
+        "the work was shared: {calls_by_worker:?}"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.ok + stats.failed, stats.duplicates), (1200, 120));
+    exactly_once(&store, &f.ids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
+    let f = fleet(70).await;
+    // Plan everything with a first run stopped after a few calls.
+    let planner = worker(&f.db, false).await;
+    let (handle, stop) = stop_pair();
+    let api = f.api.clone();
+    let watcher = tokio::spawn(async move {
+        while api.total_calls() < 10 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        handle.stop();
+    });
+    let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+    let counters = Arc::new(Counters::default());
+    run(
+        planner,
+        f.spec.clone(),
+        handler.clone(),
+        &options(),
+        counters,
+        stop,
+    )
+    .await
+    .unwrap();
+    watcher.await.unwrap();
+    // A leases a bucket and is paused past its TTL: its session expires.
+    let a = worker(&f.db, false).await;
+    let held = a.acquire_next(Log::Job, 1).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let LeaseScope::Bucket { bucket, .. } = held[0].scope else {
+        panic!("a bucket lease")
+    };
+    let a_id = a.worker();
+    f.db.psql(&format!(
+        "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+         WHERE worker_id = '{a_id}'",
+        f.db.db.schema
+    ));
+    // B takes the job over, A's bucket included, and finishes it.
+    let b = worker(&f.db, false).await;
+    let summary = run(
+        b.clone(),
+        f.spec.clone(),
+        handler,
+        &options(),
+        Arc::new(Counters::default()),
+        stop_pair().1,
+    )
+    .await
+    .unwrap();
+    assert!(summary.job.finished());
+    // A wakes up and writes its bucket as failed, then commits it: nothing counts.
+    let offset = b.offset(bucket).await.unwrap().unwrap();
+    let items = b.bucket_items(&offset).await.unwrap();
+    let first = items[0].0.clone();
+    let before = b.item(&first).await.unwrap().unwrap();
+    let late: Vec<_> = items
+        .into_iter()
+        .map(|(id, mut r)| {
+            r.status = ItemStatus::Failed;
+            r.error = Some("late".into());
+            r.http_status = Some(500);
+            r.body = None;
+            (id, r)
+        })
+        .collect();
+    a.record(&late).await.unwrap();
+    a.sync().await.unwrap();
+    assert_eq!(a.fenced(), late.len() as u64, "every late result fenced");
+    let commit = crate::store::CommitRecord {
+        bucket,
+        failed: late.len() as u64,
+        ..Default::default()
+    };
+    let refused = crate::store::view::commit(&*a, &held[0], Log::Job, &[commit]).await;
+    assert!(refused.is_err(), "a lost lease commits nothing");
+    let after = b.item(&first).await.unwrap().unwrap();
+    assert_eq!(after.status, before.status);
+    assert_eq!(after.error, before.error);
+    assert_eq!(b.stats().await.unwrap(), summary.job);
+    exactly_once(&b, &f.ids).await;
+}
+
+/// Run a worker of the fleet's job in the background.
+fn spawn_run(
+    store: Arc<PgStore>,
+    spec: Arc<JobSpec>,
+) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
+    let request = spec.request.clone();
+    spawn_run_against(store, spec, request)
+}
+
+/// [`spawn_run`], its calls made as `request` says (another API).
+fn spawn_run_against(
+    store: Arc<PgStore>,
+    spec: Arc<JobSpec>,
+    request: crate::handler::http::RequestSpec,
+) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
+    tokio::spawn(async move {
+        let handler = Arc::new(HttpHandler::new(&request).unwrap());
+        run(
+            store,
+            spec,
+            handler,
+            &options(),
+            Arc::new(Counters::default()),
+            stop_pair().1,
+        )
+        .await
+        .unwrap()
+    })
+}
+
+/// Wait (with a deadline) until `ready` says yes.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not in 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+fn expire(f: &Fleet, store: &PgStore) {
+    f.db.psql(&format!(
+        "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+         WHERE worker_id = '{}'",
+        f.db.db.schema,
+        store.worker()
+    ));
+}
+
+/// A worker whose session expired (paused past its TTL) and who registered again holds
+/// none of its old leases: the items it had queued for them are not called (their
+/// results would be fenced out; the buckets are others' now), only the items of buckets
+/// it leases again. A (a slow API of its own) has a queue full of its buckets' items when
+/// its session expires; B (the fast API) finishes the job meanwhile. An ID is called
+/// twice only if A had it in flight, or called it before it learned of the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() {
+    let f = fleet(700).await;
+    let slow = FakeApi::start(ApiConfig {
+        latency_min: std::time::Duration::from_millis(300),
+        latency_max: std::time::Duration::from_millis(300),
+        ..f.api.config().clone()
+    })
+    .await
+    .unwrap();
+    let a = worker(&f.db, false).await;
+    let a_run = {
+        let mut request = f.spec.request.clone();
+        request.url = slow.url_template();
+        spawn_run_against(a.clone(), f.spec.clone(), request)
+    };
+    // A's queue is full (it leases as room frees): more than its 4 calls in flight.
+    until("A calls", || {
+        let slow = slow.clone();
+        async move { slow.total_calls() >= 4 }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let old = a.worker();
+    expire(&f, &a);
+    a.renew_session_now();
+    until("A learns its session expired and registers again", || {
+        let (a, old) = (a.clone(), old.clone());
+        async move { a.worker() != old }
+    })
+    .await;
+    let called_by_a = slow.total_calls();
+    let b = worker(&f.db, false).await;
+    let b_sum = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
+    let a_sum = tokio::time::timeout(std::time::Duration::from_secs(60), a_run)
+        .await
+        .expect("A ends once the job is finished")
+        .unwrap();
+    assert!(b_sum.job.finished() && a_sum.job.finished());
+    exactly_once(&b, &f.ids).await;
+    // Every call A made after it learned of the expiry was for a bucket it leased anew
+    // (without the check, 70 of its queued IDs were called twice, A having called 4).
+    let (fast, slow_calls) = (f.api.calls_snapshot(), slow.calls_snapshot());
+    let twice: Vec<&String> = f
+        .ids
+        .iter()
+        .filter(|id| {
+            fast.get(*id).copied().unwrap_or(0) + slow_calls.get(*id).copied().unwrap_or(0) > 1
+        })
+        .collect();
+    assert!(
+        twice.len() as u64 <= called_by_a,
+        "{} IDs called twice (A called {called_by_a} before it learned of the expiry): \
+         {twice:?}",
+        twice.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
+    let f = fleet(700).await;
+    // X plans the first 100 rows, then dies with the planner lease.
+    let x = worker(&f.db, false).await;
+    let reader = crate::input::InputReader::open_bounded(
+        &f.spec.input,
+        Default::default(),
+        f.spec.fingerprint.len,
+    )
+    .unwrap();
+    let mut planner = crate::plan::Planner::new(
+        reader,
+        Default::default(),
+        f.spec.bucket_size,
+        false,
+        f.spec.fingerprint,
+    );
+    let batch = planner.next_batch(&*x, 100).await.unwrap();
+    x.plan(&batch, &planner.state()).await.unwrap();
+    assert_eq!(x.planning().await.unwrap().state, "planning");
+    let planned_by_x = x.stats().await.unwrap().buckets_planned;
+    assert!(planned_by_x > 0);
+    // B has no input: it works on what X planned, then waits. C has the input, but X
+    // is alive and plans: C waits too, ready to take over.
+    let mut no_input = (*f.spec).clone();
+    no_input.input.path = std::path::PathBuf::new();
+    let b = worker(&f.db, false).await;
+    let b_run = spawn_run(b.clone(), Arc::new(no_input));
+    let c = worker(&f.db, false).await;
+    let c_run = spawn_run(c.clone(), f.spec.clone());
+    until("X's buckets committed", || {
+        let b = b.clone();
+        async move { b.stats().await.unwrap().buckets_committed == planned_by_x }
+    })
+    .await;
+    // Two idle polls and planner polls later, both still wait for the live planner.
+    tokio::time::sleep(POLL_MAX.max(PLANNER_POLL) * 2).await;
+    assert!(!b_run.is_finished() && !c_run.is_finished(), "both wait");
+    assert_eq!(b.stats().await.unwrap().buckets_planned, planned_by_x);
+    assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(false));
+    // X dies: C, still running, takes the planner lease over and plans the rest.
+    expire(&f, &x);
+    let both = async { (b_run.await.unwrap(), c_run.await.unwrap()) };
+    let (b_sum, c_sum) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
+        .await
+        .expect("C plans the rest and both finish");
+    assert!(b_sum.job.finished() && c_sum.job.finished());
+    assert_eq!(c.planning().await.unwrap().state, "done");
+    assert_eq!(f.api.total_calls(), 700, "no ID called twice");
+    exactly_once(&c, &f.ids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_figures_counted_by_the_database_are_the_walks() {
+    let f = fleet(400).await;
+    let a = worker(&f.db, false).await;
+    let (handle, stop) = stop_pair();
+    let api = f.api.clone();
+    let watcher = tokio::spawn(async move {
+        while api.total_calls() < 60 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        handle.stop();
+    });
+    let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+    run(
+        a.clone(),
+        f.spec.clone(),
+        handler,
+        &options(),
+        Arc::new(Counters::default()),
+        stop,
+    )
+    .await
+    .unwrap();
+    watcher.await.unwrap();
+    // Stopped part way: committed buckets, buckets with some results, duplicates.
+    let walked = crate::store::view::walked_stats(&*a).await.unwrap();
+    assert!(
+        walked.buckets_committed > 0 && walked.pending > 0,
+        "{walked:?}"
+    );
+    assert_eq!(a.counted_stats().await.unwrap(), Some(walked.clone()));
+    assert_eq!(a.stats().await.unwrap(), walked);
+    assert_eq!(a.log_finished(Log::Job).await.unwrap(), Some(false));
+    let b = worker(&f.db, false).await;
+    let done = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
+    let walked = crate::store::view::walked_stats(&*b).await.unwrap();
+    assert!(walked.finished() && walked.duplicates == 40, "{walked:?}");
+    assert_eq!(b.counted_stats().await.unwrap(), Some(walked.clone()));
+    assert_eq!(done.job, walked);
+    assert_eq!(b.log_finished(Log::Job).await.unwrap(), Some(true));
+}

@@ -1,0 +1,114 @@
+//! What an item worker asks of the fleet its run belongs to, through one small handle
+//! ([`Member`]): whether its leases are surely still valid, whether it still holds an item's
+//! bucket, and a pause for every worker when the API says `Retry-After`. A run that holds
+//! the whole job is in no fleet ([`Alone`]); a worker of a fleet has a [`FleetMember`], which
+//! also keeps its throttle on the rate share the store grants it.
+//!
+//! One rate for the fleet: `--rate` is the job's total ([`Leases::set_fleet_rate`]), and
+//! this worker's throttle follows the share the store grants it ([`Leases::fleet_rate`], read
+//! every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A `Retry-After`
+//! seen here pauses this worker at once and the others through the store
+//! ([`Leases::pause_fleet`]), as they next learn their share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::store::{Lease, Leases};
+use crate::throttle::Throttle;
+
+/// What an item worker asks of its run's fleet, if any.
+pub(super) trait Member: Send + Sync {
+    /// Whether this worker's leases are surely still valid: no call starts until they are.
+    fn alive(&self) -> bool;
+    /// Whether this worker still holds `lease`: an item whose lease is lost is not called
+    /// (its result would be fenced out).
+    fn holds(&self, lease: &Lease) -> bool;
+    /// The API said `Retry-After` (`after`) for every caller: pause the fleet.
+    fn pause(&self, after: Duration);
+}
+
+/// A run that holds the whole job: its lease lasts as long as the run, and it pauses no
+/// other worker (the throttle pauses this one).
+pub(super) struct Alone;
+
+impl Member for Alone {
+    fn alive(&self) -> bool {
+        true
+    }
+
+    fn holds(&self, _lease: &Lease) -> bool {
+        true
+    }
+
+    fn pause(&self, _after: Duration) {}
+}
+
+/// How often the throttle reads the share the store last granted (a read in memory).
+const FOLLOW_EVERY: Duration = Duration::from_millis(50);
+
+/// A worker of a fleet: its store (a shared one) and its throttle.
+pub(super) struct FleetMember<S> {
+    store: Arc<S>,
+    throttle: Arc<Throttle>,
+}
+
+impl<S: Leases> FleetMember<S> {
+    /// Join the fleet: the throttle takes the share the store granted (a worker starts
+    /// nothing before its share is known) and follows it until the task returned is
+    /// aborted.
+    pub(super) fn join(store: Arc<S>, throttle: Arc<Throttle>) -> (Arc<Self>, JoinHandle<()>) {
+        let member = Arc::new(FleetMember { store, throttle });
+        member.apply_rate();
+        let follower = tokio::spawn({
+            let member = member.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(FOLLOW_EVERY).await;
+                    member.apply_rate();
+                }
+            }
+        });
+        (member, follower)
+    }
+
+    /// Apply the store's grant (share and shared pause) to the throttle.
+    fn apply_rate(&self) {
+        if let Some(f) = self.store.fleet_rate() {
+            self.throttle.follow_fleet(
+                f.share,
+                f.burst,
+                f.paused_until.map(tokio::time::Instant::from_std),
+            );
+        }
+    }
+}
+
+impl<S: Leases> Member for FleetMember<S> {
+    fn alive(&self) -> bool {
+        self.store.alive()
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.store.holds(lease)
+    }
+
+    /// This worker holds at once, and the job's shared pause is written (once per pause,
+    /// not per answer that says so).
+    fn pause(&self, after: Duration) {
+        if !self.throttle.pause_for(after) {
+            return;
+        }
+        let (store, throttle) = (self.store.clone(), self.throttle.clone());
+        tokio::spawn(async move {
+            match store.pause_fleet(after).await {
+                Ok(Some(left)) => {
+                    throttle.pause_for(left);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("could not pause the other workers: {e}"),
+            }
+        });
+    }
+}

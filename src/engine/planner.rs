@@ -1,0 +1,153 @@
+//! The planner: cuts the input into buckets ([`crate::plan`]), writes them ahead of their
+//! work with [`Store::plan`] and makes them durable with [`Store::sync`], then hands them
+//! over, at most two batches ahead ([`plan_ahead`], a blocking thread).
+//!
+//! A run that holds the whole job plans from the stored position and dispatches what it
+//! planned. A worker of a fleet plans under the job's planner lease, whenever it is free
+//! ([`plan_fleet`]): while another live worker holds it, it waits and tries again every
+//! [`PLANNER_POLL`]; once that worker's session ends or expires, it takes the lease over and
+//! plans on from the stored position. Its buckets go to the store, open to every worker,
+//! and nobody reads them from the planner. A worker without the input never plans.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::stop::Stop;
+use crate::input::InputReader;
+use crate::plan::{PlanError, Planner};
+use crate::progress::Counters;
+use crate::spec::JobSpec;
+use crate::store::{Leases, PlannedBucket, Store, StoreError};
+
+/// Rows the planner reads per store write: several small buckets share one durable write.
+const PLAN_BATCH_ROWS: u64 = 1000;
+
+/// The planner thread: cut, write ahead, sync, hand over; until the input ends or nobody
+/// listens any more.
+pub(super) fn plan_ahead<S: Store>(
+    mut planner: Planner,
+    store: Arc<S>,
+    out: mpsc::Sender<Vec<PlannedBucket>>,
+    stop: Stop,
+    counters: Arc<Counters>,
+) -> impl FnOnce() -> Result<(), PlanError> {
+    move || {
+        let runtime = tokio::runtime::Handle::current();
+        while !stop.is_stopping() {
+            let before = planner.state();
+            let batch = runtime.block_on(planner.next_batch(&*store, PLAN_BATCH_ROWS))?;
+            if batch.is_empty() && planner.state() == before {
+                return Ok(());
+            }
+            let start = Instant::now();
+            runtime.block_on(store.plan(&batch, &planner.state()))?;
+            Counters::add_elapsed(&counters.plan_write_ns, start);
+            let start = Instant::now();
+            runtime.block_on(store.sync())?;
+            Counters::add_elapsed(&counters.plan_sync_ns, start);
+            Counters::add(&counters.store_syncs, 1);
+            Counters::add(&counters.buckets_planned, batch.len() as u64);
+            for b in &batch {
+                Counters::add(
+                    &counters.rows_planned,
+                    b.offset.end.row - b.offset.start.row,
+                );
+                Counters::add(&counters.ids_planned, b.offset.items);
+            }
+            if batch.is_empty() || out.blocking_send(batch).is_err() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How often a worker with the input tries to take over planning while another plans.
+pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
+
+/// Plan the job's input whenever this worker of a fleet may: under the job's planner lease,
+/// taken over once the worker that held it is gone (see the module doc); until the input is
+/// planned to its end or a stop. Without the input here, plan nothing.
+pub(super) async fn plan_fleet<S: Store + Leases>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    skip_bad_lines: bool,
+    stop: Stop,
+    counters: Arc<Counters>,
+) -> Result<(), PlanError> {
+    let mut waiting = false;
+    while !stop.is_stopping() {
+        let position = store.planner().await?;
+        if position.exhausted {
+            return Ok(());
+        }
+        let reader =
+            match InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len) {
+                Ok(reader) => reader,
+                Err(e) => {
+                    tracing::info!("not planning: the input cannot be read here ({e})");
+                    return Ok(());
+                }
+            };
+        if store.take_planner().await? {
+            // From where the last planner left off: read again under the lease.
+            let position = store.planner().await?;
+            if position.exhausted {
+                return Ok(());
+            }
+            if waiting {
+                tracing::info!(
+                    bucket = position.next_bucket,
+                    "taking over planning from a planner that is gone"
+                );
+            }
+            let reader = if position.cursor == reader.cursor() {
+                reader
+            } else {
+                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)?
+            };
+            let planner = Planner::new(
+                reader,
+                position,
+                spec.bucket_size,
+                skip_bad_lines,
+                spec.fingerprint,
+            );
+            // Planned buckets go to the store, open to every worker: nobody reads them here.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<PlannedBucket>>(1);
+            let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let planned = tokio::task::spawn_blocking(plan_ahead(
+                planner,
+                store.clone(),
+                tx,
+                stop.clone(),
+                counters.clone(),
+            ))
+            .await;
+            drain.abort();
+            match planned {
+                Ok(Ok(())) => return Ok(()),
+                // Another worker took the lease over (this session expired): wait again.
+                Ok(Err(PlanError::Store(e)))
+                    if matches!(e.root(), StoreError::LeaseLost { .. }) =>
+                {
+                    tracing::info!("planning stopped: {e}");
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(StoreError::backend(format!("planner: {e}")).into()),
+            }
+        } else if !waiting {
+            tracing::info!(
+                "another worker plans the input: this one waits to take over if it goes"
+            );
+        }
+        waiting = true;
+        tokio::select! {
+            _ = tokio::time::sleep(PLANNER_POLL) => {}
+            _ = stop.stopping() => {}
+        }
+    }
+    Ok(())
+}

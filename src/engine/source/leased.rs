@@ -1,0 +1,236 @@
+//! [`Leased`]: a run of a worker of a fleet, where several workers (processes, machines)
+//! work on one job through a store they share. Either log, the job's or a rerun's.
+//!
+//! Nothing is dispatched from the planner directly: planned buckets are written ahead into
+//! the store, open to every worker, and each worker leases what it works on
+//! ([`Leases::acquire_next`]: open buckets, and those of workers whose session expired),
+//! a few at a time, as room frees in its work queue, so no worker hoards buckets. A leased
+//! bucket is read back and only its items without a final result are called (invariant 5
+//! holds across workers: a takeover repeats at most what the dead worker had in flight or
+//! unflushed). Its items carry its lease, and one whose lease is lost by the time a worker
+//! takes it from the queue (the session expired, paused or cut off, and was registered
+//! anew) is not called ([`Leases::holds`]): its results would be fenced out. Its commit
+//! carries the lease too; a lease lost meanwhile drops the bucket (the writer's commit).
+//! The run ends once the log is planned to its end and every bucket is committed, by this
+//! worker or another; with nothing to lease until then it polls, backing off to
+//! [`POLL_MAX`].
+//!
+//! Planning: a worker whose input is here (unchanged) plans the job's log under the job's
+//! planner lease ([`plan_fleet`]); a worker without the input never plans: it leases what
+//! others planned and, while nobody plans, waits (polling, backed off) with the job
+//! unfinished, as `status` says.
+//!
+//! A stop drains the worker: it says so to the store at once ([`Leases::drain`]: no new
+//! bucket, its rate share back to the others), then finishes or abandons what it holds;
+//! the writer releases the leases of the buckets left unfinished as the run ends. The
+//! worker's throttle follows its share of the fleet's rate ([`FleetMember`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::{planned, Source};
+use crate::engine::dispatcher::Dispatcher;
+use crate::engine::error::EngineError;
+use crate::engine::item::{job_work, rerun_work};
+use crate::engine::member::{FleetMember, Member};
+use crate::engine::planner::plan_fleet;
+use crate::engine::stop::Stop;
+use crate::engine::writer::Track;
+use crate::plan::PlanError;
+use crate::progress::Counters;
+use crate::spec::{JobSpec, RunOptions};
+use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+use crate::throttle::Throttle;
+
+/// A worker's run in a fleet (see the module doc).
+pub(in crate::engine) struct Leased<S> {
+    store: Arc<S>,
+    log: Log,
+    spec: Arc<JobSpec>,
+    skip_bad_lines: bool,
+    /// Whether the log is still to be planned (only the job's ever is).
+    to_plan: bool,
+    planner: Option<JoinHandle<Result<(), PlanError>>>,
+    /// The task that keeps the throttle on this worker's share.
+    follower: Option<JoinHandle<()>>,
+}
+
+impl<S: Store + Leases> Leased<S> {
+    /// Make `--rate` the job's total (every worker's share is carved from it) and see
+    /// whether the log is still to be planned.
+    pub(in crate::engine) async fn open(
+        store: Arc<S>,
+        spec: Arc<JobSpec>,
+        opts: &RunOptions,
+        log: Log,
+    ) -> Result<Leased<S>, EngineError> {
+        if let Some(rate) = opts.throttle.rate {
+            store
+                .set_fleet_rate(rate.per_second(), opts.throttle.burst)
+                .await?;
+        }
+        let to_plan = match log {
+            Log::Job => !store.planner().await?.exhausted,
+            // A rerun plans nothing: its buckets were all written ahead at its creation.
+            Log::Rerun(_) => false,
+        };
+        Ok(Leased {
+            store,
+            log,
+            spec,
+            skip_bad_lines: opts.skip_bad_lines,
+            to_plan,
+            planner: None,
+            follower: None,
+        })
+    }
+}
+
+impl<S: Store + Leases> Source for Leased<S> {
+    fn log(&self) -> Log {
+        self.log
+    }
+
+    fn member(&mut self, throttle: &Arc<Throttle>) -> Arc<dyn Member> {
+        let (member, follower) = FleetMember::join(self.store.clone(), throttle.clone());
+        self.follower = Some(follower);
+        member
+    }
+
+    async fn feed(
+        &mut self,
+        dispatcher: &mut Dispatcher,
+        counters: &Arc<Counters>,
+    ) -> Result<(), EngineError> {
+        let stop = dispatcher.stop.clone();
+        if self.to_plan {
+            self.planner = Some(tokio::spawn(plan_fleet(
+                self.store.clone(),
+                self.spec.clone(),
+                self.skip_bad_lines,
+                stop.clone(),
+                counters.clone(),
+            )));
+        }
+        let dispatched = dispatch_leased(&*self.store, dispatcher, self.log, &stop).await;
+        if let (Some(p), false) = (&self.planner, stop.is_stopping()) {
+            // Finished (planned to its end) or failed: nothing is left to plan.
+            p.abort();
+        }
+        dispatched
+    }
+
+    async fn close(self) -> Result<(), EngineError> {
+        if let Some(f) = self.follower {
+            f.abort();
+        }
+        planned(self.planner).await
+    }
+}
+
+/// Buckets leased per acquisition: a worker takes a little at a time.
+const BUCKETS_PER_ACQUIRE: u32 = 2;
+
+/// The first wait when there is nothing to lease, doubled up to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(50);
+pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
+/// is committed or a stop is asked for.
+async fn dispatch_leased<S: Store + Leases>(
+    store: &S,
+    dispatcher: &mut Dispatcher,
+    log: Log,
+    stop: &Stop,
+) -> Result<(), EngineError> {
+    let mut idle = POLL_MIN;
+    let mut next_key = 1u64 << 62;
+    let dispatched =
+        lease_and_dispatch(store, dispatcher, log, stop, &mut idle, &mut next_key).await;
+    if stop.is_stopping() {
+        // Draining: seen in `status` while what is held is finished or abandoned.
+        if let Err(e) = store.drain().await {
+            tracing::warn!("could not mark the worker draining: {e}");
+        }
+    }
+    dispatched
+}
+
+/// [`dispatch_leased`]'s loop, until finished or stopped.
+async fn lease_and_dispatch<S: Store + Leases>(
+    store: &S,
+    dispatcher: &mut Dispatcher,
+    log: Log,
+    stop: &Stop,
+    idle: &mut Duration,
+    next_key: &mut u64,
+) -> Result<(), EngineError> {
+    while !stop.is_stopping() {
+        let leases = if store.alive() {
+            store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
+        } else {
+            Vec::new()
+        };
+        if leases.is_empty() {
+            if finished(store, log).await? {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(*idle) => {}
+                _ = stop.stopping() => {}
+            }
+            *idle = (*idle * 2).min(POLL_MAX);
+            continue;
+        }
+        *idle = POLL_MIN;
+        for lease in leases {
+            let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+                continue;
+            };
+            let (done, mut todo) = match log {
+                Log::Job => match store.bucket(bucket).await? {
+                    Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
+                    None => continue,
+                },
+                Log::Rerun(k) => {
+                    let found = store.rerun_buckets(k, bucket, 1).await?.into_iter().next();
+                    match found.filter(|b| b.offset.bucket == bucket) {
+                        Some(b) => {
+                            rerun_work(k, bucket, store.rerun_bucket_items(&b.offset).await?)
+                        }
+                        None => continue,
+                    }
+                }
+            };
+            // A key of this lease's own (see `Track`): above any bucket number.
+            *next_key += 1;
+            for item in &mut todo {
+                item.track = *next_key;
+                item.lease = Some(lease.clone());
+            }
+            let track = Track {
+                key: *next_key,
+                bucket,
+                remaining: todo.len() as u64,
+                done,
+                lease,
+            };
+            dispatcher.dispatch(vec![track], vec![todo]).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `log` is planned to its end with every bucket committed: one cheap question to
+/// a store that can answer it ([`Leases::log_finished`]), else from the records.
+async fn finished<S: Store + Leases>(store: &S, log: Log) -> Result<bool, EngineError> {
+    if let Some(done) = store.log_finished(log).await? {
+        return Ok(done);
+    }
+    Ok(match log {
+        Log::Job => store.stats().await?.finished(),
+        Log::Rerun(k) => store.rerun_stats(k).await?.finished(),
+    })
+}

@@ -1,0 +1,157 @@
+//! The run itself: one throttle, one writer, a pool of workers and a dispatcher, wired to the
+//! [`Source`] of the run's buckets ([`run_source`]). Every mode runs through it alike: what
+//! differs between them is the source's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::JoinSet;
+
+use super::dispatcher::{work_queue, Dispatcher};
+use super::error::EngineError;
+use super::queue::WorkQueue;
+use super::source::Source;
+use super::stop::{stop_pair, Halt, Stop, StopOnDrop};
+use super::worker::{control, work, ItemTask};
+use super::writer::{writer_queue, Writer};
+use crate::handler::{millis, Handler};
+use crate::progress::{Counters, RunSummary};
+use crate::spec::{Durability, JobSpec, RunOptions};
+use crate::store::{JobView, Leases, Store};
+use crate::throttle::Throttle;
+
+/// What a run is given, whatever its source.
+pub(super) struct Run<'a, H> {
+    pub(super) spec: Arc<JobSpec>,
+    pub(super) handler: Arc<H>,
+    pub(super) opts: &'a RunOptions,
+    pub(super) counters: Arc<Counters>,
+    pub(super) stop: Stop,
+    /// When the run began (its source was opened since).
+    pub(super) started: Instant,
+}
+
+/// Run the buckets `source` hands over until it has no more and every result is written,
+/// or a stop is asked for (from outside, or by the run itself: a halt).
+pub(super) async fn run_source<S, H, Src>(
+    store: Arc<S>,
+    mut source: Src,
+    run: Run<'_, H>,
+) -> Result<RunSummary, EngineError>
+where
+    S: Store + Leases,
+    H: Handler,
+    Src: Source,
+{
+    let Run {
+        spec,
+        handler,
+        opts,
+        counters,
+        stop,
+        started,
+    } = run;
+    // The run's own stop: asked for from outside, or by the run itself (a halt).
+    let (own_stop, stop_inner) = stop_pair();
+    let halt = Arc::new(Halt {
+        stop: own_stop.clone(),
+        reason: std::sync::Mutex::new(None),
+    });
+    let forward = tokio::spawn({
+        let (outer, own) = (stop.clone(), own_stop);
+        async move {
+            outer.stopping().await;
+            own.stop();
+        }
+    });
+    let stop = stop_inner;
+    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let throttle = Arc::new(Throttle::new(
+        opts.throttle.clone(),
+        permits.clone(),
+        opts.concurrency.max(1),
+    ));
+    counters.attach_throttle(throttle.clone());
+    let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
+    let member = source.member(&throttle);
+
+    let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
+    // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
+    // full: the writer, gathering a group, is not woken by each result sent, only by this or
+    // its group's deadline.
+    let writer_full = Arc::new(Notify::new());
+    let durability = opts.durability;
+    let writer = Writer {
+        store: store.clone(),
+        counters: counters.clone(),
+        max_failures: opts.max_failures,
+        halt: halt.clone(),
+        open: HashMap::new(),
+        log: source.log(),
+        leases: HashMap::new(),
+        completed: HashMap::new(),
+        full: writer_full.clone(),
+    };
+    let writer = tokio::spawn({
+        let halt = halt.clone();
+        async move {
+            // A writer that fails (or panics) stops the run: the workers would otherwise call
+            // the API for results nobody can store.
+            let mut stop_unless_done = StopOnDrop(Some(&halt.stop));
+            let written = match durability {
+                Durability::Sync => writer.run_sync(writer_rx).await,
+                Durability::Async { interval } => writer.run_async(writer_rx, interval).await,
+            };
+            if written.is_ok() {
+                stop_unless_done.0 = None;
+            }
+            written
+        }
+    });
+
+    let workers = opts.concurrency.max(1);
+    let queue = Arc::new(WorkQueue::new(work_queue(workers)));
+    let mut pool = JoinSet::new();
+    for _ in 0..workers {
+        let task = ItemTask {
+            throttle: throttle.clone(),
+            spec: spec.clone(),
+            handler: handler.clone(),
+            counters: counters.clone(),
+            stop: stop.clone(),
+            writer: writer_tx.clone(),
+            writer_full: writer_full.clone(),
+            rerun: source.log().rerun(),
+            fleet: member.clone(),
+        };
+        pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
+    }
+    let mut dispatcher = Dispatcher {
+        stop: stop.clone(),
+        queue,
+        workers: pool,
+        writer: writer_tx,
+    };
+    let fed = source.feed(&mut dispatcher, &counters).await;
+    let finished = dispatcher.finish(opts.shutdown_timeout).await;
+    drop(dispatcher);
+    let written = writer
+        .await
+        .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
+    controller.abort();
+    forward.abort();
+    let closed = source.close().await;
+    finished?;
+    written?;
+    fed?;
+    closed?;
+    Ok(RunSummary {
+        job: store.stats().await?,
+        run: counters.snapshot(),
+        elapsed_ms: millis(started.elapsed()),
+        interrupted: stop.is_stopping(),
+        halted: halt.reason(),
+    })
+}
