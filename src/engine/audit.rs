@@ -4,7 +4,9 @@
 //! own tests and the conformance suite (over every backend) run the engine on it.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::store::*;
 
@@ -197,6 +199,9 @@ impl<S: Store + Leases> Store for Audit<S> {
 }
 
 impl<S: Store + Leases> Leases for Audit<S> {
+    /// An audited store is in a fleet if the store it audits is.
+    type Fleet = Audited<S::Fleet>;
+
     async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
         self.inner.acquire(scope).await
     }
@@ -206,9 +211,17 @@ impl<S: Store + Leases> Leases for Audit<S> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.inner.release(lease).await
     }
-    fn shared(&self) -> bool {
-        self.inner.shared()
+    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
+        let buckets = match commit {
+            Commit::Job(c) => c,
+            Commit::Rerun { buckets, .. } => buckets,
+        };
+        self.push(Event::Commit(buckets.iter().map(|c| c.bucket).collect()));
+        self.inner.commit(lease, commit).await
     }
+}
+
+impl<S: Fleet> Fleet for Audit<S> {
     async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
         self.inner.acquire_next(log, n).await
     }
@@ -218,12 +231,56 @@ impl<S: Store + Leases> Leases for Audit<S> {
     fn holds(&self, lease: &Lease) -> bool {
         self.inner.holds(lease)
     }
-    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
-        let buckets = match commit {
-            Commit::Job(c) => c,
-            Commit::Rerun { buckets, .. } => buckets,
-        };
-        self.push(Event::Commit(buckets.iter().map(|c| c.bucket).collect()));
-        self.inner.commit(lease, commit).await
+    fn fleet_rate(&self) -> FleetRate {
+        self.inner.fleet_rate()
+    }
+    async fn set_fleet_rate(&self, rate: f64, burst: Option<u32>) -> Result<(), StoreError> {
+        self.inner.set_fleet_rate(rate, burst).await
+    }
+    async fn pause_fleet(&self, pause: Duration) -> Result<Duration, StoreError> {
+        self.inner.pause_fleet(pause).await
+    }
+    async fn drain(&self) -> Result<(), StoreError> {
+        self.inner.drain().await
+    }
+    async fn take_planner(&self) -> Result<bool, StoreError> {
+        self.inner.take_planner().await
+    }
+    async fn log_finished(&self, log: Log) -> Result<bool, StoreError> {
+        self.inner.log_finished(log).await
+    }
+    fn worker_label(&self) -> String {
+        self.inner.worker_label()
+    }
+}
+
+/// The [`Leases::Fleet`] of an [`Audit`]: the audited store's (`K`), so a run over the
+/// audit runs in the mode a run over the store would.
+pub(crate) struct Audited<K>(PhantomData<K>);
+
+impl<S: Store + Leases, K: FleetKind<S>> FleetKind<Audit<S>> for Audited<K> {
+    fn visit<V: FleetVisitor<Audit<S>>>(audit: Arc<Audit<S>>, visitor: V) -> V::Output {
+        K::visit(audit.inner.clone(), AsAudit { audit, visitor })
+    }
+}
+
+/// Visits the audited store as the audit (see [`Audited`]).
+struct AsAudit<S, V> {
+    audit: Arc<Audit<S>>,
+    visitor: V,
+}
+
+impl<S: Store + Leases, V: FleetVisitor<Audit<S>>> FleetVisitor<S> for AsAudit<S, V> {
+    type Output = V::Output;
+
+    fn alone(self, _: Arc<S>) -> V::Output {
+        self.visitor.alone(self.audit)
+    }
+
+    fn fleet(self, _: Arc<S>) -> V::Output
+    where
+        S: Fleet,
+    {
+        self.visitor.fleet(self.audit)
     }
 }

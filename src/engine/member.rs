@@ -4,18 +4,18 @@
 //! the whole job is in no fleet ([`Alone`]); a worker of a fleet has a [`FleetMember`], which
 //! also keeps its throttle on the rate share the store grants it.
 //!
-//! One rate for the fleet: `--rate` is the job's total ([`Leases::set_fleet_rate`]), and
-//! this worker's throttle follows the share the store grants it ([`Leases::fleet_rate`], read
+//! One rate for the fleet: `--rate` is the job's total ([`Fleet::set_fleet_rate`]), and
+//! this worker's throttle follows the share the store grants it ([`Fleet::fleet_rate`], read
 //! every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A `Retry-After`
 //! seen here pauses this worker at once and the others through the store
-//! ([`Leases::pause_fleet`]), as they next learn their share.
+//! ([`Fleet::pause_fleet`]), as they next learn their share.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::store::{Lease, Leases};
+use crate::store::{Fleet, Lease};
 use crate::throttle::Throttle;
 
 /// What an item worker asks of its run's fleet, if any.
@@ -54,7 +54,7 @@ pub(super) struct FleetMember<S> {
     throttle: Arc<Throttle>,
 }
 
-impl<S: Leases> FleetMember<S> {
+impl<S: Fleet> FleetMember<S> {
     /// Join the fleet: the throttle takes the share the store granted (a worker starts
     /// nothing before its share is known) and follows it until the task returned is
     /// aborted.
@@ -75,17 +75,16 @@ impl<S: Leases> FleetMember<S> {
 
     /// Apply the store's grant (share and shared pause) to the throttle.
     fn apply_rate(&self) {
-        if let Some(f) = self.store.fleet_rate() {
-            self.throttle.follow_fleet(
-                f.share,
-                f.burst,
-                f.paused_until.map(tokio::time::Instant::from_std),
-            );
-        }
+        let f = self.store.fleet_rate();
+        self.throttle.follow_fleet(
+            f.share,
+            f.burst,
+            f.paused_until.map(tokio::time::Instant::from_std),
+        );
     }
 }
 
-impl<S: Leases> Member for FleetMember<S> {
+impl<S: Fleet> Member for FleetMember<S> {
     fn alive(&self) -> bool {
         self.store.alive()
     }
@@ -103,10 +102,9 @@ impl<S: Leases> Member for FleetMember<S> {
         let (store, throttle) = (self.store.clone(), self.throttle.clone());
         tokio::spawn(async move {
             match store.pause_fleet(after).await {
-                Ok(Some(left)) => {
+                Ok(left) => {
                     throttle.pause_for(left);
                 }
-                Ok(None) => {}
                 Err(e) => tracing::warn!("could not pause the other workers: {e}"),
             }
         });

@@ -64,13 +64,15 @@
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the
 //! writer makes everything it received durable and the run returns.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::handler::Handler;
 use crate::progress::{Counters, RunSummary};
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{Leases, Log, Store};
+use crate::store::{Fleet, FleetKind, FleetVisitor, Leases, Log, Store};
 
 #[cfg(test)]
 pub(crate) mod audit;
@@ -111,9 +113,11 @@ pub async fn run<S: Store + Leases, H: Handler>(
 }
 
 /// [`run`] for either log: the job's own (buckets from the input) or a rerun's (its open
-/// buckets, planned when the rerun was created). The source of the run's buckets is chosen
-/// here: a store several workers share leases them; a store run alone replays and plans the
-/// job's log, or reads the rerun's.
+/// buckets, planned when the rerun was created).
+///
+/// The run's source of buckets is chosen here, by the store's type ([`Leases::Fleet`]): a
+/// fleet's store has its buckets leased one by one, whatever the log; a store with one
+/// holder at a time has the job's log replayed and planned, or the rerun's read.
 pub async fn run_log<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
@@ -131,18 +135,45 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
         stop,
         started: Instant::now(),
     };
-    if store.shared() {
-        let source = Leased::open(store.clone(), run.spec.clone(), opts, log).await?;
-        return run_source(store, source, run).await;
+    S::Fleet::visit(store, ChooseSource { run, log }).await
+}
+
+/// Opens the source of a run's buckets for its store and log, then runs it.
+struct ChooseSource<'a, H> {
+    run: Run<'a, H>,
+    log: Log,
+}
+
+/// A run under way, whatever its source.
+type Running<'a> = Pin<Box<dyn Future<Output = Result<RunSummary, EngineError>> + Send + 'a>>;
+
+impl<'a, S: Store + Leases, H: Handler> FleetVisitor<S> for ChooseSource<'a, H> {
+    type Output = Running<'a>;
+
+    fn alone(self, store: Arc<S>) -> Running<'a> {
+        let ChooseSource { run, log } = self;
+        Box::pin(async move {
+            match log {
+                Log::Job => {
+                    let source = JobLog::open(store.clone(), &run.spec, run.opts).await?;
+                    run_source(store, source, run).await
+                }
+                Log::Rerun(k) => {
+                    let source = RerunLog::open(store.clone(), k).await?;
+                    run_source(store, source, run).await
+                }
+            }
+        })
     }
-    match log {
-        Log::Job => {
-            let source = JobLog::open(store.clone(), &run.spec, opts).await?;
+
+    fn fleet(self, store: Arc<S>) -> Running<'a>
+    where
+        S: Fleet,
+    {
+        let ChooseSource { run, log } = self;
+        Box::pin(async move {
+            let source = Leased::open(store.clone(), run.spec.clone(), run.opts, log).await?;
             run_source(store, source, run).await
-        }
-        Log::Rerun(k) => {
-            let source = RerunLog::open(store.clone(), k).await?;
-            run_source(store, source, run).await
-        }
+        })
     }
 }

@@ -19,7 +19,7 @@ use crate::input::InputReader;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::JobSpec;
-use crate::store::{Leases, PlannedBucket, Store, StoreError};
+use crate::store::{Fleet, PlannedBucket, Store, StoreError};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
 const PLAN_BATCH_ROWS: u64 = 1000;
@@ -70,7 +70,7 @@ pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
 /// Plan the job's input whenever this worker of a fleet may: under the job's planner lease,
 /// taken over once the worker that held it is gone (see the module doc); until the input is
 /// planned to its end or a stop. Without the input here, plan nothing.
-pub(super) async fn plan_fleet<S: Store + Leases>(
+pub(super) async fn plan_fleet<S: Fleet>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     skip_bad_lines: bool,

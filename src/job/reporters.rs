@@ -12,7 +12,7 @@ use crate::handler::Handler;
 use crate::job::{JobSpec, RunOptions};
 use crate::monitor::{Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
-use crate::store::{JobView, Leases, Log, Store};
+use crate::store::{worker_label, JobView, Leases, Log, Store};
 
 /// What a second stop signal does (the first one stops the run gracefully): typically say
 /// so and exit the process at once.
@@ -53,7 +53,7 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
             store.stats().await?,
             spec.job_id.to_string(),
         )
-        .with_worker(store.worker_label()),
+        .with_worker(worker_label(&store)),
     );
     #[cfg(feature = "metrics")]
     let metrics = reporters.metrics.map(|listener| {

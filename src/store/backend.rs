@@ -1,7 +1,10 @@
 //! The seam a backend implements: [`Store`] (a job's records) and [`Leases`] (who may work on
-//! a bucket and commit it).
+//! a bucket and commit it), and, for a backend several workers may share a job through,
+//! [`Fleet`] (sessions, bucket-by-bucket leases, the planner's lease, the shared rate). A
+//! backend opts into the fleet in its type ([`Leases::Fleet`]): sled and memory name
+//! [`NoFleet`], PostgreSQL names itself.
 //!
-//! Both are small and async. Everything a job derives from its records (statistics, the
+//! They are small and async. Everything a job derives from its records (statistics, the
 //! export's completeness check, failure listings, a rerun's count moves) is written once
 //! above them, in [`super::view`], for every backend.
 //!
@@ -36,6 +39,8 @@
 //! future; what blocks (an fdatasync) belongs on the blocking pool.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::{
     BadLine, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
@@ -200,7 +205,14 @@ pub enum Commit<'a> {
 
 /// Who may work on a bucket and commit it. The engine takes a lease before it works and
 /// every commit carries it.
-pub trait Leases: Send + Sync + 'static {
+pub trait Leases: Sized + Send + Sync + 'static {
+    /// The fleet this backend's workers form, said once, in the type: [`NoFleet`] for a
+    /// backend with one holder at a time (sled's flock, memory), whose run takes the whole
+    /// job's lease; `Self` for a backend that implements [`Fleet`], whose runs lease buckets
+    /// one by one, several workers sharing the job. The engine picks how a run gets its
+    /// buckets by this type ([`FleetKind`]).
+    type Fleet: FleetKind<Self>;
+
     /// Take a lease on `scope`, or none if another worker holds it.
     fn acquire(
         &self,
@@ -219,99 +231,72 @@ pub trait Leases: Send + Sync + 'static {
         lease: &Lease,
         commit: Commit<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
 
-    /// Whether several workers share the job: then a run leases buckets one by one
-    /// ([`Leases::acquire_next`]) instead of the whole job, a worker may join or leave at
-    /// any time, and a bucket whose lease is lost is dropped, not an error. A store with one
-    /// holder at a time (sled's flock) says no, and a run takes the whole job.
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// Lease up to `n` buckets of `log` that need work (open, or their holder's lease
-    /// lapsed), lowest first, each with a bucket-scoped lease. Only for a shared store.
+/// What several workers (processes, machines) sharing one job need of their store, beyond
+/// [`Leases`]: a backend opts in by implementing it and naming itself its
+/// [`Leases::Fleet`].
+///
+/// A worker is a session of the store: its leases are valid while the session lives. A run
+/// leases buckets one by one ([`Fleet::acquire_next`]), a worker may join or leave at any
+/// time, and a bucket whose lease is lost is dropped, not an error. Results written under a
+/// bucket's lease that is no longer held are dropped (see the fencing contract above).
+pub trait Fleet: Store + Leases {
+    /// Lease up to `n` buckets of `log` that need work (open, or their holder's session
+    /// expired), lowest first, each with a bucket-scoped lease.
     fn acquire_next(
         &self,
-        _log: Log,
-        _n: u32,
-    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
-        async { Ok(Vec::new()) }
-    }
+        log: Log,
+        n: u32,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
     /// Whether this worker's leases are surely still valid (for a store whose leases
     /// expire: its last renewal is less than a time to live old, on the local monotonic
     /// clock). A worker starts no call while they are not.
-    fn alive(&self) -> bool {
-        true
-    }
+    fn alive(&self) -> bool;
 
     /// Whether this worker still holds `lease`, as far as it knows without asking: a lease
     /// released, or lost with a session that expired, is not. A worker calls no item of a
     /// lease it does not hold (its results would be fenced out).
-    fn holds(&self, _lease: &Lease) -> bool {
-        true
-    }
+    fn holds(&self, lease: &Lease) -> bool;
 
-    /// The fleet's rate as this worker last learned it (for a shared store whose job has
-    /// one rate for all its workers): its share and the shared pause. `None`: the store
-    /// shares no rate, the run's own rate applies.
-    fn fleet_rate(&self) -> Option<FleetRate> {
-        None
-    }
+    /// The fleet's rate as this worker last learned it: its share and the shared pause.
+    fn fleet_rate(&self) -> FleetRate;
 
     /// Make `rate` (requests per second, over all workers) the job's total rate, and
-    /// `burst` (`--burst`; none: one call) its burst, if they are not already. Only for a
-    /// store that shares a rate.
+    /// `burst` (`--burst`; none: one call) its burst, if they are not already.
     fn set_fleet_rate(
         &self,
-        _rate: f64,
-        _burst: Option<u32>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
-    }
+        rate: f64,
+        burst: Option<u32>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Pause every worker of the job for `pause` from now (the API said `Retry-After`);
-    /// returns how long the job is paused from now, or `None` for a store that shares no
-    /// pause.
+    /// returns how long the job is paused from now.
     fn pause_fleet(
         &self,
-        _pause: std::time::Duration,
-    ) -> impl Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send {
-        async { Ok(None) }
-    }
+        pause: Duration,
+    ) -> impl Future<Output = Result<Duration, StoreError>> + Send;
 
     /// Say that this worker is draining (a stop was asked for): it takes no new bucket and
-    /// gives its rate share back, while it finishes or abandons what it holds. Only for a
-    /// shared store; the leases themselves are released by the run as it ends.
-    fn drain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
-    }
+    /// gives its rate share back, while it finishes or abandons what it holds. The leases
+    /// themselves are released by the run as it ends.
+    fn drain(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Take the planner's lease (or keep it) before planning the job's input: false while
-    /// another live worker of a shared store plans, or once the input is planned to its
-    /// end. A store with one holder at a time plans under its job lease: always true.
-    fn take_planner(&self) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async { Ok(true) }
-    }
+    /// another live worker plans, or once the input is planned to its end.
+    fn take_planner(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Whether `log` is planned to its end with every bucket committed, if the store can
-    /// say so cheaply (a shared store's idle workers ask this at every poll); `None`: derive
-    /// it from the records ([`super::view::JobView::stats`]).
-    fn log_finished(
-        &self,
-        _log: Log,
-    ) -> impl Future<Output = Result<Option<bool>, StoreError>> + Send {
-        async { Ok(None) }
-    }
+    /// Whether `log` is planned to its end with every bucket committed (idle workers ask
+    /// this at every poll: a cheap question).
+    fn log_finished(&self, log: Log) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// This worker's name among the job's workers (for a shared store: its session), for
-    /// the `worker` label of its metrics; `None` for a store with one worker at a time.
-    fn worker_label(&self) -> Option<String> {
-        None
-    }
+    /// This worker's name among the job's workers (its session), for the `worker` label of
+    /// its metrics.
+    fn worker_label(&self) -> String;
 }
 
-/// A worker's part of the fleet's rate ([`Leases::fleet_rate`]).
+/// A worker's part of the fleet's rate ([`Fleet::fleet_rate`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FleetRate {
     /// Requests per second this worker may start: `Some(0.0)` waits (a newcomer before its
@@ -323,4 +308,60 @@ pub struct FleetRate {
     pub burst: Option<u32>,
     /// Start nothing before this (a `Retry-After` seen by any worker of the job).
     pub paused_until: Option<std::time::Instant>,
+}
+
+/// The [`Leases::Fleet`] of a backend with one holder at a time: it forms no fleet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFleet;
+
+/// What a backend's [`Leases::Fleet`] may be: [`NoFleet`], or the backend itself when it
+/// implements [`Fleet`]. It hands the store on as what it is, to a [`FleetVisitor`]: the
+/// engine's choice of a run's mode, made by type (no backend answers "am I shared?" at run
+/// time).
+pub trait FleetKind<S> {
+    /// Call `visitor`'s [`FleetVisitor::alone`] or [`FleetVisitor::fleet`] with `store`.
+    fn visit<V: FleetVisitor<S>>(store: Arc<S>, visitor: V) -> V::Output;
+}
+
+/// Something done one way with a store that has one holder at a time, another with a
+/// fleet's ([`FleetKind::visit`]).
+pub trait FleetVisitor<S> {
+    type Output;
+    /// `store`'s [`Leases::Fleet`] is [`NoFleet`].
+    fn alone(self, store: Arc<S>) -> Self::Output;
+    /// `store` is a fleet's.
+    fn fleet(self, store: Arc<S>) -> Self::Output
+    where
+        S: Fleet;
+}
+
+impl<S> FleetKind<S> for NoFleet {
+    fn visit<V: FleetVisitor<S>>(store: Arc<S>, visitor: V) -> V::Output {
+        visitor.alone(store)
+    }
+}
+
+impl<S: Fleet> FleetKind<S> for S {
+    fn visit<V: FleetVisitor<S>>(store: Arc<S>, visitor: V) -> V::Output {
+        visitor.fleet(store)
+    }
+}
+
+/// This worker's name among the job's workers ([`Fleet::worker_label`]); `None` for a
+/// backend with one holder at a time.
+pub fn worker_label<S: Leases>(store: &Arc<S>) -> Option<String> {
+    struct Label;
+    impl<S> FleetVisitor<S> for Label {
+        type Output = Option<String>;
+        fn alone(self, _: Arc<S>) -> Option<String> {
+            None
+        }
+        fn fleet(self, store: Arc<S>) -> Option<String>
+        where
+            S: Fleet,
+        {
+            Some(store.worker_label())
+        }
+    }
+    S::Fleet::visit(store.clone(), Label)
 }

@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{
     BadLine, BucketState, Commit, CommitRecord, ItemRecord, Lease, LeaseScope, LeaseToken, Leases,
-    OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState, RerunOffset,
+    NoFleet, OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState, RerunOffset,
     RerunRecord, Store, StoreError, StoredJob,
 };
 
@@ -275,6 +275,8 @@ impl Store for MemStore {
 }
 
 impl Leases for MemStore {
+    type Fleet = NoFleet;
+
     async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
         let mut s = self.state();
         s.tokens += 1;

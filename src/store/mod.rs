@@ -18,7 +18,8 @@
 //!   written only after its new results are durable. Committing a rerun bucket also moves
 //!   the ok/failed counts of the job buckets its IDs belong to, in the same atomic write.
 //!
-//! A backend implements the small async seam in [`backend`] ([`Store`] and [`Leases`]);
+//! A backend implements the small async seam in [`backend`] ([`Store`] and [`Leases`], and
+//! [`Fleet`] if several workers may share a job through it);
 //! everything derived from the records ([`JobView`]: statistics, the export's walk, failure
 //! listings, a rerun's count moves) is written once above it. The embedded default is
 //! [`sled`](sled_store::SledStore); [`mem::MemStore`] keeps everything in memory (tests,
@@ -45,8 +46,8 @@ use crate::failure::ErrorClass;
 use crate::input::{Cursor, Fingerprint};
 
 pub use backend::{
-    BucketState, Commit, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, RerunBucketState,
-    Store,
+    worker_label, BucketState, Commit, Fleet, FleetKind, FleetRate, FleetVisitor, Lease,
+    LeaseScope, LeaseToken, Leases, Log, NoFleet, RerunBucketState, Store,
 };
 pub use error::StoreError;
 pub use sled_store::SledStore;

@@ -3,13 +3,13 @@
 //!
 //! Nothing is dispatched from the planner directly: planned buckets are written ahead into
 //! the store, open to every worker, and each worker leases what it works on
-//! ([`Leases::acquire_next`]: open buckets, and those of workers whose session expired),
+//! ([`Fleet::acquire_next`]: open buckets, and those of workers whose session expired),
 //! a few at a time, as room frees in its work queue, so no worker hoards buckets. A leased
 //! bucket is read back and only its items without a final result are called (invariant 5
 //! holds across workers: a takeover repeats at most what the dead worker had in flight or
 //! unflushed). Its items carry its lease, and one whose lease is lost by the time a worker
 //! takes it from the queue (the session expired, paused or cut off, and was registered
-//! anew) is not called ([`Leases::holds`]): its results would be fenced out. Its commit
+//! anew) is not called ([`Fleet::holds`]): its results would be fenced out. Its commit
 //! carries the lease too; a lease lost meanwhile drops the bucket (the writer's commit).
 //! The run ends once the log is planned to its end and every bucket is committed, by this
 //! worker or another; with nothing to lease until then it polls, backing off to
@@ -20,7 +20,7 @@
 //! others planned and, while nobody plans, waits (polling, backed off) with the job
 //! unfinished, as `status` says.
 //!
-//! A stop drains the worker: it says so to the store at once ([`Leases::drain`]: no new
+//! A stop drains the worker: it says so to the store at once ([`Fleet::drain`]: no new
 //! bucket, its rate share back to the others), then finishes or abandons what it holds;
 //! the writer releases the leases of the buckets left unfinished as the run ends. The
 //! worker's throttle follows its share of the fleet's rate ([`FleetMember`]).
@@ -41,7 +41,7 @@ use crate::engine::writer::Track;
 use crate::plan::PlanError;
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{JobView, LeaseScope, Leases, Log, Store};
+use crate::store::{Fleet, JobView, LeaseScope, Log};
 use crate::throttle::Throttle;
 
 /// A worker's run in a fleet (see the module doc).
@@ -57,7 +57,7 @@ pub(in crate::engine) struct Leased<S> {
     follower: Option<JoinHandle<()>>,
 }
 
-impl<S: Store + Leases> Leased<S> {
+impl<S: Fleet> Leased<S> {
     /// Make `--rate` the job's total (every worker's share is carved from it) and see
     /// whether the log is still to be planned.
     pub(in crate::engine) async fn open(
@@ -88,7 +88,7 @@ impl<S: Store + Leases> Leased<S> {
     }
 }
 
-impl<S: Store + Leases> Source for Leased<S> {
+impl<S: Fleet> Source for Leased<S> {
     fn log(&self) -> Log {
         self.log
     }
@@ -139,7 +139,7 @@ pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
 /// is committed or a stop is asked for.
-async fn dispatch_leased<S: Store + Leases>(
+async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
     log: Log,
@@ -159,7 +159,7 @@ async fn dispatch_leased<S: Store + Leases>(
 }
 
 /// [`dispatch_leased`]'s loop, until finished or stopped.
-async fn lease_and_dispatch<S: Store + Leases>(
+async fn lease_and_dispatch<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
     log: Log,
@@ -174,7 +174,7 @@ async fn lease_and_dispatch<S: Store + Leases>(
             Vec::new()
         };
         if leases.is_empty() {
-            if finished(store, log).await? {
+            if store.log_finished(log).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -221,16 +221,4 @@ async fn lease_and_dispatch<S: Store + Leases>(
         }
     }
     Ok(())
-}
-
-/// Whether `log` is planned to its end with every bucket committed: one cheap question to
-/// a store that can answer it ([`Leases::log_finished`]), else from the records.
-async fn finished<S: Store + Leases>(store: &S, log: Log) -> Result<bool, EngineError> {
-    if let Some(done) = store.log_finished(log).await? {
-        return Ok(done);
-    }
-    Ok(match log {
-        Log::Job => store.stats().await?.finished(),
-        Log::Rerun(k) => store.rerun_stats(k).await?.finished(),
-    })
 }

@@ -1,4 +1,5 @@
-//! [`PgStore`]'s leases ([`Leases`]) and the session that keeps them valid.
+//! [`PgStore`]'s leases ([`Leases`]), its part in a fleet ([`Fleet`]) and the session that
+//! keeps them valid.
 //!
 //! - A **bucket lease** ([`LeaseScope::Bucket`]) is a row of `hw_bucket` leased to this
 //!   session under a fresh token ([`super::buckets`]); [`PgStore::acquire_buckets`] takes the
@@ -32,7 +33,7 @@ use super::store::{register_here, Inner, PgStore};
 use super::writes::WriterConn;
 use super::{connect, log_number, WorkerId};
 use crate::store::{
-    Commit, CommitRecord, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, StoreError,
+    Commit, CommitRecord, Fleet, FleetRate, Lease, LeaseScope, LeaseToken, Leases, Log, StoreError,
 };
 
 /// This process's worker session, as the worker knows it.
@@ -219,6 +220,8 @@ fn lost(lease: &Lease) -> StoreError {
 }
 
 impl Leases for PgStore {
+    type Fleet = Self;
+
     async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
         let me = self.inner.me();
         let mut conn = self.inner.client().await?;
@@ -286,126 +289,6 @@ impl Leases for PgStore {
         released.map(|_| ()).map_err(|e| self.inner.err(e))
     }
 
-    fn shared(&self) -> bool {
-        true
-    }
-
-    async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
-        Ok(self
-            .acquire_buckets(log, n)
-            .await?
-            .into_iter()
-            .map(|a| Lease {
-                scope: LeaseScope::Bucket {
-                    log,
-                    bucket: a.lease.bucket,
-                },
-                token: LeaseToken(a.lease.token as u64),
-            })
-            .collect())
-    }
-
-    fn alive(&self) -> bool {
-        PgStore::alive(self)
-    }
-
-    fn holds(&self, lease: &Lease) -> bool {
-        self.held_here(lease)
-    }
-
-    fn fleet_rate(&self) -> Option<FleetRate> {
-        let local = self.inner.local();
-        let session = &local.session;
-        Some(FleetRate {
-            // No grant yet (a newcomer): wait for the first heartbeat's.
-            share: session.grant.as_ref().map_or(Some(0.0), |g| g.rate_share),
-            burst: session
-                .grant
-                .as_ref()
-                .filter(|g| g.rate_share.is_some())
-                .and_then(|g| g.burst),
-            paused_until: session.paused_until,
-        })
-    }
-
-    async fn set_fleet_rate(&self, rate: f64, burst: Option<u32>) -> Result<(), StoreError> {
-        let mut conn = self.inner.client().await?;
-        let c = conn.as_mut().expect("connected by client()");
-        let job = self.inner.job;
-        let changed = super::rate::ensure_rate(c, job, rate, burst)
-            .await
-            .map_err(|e| self.inner.err(e))?;
-        if changed {
-            // Every share was reset, this worker's grant too: renew it now rather than run
-            // on the old one (or wait for the next heartbeat).
-            let me = self.inner.me();
-            let sent = Instant::now();
-            let stats = serde_json::json!({"items": 0, "items_per_s": 0.0});
-            let idle = self.inner.local().idle;
-            match heartbeat(c, job, &me, self.inner.ttl, &stats, idle).await {
-                Ok(Heartbeat::Renewed(grant)) => take_grant(&self.inner, &me, sent, grant),
-                Ok(Heartbeat::Expired) => self.inner.local().session.grant = None,
-                Err(e) => return Err(self.inner.err(e)),
-            }
-        }
-        Ok(())
-    }
-
-    async fn pause_fleet(&self, pause: Duration) -> Result<Option<Duration>, StoreError> {
-        let left = {
-            let conn = self.inner.client().await?;
-            let c = conn.as_ref().expect("connected by client()");
-            super::rate::pause(c, self.inner.job, pause)
-                .await
-                .map_err(|e| self.inner.err(e))?
-        };
-        let until = Instant::now() + left;
-        let mut local = self.inner.local();
-        let p = &mut local.session.paused_until;
-        *p = Some(p.map_or(until, |u| u.max(until)));
-        Ok(Some(left))
-    }
-
-    async fn drain(&self) -> Result<(), StoreError> {
-        let me = self.inner.me();
-        let conn = self.inner.client().await?;
-        let c = conn.as_ref().expect("connected by client()");
-        super::session::drain(c, self.inner.job, &me)
-            .await
-            .map_err(|e| self.inner.err(e))
-    }
-
-    async fn take_planner(&self) -> Result<bool, StoreError> {
-        let me = self.inner.me();
-        let conn = self.inner.planner_connection().await;
-        let conn = conn.map_err(|e| self.inner.err(e))?;
-        let c = conn.as_ref().expect("connected by planner_connection()");
-        let token = super::planner::acquire_planner(c, self.inner.job, &me)
-            .await
-            .map_err(|e| self.inner.err(e))?;
-        Ok(token.is_some())
-    }
-
-    async fn log_finished(&self, log: Log) -> Result<Option<bool>, StoreError> {
-        let mut outage = Outage::default();
-        loop {
-            let attempt = async {
-                let conn = self.inner.connection().await?;
-                let c = conn.as_ref().expect("connected by connection()");
-                super::stats::finished(c, self.inner.job, log).await
-            }
-            .await;
-            match attempt {
-                Err(e) if outage.wait(&e).await => continue,
-                attempt => return attempt.map(Some).map_err(|e| self.inner.err(e)),
-            }
-        }
-    }
-
-    fn worker_label(&self) -> Option<String> {
-        Some(self.inner.me().0)
-    }
-
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
         if !self.held_here(lease) {
             return Err(lost(lease));
@@ -456,6 +339,126 @@ impl Leases for PgStore {
             Ok(false) => Err(lost(lease)),
             Err(e) => Err(self.inner.err(e)),
         }
+    }
+}
+
+/// PostgreSQL is a fleet's backend: its workers' sessions, bucket leases, planner lease and
+/// rate shares live in the database (see the module doc and [`super::session`]).
+impl Fleet for PgStore {
+    async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
+        Ok(self
+            .acquire_buckets(log, n)
+            .await?
+            .into_iter()
+            .map(|a| Lease {
+                scope: LeaseScope::Bucket {
+                    log,
+                    bucket: a.lease.bucket,
+                },
+                token: LeaseToken(a.lease.token as u64),
+            })
+            .collect())
+    }
+
+    fn alive(&self) -> bool {
+        PgStore::alive(self)
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.held_here(lease)
+    }
+
+    fn fleet_rate(&self) -> FleetRate {
+        let local = self.inner.local();
+        let session = &local.session;
+        FleetRate {
+            // No grant yet (a newcomer): wait for the first heartbeat's.
+            share: session.grant.as_ref().map_or(Some(0.0), |g| g.rate_share),
+            burst: session
+                .grant
+                .as_ref()
+                .filter(|g| g.rate_share.is_some())
+                .and_then(|g| g.burst),
+            paused_until: session.paused_until,
+        }
+    }
+
+    async fn set_fleet_rate(&self, rate: f64, burst: Option<u32>) -> Result<(), StoreError> {
+        let mut conn = self.inner.client().await?;
+        let c = conn.as_mut().expect("connected by client()");
+        let job = self.inner.job;
+        let changed = super::rate::ensure_rate(c, job, rate, burst)
+            .await
+            .map_err(|e| self.inner.err(e))?;
+        if changed {
+            // Every share was reset, this worker's grant too: renew it now rather than run
+            // on the old one (or wait for the next heartbeat).
+            let me = self.inner.me();
+            let sent = Instant::now();
+            let stats = serde_json::json!({"items": 0, "items_per_s": 0.0});
+            let idle = self.inner.local().idle;
+            match heartbeat(c, job, &me, self.inner.ttl, &stats, idle).await {
+                Ok(Heartbeat::Renewed(grant)) => take_grant(&self.inner, &me, sent, grant),
+                Ok(Heartbeat::Expired) => self.inner.local().session.grant = None,
+                Err(e) => return Err(self.inner.err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn pause_fleet(&self, pause: Duration) -> Result<Duration, StoreError> {
+        let left = {
+            let conn = self.inner.client().await?;
+            let c = conn.as_ref().expect("connected by client()");
+            super::rate::pause(c, self.inner.job, pause)
+                .await
+                .map_err(|e| self.inner.err(e))?
+        };
+        let until = Instant::now() + left;
+        let mut local = self.inner.local();
+        let p = &mut local.session.paused_until;
+        *p = Some(p.map_or(until, |u| u.max(until)));
+        Ok(left)
+    }
+
+    async fn drain(&self) -> Result<(), StoreError> {
+        let me = self.inner.me();
+        let conn = self.inner.client().await?;
+        let c = conn.as_ref().expect("connected by client()");
+        super::session::drain(c, self.inner.job, &me)
+            .await
+            .map_err(|e| self.inner.err(e))
+    }
+
+    async fn take_planner(&self) -> Result<bool, StoreError> {
+        let me = self.inner.me();
+        let conn = self.inner.planner_connection().await;
+        let conn = conn.map_err(|e| self.inner.err(e))?;
+        let c = conn.as_ref().expect("connected by planner_connection()");
+        let token = super::planner::acquire_planner(c, self.inner.job, &me)
+            .await
+            .map_err(|e| self.inner.err(e))?;
+        Ok(token.is_some())
+    }
+
+    async fn log_finished(&self, log: Log) -> Result<bool, StoreError> {
+        let mut outage = Outage::default();
+        loop {
+            let attempt = async {
+                let conn = self.inner.connection().await?;
+                let c = conn.as_ref().expect("connected by connection()");
+                super::stats::finished(c, self.inner.job, log).await
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => return attempt.map_err(|e| self.inner.err(e)),
+            }
+        }
+    }
+
+    fn worker_label(&self) -> String {
+        self.inner.me().0
     }
 }
 

@@ -610,6 +610,8 @@ impl Store for SledStore {
 /// runs: the run number). A newer acquisition supersedes the older lease, whose commits are
 /// refused from then on, as are those of a released one.
 impl Leases for SledStore {
+    type Fleet = NoFleet;
+
     async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
         let t = self.t()?;
         let token = self.tokens.fetch_add(1, Ordering::AcqRel) + 1;
