@@ -1,8 +1,9 @@
-//! The backends the suite runs against: sled (a state directory in a temp dir), memory, and
-//! PostgreSQL (a job in a fresh database of the test cluster).
+//! The backends the suite runs against: sled (a state directory in a temp dir), memory (run
+//! alone, and shared by a fleet), and PostgreSQL (a job in a fresh database of the test
+//! cluster).
 
 use super::*;
-use crate::store::mem::MemStore;
+use crate::store::mem::{MemStore, MemWorker, SharedMem};
 use crate::store::sled_store::{OpenMode, DEFAULT_CACHE_BYTES};
 
 /// The sled backend: a state directory in a temp dir.
@@ -76,6 +77,45 @@ impl Backend for MemBackend {
         id: &str,
     ) -> Result<Arc<MemStore>, StoreError> {
         assert!(store.lose_result(id));
+        Ok(store)
+    }
+}
+
+/// The in-memory store of a fleet: a worker of a job in memory. A crash loses what the
+/// worker had not synced and lets its session expire; the job is opened again by a new
+/// worker.
+pub(crate) struct SharedMemBackend {
+    job: SharedMem,
+}
+
+impl SharedMemBackend {
+    pub(crate) fn new() -> SharedMemBackend {
+        SharedMemBackend {
+            job: SharedMem::new(),
+        }
+    }
+}
+
+impl Backend for SharedMemBackend {
+    type S = MemWorker;
+
+    fn create(&mut self) -> Arc<MemWorker> {
+        self.job = SharedMem::new();
+        Arc::new(self.job.worker())
+    }
+
+    fn crash(&mut self, store: Arc<MemWorker>) -> Arc<MemWorker> {
+        Arc::into_inner(store).expect("the only reference").crash();
+        Arc::new(self.job.worker())
+    }
+
+    fn damage_result(
+        &mut self,
+        store: Arc<MemWorker>,
+        id: &str,
+    ) -> Result<Arc<MemWorker>, StoreError> {
+        let store = self.crash(store);
+        assert!(self.job.lose_result(id));
         Ok(store)
     }
 }

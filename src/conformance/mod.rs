@@ -10,8 +10,9 @@
 //! every write and sync it made logged by [`crate::engine::audit::Audit`], which checks the
 //! engine's invariants 1 (an offset record is durable before its items are called) and 2 (a
 //! commit only after its results are durable). The sled backend,
-//! [`crate::store::mem::MemStore`] and PostgreSQL run it in `cargo test`; a new backend adds
-//! one test that calls [`run_all`] with its factory.
+//! [`crate::store::mem::MemStore`], the in-memory store of a fleet
+//! ([`crate::store::mem::SharedMem`]) and PostgreSQL run it in `cargo test`; a new backend
+//! adds one test that calls [`run_all`] with its factory.
 //!
 //! It lives above the store (it drives the engine, the job and the HTTP handler against the
 //! fake API), one file per kind of check: [`log`] (plans, results, commits, a grown input),

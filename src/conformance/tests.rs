@@ -38,6 +38,11 @@ async fn the_memory_store_conforms() {
     run_all(&mut MemBackend).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_of_a_fleet_conforms() {
+    run_all(&mut SharedMemBackend::new()).await;
+}
+
 /// The suite can fail: a store that forgets its commits on a crash is caught.
 #[test]
 fn a_store_that_loses_synced_commits_fails_the_suite() {

@@ -173,7 +173,7 @@ impl Lease {
 }
 
 /// Which commit log a run writes to: the job's, or a rerun's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Log {
     Job,
     Rerun(u32),
