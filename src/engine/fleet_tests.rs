@@ -1,30 +1,159 @@
-//! The fleet's engine tests: workers of one job sharing a PostgreSQL database, each run by
-//! the real engine against the fake API.
+//! The fleet's engine tests: workers of one job sharing a store, each run by the real
+//! engine against the fake API. Every test runs on the in-memory store of a fleet
+//! ([`SharedMem`]) and on PostgreSQL, through [`SharedJob`]; what only a database counts is
+//! tested on PostgreSQL alone.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::demo::api::{ApiConfig, FakeApi};
 use crate::engine::planner::PLANNER_POLL;
 use crate::engine::source::leased::POLL_MAX;
-use crate::engine::{run, stop_pair};
+use crate::engine::{max_unsynced_items, run, stop_pair};
 use crate::handler::http::HttpHandler;
 use crate::input::{InputFormat, InputSpec};
 use crate::job::{open_job, JobRequest, JobSpec, RunOptions};
-use crate::progress::Counters;
-use crate::store::postgres::test_db::{migrated, Db};
-use crate::store::postgres::{PgOpen, PgStore};
+use crate::progress::{Counters, RunSummary};
+use crate::store::mem::{MemWorker, SharedMem};
 use crate::store::{Fleet, ItemStatus, JobView, LeaseScope, Log, Store};
 
-struct FleetJob {
+/// A job's store several workers share, for these tests.
+trait SharedJob: Sized + Send + Sync + 'static {
+    type W: Fleet;
+    /// An empty store.
+    async fn new() -> Self;
+    /// A new worker on the job: a session of its own.
+    async fn worker(&self) -> Arc<Self::W>;
+    /// Let `w`'s session expire, as a time to live passing without a heartbeat would.
+    fn expire(&self, w: &Self::W);
+    /// Have `w` learn at once whether its session expired.
+    fn renew_now(w: &Self::W);
+    /// How many results `w` wrote without holding their bucket's lease (dropped).
+    fn fenced(w: &Self::W) -> u64;
+    /// Where planning stands: `done`, `planning` (a live worker holds the planner's lease)
+    /// or `waiting`.
+    async fn planning(w: &Self::W) -> &'static str;
+}
+
+/// The in-memory store of a fleet.
+struct MemJob(SharedMem);
+
+impl SharedJob for MemJob {
+    type W = MemWorker;
+    async fn new() -> Self {
+        MemJob(SharedMem::new())
+    }
+    async fn worker(&self) -> Arc<MemWorker> {
+        Arc::new(self.0.worker())
+    }
+    fn expire(&self, w: &MemWorker) {
+        w.expire();
+    }
+    /// A worker in memory learns of its expiry at its next call.
+    fn renew_now(_: &MemWorker) {}
+    fn fenced(w: &MemWorker) -> u64 {
+        w.fenced()
+    }
+    async fn planning(w: &MemWorker) -> &'static str {
+        w.planning()
+    }
+}
+
+/// A job in a fresh database of the test cluster; its workers' sessions live 3 s.
+#[cfg(feature = "postgres")]
+struct PgJob(crate::store::postgres::test_db::Db);
+
+#[cfg(feature = "postgres")]
+impl SharedJob for PgJob {
+    type W = crate::store::postgres::PgStore;
+    async fn new() -> Self {
+        PgJob(crate::store::postgres::test_db::migrated().await)
+    }
+    async fn worker(&self) -> Arc<Self::W> {
+        use crate::store::postgres::{PgOpen, PgStore};
+        let open = PgOpen {
+            create: true,
+            ttl: Duration::from_secs(3),
+            ..PgOpen::new("fleet")
+        };
+        Arc::new(PgStore::open(&self.0.target, &open).await.unwrap())
+    }
+    fn expire(&self, w: &Self::W) {
+        self.0.psql(&format!(
+            "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
+             WHERE worker_id = '{}'",
+            self.0.db.schema,
+            w.worker()
+        ));
+    }
+    fn renew_now(w: &Self::W) {
+        w.renew_session_now();
+    }
+    fn fenced(w: &Self::W) -> u64 {
+        w.fenced()
+    }
+    async fn planning(w: &Self::W) -> &'static str {
+        w.planning().await.unwrap().state
+    }
+}
+
+/// The tests below, on a backend.
+macro_rules! fleet_tests {
+    ($job:ty) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn three_workers_share_a_job_and_call_each_id_once() {
+            super::three_workers_share_a_job_and_call_each_id_once::<$job>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
+            super::a_worker_that_lost_its_buckets_writes_nothing_that_counts::<$job>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() {
+            super::a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued::<$job>()
+                .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
+            super::a_worker_with_the_input_takes_planning_over_from_a_dead_planner::<$job>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others() {
+            super::a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others::<$job>().await;
+        }
+    };
+}
+
+mod memory {
+    use super::MemJob;
+    fleet_tests!(MemJob);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::PgJob;
+    fleet_tests!(PgJob);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn status_figures_counted_by_the_database_are_the_walks() {
+        super::status_figures_counted_by_the_database_are_the_walks().await;
+    }
+}
+
+struct FleetJob<D> {
     _dir: tempfile::TempDir,
-    db: Db,
+    db: D,
     api: FakeApi,
     spec: Arc<JobSpec>,
     ids: Vec<String>,
 }
 
 /// A job of `n` IDs in bucket of 7 (some twice), created by a first worker's open.
-async fn fleet(n: usize) -> FleetJob {
+async fn fleet<D: SharedJob>(n: usize) -> FleetJob<D> {
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("f-{i}")).collect();
     let input = dir.path().join("ids.txt");
@@ -32,15 +161,15 @@ async fn fleet(n: usize) -> FleetJob {
     rows.extend(ids[..n / 10].iter().cloned());
     std::fs::write(&input, rows.join("\n")).unwrap();
     let api = FakeApi::start(ApiConfig {
-        latency_min: std::time::Duration::from_micros(200),
-        latency_max: std::time::Duration::from_millis(1),
+        latency_min: Duration::from_micros(200),
+        latency_max: Duration::from_millis(1),
         not_found_per_mille: 30,
         ..ApiConfig::fast()
     })
     .await
     .unwrap();
-    let db = migrated().await;
-    let first = worker(&db, true).await;
+    let db = D::new().await;
+    let first = db.worker().await;
     let request = JobRequest {
         input: Some(InputSpec {
             path: input,
@@ -60,25 +189,16 @@ async fn fleet(n: usize) -> FleetJob {
     }
 }
 
-async fn worker(db: &Db, create: bool) -> Arc<PgStore> {
-    let open = PgOpen {
-        create,
-        ttl: std::time::Duration::from_secs(3),
-        ..PgOpen::new("fleet")
-    };
-    Arc::new(PgStore::open(&db.target, &open).await.unwrap())
-}
-
 fn options() -> RunOptions {
     RunOptions {
         concurrency: 4,
-        progress_interval: std::time::Duration::ZERO,
+        progress_interval: Duration::ZERO,
         ..RunOptions::default()
     }
 }
 
 /// Every ID once in the export, in input order.
-async fn exactly_once(store: &PgStore, ids: &[String]) {
+async fn exactly_once<S: Store>(store: &S, ids: &[String]) {
     let mut seen = Vec::new();
     store
         .for_each_final(&mut |id, _| {
@@ -91,12 +211,58 @@ async fn exactly_once(store: &PgStore, ids: &[String]) {
     assert!(seen.iter().zip(ids).all(|(a, b)| a == b), "in input order");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_workers_share_a_job_and_call_each_id_once() {
-    let f = fleet(1200).await;
+/// Run a worker of the fleet's job in the background.
+fn spawn_run<S: Fleet>(store: Arc<S>, spec: Arc<JobSpec>) -> tokio::task::JoinHandle<RunSummary> {
+    let request = spec.request.clone();
+    spawn_run_against(store, spec, request)
+}
+
+/// [`spawn_run`], its calls made as `request` says (another API).
+fn spawn_run_against<S: Fleet>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    request: crate::handler::http::RequestSpec,
+) -> tokio::task::JoinHandle<RunSummary> {
+    tokio::spawn(async move {
+        let handler = Arc::new(HttpHandler::new(&request).unwrap());
+        run(
+            store,
+            spec,
+            handler,
+            &options(),
+            Arc::new(Counters::default()),
+            stop_pair().1,
+        )
+        .await
+        .unwrap()
+    })
+}
+
+/// Wait (with a deadline) until `ready` says yes.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !ready().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The IDs the two APIs were called for more than once between them.
+fn called_twice<'a>(ids: &'a [String], one: &FakeApi, other: &FakeApi) -> Vec<&'a String> {
+    let (one, other) = (one.calls_snapshot(), other.calls_snapshot());
+    ids.iter()
+        .filter(|id| one.get(*id).copied().unwrap_or(0) + other.get(*id).copied().unwrap_or(0) > 1)
+        .collect()
+}
+
+async fn three_workers_share_a_job_and_call_each_id_once<D: SharedJob>() {
+    let f = fleet::<D>(1200).await;
     let mut runs = Vec::new();
     for _ in 0..3 {
-        let store = worker(&f.db, false).await;
+        let store = f.db.worker().await;
         let (spec, api) = (f.spec.clone(), f.api.clone());
         runs.push(tokio::spawn(async move {
             let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
@@ -133,14 +299,12 @@ async fn three_workers_share_a_job_and_call_each_id_once() {
     );
     let stats = store.stats().await.unwrap();
     assert_eq!((stats.ok + stats.failed, stats.duplicates), (1200, 120));
-    exactly_once(&store, &f.ids).await;
+    exactly_once(&*store, &f.ids).await;
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
-    let f = fleet(70).await;
+async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts<D: SharedJob>() {
+    let f = fleet::<D>(70).await;
     // Plan everything with a first run stopped after a few calls.
-    let planner = worker(&f.db, false).await;
+    let planner = f.db.worker().await;
     let (handle, stop) = stop_pair();
     let api = f.api.clone();
     let watcher = tokio::spawn(async move {
@@ -163,20 +327,15 @@ async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
     .unwrap();
     watcher.await.unwrap();
     // A leases a bucket and is paused past its TTL: its session expires.
-    let a = worker(&f.db, false).await;
+    let a = f.db.worker().await;
     let held = a.acquire_next(Log::Job, 1).await.unwrap();
     assert_eq!(held.len(), 1);
     let LeaseScope::Bucket { bucket, .. } = held[0].scope else {
         panic!("a bucket lease")
     };
-    let a_id = a.worker();
-    f.db.psql(&format!(
-        "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
-         WHERE worker_id = '{a_id}'",
-        f.db.db.schema
-    ));
+    f.db.expire(&a);
     // B takes the job over, A's bucket included, and finishes it.
-    let b = worker(&f.db, false).await;
+    let b = f.db.worker().await;
     let summary = run(
         b.clone(),
         f.spec.clone(),
@@ -205,7 +364,7 @@ async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
         .collect();
     a.record(&late).await.unwrap();
     a.sync().await.unwrap();
-    assert_eq!(a.fenced(), late.len() as u64, "every late result fenced");
+    assert_eq!(D::fenced(&a), late.len() as u64, "every late result fenced");
     let commit = crate::store::CommitRecord {
         bucket,
         failed: late.len() as u64,
@@ -217,69 +376,16 @@ async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts() {
     assert_eq!(after.status, before.status);
     assert_eq!(after.error, before.error);
     assert_eq!(b.stats().await.unwrap(), summary.job);
-    exactly_once(&b, &f.ids).await;
+    exactly_once(&*b, &f.ids).await;
 }
-
-/// Run a worker of the fleet's job in the background.
-fn spawn_run(
-    store: Arc<PgStore>,
-    spec: Arc<JobSpec>,
-) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
-    let request = spec.request.clone();
-    spawn_run_against(store, spec, request)
-}
-
-/// [`spawn_run`], its calls made as `request` says (another API).
-fn spawn_run_against(
-    store: Arc<PgStore>,
-    spec: Arc<JobSpec>,
-    request: crate::handler::http::RequestSpec,
-) -> tokio::task::JoinHandle<crate::progress::RunSummary> {
-    tokio::spawn(async move {
-        let handler = Arc::new(HttpHandler::new(&request).unwrap());
-        run(
-            store,
-            spec,
-            handler,
-            &options(),
-            Arc::new(Counters::default()),
-            stop_pair().1,
-        )
-        .await
-        .unwrap()
-    })
-}
-
-/// Wait (with a deadline) until `ready` says yes.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, mut ready: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !ready().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not in 60 s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-fn expire(f: &FleetJob, store: &PgStore) {
-    f.db.psql(&format!(
-        "SET search_path TO {}; UPDATE hw_worker SET expires_at = now() - interval '1 second' \
-         WHERE worker_id = '{}'",
-        f.db.db.schema,
-        store.worker()
-    ));
-}
-
 /// A worker whose session expired (paused past its TTL) and who registered again holds
 /// none of its old leases: the items it had queued for them are not called (their
 /// results would be fenced out; the buckets are others' now), only the items of buckets
 /// it leases again. A (a slow API of its own) has a queue full of its buckets' items when
 /// its session expires; B (the fast API) finishes the job meanwhile. An ID is called
 /// twice only if A had it in flight, or called it before it learned of the expiry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() {
-    let f = fleet(700).await;
+async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued<D: SharedJob>() {
+    let f = fleet::<D>(700).await;
     let slow = FakeApi::start(ApiConfig {
         latency_min: std::time::Duration::from_millis(300),
         latency_max: std::time::Duration::from_millis(300),
@@ -287,7 +393,7 @@ async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() 
     })
     .await
     .unwrap();
-    let a = worker(&f.db, false).await;
+    let a = f.db.worker().await;
     let a_run = {
         let mut request = f.spec.request.clone();
         request.url = slow.url_template();
@@ -300,33 +406,26 @@ async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() 
     })
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let old = a.worker();
-    expire(&f, &a);
-    a.renew_session_now();
+    let old = a.worker_label();
+    f.db.expire(&a);
+    D::renew_now(&a);
     until("A learns its session expired and registers again", || {
         let (a, old) = (a.clone(), old.clone());
-        async move { a.worker() != old }
+        async move { a.worker_label() != old }
     })
     .await;
     let called_by_a = slow.total_calls();
-    let b = worker(&f.db, false).await;
+    let b = f.db.worker().await;
     let b_sum = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
     let a_sum = tokio::time::timeout(std::time::Duration::from_secs(60), a_run)
         .await
         .expect("A ends once the job is finished")
         .unwrap();
     assert!(b_sum.job.finished() && a_sum.job.finished());
-    exactly_once(&b, &f.ids).await;
+    exactly_once(&*b, &f.ids).await;
     // Every call A made after it learned of the expiry was for a bucket it leased anew
     // (without the check, 70 of its queued IDs were called twice, A having called 4).
-    let (fast, slow_calls) = (f.api.calls_snapshot(), slow.calls_snapshot());
-    let twice: Vec<&String> = f
-        .ids
-        .iter()
-        .filter(|id| {
-            fast.get(*id).copied().unwrap_or(0) + slow_calls.get(*id).copied().unwrap_or(0) > 1
-        })
-        .collect();
+    let twice = called_twice(&f.ids, &f.api, &slow);
     assert!(
         twice.len() as u64 <= called_by_a,
         "{} IDs called twice (A called {called_by_a} before it learned of the expiry): \
@@ -334,12 +433,10 @@ async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued() 
         twice.len()
     );
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
-    let f = fleet(700).await;
+async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner<D: SharedJob>() {
+    let f = fleet::<D>(700).await;
     // X plans the first 100 rows, then dies with the planner lease.
-    let x = worker(&f.db, false).await;
+    let x = f.db.worker().await;
     let reader = crate::input::InputReader::open_bounded(
         &f.spec.input,
         Default::default(),
@@ -355,16 +452,16 @@ async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
     );
     let batch = planner.next_batch(&*x, 100).await.unwrap();
     x.plan(&batch, &planner.state()).await.unwrap();
-    assert_eq!(x.planning().await.unwrap().state, "planning");
+    assert_eq!(D::planning(&x).await, "planning");
     let planned_by_x = x.stats().await.unwrap().buckets_planned;
     assert!(planned_by_x > 0);
     // B has no input: it works on what X planned, then waits. C has the input, but X
     // is alive and plans: C waits too, ready to take over.
     let mut no_input = (*f.spec).clone();
     no_input.input.path = std::path::PathBuf::new();
-    let b = worker(&f.db, false).await;
+    let b = f.db.worker().await;
     let b_run = spawn_run(b.clone(), Arc::new(no_input));
-    let c = worker(&f.db, false).await;
+    let c = f.db.worker().await;
     let c_run = spawn_run(c.clone(), f.spec.clone());
     until("X's buckets committed", || {
         let b = b.clone();
@@ -377,21 +474,75 @@ async fn a_worker_with_the_input_takes_planning_over_from_a_dead_planner() {
     assert_eq!(b.stats().await.unwrap().buckets_planned, planned_by_x);
     assert!(!b.log_finished(Log::Job).await.unwrap());
     // X dies: C, still running, takes the planner lease over and plans the rest.
-    expire(&f, &x);
+    f.db.expire(&x);
     let both = async { (b_run.await.unwrap(), c_run.await.unwrap()) };
     let (b_sum, c_sum) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
         .await
         .expect("C plans the rest and both finish");
     assert!(b_sum.job.finished() && c_sum.job.finished());
-    assert_eq!(c.planning().await.unwrap().state, "done");
+    assert_eq!(D::planning(&c).await, "done");
     assert_eq!(f.api.total_calls(), 700, "no ID called twice");
-    exactly_once(&c, &f.ids).await;
+    exactly_once(&*c, &f.ids).await;
+}
+/// A worker that dies mid-run (its session expires with calls in flight, its run is gone)
+/// leaves its buckets to the others: B takes them over and finishes the job, every ID once
+/// in the export. What A made durable is not called again; the IDs called twice are at most
+/// those A had in flight or not yet written.
+async fn a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others<D: SharedJob>() {
+    let f = fleet::<D>(700).await;
+    let slow = FakeApi::start(ApiConfig {
+        latency_min: Duration::from_millis(50),
+        latency_max: Duration::from_millis(50),
+        ..f.api.config().clone()
+    })
+    .await
+    .unwrap();
+    let a = f.db.worker().await;
+    let a_run = {
+        let mut request = f.spec.request.clone();
+        request.url = slow.url_template();
+        spawn_run_against(a.clone(), f.spec.clone(), request)
+    };
+    until("A commits buckets", || {
+        let a = a.clone();
+        async move { a.stats().await.unwrap().buckets_committed >= 3 }
+    })
+    .await;
+    // A dies: its session expires with calls in flight and results not yet written, then
+    // its run is gone.
+    f.db.expire(&a);
+    a_run.abort();
+    assert!(a_run.await.unwrap_err().is_cancelled());
+    let committed_by_a = a.stats().await.unwrap().buckets_committed;
+    // B takes A's buckets over (open, or leased to a session that is gone) and finishes.
+    let b = f.db.worker().await;
+    let b_sum = tokio::time::timeout(
+        Duration::from_secs(60),
+        spawn_run(b.clone(), f.spec.clone()),
+    )
+    .await
+    .expect("B finishes the job A left")
+    .unwrap();
+    assert!(b_sum.job.finished(), "{:?}", b_sum.job);
+    exactly_once(&*b, &f.ids).await;
+    assert!(
+        b_sum.run.ok + b_sum.run.failed < 700 && committed_by_a > 0,
+        "what A made durable counts: B called {} of 700",
+        b_sum.run.ok + b_sum.run.failed
+    );
+    // Called twice: only what A had in flight or not yet durable when it died.
+    let twice = called_twice(&f.ids, &f.api, &slow);
+    assert!(
+        twice.len() <= max_unsynced_items(4),
+        "{} IDs called twice: {twice:?}",
+        twice.len()
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg(feature = "postgres")]
 async fn status_figures_counted_by_the_database_are_the_walks() {
-    let f = fleet(400).await;
-    let a = worker(&f.db, false).await;
+    let f = fleet::<PgJob>(400).await;
+    let a = f.db.worker().await;
     let (handle, stop) = stop_pair();
     let api = f.api.clone();
     let watcher = tokio::spawn(async move {
@@ -421,7 +572,7 @@ async fn status_figures_counted_by_the_database_are_the_walks() {
     assert_eq!(a.counted_stats().await.unwrap(), Some(walked.clone()));
     assert_eq!(a.stats().await.unwrap(), walked);
     assert!(!a.log_finished(Log::Job).await.unwrap());
-    let b = worker(&f.db, false).await;
+    let b = f.db.worker().await;
     let done = spawn_run(b.clone(), f.spec.clone()).await.unwrap();
     let walked = crate::store::view::walked_stats(&*b).await.unwrap();
     assert!(walked.finished() && walked.duplicates == 40, "{walked:?}");

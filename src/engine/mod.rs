@@ -78,7 +78,7 @@ use crate::store::{Fleet, FleetKind, FleetVisitor, Leases, Log, Store};
 pub(crate) mod audit;
 mod dispatcher;
 mod error;
-#[cfg(all(test, feature = "postgres"))]
+#[cfg(test)]
 mod fleet_tests;
 mod item;
 mod member;

@@ -248,6 +248,17 @@ impl MemWorker {
         self.expire();
     }
 
+    /// Where planning stands, as the database's `status` says: `done` (the input is planned
+    /// to its end), `planning` (a live worker holds the planner's lease) or `waiting`.
+    pub fn planning(&self) -> &'static str {
+        let s = self.shared();
+        match (s.records.planner.exhausted, s.planner) {
+            (true, _) => "done",
+            (false, Some((p, _))) if s.live(p) => "planning",
+            (false, _) => "waiting",
+        }
+    }
+
     /// How many results were dropped because their bucket's lease was not held.
     pub fn fenced(&self) -> u64 {
         self.fenced.load(Ordering::Relaxed)
