@@ -1,4 +1,5 @@
-//! Store errors: what went wrong, the same for every backend.
+//! Store errors: what went wrong, the same for every backend ([`StoreError`]), and while
+//! walking the results for an export ([`ExportError`]).
 //!
 //! A variant says what happened and what a caller can do about it (refuse, wait for another
 //! process, restore from a backup, give up the bucket); none of them names a file. Where it
@@ -71,6 +72,15 @@ impl StoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// Errors while walking the results for an export.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("writing the export: {0}")]
+    Write(#[from] std::io::Error),
 }
 
 #[cfg(test)]

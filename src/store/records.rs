@@ -1,0 +1,350 @@
+//! The records that make a run resumable, and their meaning:
+//!
+//! - the **offset log** ([`OffsetRecord`], one per bucket): the bucket's row range, the byte
+//!   positions to re-read it and the input fingerprint, written together with the bucket's
+//!   unique IDs (in input order), atomically, and made durable before any of its items is
+//!   dispatched: a write-ahead record;
+//! - the **results** ([`ItemRecord`], one per unique ID, keyed by ID), written once the item
+//!   is final (ok or failed); a replayed ID overwrites its own record, so output never
+//!   duplicates; an ID of a planned bucket without a record is pending;
+//! - the **commit log** ([`CommitRecord`], one per bucket): written only after every result of
+//!   the bucket is durable;
+//! - the job's spec ([`StoredJob`]) and the planner's position in the input
+//!   ([`PlannerState`]);
+//! - **reruns** ([`RerunRecord`], numbered from 1): a rerun is a second log beside the job's
+//!   own, with its fixed selection of IDs cut into rerun buckets ([`RerunBucket`]), written
+//!   and made durable before any of them is called, and a commit record per rerun bucket
+//!   written only after its new results are durable. Committing a rerun bucket also moves
+//!   the ok/failed counts of the job buckets its IDs belong to, in the same atomic write;
+//!
+//! and the figures a job's records add up to ([`StoreStats`], [`RerunStats`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::failure::ErrorClass;
+use crate::input::{Cursor, Fingerprint};
+
+/// The store format this build reads and writes. 4: a rerun's ID lists are in `ids.log`
+/// like the job's (format 3 kept them in sled, where this build still reads them).
+pub const FORMAT_VERSION: u32 = 4;
+
+/// A job's spec as a store keeps it: opaque bytes in an encoding the job module owns and
+/// versions ([`crate::job::JobSpec::to_stored`]), with the job's id, which a store may use to
+/// tell its job from another (the sled backend checks it at open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredJob {
+    pub id: String,
+    /// The encoding's version.
+    pub version: u32,
+    pub spec: Vec<u8>,
+}
+
+/// Milliseconds since the Unix epoch: the time records are stamped with.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The write-ahead record of one bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetRecord {
+    pub bucket: u64,
+    /// Where the bucket's first row starts (row index, line, byte).
+    pub start: Cursor,
+    /// Where the row after the bucket starts.
+    pub end: Cursor,
+    /// Unique IDs in the bucket: the items to call.
+    pub items: u64,
+    /// Rows whose ID appeared in an earlier row.
+    pub duplicates: u64,
+    /// Rows that held no usable ID (skipped with `--skip-bad-lines`).
+    pub bad_lines: u64,
+    /// The input the bucket was cut from.
+    pub input: Fingerprint,
+    pub planned_at_ms: u64,
+}
+
+/// The completion record of one bucket: all its results are durable. A bucket whose record
+/// counts failures is "committed with failures".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRecord {
+    pub bucket: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub committed_at_ms: u64,
+    /// The failed IDs by error class (absent in records written before it existed: then
+    /// its sum is not `failed`, and readers count from the items).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl CommitRecord {
+    pub fn new(bucket: u64, tally: Tally) -> CommitRecord {
+        CommitRecord {
+            bucket,
+            ok: tally.ok,
+            failed: tally.failed,
+            committed_at_ms: now_ms(),
+            failed_by_class: tally.failed_by_class,
+        }
+    }
+
+    /// Whether `failed_by_class` accounts for every failure.
+    pub fn classes_complete(&self) -> bool {
+        self.failed_by_class.values().sum::<u64>() == self.failed
+    }
+}
+
+/// Counts of final results, as a commit record keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub ok: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    /// Count one record (pending ones are not counted).
+    pub fn add(&mut self, record: &ItemRecord) {
+        match record.status {
+            ItemStatus::Ok => self.ok += 1,
+            ItemStatus::Failed => {
+                self.failed += 1;
+                *self.failed_by_class.entry(class_name(record)).or_default() += 1;
+            }
+            ItemStatus::Pending => {}
+        }
+    }
+}
+
+/// The error class of a failed record, as `failures --class` names it.
+pub fn class_name(record: &ItemRecord) -> String {
+    class_label(record.class)
+}
+
+/// The name a failure class is counted under ("unknown" for none).
+pub fn class_label(class: Option<ErrorClass>) -> String {
+    class.map_or_else(|| "unknown".to_string(), |c| c.to_string())
+}
+
+/// Where an item stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ItemStatus {
+    Pending,
+    Ok,
+    Failed,
+}
+
+/// One unique ID's record, keyed by the ID.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ItemRecord {
+    /// The row of the ID's first occurrence.
+    pub row: u64,
+    pub bucket: u64,
+    pub status: ItemStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<ErrorClass>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub attempts: u32,
+    /// Every failed attempt's error class, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempt_errors: Vec<crate::failure::AttemptNote>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+    /// When the item's first attempt started (across reruns: the very first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_ms: Option<u64>,
+    /// When the item's last attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<u64>,
+    /// The rerun that wrote this record (none: the job's own run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<u32>,
+}
+
+impl ItemRecord {
+    pub fn pending(row: u64, bucket: u64) -> ItemRecord {
+        ItemRecord {
+            row,
+            bucket,
+            status: ItemStatus::Pending,
+            http_status: None,
+            body: None,
+            class: None,
+            error: None,
+            attempts: 0,
+            attempt_errors: Vec::new(),
+            latency_ms: None,
+            finished_at_ms: None,
+            first_attempt_ms: None,
+            last_attempt_ms: None,
+            rerun: None,
+        }
+    }
+
+    pub fn is_final(&self) -> bool {
+        self.status != ItemStatus::Pending
+    }
+
+    /// Carry the history of `prior` (the record this one replaces in a rerun) into this
+    /// one: attempts add up, earlier attempt errors come first (with the prior final error
+    /// when it was a failure), the first attempt time is the earliest.
+    pub fn continue_from(&mut self, prior: &ItemRecord) {
+        self.attempts += prior.attempts;
+        let mut errors = prior.attempt_errors.clone();
+        errors.append(&mut self.attempt_errors);
+        self.attempt_errors = errors;
+        self.first_attempt_ms = match (prior.first_attempt_ms, self.first_attempt_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// An input line that held no usable ID, recorded with `--skip-bad-lines`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadLine {
+    pub row: u64,
+    pub line: u64,
+    pub reason: String,
+}
+
+/// One bucket as the planner cut it, ready to be written ahead of its work.
+#[derive(Debug, Clone)]
+pub struct PlannedBucket {
+    pub offset: OffsetRecord,
+    /// Unique IDs with their rows, in input order.
+    pub items: Vec<(u64, String)>,
+    pub bad_lines: Vec<BadLine>,
+}
+
+/// Where the planner stands in the input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannerState {
+    /// The next bucket to plan.
+    pub next_bucket: u64,
+    /// Where the next bucket starts in the input.
+    pub cursor: Cursor,
+    /// The input has been read to its end.
+    pub exhausted: bool,
+}
+
+/// Which IDs a rerun calls again, fixed when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RerunSelection {
+    /// Every failed ID of the job.
+    Failed,
+    /// The failed IDs of these buckets, or all their IDs.
+    Buckets { buckets: Vec<u64>, all_items: bool },
+    /// Exactly the IDs of a file, one per line.
+    Ids {
+        file: PathBuf,
+        fingerprint: Fingerprint,
+    },
+}
+
+/// A rerun: its number, what it selected, and how big it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RerunRecord {
+    /// 1, 2, ... in creation order.
+    pub number: u32,
+    pub selection: RerunSelection,
+    /// Rerun buckets and IDs in the selection.
+    pub buckets: u64,
+    pub ids: u64,
+    pub created_at_ms: u64,
+}
+
+/// How many IDs of one job bucket a rerun bucket holds, by their status before the rerun.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobBucketShare {
+    pub bucket: u64,
+    pub ok: u64,
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_by_class: BTreeMap<String, u64>,
+}
+
+/// The write-ahead record of one rerun bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RerunOffset {
+    pub rerun: u32,
+    pub bucket: u64,
+    /// IDs in the rerun bucket.
+    pub items: u64,
+    /// Its IDs per job bucket, by status before the rerun: what its commit moves.
+    pub before: Vec<JobBucketShare>,
+    pub planned_at_ms: u64,
+}
+
+/// One rerun bucket, written ahead of its work.
+#[derive(Debug, Clone)]
+pub struct RerunBucket {
+    pub offset: RerunOffset,
+    /// The IDs with their input rows, in input order.
+    pub items: Vec<(u64, String)>,
+}
+
+/// Where a rerun stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RerunStats {
+    pub number: u32,
+    pub buckets: u64,
+    pub buckets_committed: u64,
+    pub ids: u64,
+    /// IDs with a result written by this rerun, by outcome.
+    pub ok: u64,
+    pub failed: u64,
+    pub pending: u64,
+}
+
+impl RerunStats {
+    pub fn finished(&self) -> bool {
+        self.buckets_committed == self.buckets
+    }
+}
+
+/// Figures derived from the store's records.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StoreStats {
+    pub buckets_planned: u64,
+    pub buckets_committed: u64,
+    pub buckets_in_flight: u64,
+    /// Rows read from the input so far (bad and duplicate rows included).
+    pub rows_read: u64,
+    /// Unique IDs planned so far.
+    pub ids_planned: u64,
+    pub ok: u64,
+    pub failed: u64,
+    pub pending: u64,
+    pub duplicates: u64,
+    pub bad_lines: u64,
+    /// The input was read to its end.
+    pub input_exhausted: bool,
+    /// Bytes of the input read so far.
+    pub input_bytes_read: u64,
+}
+
+impl StoreStats {
+    /// Every row planned and every bucket committed.
+    pub fn finished(&self) -> bool {
+        self.input_exhausted && self.buckets_in_flight == 0
+    }
+}
