@@ -8,15 +8,15 @@
 //! - the **dispatcher** takes the buckets the run's source hands it (for the job's log: first
 //!   the buckets that have an offset record but no commit record, calling only their IDs that
 //!   have no final result, then the planner's) and queues their items (a bounded queue,
-//!   [`queue`]), so workers never wait at a bucket boundary and buckets may commit out of
+//!   `queue`), so workers never wait at a bucket boundary and buckets may commit out of
 //!   order;
 //! - the **workers**, a fixed pool of `concurrency` tasks, each takes an item, calls the API
 //!   under the throttle (rate limit, adaptive concurrency limit, retries) and hands the final
 //!   result to the writer;
 //! - the **writer** receives final results and writes them in groups. By default
-//!   ([`Durability::Sync`]) it makes each group durable with one sync (group commit) before
+//!   ([`Durability::Sync`](crate::spec::Durability::Sync)) it makes each group durable with one sync (group commit) before
 //!   taking the next, and only then writes the commit records of the buckets whose last
-//!   result was in the group. With `--async-progress` ([`Durability::Async`]) it writes
+//!   result was in the group. With `--async-progress` ([`Durability::Async`](crate::spec::Durability::Async)) it writes
 //!   results as they come and a background sync every checkpoint interval makes them
 //!   durable; the commit records of the buckets completed before that sync started are
 //!   written once it returns (and are durable at the next one). Either way a bucket of one
@@ -35,30 +35,31 @@
 //!    checkpoint interval of work).
 //!
 //! The unit tests run the engine over a store that logs every write and sync and check 1
-//! and 2 on the log, in both modes.
+//! and 2 on the log, in both durability modes.
 //!
 //! # Where buckets come from
 //!
-//! A run has one [`source`] of buckets, chosen by [`run_log`] before it starts; the run
-//! itself ([`wiring::run_source`]) wires the same throttle, writer, workers and dispatcher to
-//! any of them:
+//! A run has one `source` of buckets, chosen by [`run_log`] before it starts, from the
+//! store's type ([`Leases::Fleet`]: a fleet's store, or one with one holder at a time) and
+//! the log; the run itself (`wiring::run_source`) wires the same throttle, writer, workers
+//! and dispatcher to any of them, with no branch on the mode:
 //!
-//! - the job's own log, run alone: replay, then plan ([`source::job`]);
+//! - the job's own log, run alone: replay, then plan (`source::job`);
 //! - a rerun's log, run alone: the rerun's open buckets, written ahead when the rerun was
 //!   created; each item carries the record it replaces, and the writer commits to the
-//!   rerun's commit log ([`source::rerun`]);
+//!   rerun's commit log (`source::rerun`);
 //! - either log, run by a worker of a fleet sharing the store: buckets leased one by one
-//!   ([`source::leased`]).
+//!   (`source::leased`).
 //!
 //! A run alone holds the job's lease, which every commit carries. A worker of a fleet holds
 //! a lease per bucket, and its item workers ask the fleet, through one handle
-//! ([`member`]), whether an item's lease is still held before they call it.
+//! (`member`), whether an item's lease is still held before they call it.
 //!
-//! The parts, one file each: [`wiring`] (the run itself), [`source`] (one file per mode),
-//! [`planner`] (the planner thread, and planning in a fleet), [`dispatcher`], [`queue`] (the
-//! work queue), [`item`] (what is queued), [`worker`] (the item workers and the throttle's
-//! controller task), [`member`] (the workers' handle on a fleet), [`writer`] (group commit),
-//! [`stop`] (the stop pair, and a run halting itself), [`error`].
+//! The parts, one file each: `wiring` (the run itself), `source` (one file per mode),
+//! `planner` (the planner thread, and planning in a fleet), `dispatcher`, `queue` (the
+//! work queue), `item` (what is queued), `worker` (the item workers and the throttle's
+//! controller task), `member` (the workers' handle on a fleet), `writer` (group commit),
+//! `stop` (the stop pair, and a run halting itself), `error`.
 //!
 //! Stopping: on a stop request no new item is dispatched, items waiting for a retry are
 //! abandoned (they stay pending), items in flight get `shutdown_timeout` to finish, then the

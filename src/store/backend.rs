@@ -23,11 +23,10 @@
 //!   commit moves its counts, nothing else does); committing it again is ignored.
 //! - **Fencing.** Every commit carries the [`Lease`] it was made under; a backend refuses
 //!   ([`StoreError::LeaseLost`]) a commit whose lease it no longer holds, and applies none of
-//!   it. Results are written under a lease on their bucket: a backend shared by several
-//!   workers drops those of buckets it holds no lease on (the PostgreSQL backend does: a
-//!   worker that lost a bucket writes nothing that counts); a backend with one holder at a
-//!   time may apply them (they are the same item's final result). Either way they never
-//!   make a bucket committed.
+//!   it. Results are written under a lease on their bucket: a [`Fleet`]'s backend drops
+//!   those of buckets it holds no lease on (a worker that lost a bucket writes nothing that
+//!   counts); a backend with one holder at a time may apply them (they are the same item's
+//!   final result). Either way they never make a bucket committed.
 //! - **Damage.** A backend that finds data it had made durable missing or garbled says
 //!   [`StoreError::Corrupt`], at open where it can, and never returns less than it holds.
 //! - **Errors** are [`StoreError`]s; where they happened is the backend's to add

@@ -1,6 +1,6 @@
 //! Store: where a job's progress lives, behind a trait so the engine does not know its backend.
 //!
-//! It owns the records that make a run resumable and their meaning ([`records`]: the offset
+//! It owns the records that make a run resumable and their meaning (`records`: the offset
 //! log written ahead of the work, the results keyed by ID, the commit log, the job's spec,
 //! the planner's position, reruns).
 //!
@@ -9,7 +9,7 @@
 //! everything derived from the records ([`JobView`]: statistics, the export's walk, failure
 //! listings, a rerun's count moves) is written once above it. The embedded default is
 //! [`sled`](sled_store::SledStore); [`mem::MemStore`] keeps everything in memory (tests,
-//! and the reference a new backend is compared with by [`crate::conformance`]).
+//! and the reference a new backend is compared with by the conformance suite).
 
 pub mod backend;
 mod error;

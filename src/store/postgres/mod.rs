@@ -1,6 +1,6 @@
-//! The PostgreSQL store (issue 17): several workers on several machines share one job
-//! through one database. [`PgStore`] implements the `Store` and `Leases` seam ([`store`],
-//! [`leases`]) on top of the functions of the other modules here.
+//! The PostgreSQL store: several workers on several machines share one job
+//! through one database. [`PgStore`] implements the `Store`, `Leases` and `Fleet` seam
+//! ([`store`], [`leases`]) on top of the functions of the other modules here.
 //!
 //! # Schema (`migrations/0001_init.sql` and `0002_fleet_burst_idle.sql`, applied by [`migrate`])
 //!
