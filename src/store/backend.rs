@@ -180,7 +180,7 @@ pub enum Log {
 
 impl Log {
     /// The rerun's number, for a rerun's log.
-    pub fn rerun(self) -> Option<u32> {
+    pub(crate) fn rerun(self) -> Option<u32> {
         match self {
             Log::Job => None,
             Log::Rerun(k) => Some(k),
@@ -348,7 +348,7 @@ impl<S: Fleet> FleetKind<S> for S {
 
 /// This worker's name among the job's workers ([`Fleet::worker_label`]); `None` for a
 /// backend with one holder at a time.
-pub fn worker_label<S: Leases>(store: &Arc<S>) -> Option<String> {
+pub(crate) fn worker_label<S: Leases>(store: &Arc<S>) -> Option<String> {
     struct Label;
     impl<S> FleetVisitor<S> for Label {
         type Output = Option<String>;

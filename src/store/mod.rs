@@ -23,9 +23,10 @@ pub mod results_log;
 pub mod sled_store;
 pub mod view;
 
+pub(crate) use backend::worker_label;
 pub use backend::{
-    worker_label, BucketState, Commit, Fleet, FleetKind, FleetRate, FleetVisitor, Lease,
-    LeaseScope, LeaseToken, Leases, Log, NoFleet, RerunBucketState, Store,
+    BucketState, Commit, Fleet, FleetKind, FleetRate, FleetVisitor, Lease, LeaseScope, LeaseToken,
+    Leases, Log, NoFleet, RerunBucketState, Store,
 };
 pub use error::{ExportError, StoreError};
 pub use records::{
