@@ -11,7 +11,8 @@
 //!   boundary and buckets may commit out of order;
 //! - the **workers**, a fixed pool of `concurrency` tasks, each takes an item, calls the API
 //!   under the throttle (rate limit, adaptive concurrency limit, retries) and hands the final
-//!   result to the writer;
+//!   result to the writer; an attempt holds one of `concurrency` permits, and an item waiting
+//!   for a retry holds none (its worker takes the next item meanwhile);
 //! - the **writer** receives final results and writes them in groups. By default
 //!   ([`Durability::Sync`]) it makes each group durable with one sync (group commit) before
 //!   taking the next, and only then writes the commit records of the buckets whose last
@@ -80,7 +81,7 @@ use dispatcher::{job_work, plan_ahead, rerun_work, work_queue, Dispatcher, Item,
 use queue::WorkQueue;
 pub use stop::{stop_pair, Stop, StopHandle};
 use stop::{Halt, HaltOnPanic, StopOnDrop};
-use worker::{control, work, ItemTask};
+use worker::{control, work, ItemTask, Parked};
 pub use writer::max_unsynced_items;
 use writer::{writer_queue, Writer, WriterMsg};
 
@@ -267,6 +268,7 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
     let workers = opts.concurrency.max(1);
     let queue = Arc::new(WorkQueue::new(work_queue(workers)));
     let mut pool = JoinSet::new();
+    let parked = Arc::new(Parked::for_concurrency(workers));
     for _ in 0..workers {
         let task = ItemTask {
             throttle: throttle.clone(),
@@ -289,6 +291,7 @@ pub async fn run_log<S: Store + Leases, H: Handler>(
                 Arc::new(move |lease| store.holds(lease))
             },
             pause: shared.then(|| fleet::pauser(store.clone(), throttle.clone())),
+            parked: parked.clone(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }
