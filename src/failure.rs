@@ -11,7 +11,8 @@
 //! |---|---|---|---|
 //! | `Permanent` | fails now | an answer | an answer: the API is up |
 //! | `Retry` | retried (backoff, or `after`) | an answer | an answer |
-//! | `Pushback` | retried (backoff, or `after`) | slows down | an answer |
+//! | `Pushback` | retried (backoff, or `after`) | slows down, unless it repeats on the same IDs | an answer |
+//! | `TooMany` | retried (backoff, or `after`); uses no attempt, only retry time | slows down | an answer |
 //! | `Unreachable` | retried (backoff, or `after`) | - | evidence the API is out |
 //! | `TimedOut` | retried (backoff) | slows down | evidence the API is out |
 //!
@@ -95,8 +96,14 @@ pub enum Next {
     Permanent,
     /// Try again: after `after` if the other side said so, else after the backoff.
     Retry { after: Option<Duration> },
-    /// The other side is overloaded (HTTP 429 or 503): try again, and slow down.
+    /// The other side is overloaded (HTTP 503, 529): try again, and slow down, unless such
+    /// refusals are shown to repeat on the same IDs while others succeed (see
+    /// [`crate::throttle`]): then they are the IDs', not the rate's.
     Pushback { after: Option<Duration> },
+    /// The other side refuses the client's rate (HTTP 429, "too many requests"): try again
+    /// and slow down. Never the ID's doing, so it uses none of the ID's attempts, only its
+    /// retry time (which bounds an API that refuses for good).
+    TooMany { after: Option<Duration> },
     /// The other side could not be reached (refused or dropped connection, a gateway's
     /// 5xx): try again; evidence that it is out.
     Unreachable { after: Option<Duration> },
@@ -109,9 +116,10 @@ impl Next {
     pub fn retry_after(self) -> Option<Option<Duration>> {
         match self {
             Next::Permanent => None,
-            Next::Retry { after } | Next::Pushback { after } | Next::Unreachable { after } => {
-                Some(after)
-            }
+            Next::Retry { after }
+            | Next::Pushback { after }
+            | Next::TooMany { after }
+            | Next::Unreachable { after } => Some(after),
             Next::TimedOut => Some(None),
         }
     }
@@ -156,6 +164,12 @@ impl Failure {
     /// The other side is overloaded: retried, and the adaptive rate slows down.
     pub fn pushback(message: impl Into<String>, after: Option<Duration>) -> Failure {
         Failure::new(Next::Pushback { after }, message)
+    }
+
+    /// The other side refuses the rate ("too many requests"): retried without using an
+    /// attempt, and the adaptive rate slows down.
+    pub fn too_many(message: impl Into<String>, after: Option<Duration>) -> Failure {
+        Failure::new(Next::TooMany { after }, message)
     }
 
     /// The other side cannot be reached: retried; enough of these in a row is an outage
@@ -225,9 +239,10 @@ mod tests {
         assert_eq!(Next::Permanent.retry_after(), None);
         assert_eq!(Next::Retry { after }.retry_after(), Some(after));
         assert_eq!(Next::Pushback { after }.retry_after(), Some(after));
+        assert_eq!(Next::TooMany { after }.retry_after(), Some(after));
         assert_eq!(Next::Unreachable { after: None }.retry_after(), Some(None));
         assert_eq!(Next::TimedOut.retry_after(), Some(None));
-        let f = Failure::pushback("slow down", after).status(429);
+        let f = Failure::too_many("slow down", after).status(429);
         assert_eq!((f.class, f.status), (ErrorClass::Handler, Some(429)));
         assert_eq!(Failure::timed_out("late").class, ErrorClass::Timeout);
     }

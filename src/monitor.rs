@@ -374,6 +374,7 @@ fn warn_if_behind(
             in_flight: now.in_flight,
             throttled: now.throttled - state.last.throttled,
             unavailable: now.unavailable - state.last.unavailable,
+            refused_ids: now.refused_ids - state.last.refused_ids,
             durations: Durations::between(now, &state.last),
             backpressure: now.writer_backpressure - state.last.writer_backpressure,
             concurrency: config.concurrency,

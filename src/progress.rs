@@ -182,6 +182,8 @@ pub struct CounterSnapshot {
     pub throttled: u64,
     /// Answers 503 (from the throttle's count).
     pub unavailable: u64,
+    /// Refusals taken as their IDs' rather than the rate's (from the throttle's count).
+    pub refused_ids: u64,
     pub plan_write_ns: u64,
     pub plan_sync_ns: u64,
     pub api_ns: u64,
@@ -208,6 +210,7 @@ impl Counters {
             writer_backpressure: self.writer_backpressure.load(Relaxed),
             throttled: self.throttle().map_or(0, |t| t.throttled.load(Relaxed)),
             unavailable: self.throttle().map_or(0, |t| t.unavailable.load(Relaxed)),
+            refused_ids: self.throttle().map_or(0, |t| t.refused_ids.load(Relaxed)),
             plan_write_ns: self.plan_write_ns.load(Relaxed),
             plan_sync_ns: self.plan_sync_ns.load(Relaxed),
             api_ns: self.api_ns.load(Relaxed),
@@ -468,6 +471,8 @@ pub struct IntervalLoad {
     pub throttled: u64,
     /// Answers 503 over the interval.
     pub unavailable: u64,
+    /// Refusals (503, 529, timeouts) over the interval taken as their IDs', not the rate's.
+    pub refused_ids: u64,
     pub durations: Durations,
     pub backpressure: u64,
     pub concurrency: usize,
@@ -499,6 +504,16 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
     let store_s = load.durations.store_ms() / 1e3;
     let cause = if load.outage {
         "the API is out (attempts wait for a probe to get through)".to_string()
+    } else if load.throttled == 0
+        && load.unavailable > 0
+        && 2 * load.refused_ids >= load.unavailable
+    {
+        format!(
+            "a few IDs refused every time: the API answered 503 {} times, {} of them refusals of the same IDs again while others succeed (not overload: the rate is not lowered for them, but their retries use part of it); the adaptive rate is {}",
+            load.unavailable,
+            load.refused_ids.min(load.unavailable),
+            effective.map_or("unlimited".into(), |r| format!("{r:.1}/s"))
+        )
     } else if load.throttled > 0 || load.unavailable > 0 {
         let answers: Vec<String> = [(503, load.unavailable), (429, load.throttled)]
             .iter()
@@ -506,7 +521,7 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
             .map(|(status, n)| format!("{status} {n} times"))
             .collect();
         format!(
-            "API pushback: the API answered {}; the adaptive rate is {}",
+            "API pushback (the API overloaded): the API answered {}; the adaptive rate is {}",
             answers.join(" and "),
             effective.map_or("unlimited".into(), |r| format!("{r:.1}/s"))
         )
@@ -652,7 +667,22 @@ mod tests {
         };
         let w = why(&unavailable, Some(30.0));
         assert!(
-            w.contains("pushback") && w.contains("503 25 times") && !w.contains("429"),
+            w.contains("pushback (the API overloaded)")
+                && w.contains("503 25 times")
+                && !w.contains("429"),
+            "{w}"
+        );
+        // 503s that the throttle found to repeat on the same IDs are named as such.
+        let same_ids = IntervalLoad {
+            unavailable: 25,
+            refused_ids: 20,
+            ..load(300)
+        };
+        let w = why(&same_ids, Some(100.0));
+        assert!(
+            w.contains("a few IDs refused every time")
+                && w.contains("503 25 times")
+                && !w.contains("overloaded"),
             "{w}"
         );
         assert!(why(&load(300), Some(30.0)).contains("adaptive rate is down to 30.0/s"));

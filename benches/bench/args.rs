@@ -106,6 +106,17 @@ modes:
     --before PATH     another highwater binary (a baseline build): a PostgreSQL run of it
                       in every round of the `one` part too, the two in alternating order
 
+  refusals     IDs the API refuses every time: the binary against the fake API (200 after
+               20 ms; 2% of IDs 404 and 3% or 10% of IDs 503 on every attempt, at once, with
+               and without Retry-After: 1), beside the same job over the input less the
+               refused IDs against the API without 503s; ok items/s (until the last ok
+               answer) and their ratio, IDs failed with 503, lowest rate limit shown
+    --ids N           IDs per run [default: 20000]
+    --concurrency N   --concurrency of the binary [default: 16, the CLI's]
+    --rate R          also run with --rate R [default: none, the CLI's]
+    --repeat K        rounds [default: 1]
+    --bin PATH, --before PATH   as for latency
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -125,6 +136,7 @@ pub enum Mode {
     Cpu,
     Client,
     Pg,
+    Refusals,
 }
 
 impl Mode {
@@ -139,6 +151,7 @@ impl Mode {
             "cpu" => Mode::Cpu,
             "client" => Mode::Client,
             "pg" => Mode::Pg,
+            "refusals" => Mode::Refusals,
             _ => return None,
         })
     }
@@ -155,6 +168,7 @@ impl Mode {
             Mode::Cpu => (200_000, 64, 3),
             Mode::Client => (100_000, 64, 3),
             Mode::Pg => (100_000, 16, 3),
+            Mode::Refusals => (20_000, 16, 1),
         }
     }
 }
@@ -196,6 +210,8 @@ pub struct Args {
     pub no_fsync: bool,
     /// `pg`: pg_stat_statements per run of the `one` part, on standard error.
     pub statements: bool,
+    /// `refusals`: the job's `--rate`.
+    pub job_rate: Option<f64>,
 }
 
 pub enum Parsed {
@@ -238,6 +254,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         ttls: vec![Duration::from_secs(30), Duration::from_secs(3)],
         no_fsync: false,
         statements: false,
+        job_rate: None,
     };
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -283,6 +300,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Cpu
                         | Mode::Client
                         | Mode::Pg
+                        | Mode::Refusals
                 ) =>
             {
                 args.repeat = number(name, value(name)?)? as usize
@@ -291,10 +309,15 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             "--kill-after" if mode == Mode::Rss => {
                 args.kill_after = Some(number(name, value(name)?)?)
             }
-            "--bin" if matches!(mode, Mode::Rss | Mode::Latency | Mode::Cpu | Mode::Pg) => {
+            "--bin"
+                if matches!(
+                    mode,
+                    Mode::Rss | Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals
+                ) =>
+            {
                 args.bin = Some(PathBuf::from(value(name)?))
             }
-            "--before" if matches!(mode, Mode::Latency | Mode::Cpu | Mode::Pg) => {
+            "--before" if matches!(mode, Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals) => {
                 args.before = Some(PathBuf::from(value(name)?))
             }
             "--latency-ms" if mode == Mode::Latency => {
@@ -357,6 +380,13 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         )),
                     })
                     .collect::<Result<_, String>>()?;
+            }
+            "--rate" if mode == Mode::Refusals => {
+                let v = value(name)?;
+                match v.parse::<f64>() {
+                    Ok(r) if r.is_finite() && r > 0.0 => args.job_rate = Some(r),
+                    _ => return Err(format!("--rate: {v:?} is not a rate above zero")),
+                }
             }
             "--no-fsync" if mode == Mode::Pg => args.no_fsync = true,
             "--statements" if mode == Mode::Pg => args.statements = true,

@@ -10,6 +10,7 @@
 //! cargo bench --bench bench -- cpu [--ids N] [--concurrency N] [--before BIN]
 //! cargo bench --bench bench -- client [--ids N] [--concurrency N] [--repeat K]
 //! cargo bench --bench bench -- pg [--ids N] [--workers N] [--ttls S,S] [--only PARTS]
+//! cargo bench --bench bench -- refusals [--ids N] [--rate R] [--before BIN]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -32,6 +33,8 @@
 //! `pg` ([`pg`]) runs the binary on the PostgreSQL store (a throwaway cluster): one worker
 //! against one sled run, several workers on one job, failover after a kill -9, round trips
 //! and bytes per item, storage per ID.
+//! `refusals` ([`refusals`]) runs it against an API refusing some IDs every time, beside the
+//! same job without them: ok items/s, IDs failed, the rate limit.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 //!
 //! `cargo bench` builds the `highwater` binary too (the modes that run it find it there)
@@ -69,6 +72,7 @@ mod machine;
 mod numbers;
 mod pg;
 mod rate;
+mod refusals;
 mod rss;
 mod scratch;
 mod throughput;
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
         Mode::Cpu => cpu::cpu(&args, &command),
         Mode::Client => client::client(&runtime, &args, &command),
         Mode::Pg => pg::pg(&runtime, &args, &command),
+        Mode::Refusals => refusals::refusals(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));

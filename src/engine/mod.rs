@@ -12,7 +12,8 @@
 //!   order;
 //! - the **workers**, a fixed pool of `concurrency` tasks, each takes an item, calls the API
 //!   under the throttle (rate limit, adaptive concurrency limit, retries) and hands the final
-//!   result to the writer;
+//!   result to the writer; an attempt holds one of `concurrency` permits, and an item waiting
+//!   for a retry holds none (its worker takes the next item meanwhile);
 //! - the **writer** receives final results and writes them in groups. By default
 //!   ([`Durability::Sync`](crate::spec::Durability::Sync)) it makes each group durable with one sync (group commit) before
 //!   taking the next, and only then writes the commit records of the buckets whose last

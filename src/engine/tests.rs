@@ -207,7 +207,7 @@ async fn a_closure_handler_runs_a_job_under_the_same_retries_and_store() {
                 match n % 10 {
                     0 => Err(Failure::permanent(format!("{id} is refused"))),
                     1 if attempt < 3 => Err(Failure::retry("not yet")),
-                    2 if attempt < 2 => Err(Failure::pushback("busy", None).status(429)),
+                    2 if attempt < 2 => Err(Failure::too_many("busy", None).status(429)),
                     _ => Ok(serde_json::json!({ "id": id, "double": n * 2 })),
                 }
             }

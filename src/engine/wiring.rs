@@ -14,7 +14,7 @@ use super::error::EngineError;
 use super::queue::WorkQueue;
 use super::source::Source;
 use super::stop::{stop_pair, Halt, Stop, StopOnDrop};
-use super::worker::{control, work, ItemTask};
+use super::worker::{control, work, ItemTask, Parked};
 use super::writer::{writer_queue, Writer};
 use crate::handler::{millis, Handler};
 use crate::progress::{Counters, RunSummary};
@@ -114,6 +114,7 @@ where
     let workers = opts.concurrency.max(1);
     let queue = Arc::new(WorkQueue::new(work_queue(workers)));
     let mut pool = JoinSet::new();
+    let parked = Arc::new(Parked::for_concurrency(workers));
     for _ in 0..workers {
         let task = ItemTask {
             throttle: throttle.clone(),
@@ -125,6 +126,7 @@ where
             writer_full: writer_full.clone(),
             rerun: source.log().rerun(),
             fleet: member.clone(),
+            parked: parked.clone(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }

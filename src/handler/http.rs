@@ -9,7 +9,8 @@
 //!
 //! | what happened | class | next |
 //! |---|---|---|
-//! | 429, 503 (with or without `Retry-After`) | `http` | pushback, after `Retry-After` |
+//! | 429 | `http` | too many: pushback using no attempt, after `Retry-After` |
+//! | 503, 529 ("overloaded"), with or without `Retry-After` | `http` | pushback, after `Retry-After` |
 //! | 408 | `http` | retry, after `Retry-After` |
 //! | other 5xx | `http` | unreachable (a gateway's error), after `Retry-After` |
 //! | any other status outside 2xx | `http` | permanent |
@@ -218,14 +219,16 @@ fn proxy_in_env() -> bool {
     .any(|name| std::env::var_os(name).is_some())
 }
 
-/// What an answer outside 2xx means (see the module doc): 429 and 503 are the API pushing
-/// back (nginx's `limit_req` answers 503 by default, so do gateways and object stores: "503
-/// Slow Down"; a steady few percent of 503s that are not about load do not move the rate,
-/// see [`crate::throttle::PushbackFilter`]), 408 a retry, another 5xx evidence that the API
+/// What an answer outside 2xx means (see the module doc): 429, 503 and 529 are the API
+/// pushing back (429 refuses the client's rate; nginx's `limit_req` answers 503 by default,
+/// so do gateways and object stores: "503 Slow Down"; LLM APIs say 529 "overloaded"; 503s
+/// that are not about load, a steady few percent or the same IDs refused every time, do not
+/// move the rate, see [`crate::throttle`]), 408 a retry, another 5xx evidence that the API
 /// may be out, anything else a refusal for good.
 pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
     match status {
-        429 | 503 => Next::Pushback { after: retry_after },
+        429 => Next::TooMany { after: retry_after },
+        503 | 529 => Next::Pushback { after: retry_after },
         408 => Next::Retry { after: retry_after },
         500..=599 => Next::Unreachable { after: retry_after },
         _ => Next::Permanent,
@@ -475,7 +478,8 @@ mod tests {
     #[test]
     fn statuses_are_classified() {
         let after = Some(Duration::from_secs(3));
-        for s in [429, 503] {
+        assert_eq!(classify_status(429, after), Next::TooMany { after });
+        for s in [503, 529] {
             assert_eq!(classify_status(s, after), Next::Pushback { after }, "{s}");
         }
         assert_eq!(classify_status(408, None), Next::Retry { after: None });

@@ -35,9 +35,13 @@
 //! percent of attempts. Without `--rate` the ceiling is unlimited: the limiter binds only
 //! once the API pushes back; concurrency also adapts (x0.7 on pushback, +1 per calm tick).
 //!
+//! Refusals that repeat on the same IDs while other IDs succeed (a shard down for some keys)
+//! are no overload and reach neither filter nor controller: see [`repeats`].
+//!
 //! The parts, one file each: [`rate`] (the `--rate` value and the limiter), [`controller`]
-//! (the control law, its pushback filter, adaptive concurrency), [`outage`] (what an attempt
-//! tells the throttle, outage detection and probes); this file holds the [`Throttle`] that
+//! (the control law, its pushback filter, adaptive concurrency), [`repeats`] (refusals bound
+//! to IDs), [`outage`] (what an attempt tells the throttle, outage detection and probes);
+//! this file holds the [`Throttle`] that
 //! ties them together for a run, with its options and the fleet's hold on a worker.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -47,6 +51,7 @@ use std::time::Duration;
 mod controller;
 mod outage;
 mod rate;
+mod repeats;
 #[cfg(test)]
 mod tests;
 
@@ -57,6 +62,7 @@ pub use outage::{ItemHistory, Observed};
 use outage::{Outage, FIRST_PROBE_AFTER};
 pub use rate::Rate;
 use rate::RateLimiter;
+use repeats::{RepeatRefusals, TickRefusals};
 
 /// What the throttle is asked to do for a run.
 #[derive(Debug, Clone)]
@@ -111,6 +117,11 @@ pub(crate) const SWAP_THRESHOLD: f64 = 0.0;
 struct TickCounters {
     attempts: AtomicU64,
     pushback: AtomicU64,
+    /// Pushback other than 429 (503, 529, timeouts).
+    refused: AtomicU64,
+    /// Attempts of IDs whose last attempt was refused, and those refused again.
+    repeats: AtomicU64,
+    repeats_refused: AtomicU64,
     /// The lowest latency of a success over the tick (`u64::MAX`: none).
     min_latency_us: AtomicU64,
     /// [`Throttle::throttled`] at the last tick: the tick's 429s are the difference.
@@ -122,6 +133,9 @@ impl Default for TickCounters {
         TickCounters {
             attempts: AtomicU64::new(0),
             pushback: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            repeats: AtomicU64::new(0),
+            repeats_refused: AtomicU64::new(0),
             min_latency_us: AtomicU64::new(u64::MAX),
             throttled_at_tick: AtomicU64::new(0),
         }
@@ -139,6 +153,12 @@ pub struct Throttle {
     tick: TickCounters,
     /// Which ticks' pushback says the API is overloaded (only the control task locks it).
     pushback_filter: Mutex<PushbackFilter>,
+    /// Which refusals are bound to IDs rather than the rate (only the control task locks it).
+    repeat_refusals: Mutex<RepeatRefusals>,
+    /// Whether the last tick found the API overloaded: pushback acted on.
+    overloaded: std::sync::atomic::AtomicBool,
+    /// The share of fresh attempts refused for their IDs, as of the last tick (f64 bits).
+    bound_share: AtomicU64,
     failures_in_a_row: AtomicU64,
     /// Attempts that got an answer (any status), over the run.
     answers: AtomicU64,
@@ -157,8 +177,11 @@ pub struct Throttle {
     /// Attempts answered 429 over the run, for reports and for the pushback filter, which
     /// never learns a 429 as the API's weather.
     pub throttled: AtomicU64,
-    /// Attempts answered 503 over the run, for reports.
+    /// Attempts answered "overloaded" (503, 529) over the run, for reports.
     pub unavailable: AtomicU64,
+    /// Refusals (503, 529, timeouts) taken as their IDs', not the rate's, over the run
+    /// (see [`repeats`]).
+    pub refused_ids: AtomicU64,
 }
 
 /// What the fleet of a shared job allows this worker (see [`Throttle::follow_fleet`]).
@@ -235,6 +258,9 @@ impl Throttle {
             concurrency,
             tick: TickCounters::default(),
             pushback_filter: Mutex::new(PushbackFilter::default()),
+            repeat_refusals: Mutex::new(RepeatRefusals::default()),
+            overloaded: std::sync::atomic::AtomicBool::new(false),
+            bound_share: AtomicU64::new(0),
             failures_in_a_row: AtomicU64::new(0),
             answers: AtomicU64::new(0),
             provisional: AtomicU64::new(0),
@@ -252,6 +278,7 @@ impl Throttle {
             fleet_changed: tokio::sync::Notify::new(),
             throttled: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
+            refused_ids: AtomicU64::new(0),
         }
     }
 
@@ -389,6 +416,12 @@ impl Throttle {
     pub fn on_tick(&self, elapsed: Duration) {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
+        let refusals = TickRefusals {
+            attempts,
+            refused: self.tick.refused.swap(0, Relaxed),
+            repeats: self.tick.repeats.swap(0, Relaxed),
+            repeats_refused: self.tick.repeats_refused.swap(0, Relaxed),
+        };
         let min_latency_us = self.tick.min_latency_us.swap(u64::MAX, Relaxed);
         let throttled = self.throttled.load(Relaxed);
         let too_many =
@@ -402,11 +435,25 @@ impl Throttle {
         {
             return;
         }
+        // Refusals bound to IDs are no pushback: only the rate's reach the filter.
+        let (of_the_rate, bound_share) = {
+            let mut r = self
+                .repeat_refusals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            (r.of_the_rate(elapsed, refusals), r.bound_share())
+        };
+        let of_the_rate = of_the_rate.min(refusals.refused);
+        self.refused_ids
+            .fetch_add(refusals.refused - of_the_rate, Relaxed);
+        self.bound_share.store(bound_share.to_bits(), Relaxed);
+        let pushback = (pushback.saturating_sub(refusals.refused) + of_the_rate).min(pushback);
         let pushback = self
             .pushback_filter
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .filter_with_429s(elapsed, attempts, pushback, too_many);
+        self.overloaded.store(pushback > 0, Relaxed);
         let signals = TickSignals {
             elapsed,
             attempts,
@@ -424,7 +471,17 @@ impl Throttle {
             // A change keeps the limiter's schedule (RateLimiter::set_rate): follow every one.
             let current = l.rate();
             if (after - current).abs() > current * SWAP_THRESHOLD {
-                tracing::debug!(rate = after, pushback, attempts, "rate adjusted");
+                tracing::debug!(
+                    rate = after,
+                    pushback,
+                    attempts,
+                    refused = refusals.refused,
+                    repeats = refusals.repeats,
+                    repeats_refused = refusals.repeats_refused,
+                    of_the_rate,
+                    bound_share,
+                    "rate adjusted"
+                );
                 l.set_rate(Rate(after));
             }
         }
@@ -439,6 +496,33 @@ impl Throttle {
                 c.set(limit + 1);
             }
         }
+    }
+
+    /// Whether an attempt answered `observed` was refused for the client's rate: a 429 always;
+    /// a 503, 529 or timeout while the API is judged overloaded (pushback acted on at the
+    /// last tick), or, before any refusal was shown to be an ID's (see [`repeats`]), while
+    /// more than [`repeats::UNPROVEN_ALLOWANCE`] of this tick's attempts so far were refused.
+    /// Such a refusal's `Retry-After` is the API's word to the whole client, and its item's
+    /// worker waits with it; any other refusal is its ID's, and holds that ID only.
+    pub fn refused_for_the_rate(&self, observed: Observed) -> bool {
+        match observed {
+            Observed::TooMany => true,
+            Observed::Pushback | Observed::Timeout => {
+                self.overloaded.load(Relaxed)
+                    || (self.refused_ids_share() == 0.0 && {
+                        let attempts = self.tick.attempts.load(Relaxed);
+                        let refused = self.tick.refused.load(Relaxed);
+                        attempts >= 20
+                            && refused as f64 > repeats::UNPROVEN_ALLOWANCE * attempts as f64
+                    })
+            }
+            _ => false,
+        }
+    }
+
+    /// The share of fresh attempts refused for their IDs (not the rate), as of the last tick.
+    pub fn refused_ids_share(&self) -> f64 {
+        f64::from_bits(self.bound_share.load(Relaxed))
     }
 
     /// The controller tick interval.

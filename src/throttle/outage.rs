@@ -37,10 +37,13 @@ pub(crate) const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 pub enum Observed {
     /// A 2xx answer, with its latency.
     Success(Duration),
-    /// An answer that says "slow down": 429, or 503 with or without `Retry-After` (rate
+    /// An answer that says "overloaded": 503 or 529, with or without `Retry-After` (rate
     /// limiters such as nginx's `limit_req` answer 503 by default, object stores say
-    /// "503 Slow Down"). Pushback; the API is up.
+    /// "503 Slow Down"). Pushback, unless it repeats on the same IDs while others succeed
+    /// (see [`super::repeats`]); the API is up.
     Pushback,
+    /// An answer that refuses the client's rate: 429. Always pushback; the API is up.
+    TooMany,
     /// No answer within the timeout: pushback (an overloaded API stops answering in time),
     /// and no answer at all, so possibly the API being out.
     Timeout,
@@ -60,7 +63,8 @@ impl Observed {
     /// | result | pushback | possible outage |
     /// |---|---|---|
     /// | 2xx | no (its latency is a signal) | no |
-    /// | 429, 503 | yes | no: an answer |
+    /// | 429 | yes | no: an answer |
+    /// | 503, 529 | yes, unless it repeats on the same IDs | no: an answer |
     /// | timeout | yes | yes, unless the ID fails alone |
     /// | refused connection, 502, 504 | no | yes, whatever the ID |
     /// | dropped connection, other 5xx | no | yes, unless the ID fails alone |
@@ -72,6 +76,7 @@ impl Observed {
             // side (so whether the ID may be the cause) is read from what failed.
             Err(f) => match f.next {
                 Next::Pushback { .. } => Observed::Pushback,
+                Next::TooMany { .. } => Observed::TooMany,
                 Next::TimedOut => Observed::Timeout,
                 Next::Unreachable { .. } => match (f.class, f.status) {
                     (_, Some(502 | 504)) | (ErrorClass::Connect, _) => Observed::Unreachable,
@@ -85,6 +90,15 @@ impl Observed {
 
     /// The API is pushing back.
     fn is_pushback(self) -> bool {
+        matches!(
+            self,
+            Observed::Pushback | Observed::TooMany | Observed::Timeout
+        )
+    }
+
+    /// Pushback that may be the ID's rather than the rate's, if it repeats on the same ID:
+    /// all but 429 (see [`super::repeats`]).
+    fn may_repeat(self) -> bool {
         matches!(self, Observed::Pushback | Observed::Timeout)
     }
 
@@ -109,6 +123,9 @@ pub struct ItemHistory {
     /// A possible-outage failure of this ID was found to be its own: the API answered
     /// another request after it failed, or no outage showed while it waited for evidence.
     fails_alone: std::sync::atomic::AtomicBool,
+    /// This ID's last attempt was pushback other than 429 (503, 529, a timeout): its next
+    /// one is a repeat that tells whether such refusals are the ID's (see [`super::repeats`]).
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl ItemHistory {
@@ -157,7 +174,28 @@ impl Throttle {
     /// that always fail use up their attempts and fail, however many retries in a row,
     /// instead of reading as the API being out. A connection that cannot be made at all
     /// (refused) is never the ID's doing: it is outage evidence whatever the ID's history.
+    ///
+    /// An attempt of an ID whose last attempt was refused (503, 529, timeout) is counted as a
+    /// repeat, so the throttle can tell refusals bound to IDs from refusals of the rate (see
+    /// [`super::repeats`]).
     pub async fn charge(&self, observed: Observed, probe: bool, history: &ItemHistory) -> bool {
+        let refused = observed.may_repeat();
+        self.tick.refused.fetch_add(u64::from(refused), Relaxed);
+        if history.refused.swap(refused, Relaxed) {
+            self.tick.repeats.fetch_add(1, Relaxed);
+            self.tick
+                .repeats_refused
+                .fetch_add(u64::from(refused), Relaxed);
+        }
+        match observed {
+            Observed::TooMany => {
+                self.throttled.fetch_add(1, Relaxed);
+            }
+            Observed::Pushback => {
+                self.unavailable.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
         match self.record(observed, probe, history.fails_alone()) {
             Verdict::Counted => true,
             Verdict::Free => false,

@@ -170,7 +170,8 @@ impl Harness {
         serde_json::from_str(out.stdout.trim()).expect("status --json is one JSON object")
     }
 
-    /// What a clean run should record for `id`: ok with the server's body, or failed 404.
+    /// What a clean run should record for `id`: ok with the server's body, or failed 404
+    /// (or 503, for an ID the API refuses on more attempts than a job makes).
     #[track_caller]
     pub fn check_record(&self, record: &Value) {
         let id = record["id"].as_str().expect("records have an id");
@@ -178,6 +179,10 @@ impl Harness {
             Fault::NotFound => {
                 assert_eq!(record["status"], "failed", "{record}");
                 assert_eq!(record["http_status"], 404, "{record}");
+            }
+            Fault::Unavailable if self.api.config().transient_attempts == u32::MAX => {
+                assert_eq!(record["status"], "failed", "{record}");
+                assert_eq!(record["http_status"], 503, "{record}");
             }
             _ => {
                 assert_eq!(record["status"], "ok", "{record}");

@@ -38,6 +38,12 @@ pub struct ApiConfig {
     pub throttled_per_mille: u32,
     /// The `Retry-After` (in seconds) of [`Fault::Throttled`] answers. 1 in every constructor.
     pub retry_after_secs: u64,
+    /// The `Retry-After` (in seconds) of [`Fault::Unavailable`] answers, if any. `None` in
+    /// every constructor.
+    pub unavailable_retry_after_secs: Option<u64>,
+    /// [`Fault::NotFound`] and [`Fault::Unavailable`] answers come at once, without the
+    /// latency, as a gateway's refusals do. `false` in every constructor.
+    pub refusals_at_once: bool,
 }
 
 impl ApiConfig {
@@ -55,6 +61,8 @@ impl ApiConfig {
             seed: 0,
             throttled_per_mille: 0,
             retry_after_secs: 1,
+            unavailable_retry_after_secs: None,
+            refusals_at_once: false,
         }
     }
 
@@ -73,6 +81,8 @@ impl ApiConfig {
             seed: 0x6869_6768_7761_7465, // "highwate"
             throttled_per_mille: 0,
             retry_after_secs: 1,
+            unavailable_retry_after_secs: None,
+            refusals_at_once: false,
         }
     }
 
@@ -91,6 +101,8 @@ impl ApiConfig {
             seed: 0,
             throttled_per_mille: 0,
             retry_after_secs: 1,
+            unavailable_retry_after_secs: None,
+            refusals_at_once: false,
         }
     }
 

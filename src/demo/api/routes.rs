@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -65,14 +65,28 @@ pub(super) async fn handle(
         tokio::time::sleep(config.slow_delay).await;
         return Ok(shared.success(&id, id_hash));
     }
-    let latency = config.latency(id_hash, attempt);
+    let refusal = match fault {
+        Fault::NotFound => true,
+        Fault::Unavailable => transient,
+        _ => false,
+    };
+    let latency = if refusal && config.refusals_at_once {
+        Duration::ZERO
+    } else {
+        config.latency(id_hash, attempt)
+    };
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
     Ok(match fault {
         Fault::NotFound => error_response(StatusCode::NOT_FOUND, "not found"),
         Fault::Unavailable if transient => {
-            error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+            if let Some(secs) = config.unavailable_retry_after_secs {
+                resp.headers_mut()
+                    .insert(hyper::header::RETRY_AFTER, secs.into());
+            }
+            resp
         }
         Fault::Drop if transient => return Err(DropConnection),
         Fault::Throttled if transient => {

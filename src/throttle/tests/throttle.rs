@@ -49,7 +49,8 @@ fn a_503_is_pushback_from_an_api_that_answers() {
     for (result, observed) in [
         (failure(Http, Some(503)), Observed::Pushback),
         (with_retry_after, Observed::Pushback),
-        (failure(Http, Some(429)), Observed::Pushback),
+        (failure(Http, Some(529)), Observed::Pushback),
+        (failure(Http, Some(429)), Observed::TooMany),
         (failure(Timeout, None), Observed::Timeout),
         (failure(Connect, None), Observed::Unreachable),
         (failure(Connection, None), Observed::Down),
