@@ -2,7 +2,7 @@
 //!
 //! Owns `main`, the dispatch to each subcommand, logging setup, `--state`'s reading (a
 //! directory or a PostgreSQL job), and the mapping of refusals to exit codes. The clap
-//! definitions are in [`args`]; each subcommand has its file. Nothing below this module sees
+//! definitions are in `args`; each subcommand has its file. Nothing below this module sees
 //! clap.
 
 use std::path::Path;
