@@ -73,7 +73,7 @@ macro_rules! say {
     }};
 }
 
-/// Exit codes, as documented in `--help` and README.
+/// Exit codes, as documented in `--help` and docs/exit-codes.md.
 pub(crate) mod exit {
     /// Every ID succeeded.
     pub const OK: u8 = 0;
