@@ -1,6 +1,6 @@
 //! A loopback API for measuring `--extract`: `GET /items/{id}` answers 200 with a JSON
 //! document of about BYTES bytes (default 2048): `{"data": {"name": ..., "score": ...},
-//! "padding": "xxx..."}`. Used by README's disk figure:
+//! "padding": "xxx..."}`. Used for the disk figure of benches/README.md, "Answer checks":
 //!
 //! ```text
 //! cargo run --release --example answer_server -- 127.0.0.1:8089 2048

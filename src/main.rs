@@ -3,7 +3,7 @@
 /// jemalloc, not the system allocator: a run allocates and frees small buffers on many
 /// threads (sled pages, HTTP bodies, records) all day. jemalloc does that about 15-20%
 /// faster than glibc malloc here, and from a few million IDs on holds less memory than
-/// glibc's per-thread arenas (README, Performance: "Allocator"). The library leaves the
+/// glibc's per-thread arenas (benches/README.md, "Allocator"). The library leaves the
 /// choice to its users.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -12,7 +12,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// is garbage-collected after every 1 MiB it allocates instead of every 64 KiB. Each item
 /// allocates a few KiB (the request, its headers, the answer, the record), so at the default
 /// the collection ran every few items: about 3,000 instructions per item, 3% of the process
-/// (callgrind against nginx; README, Performance, issue 18 session 10).
+/// (callgrind against nginx; benches/README.md, "CPU per item").
 #[repr(transparent)]
 struct MallocConf(*const std::ffi::c_char);
 
@@ -26,7 +26,8 @@ static MALLOC_CONF: MallocConf = MallocConf(c"tcache_gc_incr_bytes:1048576".as_p
 
 /// Return the freed pages of every jemalloc arena to the system now (`arena.<all>.purge`).
 /// The store calls it when it reopens its database (see
-/// `highwater::store::sled_store::set_release_memory_hook`); measured in README, Performance.
+/// `highwater::store::sled_store::set_release_memory_hook`); measured in benches/README.md,
+/// "Allocator".
 fn purge_jemalloc() {
     // MALLCTL_ARENAS_ALL = 4096: every arena.
     let name = c"arena.4096.purge";

@@ -1,8 +1,9 @@
 //! Metrics: a run's figures in the Prometheus text format, served over HTTP.
 //!
 //! Owns `--metrics-addr`: a small HTTP/1 server answering every GET with the text
-//! exposition format (version 0.0.4), rendered on each scrape from [`Counters`] and the
-//! store's figures at the start of the run ([`RunView`]); nothing is kept between scrapes.
+//! exposition format (version 0.0.4), rendered on each scrape from
+//! [`Counters`](crate::progress::Counters) and the store's figures at the start of the run
+//! ([`RunView`]); nothing is kept between scrapes.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;

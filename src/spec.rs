@@ -69,8 +69,8 @@ pub struct JobSpec {
     /// The command run for each ID instead of a request: an exec job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecSpec>,
-    /// The name a library program gave its own handler (a job built with [`Job`]), which
-    /// does the work instead of a request.
+    /// The name a library program gave its own handler (a job built with
+    /// [`Job`](crate::job::Job)), which does the work instead of a request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<String>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).

@@ -75,8 +75,8 @@ modes:
     --repeat K        rounds [default: 3]
     --bin PATH, --before PATH   as for latency
 
-  client       CPU per request of reqwest clients one setting apart (highwater's before
-               issue 18, + no_proxy, + no redirects, + http1_only, unlimited idle pool,
+  client       CPU per request of reqwest clients one setting apart (highwater's at
+               aaa7d89, + no_proxy, + no redirects, + http1_only, unlimited idle pool,
                without the whole-request timeout), a bare loop in this process against the
                same nginx, alternating (needs nginx on PATH)
     --ids N           requests per variant and round [default: 100000]

@@ -429,8 +429,8 @@ pub async fn capacity(args: &Args, command: &str) -> Result<()> {
     Ok(())
 }
 
-/// Issue 18: "after a change, the achieved rate follows the new value within 2% within one
-/// second". The controller changes the limit at every tick (200 ms), so every 1-s window
+/// The target: "after a change, the achieved rate follows the new value within 2% within
+/// one second". The controller changes the limit at every tick (200 ms), so every 1-s window
 /// starts within a tick of a change: per window, the calls the API saw (every attempt is
 /// granted by the limiter; 429s included) against what the limits in force allowed (the
 /// integral of the limit over the window). The first second is left out (the run starts).
@@ -451,7 +451,7 @@ fn limit_tracking(run: &CapacityRun) -> Result<String> {
     let mut out = String::new();
     writeln!(
         out,
-        "\nThe adaptive limit followed (issue 18 item 1): over every 1-s window starting on a \
+        "\nThe adaptive limit followed: over every 1-s window starting on a \
          100 ms sample after the first second ({} windows, the limit changed {} times, \
          every 200 ms tick), calls at the API ÷ the integral of the limit over the window: \
          median **{:.4}**, min {:.4}, max {:.4}; **{} of {}** within ±2%.",

@@ -19,10 +19,10 @@ use super::{
 /// A client setting and how to build a client with it.
 type Variant = (&'static str, fn() -> reqwest::ClientBuilder);
 
-/// The settings compared, each one setting apart from highwater's client before issue 18.
+/// The settings compared, each one setting apart from highwater's client at aaa7d89.
 fn variants() -> Vec<Variant> {
     fn highwater() -> reqwest::ClientBuilder {
-        // As src/handler.rs built it before issue 18 (aaa7d89).
+        // As src/handler.rs built it at aaa7d89.
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(30))

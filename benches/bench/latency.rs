@@ -1,5 +1,5 @@
 //! `latency`: wide concurrency against a slow API. A server in this process answers every
-//! request after a set delay (issue 18: real enrichment APIs answer in 100 ms to 2 s, so
+//! request after a set delay (real enrichment APIs answer in 100 ms to 2 s, so
 //! throughput is concurrency / latency); the binary runs with `--concurrency N` beside
 //! `wrk -c N` on the same server, alternating. Reported: items/s against wrk's requests/s
 //! and the ideal N / latency, and the binary's peak RSS (per item in flight).

@@ -36,7 +36,7 @@ struct RateCase {
 }
 
 impl RateCase {
-    /// The most calls allowed in any 1 s window: issue 18's `1.01 R + 2`.
+    /// The most calls allowed in any 1 s window: the target's `1.01 R + 2`.
     fn bound_1s(&self) -> f64 {
         1.01 * self.rate + 2.0
     }
@@ -107,7 +107,7 @@ pub async fn rate_accuracy(args: &Args, command: &str) -> Result<()> {
         "- the server timestamps every call when it is routed; achieved = calls / (last call \
          − start of the run + 1/R), start-up included (a perfect limiter whose first call \
          goes out at once reads 1.000); windows are half-open `[t, t+w)` over every start t; \
-         bounds (issue 18): `1.01 R + 2` in 1 s, `0.1 R + max(2, 0.01 R) + 1` in 100 ms\n"
+         bounds (the target): `1.01 R + 2` in 1 s, `0.1 R + max(2, 0.01 R) + 1` in 100 ms\n"
     )?;
     writeln!(
         out,

@@ -2,7 +2,7 @@
 //!
 //! Owns `main`, the dispatch to each subcommand, logging setup, `--state`'s reading (a
 //! directory or a PostgreSQL job), and the mapping of refusals to exit codes. The clap
-//! definitions are in [`args`]; each subcommand has its file. Nothing below this module sees
+//! definitions are in `args`; each subcommand has its file. Nothing below this module sees
 //! clap.
 
 use std::path::Path;
@@ -73,7 +73,7 @@ macro_rules! say {
     }};
 }
 
-/// Exit codes, as documented in `--help` and README.
+/// Exit codes, as documented in `--help` and docs/exit-codes.md.
 pub(crate) mod exit {
     /// Every ID succeeded.
     pub const OK: u8 = 0;

@@ -168,8 +168,8 @@ impl ExecHandler {
     /// One process for `id`, as a boxed future. Unboxed it is about 5 KB (the process, its
     /// two pipe readers and the timeout), and a caller holding an HTTP or an exec attempt
     /// (`job::JobHandler`) would reserve that much for each HTTP call in flight too, whose own
-    /// future is under 300 bytes: 19 MiB at 4,000 in flight (README, item 2). One allocation
-    /// beside a process spawn costs nothing.
+    /// future is under 300 bytes: 19 MiB at 4,000 in flight (benches/README.md, "Slow API,
+    /// wide concurrency"). One allocation beside a process spawn costs nothing.
     pub fn attempt<'a>(
         &'a self,
         id: &'a str,

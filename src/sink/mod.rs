@@ -23,7 +23,7 @@ pub mod parquet;
 pub enum ExportFormat {
     Jsonl,
     Csv,
-    /// Written to a file only ([`parquet`]).
+    /// Written to a file only (with --output).
     Parquet,
 }
 

@@ -22,7 +22,7 @@
 //! the field has null. A field named like a fixed column gets a `body_` prefix. Results that
 //! are not objects keep a `body` column (null for the flattened ones), so nothing is lost.
 //!
-//! Written through [`super::replace_atomically`]: a temp file, synced, then renamed.
+//! Written through `sink::replace_atomically`: a temp file, synced, then renamed.
 
 use std::borrow::Cow;
 use std::collections::HashMap;

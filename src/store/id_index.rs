@@ -2,11 +2,11 @@
 //!
 //! Owns the file `ids.idx` of a state directory and its format. Nothing per ID is kept in
 //! the process's own memory: the data lives in the OS page cache, which the kernel can evict.
-//! The file's first [`MAP_LEN`] bytes (the tables of a job of up to about a million IDs) are
+//! The file's first `MAP_LEN` bytes (the tables of a job of up to about a million IDs) are
 //! mapped shared, so a lookup or insert there is a load or store, not a `pread` and a
 //! `pwrite` (1.5 µs of system time per new ID on the development machine); tables beyond
 //! that are read and written with `pread`/`pwrite`. The mapped pages a job touches count in
-//! the process's RSS (as file pages, which the kernel can reclaim; at most [`MAP_LEN`]).
+//! the process's RSS (as file pages, which the kernel can reclaim; at most `MAP_LEN`).
 //! A store through the map never fills a hole of the sparse file: until a region's page has
 //! had its disk block allocated by a `pwrite` (an initial one-page table, until its first
 //! insert) its inserts are written with `pwrite`, so a full disk is an error, not a SIGBUS.

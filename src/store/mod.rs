@@ -9,7 +9,8 @@
 //! everything derived from the records ([`JobView`]: statistics, the export's walk, failure
 //! listings, a rerun's count moves) is written once above it. The embedded default is
 //! [`sled`](sled_store::SledStore); [`mem::MemStore`] keeps everything in memory (tests,
-//! and the reference a new backend is compared with by the conformance suite).
+//! and the reference a new backend is compared with by the conformance suite in the
+//! crate's private `conformance` module).
 
 pub mod backend;
 mod error;

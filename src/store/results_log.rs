@@ -452,7 +452,7 @@ impl ResultsLog {
     }
 
     /// Make every append so far durable, then write their positions. Returns what the store
-    /// keeps for the next open. Moves [`Durable::covers`] at most every [`COVER_EVERY`], or
+    /// keeps for the next open. Moves [`Durable::covers`] at most every `COVER_EVERY`, or
     /// now if `force` (a store being closed: the next open then replays nothing).
     pub fn sync(&self, force: bool) -> Result<Durable, LogError> {
         let mut synced = self

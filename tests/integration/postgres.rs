@@ -129,7 +129,7 @@ pub(crate) fn clean_calls(h: &Harness, id: &str) -> u64 {
 /// Each worker of the crash test calls this many IDs at once.
 const CRASH_CONCURRENCY: usize = 16;
 
-/// Issue 17's crash test: three workers on one job of 20,000 IDs against a flaky API, ten
+/// The fleet's crash test: three workers on one job of 20,000 IDs against a flaky API, ten
 /// SIGKILLs of random workers (each restarted), one worker paused with SIGSTOP past its TTL
 /// (its buckets taken over) then woken: every ID is exported exactly once, only the IDs the
 /// API refuses (404) failed, what the paused worker wrote late was fenced out, and the
@@ -253,7 +253,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         ),
         "0",
         30,
-        "the paused worker's buckets are taken over (issue 17: within the TTL and a few seconds)",
+        "the paused worker's buckets are taken over (within the TTL and a few seconds)",
     );
     let paused_at = started.elapsed();
     signal(&workers[paused], libc::SIGCONT);
@@ -577,7 +577,7 @@ fn three_workers_share_one_rate_limit() {
     }
     // Unthrottled (the fake API never pushes back), the fleet uses its whole rate. In its
     // best second (bounded above by 600 + burst: the rate held for a second, not a burst):
-    // issue 17 asks 0.95 of 600; 606-607 calls were measured at a load of 10-12 on this
+    // the aim is 0.95 of 600; 606-607 calls were measured at a load of 10-12 on this
     // 2-core box, 503 at a load of 19, so 0.8 is asserted. Over the middle of the run (20% to
     // 80% of the calls) only very loosely: a loaded machine starves the workers (487-529/s
     // at a load of 10-12, 388/s at 19; 115/s was once seen over a whole run in the full suite).

@@ -1,4 +1,4 @@
-//! Issue 17's faults for a fleet on PostgreSQL: a worker's database connections cut (by a
+//! The faults a fleet on PostgreSQL must survive: a worker's database connections cut (by a
 //! TCP proxy of the test's own), the API out for longer than the lease TTL, and a hidden
 //! capacity below the fleet's `--rate`. Nothing is lost or doubled, and the job finishes.
 
@@ -288,7 +288,7 @@ struct Sample {
 
 /// Three workers whose `--rate 600` (the job's total) is twice the API's hidden capacity C
 /// (300/s, burst 30; 429 beyond it, no `Retry-After`): their adaptive control, each inside
-/// its share, brings the fleet to most of C with few 429s (issue 17's goal: >= 0.9 C, <= 5%
+/// its share, brings the fleet to most of C with few 429s (the aim: >= 0.9 C, <= 5%
 /// 429s), over the middle of the run (20% to 80% of the IDs answered). Measured on this 2-core
 /// box: 0.82-1.00 C with 2.3-4.2% 429s at loads of 7-16, 0.60 C (3.1%) at 18, 0.99 C with
 /// 3.6-4.8% at 16-17: under heavy load the controllers still read scheduling delays as

@@ -2,7 +2,7 @@
 //! one job, against a fake API of its own that answers 429 (no `Retry-After`) above C
 //! requests/s (`FakeApi::set_capacity`: a token bucket, burst C/10): the job's `--rate` at
 //! 2·C, and no `--rate` at all (each worker's adaptive concurrency alone); every other flag
-//! at its default. Issue 17's goal: goodput >= 0.9·C with <= 5% of the answers 429. Goodput
+//! at its default. The aim: goodput >= 0.9·C with <= 5% of the answers 429. Goodput
 //! and the 429 share are the API's own counts over the middle of the run (20% to 80% of the
 //! IDs answered 200), sampled every 100 ms.
 
@@ -83,7 +83,7 @@ pub(super) fn capacity(
          (a token bucket, burst C/10). {} workers on one job of {} IDs, `--concurrency {}` \
          each, every other flag at its default (adaptive control on). Goodput and the 429 \
          share over the middle of the run (20% to 80% of the IDs answered 200), from the \
-         API's counts sampled every 100 ms; issue 17's goal is >= 0.9·C with <= 5% 429s.\n",
+         API's counts sampled every 100 ms; the aim is >= 0.9·C with <= 5% 429s.\n",
         bench.workers,
         thousands(IDS),
         bench.c

@@ -44,9 +44,9 @@
 //!
 //! # Files
 //!
-//! [`faults`] (the configuration and each ID's fault), [`routes`] (a request to its ID and
-//! answer), [`answers`] (the bodies), [`server`] (accepting, the outage switch's listener),
-//! [`calls`] (call counts and timestamps), [`capacity`] (the hidden capacity's token bucket).
+//! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
+//! answer), `answers` (the bodies), `server` (accepting, the outage switch's listener),
+//! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket).
 
 mod answers;
 mod calls;

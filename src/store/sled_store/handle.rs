@@ -19,12 +19,12 @@ pub(super) const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from
 
 /// sled 0.34 writes its snapshot (the page table that recovery starts from) only when the
 /// database is opened, and an open replays every log entry written since the last snapshot
-/// (`snapshot_after_ops` does nothing in 0.34; see sled issue #926). A job that ran for hours
-/// since its last start would replay all of it at the next start: about 0.3 s per million
-/// results here, so a resume after a kill -9 waited seconds for its first request. After this
-/// many bytes written since the last open, or [`REOPEN_SHARE`] of the store's size on disk if
-/// that is more, a sync reopens the database, which writes a new snapshot; the replay after a
-/// crash is then bounded by that many bytes.
+/// (`snapshot_after_ops` does nothing in 0.34; see spacejam/sled#926). A job that ran for
+/// hours since its last start would replay all of it at the next start: about 0.3 s per
+/// million results here, so a resume after a kill -9 would wait seconds for its first
+/// request. After this many bytes written since the last open, or `REOPEN_SHARE` of the
+/// store's size on disk if that is more, a sync reopens the database, which writes a new
+/// snapshot; the replay after a crash is then bounded by that many bytes.
 pub const REOPEN_AFTER_BYTES: u64 = 64 << 20;
 
 /// An open itself costs time and memory in proportion to the store (reading the snapshot:
@@ -256,7 +256,7 @@ impl SledStore {
     }
 
     /// Reopen after at least `bytes` written instead of [`REOPEN_AFTER_BYTES`] (still at
-    /// least [`REOPEN_SHARE`] of the store's size).
+    /// least `REOPEN_SHARE` of the store's size).
     pub fn set_reopen_after(&self, bytes: u64) {
         self.reopen_after.store(bytes, Ordering::Relaxed);
     }
