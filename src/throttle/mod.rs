@@ -1,9 +1,9 @@
 //! Throttle: how fast requests may start, and how that speed follows the API's pushback.
 //!
-//! Owns the request rate limit ([`RateLimiter`]: a GCRA virtual clock that absorbs late
+//! Owns the request rate limit (`RateLimiter`: a GCRA virtual clock that absorbs late
 //! wake-ups, with a default burst derived from the rate, and rate changes that keep the
 //! schedule), the parsing of `--rate` values ([`Rate`]), and the control law that moves the
-//! effective rate between a floor and a ceiling from what the API says ([`RateController`]).
+//! effective rate between a floor and a ceiling from what the API says (`RateController`).
 //!
 //! ## The control law
 //!
@@ -36,11 +36,11 @@
 //! once the API pushes back; concurrency also adapts (x0.7 on pushback, +1 per calm tick).
 //!
 //! Refusals that repeat on the same IDs while other IDs succeed (a shard down for some keys)
-//! are no overload and reach neither filter nor controller: see [`repeats`].
+//! are no overload and reach neither filter nor controller: see `repeats`.
 //!
-//! The parts, one file each: [`rate`] (the `--rate` value and the limiter), [`controller`]
-//! (the control law, its pushback filter, adaptive concurrency), [`repeats`] (refusals bound
-//! to IDs), [`outage`] (what an attempt tells the throttle, outage detection and probes);
+//! The parts, one file each: `rate` (the `--rate` value and the limiter), `controller`
+//! (the control law, its pushback filter, adaptive concurrency), `repeats` (refusals bound
+//! to IDs), `outage` (what an attempt tells the throttle, outage detection and probes);
 //! this file holds the [`Throttle`] that
 //! ties them together for a run, with its options and the fleet's hold on a worker.
 
@@ -180,7 +180,7 @@ pub struct Throttle {
     /// Attempts answered "overloaded" (503, 529) over the run, for reports.
     pub unavailable: AtomicU64,
     /// Refusals (503, 529, timeouts) taken as their IDs', not the rate's, over the run
-    /// (see [`repeats`]).
+    /// (see `repeats`).
     pub refused_ids: AtomicU64,
 }
 
@@ -500,8 +500,8 @@ impl Throttle {
 
     /// Whether an attempt answered `observed` was refused for the client's rate: a 429 always;
     /// a 503, 529 or timeout while the API is judged overloaded (pushback acted on at the
-    /// last tick), or, before any refusal was shown to be an ID's (see [`repeats`]), while
-    /// more than [`repeats::UNPROVEN_ALLOWANCE`] of this tick's attempts so far were refused.
+    /// last tick), or, before any refusal was shown to be an ID's (see `repeats`), while
+    /// more than `repeats::UNPROVEN_ALLOWANCE` of this tick's attempts so far were refused.
     /// Such a refusal's `Retry-After` is the API's word to the whole client, and its item's
     /// worker waits with it; any other refusal is its ID's, and holds that ID only.
     pub fn refused_for_the_rate(&self, observed: Observed) -> bool {

@@ -40,7 +40,7 @@ pub enum Observed {
     /// An answer that says "overloaded": 503 or 529, with or without `Retry-After` (rate
     /// limiters such as nginx's `limit_req` answer 503 by default, object stores say
     /// "503 Slow Down"). Pushback, unless it repeats on the same IDs while others succeed
-    /// (see [`super::repeats`]); the API is up.
+    /// (see [`crate::throttle`]); the API is up.
     Pushback,
     /// An answer that refuses the client's rate: 429. Always pushback; the API is up.
     TooMany,
@@ -97,7 +97,7 @@ impl Observed {
     }
 
     /// Pushback that may be the ID's rather than the rate's, if it repeats on the same ID:
-    /// all but 429 (see [`super::repeats`]).
+    /// all but 429 (see [`crate::throttle`]).
     fn may_repeat(self) -> bool {
         matches!(self, Observed::Pushback | Observed::Timeout)
     }
@@ -124,7 +124,7 @@ pub struct ItemHistory {
     /// another request after it failed, or no outage showed while it waited for evidence.
     fails_alone: std::sync::atomic::AtomicBool,
     /// This ID's last attempt was pushback other than 429 (503, 529, a timeout): its next
-    /// one is a repeat that tells whether such refusals are the ID's (see [`super::repeats`]).
+    /// one is a repeat that tells whether such refusals are the ID's (see [`crate::throttle`]).
     refused: std::sync::atomic::AtomicBool,
 }
 
@@ -159,7 +159,7 @@ impl Throttle {
     ///
     /// An answer (any status) counts. A failure that may be the API going down (refused or
     /// dropped connection, a 5xx other than 503, timeout) is free while an outage is
-    /// declared; otherwise its verdict waits (at most [`PROVISIONAL_WAIT`]) for evidence:
+    /// declared; otherwise its verdict waits (at most `PROVISIONAL_WAIT`) for evidence:
     /// another answer from the API (it counts: the API is up, this ID failed) or an outage
     /// being declared (it is free). With neither, it counts if the ID may be the cause
     /// (and the failures in a row start again), and is free if it cannot be (a refused
@@ -177,7 +177,7 @@ impl Throttle {
     ///
     /// An attempt of an ID whose last attempt was refused (503, 529, timeout) is counted as a
     /// repeat, so the throttle can tell refusals bound to IDs from refusals of the rate (see
-    /// [`super::repeats`]).
+    /// [`crate::throttle`]).
     pub async fn charge(&self, observed: Observed, probe: bool, history: &ItemHistory) -> bool {
         let refused = observed.may_repeat();
         self.tick.refused.fetch_add(u64::from(refused), Relaxed);

@@ -2,7 +2,7 @@
 //! through one database. [`PgStore`] implements the `Store`, `Leases` and `Fleet` seam
 //! ([`store`], [`leases`]) on top of the functions of the other modules here.
 //!
-//! # Schema (`migrations/0001_init.sql` and `0002_fleet_burst_idle.sql`, applied by [`migrate`])
+//! # Schema (`migrations/0001_init.sql` and `0002_fleet_burst_idle.sql`, applied by [`migrate()`])
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position

@@ -684,7 +684,7 @@ mod tests {
     use crate::store::postgres::test_db::{add_buckets, expire, migrated};
     use crate::store::Log;
 
-    /// Issue 17: a worker stopped in the middle of a transaction (SIGSTOP, a partition) holds
+    /// A worker stopped in the middle of a transaction (SIGSTOP, a partition) holds
     /// its bucket rows' locks; once its session expires, the others take its buckets over
     /// within the TTL and a few seconds, not when the server's default idle timeout (60 s)
     /// would end that transaction.

@@ -198,7 +198,7 @@ fn after_a_rate_change_the_new_rate_holds_within_a_second_without_a_burst() {
 
 /// The adaptive controller changes the rate every tick (200 ms), by up to 10% up or by a
 /// cut down: from every change on, the grants of the next second are what the rates in
-/// force over that second allow, within 2% (issue 18: "after a change, the achieved rate
+/// force over that second allow, within 2% (the promise: "after a change, the achieved rate
 /// follows the new value within 2% within one second").
 #[test]
 fn under_a_rate_changed_every_tick_each_second_grants_what_its_rates_allow() {
