@@ -365,3 +365,77 @@ fn exec_and_url_together_are_refused_and_nothing_is_created() {
     .expect_refused(2, &["--retry-exit-codes"]);
     assert!(!state.exists());
 }
+
+/// A command that exits with the retry code for the same IDs every time (10% of them): they
+/// fail after their attempts, class `exit`, and the adaptive rate is not lowered for them
+/// (an exit code is the command's answer, never the API's pushback).
+#[test]
+fn ids_whose_command_asks_for_a_retry_every_time_fail_alone_at_the_rate() {
+    let h = Harness::new(ApiConfig::fast());
+    let script = h.file(
+        "again.sh",
+        r#"case "$1" in
+  bad-*) exit 75 ;;
+  *) echo "{\"v\": \"$1\"}" ;;
+esac
+"#,
+    );
+    let ids: Vec<String> = (0..600)
+        .map(|i| {
+            if i % 10 == 3 {
+                format!("bad-{i}")
+            } else {
+                format!("ok-{i}")
+            }
+        })
+        .collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let command = format!("sh {} {{id}}", p(&script));
+    let run = h.run(&[
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--exec",
+        &command,
+        "--rate",
+        "100",
+        "--concurrency",
+        "4",
+        "--retry-initial",
+        "200ms",
+        "--max-attempts",
+        "3",
+        "--progress-interval",
+        "1s",
+    ]);
+    run.expect_code(3);
+    for r in h.export(&state) {
+        let id = r["id"].as_str().unwrap();
+        if id.starts_with("bad-") {
+            assert_eq!(r["status"], "failed", "{r}");
+            assert_eq!(r["error_class"], "exit", "{r}");
+            assert_eq!(r["attempts"], 3, "{r}");
+        } else {
+            assert_eq!(r["status"], "ok", "{r}");
+        }
+    }
+    let rates: Vec<f64> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.split(", rate limit ").nth(1))
+        .filter_map(|r| r.split('/').next()?.parse().ok())
+        .collect();
+    assert!(
+        !rates.is_empty(),
+        "progress lines with the rate: {}",
+        run.stderr
+    );
+    assert!(
+        rates.iter().all(|r| *r >= 90.0),
+        "the rate limit was lowered: {rates:?}\n{}",
+        run.stderr
+    );
+}
