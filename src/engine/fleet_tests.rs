@@ -131,6 +131,11 @@ macro_rules! fleet_tests {
 mod memory {
     use super::MemJob;
     fleet_tests!(MemJob);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn ids_refused_every_time_do_not_pause_the_fleet() {
+        super::ids_refused_every_time_do_not_pause_the_fleet().await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -579,4 +584,65 @@ async fn status_figures_counted_by_the_database_are_the_walks() {
     assert_eq!(b.counted_stats().await.unwrap(), Some(walked.clone()));
     assert_eq!(done.job, walked);
     assert!(b.log_finished(Log::Job).await.unwrap());
+}
+
+/// Two workers against an API that refuses 10% of the IDs every time, at once, with
+/// `Retry-After: 1`: those IDs fail with their 503 after their attempts, the others succeed,
+/// and no worker pauses the fleet for them (a `Retry-After` of an ID's own refusal holds
+/// that ID only; taken for the whole fleet, every refused ID paused both workers).
+async fn ids_refused_every_time_do_not_pause_the_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = (0..600).map(|i| format!("r-{i}")).collect();
+    let input = dir.path().join("ids.txt");
+    std::fs::write(&input, ids.join("\n")).unwrap();
+    let config = ApiConfig {
+        latency_min: Duration::from_millis(1),
+        latency_max: Duration::from_millis(1),
+        unavailable_per_mille: 100,
+        transient_attempts: u32::MAX,
+        unavailable_retry_after_secs: Some(1),
+        refusals_at_once: true,
+        ..ApiConfig::fast()
+    };
+    let api = FakeApi::start(config.clone()).await.unwrap();
+    let db = SharedMem::new();
+    let first = Arc::new(db.worker());
+    let request = JobRequest {
+        input: Some(InputSpec {
+            path: input,
+            format: InputFormat::Text,
+        }),
+        url: Some(api.url_template()),
+        bucket_size: Some(25),
+        ..JobRequest::default()
+    };
+    let spec = Arc::new(open_job(&*first, &request).await.unwrap());
+    let second = Arc::new(db.worker());
+    let runs = [
+        spawn_run(first.clone(), spec.clone()),
+        spawn_run(second.clone(), spec.clone()),
+    ];
+    for r in runs {
+        assert!(r.await.unwrap().job.finished());
+    }
+    assert_eq!(
+        first.fleet_rate().paused_until,
+        None,
+        "a refusal of the same IDs paused the fleet"
+    );
+    let mut refused = 0;
+    first
+        .for_each_final(&mut |id, record| {
+            if config.fault(id) == crate::demo::api::Fault::Unavailable {
+                refused += 1;
+                assert_eq!(record.status, ItemStatus::Failed, "{id}");
+                assert_eq!(record.http_status, Some(503), "{id}");
+            } else {
+                assert_eq!(record.status, ItemStatus::Ok, "{id}");
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(refused > 30, "{refused} IDs refused");
 }
