@@ -501,7 +501,10 @@ impl Throttle {
     /// Whether an attempt answered `observed` was refused for the client's rate: a 429 always;
     /// a 503, 529 or timeout while the API is judged overloaded (pushback acted on at the
     /// last tick), or, before any refusal was shown to be an ID's (see `repeats`), while
-    /// more than `repeats::UNPROVEN_ALLOWANCE` of this tick's attempts so far were refused.
+    /// more than `repeats::UNPROVEN_ALLOWANCE` of this tick's fresh attempts so far were
+    /// refused. Repeats refused again are no sign of overload by themselves: they are what
+    /// IDs refused every time look like (at the end of a job, when only their retries are
+    /// left, a tick can be nothing else), and an overload refuses fresh attempts too.
     /// Such a refusal's `Retry-After` is the API's word to the whole client, and its item's
     /// worker waits with it; any other refusal is its ID's, and holds that ID only.
     pub fn refused_for_the_rate(&self, observed: Observed) -> bool {
@@ -510,10 +513,17 @@ impl Throttle {
             Observed::Pushback | Observed::Timeout => {
                 self.overloaded.load(Relaxed)
                     || (self.refused_ids_share() == 0.0 && {
-                        let attempts = self.tick.attempts.load(Relaxed);
-                        let refused = self.tick.refused.load(Relaxed);
-                        attempts >= 20
-                            && refused as f64 > repeats::UNPROVEN_ALLOWANCE * attempts as f64
+                        let t = &self.tick;
+                        let fresh = t
+                            .attempts
+                            .load(Relaxed)
+                            .saturating_sub(t.repeats.load(Relaxed));
+                        let fresh_refused = t
+                            .refused
+                            .load(Relaxed)
+                            .saturating_sub(t.repeats_refused.load(Relaxed));
+                        fresh >= 20
+                            && fresh_refused as f64 > repeats::UNPROVEN_ALLOWANCE * fresh as f64
                     })
             }
             _ => false,

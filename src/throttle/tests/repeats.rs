@@ -166,3 +166,37 @@ async fn refusals_that_strike_any_id_lower_the_rate() {
     assert!(t.rate().unwrap() < 270.0, "rate {:?}", t.rate());
     assert!(t.refused_for_the_rate(Observed::Pushback));
 }
+
+#[tokio::test]
+async fn a_tick_of_repeats_refused_again_is_no_overload_before_the_proof() {
+    // Fresh attempts pass (a few refused); then only the refused IDs' retries are left, as at
+    // the end of a job, and they are refused again. Before the tick that would prove them the
+    // IDs', their Retry-After must not be taken for the whole client.
+    let t = throttle(300.0);
+    let refused: Vec<ItemHistory> = (0..30).map(|_| ItemHistory::default()).collect();
+    for (i, h) in refused.iter().enumerate() {
+        for _ in 0..9 {
+            t.charge(
+                Observed::Success(Duration::from_millis(20)),
+                false,
+                &ItemHistory::default(),
+            )
+            .await;
+        }
+        t.charge(Observed::Pushback, false, h).await;
+        if i == 14 {
+            t.on_tick(TICK);
+        }
+    }
+    t.on_tick(TICK);
+    for h in &refused {
+        t.charge(Observed::Pushback, false, h).await;
+    }
+    assert!(!t.refused_for_the_rate(Observed::Pushback));
+    // Fresh attempts refused beyond the allowance are the rate's at once.
+    for _ in 0..30 {
+        t.charge(Observed::Pushback, false, &ItemHistory::default())
+            .await;
+    }
+    assert!(t.refused_for_the_rate(Observed::Pushback));
+}
