@@ -95,6 +95,9 @@ pub struct JobRequest {
     pub retry: RetryOverrides,
     /// Answer checks asked for; unset fields keep the stored ones.
     pub answer: AnswerRequest,
+    /// The quotas to keep, replacing the stored ones (a change is recorded in the spec
+    /// history); `None` keeps the stored ones.
+    pub quotas: Option<Vec<crate::quota::Quota>>,
     /// Accept a changed URL, command, method, body or answer check (recorded in the spec history).
     pub allow_spec_change: bool,
     /// The command asking ("run", "rerun"), for the spec history.
@@ -152,6 +155,9 @@ impl JobRequest {
         if let (Some(codes), Some(exec)) = (&self.retry_exit_codes, &mut spec.exec) {
             exec.retry_exit_codes = codes.clone();
         }
+        if let Some(q) = &self.quotas {
+            spec.quotas = q.clone();
+        }
         let r = &self.retry;
         spec.retry.max_attempts = r.max_attempts.unwrap_or(spec.retry.max_attempts);
         spec.retry.initial = r.initial.unwrap_or(spec.retry.initial);
@@ -189,6 +195,7 @@ impl JobRequest {
             handler: self.handler.clone(),
             answer: AnswerSpec::default(),
             retry: RetryPolicy::default(),
+            quotas: Vec::new(),
             created_at_ms: now_ms(),
             history: Vec::new(),
         };
@@ -198,9 +205,36 @@ impl JobRequest {
     }
 }
 
+/// The quotas `request` changes, as a line of the spec history.
+fn quota_change(stored: &JobSpec, request: &JobRequest) -> Option<String> {
+    let asked = request.quotas.as_ref().filter(|q| **q != stored.quotas)?;
+    let list = |q: &[crate::quota::Quota]| {
+        if q.is_empty() {
+            "none".to_string()
+        } else {
+            q.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        }
+    };
+    Some(format!(
+        "quotas changed from {} to {} (usage counted so far is kept)",
+        list(&stored.quotas),
+        list(asked)
+    ))
+}
+
 /// What is wrong with the request whatever the job: a bucket size of 0, both a URL and a
-/// command.
+/// command, two quotas over one window.
 fn check_request(request: &JobRequest) -> Result<(), JobError> {
+    if let Some(quotas) = &request.quotas {
+        for (i, a) in quotas.iter().enumerate() {
+            if let Some(b) = quotas[..i].iter().find(|b| b.window.key() == a.window.key()) {
+                return Err(JobError::Usage(format!(
+                    "{} {b} and {a} count the same window: give one",
+                    Setting::Quota
+                )));
+            }
+        }
+    }
     if request.bucket_size == Some(0) {
         return Err(JobError::Usage(format!(
             "{} must be at least 1",
@@ -402,6 +436,14 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                     asked.input.path.display()
                 );
                 tracing::warn!("{change}");
+                asked.history.push(SpecChange {
+                    at_ms: now_ms(),
+                    command: request.command.clone(),
+                    changes: vec![change],
+                    previous_input: None,
+                });
+            }
+            if let Some(change) = quota_change(&asked, request) {
                 asked.history.push(SpecChange {
                     at_ms: now_ms(),
                     command: request.command.clone(),

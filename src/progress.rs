@@ -14,6 +14,7 @@ use crate::failure::{ErrorClass, Failure};
 use crate::handler::Output;
 use crate::setting::Setting;
 use crate::store::StoreStats;
+use crate::quota::QuotaState;
 use crate::throttle::Throttle;
 
 /// What this run has done so far. Every field only grows except `in_flight`, a gauge.
@@ -59,6 +60,8 @@ pub struct Counters {
     pub http: HttpStats,
     /// The run's throttle, once the engine made it: the effective rate for reports.
     throttle: OnceLock<AttachedThrottle>,
+    /// Where the job's quotas stand, once the engine made its quota gate.
+    quotas: OnceLock<Arc<std::sync::Mutex<Vec<QuotaState>>>>,
 }
 
 /// The run's throttle as [`Counters`] holds it.
@@ -234,6 +237,20 @@ impl Counters {
     /// Called by the engine once it made the run's throttle.
     pub fn attach_throttle(&self, throttle: Arc<Throttle>) {
         let _ = self.throttle.set(AttachedThrottle(throttle));
+    }
+
+    /// Called by the engine once it made the run's quota gate: where its quotas stand.
+    pub fn attach_quotas(&self, states: Arc<std::sync::Mutex<Vec<QuotaState>>>) {
+        let _ = self.quotas.set(states);
+    }
+
+    /// Where the job's quotas stand (none without quotas, or before the run started).
+    pub fn quota_states(&self) -> Vec<QuotaState> {
+        self.quotas.get().map_or_else(Vec::new, |q| {
+            q.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        })
     }
 
     /// The run's throttle, once the run started.

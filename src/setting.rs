@@ -45,6 +45,8 @@ pub enum Setting {
     MaxOutage,
     /// The rate limit (calls per second).
     Rate,
+    /// The calls allowed per window (quotas, the job's budget).
+    Quota,
     /// How many IDs are worked on at once.
     Concurrency,
     /// Skip input lines without a usable ID instead of stopping.
@@ -87,6 +89,7 @@ impl Setting {
             Setting::MaxFailures => "max_failures",
             Setting::MaxOutage => "max_outage",
             Setting::Rate => "rate",
+            Setting::Quota => "quotas",
             Setting::Concurrency => "concurrency",
             Setting::SkipBadLines => "skip_bad_lines",
             Setting::AllowSpecChange => "allow_spec_change",

@@ -77,6 +77,10 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
     pub retry: RetryPolicy,
+    /// The calls the API allows per window, every one kept (none in specs stored before);
+    /// their usage is stored with the job ([`crate::quota`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<crate::quota::Quota>,
     /// Unix time (ms) of creation.
     pub created_at_ms: u64,
     /// Changes of the spec since creation, oldest first.

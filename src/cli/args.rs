@@ -146,6 +146,12 @@ pub(crate) struct RunArgs {
     /// With adaptive control (the default) this is the ceiling.
     #[arg(long, value_name = "RATE")]
     pub(crate) rate: Option<Rate>,
+    /// Calls allowed per window, every one kept (repeatable): 10000/h, 50/2s, 15000/day
+    /// (fixed windows aligned on UTC: on the hour, at midnight), 600/10min,rolling, or a
+    /// budget for the whole job, 1000000/job. Usage is stored with the job; given on a
+    /// resume, the list replaces the stored one.
+    #[arg(long = "quota", value_name = "CALLS/WINDOW", value_parser = quota)]
+    pub(crate) quotas: Vec<crate::quota::Quota>,
     /// Requests that may start at once above the rate: the API sees at most R*t + N in any
     /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
     /// worth at high ones), enough to make up for late timer wake-ups without tuning.
@@ -339,6 +345,10 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
+fn quota(s: &str) -> Result<crate::quota::Quota, String> {
+    s.parse().map_err(|e: crate::quota::QuotaParseError| e.to_string())
+}
+
 /// A size in bytes: a number with an optional unit, B, KiB, MiB, GiB or TiB (K, M, G, T also).
 pub(crate) fn byte_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -451,6 +461,7 @@ impl RunArgs {
                 extract: self.extract.clone(),
                 keep_body: self.keep_body.then_some(true),
             },
+            quotas: (!self.quotas.is_empty()).then(|| self.quotas.clone()),
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })

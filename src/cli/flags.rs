@@ -30,6 +30,7 @@ fn flag(setting: &Setting) -> Option<String> {
         Setting::MaxFailures => "--max-failures",
         Setting::MaxOutage => "--max-outage",
         Setting::Rate => "--rate",
+        Setting::Quota => "--quota",
         Setting::Concurrency => "--concurrency",
         Setting::SkipBadLines => "--skip-bad-lines",
         Setting::AllowSpecChange => "--allow-spec-change",

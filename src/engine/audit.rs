@@ -196,6 +196,16 @@ impl<S: Store + Leases> Store for Audit<S> {
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         self.inner.rerun_bucket_items(offset).await
     }
+    async fn reserve_quota(
+        &self,
+        wants: &[crate::quota::QuotaWant],
+        now_ms: u64,
+    ) -> Result<Vec<crate::quota::QuotaGrant>, StoreError> {
+        self.inner.reserve_quota(wants, now_ms).await
+    }
+    async fn quota_ledger(&self) -> Result<crate::quota::QuotaLedger, StoreError> {
+        self.inner.quota_ledger().await
+    }
 }
 
 impl<S: Store + Leases> Leases for Audit<S> {

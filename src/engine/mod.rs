@@ -86,6 +86,7 @@ mod item;
 mod member;
 mod planner;
 mod queue;
+mod quotas;
 mod source;
 mod stop;
 #[cfg(test)]

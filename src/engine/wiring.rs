@@ -9,6 +9,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 
+use super::quotas::QuotaGate;
 use super::dispatcher::{work_queue, Dispatcher};
 use super::error::EngineError;
 use super::queue::WorkQueue;
@@ -74,6 +75,11 @@ where
         opts.concurrency.max(1),
     ));
     counters.attach_throttle(throttle.clone());
+    let quotas = (!spec.quotas.is_empty()).then(|| {
+        let gate = QuotaGate::new(spec.quotas.clone(), store.clone());
+        counters.attach_quotas(gate.states());
+        Arc::new(gate)
+    });
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
     let member = source.member(&throttle);
 
@@ -127,6 +133,8 @@ where
             rerun: source.log().rerun(),
             fleet: member.clone(),
             parked: parked.clone(),
+            quotas: quotas.clone(),
+            halt: halt.clone(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, Notify, Semaphore, SemaphorePermit};
 use super::item::Item;
 use super::member::Member;
 use super::queue::WorkQueue;
+use super::quotas::QuotaGate;
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
 use crate::failure::Next;
@@ -163,6 +164,10 @@ pub(super) struct ItemTask<H> {
     pub(super) fleet: Arc<dyn Member>,
     /// The run's items waiting for a retry (shared by its workers).
     pub(super) parked: Arc<Parked>,
+    /// The job's quotas, if it has any: every attempt takes a call from each.
+    pub(super) quotas: Option<Arc<QuotaGate>>,
+    /// The run stopping itself (a spent budget).
+    pub(super) halt: Arc<Halt>,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -210,6 +215,8 @@ impl<H: Handler> ItemTask<H> {
         let throttle = &*self.throttle;
         let stop = &self.stop;
         let fleet = &*self.fleet;
+        let quotas = self.quotas.as_deref();
+        let halt = &*self.halt;
         let id = item.id.as_str();
         // When the first and the last attempt started, and how long the last one took (µs).
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
@@ -239,6 +246,21 @@ impl<H: Handler> ItemTask<H> {
                     probe = Box::pin(throttle.before_attempt()) => probe,
                     _ = stop.stopping() => return None,
                 };
+                // A call of every quota, held until the answer: waiting for a spent window
+                // uses none of the item's attempts; a spent budget leaves the item pending.
+                let quota_call = match quotas {
+                    None => None,
+                    Some(q) => tokio::select! {
+                        taken = Box::pin(q.acquire()) => match taken {
+                            Ok(call) => Some(call),
+                            Err(e) => {
+                                halt.halt(e.to_string());
+                                return None;
+                            }
+                        },
+                        _ = stop.stopping() => return None,
+                    },
+                };
                 let at = now_ms();
                 let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
                 last_at.store(at, Relaxed);
@@ -252,6 +274,7 @@ impl<H: Handler> ItemTask<H> {
                 let start = Instant::now();
                 let result = Box::pin(handler.call(id)).await;
                 drop(in_flight);
+                drop(quota_call);
                 let latency = start.elapsed();
                 last_latency.store(latency.as_micros() as u64, Relaxed);
                 Counters::add_elapsed(&counters.api_ns, start);

@@ -41,6 +41,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+
 use super::{
     BadLine, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
     RerunOffset, RerunRecord, StoreError, StoreStats, StoredJob,
@@ -133,6 +135,16 @@ pub trait Store: Send + Sync + 'static {
         &self,
         offset: &RerunOffset,
     ) -> impl Future<Output = Result<Vec<(String, ItemRecord)>, StoreError>> + Send;
+    /// Reserve calls in the job's quota windows ([`QuotaLedger::reserve`]), atomically and
+    /// durably: once this returns, the reservation outlives any crash, and every worker of
+    /// the job reserves from the same usage.
+    fn reserve_quota(
+        &self,
+        wants: &[QuotaWant],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<Vec<QuotaGrant>, StoreError>> + Send;
+    /// The job's quota usage as stored.
+    fn quota_ledger(&self) -> impl Future<Output = Result<QuotaLedger, StoreError>> + Send;
     /// The job's figures counted by the backend itself (a database's aggregate), if it can;
     /// `None`: [`super::view::JobView::stats`] derives them by walking every bucket. Either
     /// way the figures are the same.

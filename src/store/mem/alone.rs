@@ -11,6 +11,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::records::Records;
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
     BadLine, BucketState, Commit, ItemRecord, Lease, LeaseScope, LeaseToken, Leases, NoFleet,
     OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState, RerunOffset,
@@ -74,6 +75,21 @@ impl MemStore {
 impl Store for MemStore {
     async fn job(&self) -> Result<Option<StoredJob>, StoreError> {
         Ok(self.state().live.job.clone())
+    }
+
+    async fn reserve_quota(
+        &self,
+        wants: &[QuotaWant],
+        now_ms: u64,
+    ) -> Result<Vec<QuotaGrant>, StoreError> {
+        let mut s = self.state();
+        let grants = s.durable.quotas.reserve(wants, now_ms);
+        s.live.quotas = s.durable.quotas.clone();
+        Ok(grants)
+    }
+
+    async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
+        Ok(self.state().durable.quotas.clone())
     }
 
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {

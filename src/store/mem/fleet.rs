@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::records::Records;
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
     BadLine, BucketState, Commit, Fleet, FleetRate, ItemRecord, Lease, LeaseScope, LeaseToken,
     Leases, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState,
@@ -289,6 +290,18 @@ impl Drop for MemWorker {
 impl Store for MemWorker {
     async fn job(&self) -> Result<Option<StoredJob>, StoreError> {
         Ok(self.shared().records.job.clone())
+    }
+
+    async fn reserve_quota(
+        &self,
+        wants: &[QuotaWant],
+        now_ms: u64,
+    ) -> Result<Vec<QuotaGrant>, StoreError> {
+        Ok(self.shared().records.quotas.reserve(wants, now_ms))
+    }
+
+    async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
+        Ok(self.shared().records.quotas.clone())
     }
 
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {

@@ -29,6 +29,8 @@ pub(super) struct Records {
     reruns: BTreeMap<u32, RerunRecord>,
     pub(super) rerun_buckets: BTreeMap<(u32, u64), Planned<RerunOffset>>,
     pub(super) rerun_commits: BTreeMap<(u32, u64), CommitRecord>,
+    /// The job's quota usage (durable at once: a reservation is never buffered).
+    pub(super) quotas: crate::quota::QuotaLedger,
 }
 
 impl Records {

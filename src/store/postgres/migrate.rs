@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fleet_burst_idle",
         sql: include_str!("../../../migrations/0002_fleet_burst_idle.sql"),
     },
+    Migration {
+        version: 3,
+        name: "quota_usage",
+        sql: include_str!("../../../migrations/0003_quota_usage.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").
@@ -171,7 +176,7 @@ mod tests {
     async fn migrations_apply_once_then_find_nothing_to_do() {
         let db = test_db::fresh().await;
         let mut client = db.connect().await;
-        assert_eq!(migrate(&mut client).await.unwrap(), vec![1, 2]);
+        assert_eq!(migrate(&mut client).await.unwrap(), vec![1, 2, 3]);
         let recorded = versions(&client).await;
         let expected: Vec<(i32, String)> =
             MIGRATIONS.iter().map(|m| (m.version, m.sha256())).collect();
@@ -200,8 +205,8 @@ mod tests {
             applied.push(r.await.unwrap().expect("no runner fails"));
         }
         applied.sort();
-        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1, 2]]);
-        assert_eq!(versions(&db.connect().await).await.len(), 2);
+        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1, 2, 3]]);
+        assert_eq!(versions(&db.connect().await).await.len(), 3);
     }
 
     const V1: Migration = Migration {

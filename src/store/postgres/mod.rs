@@ -2,13 +2,14 @@
 //! through one database. [`PgStore`] implements the `Store`, `Leases` and `Fleet` seam
 //! ([`store`], [`leases`]) on top of the functions of the other modules here.
 //!
-//! # Schema (`migrations/0001_init.sql` and `0002_fleet_burst_idle.sql`, applied by [`migrate()`])
+//! # Schema (`migrations/0001_init.sql`, `0002_fleet_burst_idle.sql` and
+//! `0003_quota_usage.sql`, applied by [`migrate()`])
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position
 //!   (`next_bucket`, cursor, `planner_exhausted`) and the **planner lease** (`planner`,
 //!   `planner_token`), the fleet's `rate_per_s` and `burst` (NULL: no `--burst`), and the
-//!   shared `paused_until`.
+//!   shared `paused_until`, and the fleet's `quota_usage` ([`quota`]).
 //! - `hw_worker`: one row per process start (`worker_id` a random UUID made by the
 //!   database), with host, pid, version, `heartbeat_at` and `expires_at` in **database time**,
 //!   `draining`, `idle` (holds no bucket, found none: takes no rate share), `rate_share` and
@@ -47,6 +48,7 @@ pub mod leases;
 pub mod migrate;
 pub mod outage;
 pub mod planner;
+pub mod quota;
 pub mod rate;
 mod reruns;
 pub mod results;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, Row};
 
 use super::error::PgError;
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use super::job::{find_job, to_i64};
 use super::leases::Session;
 use super::outage::Outage;
@@ -358,6 +359,19 @@ impl Store for PgStore {
                 .map_err(sql("reading the job"))?;
             spec_from_json(&row.get(0))
         })
+    }
+
+    async fn reserve_quota(
+        &self,
+        wants: &[QuotaWant],
+        _now_ms: u64,
+    ) -> Result<Vec<QuotaGrant>, StoreError> {
+        // The database's clock, not the caller's: every worker counts the same windows.
+        with_client!(self, |c, i| { super::quota::reserve(c, i.job, wants).await })
+    }
+
+    async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
+        with_client!(self, |c, i| { super::quota::read(c, i.job).await })
     }
 
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {

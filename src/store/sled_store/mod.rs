@@ -89,6 +89,7 @@ use super::id_index::IdIndex;
 use super::id_lists::{IdLists, ListRef};
 use super::results_log::{Durable, LogError, ResultsLog};
 use super::*;
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use crate::input::{Cursor, Fingerprint};
 use serde::Deserialize;
 use sled::transaction::ConflictableTransactionError;
@@ -442,6 +443,41 @@ impl Store for SledStore {
         t.meta.apply_batch(batch).map_err(|e| self.err(e))?;
         t.db.flush().map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    /// A compare-and-swap update of the `quotas` key (the closure may run more than once;
+    /// the grants of the run that was applied are returned), flushed before it returns.
+    async fn reserve_quota(
+        &self,
+        wants: &[QuotaWant],
+        now_ms: u64,
+    ) -> Result<Vec<QuotaGrant>, StoreError> {
+        let t = self.t()?;
+        let mut grants = Ok(Vec::new());
+        t.meta
+            .update_and_fetch(b"quotas", |old| {
+                let mut ledger = match old.map(|b| self.decode::<QuotaLedger>("quota usage", b)) {
+                    Some(Ok(ledger)) => ledger,
+                    None => QuotaLedger::default(),
+                    Some(Err(e)) => {
+                        grants = Err(e);
+                        return old.map(<[u8]>::to_vec);
+                    }
+                };
+                grants = Ok(ledger.reserve(wants, now_ms));
+                Some(serde_json::to_vec(&ledger).expect("a ledger always serializes"))
+            })
+            .map_err(|e| self.err(e))?;
+        let grants = grants?;
+        t.db.flush_async().await.map_err(|e| self.err(e))?;
+        Ok(grants)
+    }
+
+    async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
+        let t = self.t()?;
+        Ok(self
+            .get(&t.meta, b"quotas", "quota usage")?
+            .unwrap_or_default())
     }
 
     async fn planner(&self) -> Result<PlannerState, StoreError> {
