@@ -212,7 +212,10 @@ fn quota_change(stored: &JobSpec, request: &JobRequest) -> Option<String> {
         if q.is_empty() {
             "none".to_string()
         } else {
-            q.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            q.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
     Some(format!(
@@ -227,7 +230,10 @@ fn quota_change(stored: &JobSpec, request: &JobRequest) -> Option<String> {
 fn check_request(request: &JobRequest) -> Result<(), JobError> {
     if let Some(quotas) = &request.quotas {
         for (i, a) in quotas.iter().enumerate() {
-            if let Some(b) = quotas[..i].iter().find(|b| b.window.key() == a.window.key()) {
+            if let Some(b) = quotas[..i]
+                .iter()
+                .find(|b| b.window.key() == a.window.key())
+            {
                 return Err(JobError::Usage(format!(
                     "{} {b} and {a} count the same window: give one",
                     Setting::Quota

@@ -57,6 +57,9 @@ pub struct LiveSnapshot {
     pub retries: u64,
     pub throttled: u64,
     pub in_flight: u64,
+    /// Where the job's quotas stand (none in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<crate::quota::QuotaState>,
 }
 
 pub fn path(state: &Path) -> PathBuf {
@@ -190,7 +193,12 @@ impl LiveSnapshot {
             Some(s) => humantime::format_duration(Duration::from_secs(s)).to_string(),
             None => "unknown yet".to_string(),
         };
-        format!(
+        let quotas: String = self
+            .quotas
+            .iter()
+            .map(|q| format!("quotas:     {}\n", q.render()))
+            .collect();
+        let mut text = format!(
             "state:      {}\njob:        {}\nrunner:     {how}: pid {}, run {}, started {}, updated {}\n\
              IDs:        {} ok, {} failed, {} pending so far\n\
              buckets:    {} planned, {} committed\ninput:      {input}\n\
@@ -214,7 +222,9 @@ impl LiveSnapshot {
             self.retries,
             self.throttled,
             self.in_flight,
-        )
+        );
+        text.push_str(&quotas);
+        text
     }
 }
 
@@ -247,6 +257,7 @@ mod tests {
             retries: 0,
             throttled: 0,
             in_flight: 0,
+            quotas: Vec::new(),
         }
     }
 

@@ -111,10 +111,21 @@ impl RunView {
         let since = since.unwrap_or(&start);
         let window = since.at.elapsed();
         let rows_per_second = per_second(f.rows_done.saturating_sub(since.rows_done), window);
+        // The quotas' waits are part of the time left: at the least, what their windows
+        // take to free a call for every row left.
+        let quotas = self.counters.quota_states();
+        let eta_seconds = match (f.eta(self.total_rows(), rows_per_second), quotas.is_empty()) {
+            (eta, true) => eta,
+            (eta, false) => self.total_rows().and_then(|total| {
+                let left = total.saturating_sub(f.rows_done);
+                let wait = crate::quota::least_wait(&quotas, left, now_ms())?;
+                Some(eta.unwrap_or(0).max(wait))
+            }),
+        };
         Speed {
             items_per_second: per_second(run.done().saturating_sub(since.done), window),
             average_items_per_second: per_second(run.done(), self.started.elapsed()),
-            eta_seconds: f.eta(self.total_rows(), rows_per_second),
+            eta_seconds,
         }
     }
 
@@ -151,6 +162,7 @@ impl RunView {
             retries: run.retries,
             throttled: run.throttled,
             in_flight: run.in_flight,
+            quotas: self.counters.quota_states(),
         }
     }
 }
@@ -446,6 +458,7 @@ fn report(
         store_syncs: now.store_syncs,
         checkpoints: now.checkpoints,
         duration_ms: Durations::between(&now, &last),
+        quotas: view.counters.quota_states(),
     };
     match config.format {
         EventFormat::Json => {

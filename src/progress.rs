@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use crate::failure::{ErrorClass, Failure};
 use crate::handler::Output;
+use crate::quota::QuotaState;
 use crate::setting::Setting;
 use crate::store::StoreStats;
-use crate::quota::QuotaState;
 use crate::throttle::Throttle;
 
 /// What this run has done so far. Every field only grows except `in_flight`, a gauge.
@@ -431,6 +431,9 @@ pub struct ProgressEvent {
     /// Background flushes finished over the run (`--async-progress`; 0 otherwise).
     pub checkpoints: u64,
     pub duration_ms: Durations,
+    /// Where the job's quotas stand (none without quotas).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaState>,
 }
 
 impl ProgressEvent {
@@ -472,6 +475,10 @@ impl ProgressEvent {
             "; time: API {:.0} ms, offsets {:.0}+{:.0} ms (write+sync), results {:.0}+{:.0} ms, commits {:.0} ms",
             d.api_ms, d.offset_write_ms, d.offset_sync_ms, d.result_write_ms, d.result_sync_ms, d.commit_write_ms
         ));
+        for q in &self.quotas {
+            line.push_str("; ");
+            line.push_str(&q.render());
+        }
         line
     }
 }

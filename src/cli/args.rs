@@ -346,7 +346,8 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 }
 
 fn quota(s: &str) -> Result<crate::quota::Quota, String> {
-    s.parse().map_err(|e: crate::quota::QuotaParseError| e.to_string())
+    s.parse()
+        .map_err(|e: crate::quota::QuotaParseError| e.to_string())
 }
 
 /// A size in bytes: a number with an optional unit, B, KiB, MiB, GiB or TiB (K, M, G, T also).

@@ -43,7 +43,11 @@ impl<S: Store> QuotaBook for S {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum QuotaStop {
     /// The job's budget is spent: the run stops; a larger budget continues it.
-    #[error("the job's budget of {0} calls is spent; every result so far is durable (raise it to go on)")]
+    #[error(
+        "the job's budget of {} calls is spent; every result so far is durable (raise the \
+         budget to go on)",
+        .0.limit
+    )]
     Spent(Quota),
     #[error("reserving quota: {0}")]
     Store(#[from] StoreError),
@@ -87,6 +91,7 @@ impl QuotaGate {
                 limit: q.limit,
                 used: 0,
                 frees_at_ms: None,
+                window_ms: q.window.length().map(|l| l.as_millis() as u64),
                 exhausted: false,
             })
             .collect();

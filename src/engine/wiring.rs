@@ -9,10 +9,10 @@ use std::time::Instant;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 
-use super::quotas::QuotaGate;
 use super::dispatcher::{work_queue, Dispatcher};
 use super::error::EngineError;
 use super::queue::WorkQueue;
+use super::quotas::QuotaGate;
 use super::source::Source;
 use super::stop::{stop_pair, Halt, Stop, StopOnDrop};
 use super::worker::{control, work, ItemTask, Parked};

@@ -59,9 +59,9 @@ pub fn chunk(quota: &Quota) -> u64 {
 impl QuotaLedger {
     /// Calls counted in `window` at `now_ms`.
     pub fn used(&self, window: &Window, now_ms: u64) -> u64 {
-        self.windows
-            .get(&window.key())
-            .map_or(0, |slots| counted(slots, window, now_ms).map(|s| s.used).sum())
+        self.windows.get(&window.key()).map_or(0, |slots| {
+            counted(slots, window, now_ms).map(|s| s.used).sum()
+        })
     }
 
     /// Reserve, for each want, as many of its calls as its limit leaves in its window at
@@ -84,11 +84,7 @@ impl QuotaLedger {
                     }),
                     None => {}
                 }
-                let frees_at_ms = slots
-                    .iter()
-                    .map(|s| s.start_ms)
-                    .min()
-                    .unwrap_or(slot_ms);
+                let frees_at_ms = slots.iter().map(|s| s.start_ms).min().unwrap_or(slot_ms);
                 QuotaGrant {
                     calls,
                     used: used + calls,

@@ -123,7 +123,9 @@ fn length_text(d: Duration) -> String {
 
 /// Why a quota's text was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{text:?}: {reason} (write e.g. 10000/h, 50/2s, 15000/day, 600/10min,rolling or 1000000/job)")]
+#[error(
+    "{text:?}: {reason} (write e.g. 10000/h, 50/2s, 15000/day, 600/10min,rolling or 1000000/job)"
+)]
 pub struct QuotaParseError {
     text: String,
     reason: String,
@@ -249,8 +251,15 @@ mod tests {
             assert_eq!(q(back), q(text));
         }
         for bad in [
-            "10", "0/h", "x/h", "10/fortnight", "10/50ms", "10/h,sliding", "10/job,rolling",
-            "-1/h", "10/",
+            "10",
+            "0/h",
+            "x/h",
+            "10/fortnight",
+            "10/50ms",
+            "10/h,sliding",
+            "10/job,rolling",
+            "-1/h",
+            "10/",
         ] {
             let e = bad.parse::<Quota>().unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("write e.g."), "{bad}: {e}");

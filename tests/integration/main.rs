@@ -28,6 +28,7 @@ mod postgres_fleet;
 #[cfg(feature = "postgres")]
 mod postgres_rerun;
 mod progress;
+mod quotas;
 mod refused_ids;
 mod reruns;
 mod stop_and_resume;

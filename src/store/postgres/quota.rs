@@ -46,7 +46,10 @@ pub async fn reserve(
 /// The job's quota usage.
 pub async fn read(client: &Client, job: JobId) -> Result<QuotaLedger, PgError> {
     let row = client
-        .query_one("SELECT quota_usage FROM hw_job WHERE job_id = $1", &[&job.0])
+        .query_one(
+            "SELECT quota_usage FROM hw_job WHERE job_id = $1",
+            &[&job.0],
+        )
         .await
         .map_err(PgError::sql("reading the quota usage"))?;
     ledger(row.get(0))

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, Row};
 
 use super::error::PgError;
-use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use super::job::{find_job, to_i64};
 use super::leases::Session;
 use super::outage::Outage;
@@ -29,6 +28,7 @@ use super::rows::{
 use super::session::{register, WorkerInfo};
 use super::writes::WriterConn;
 use super::{connect, log_number, migrate, ConnectOptions, JobId, PgTarget, WorkerId};
+use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
     BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
     RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
@@ -367,7 +367,9 @@ impl Store for PgStore {
         _now_ms: u64,
     ) -> Result<Vec<QuotaGrant>, StoreError> {
         // The database's clock, not the caller's: every worker counts the same windows.
-        with_client!(self, |c, i| { super::quota::reserve(c, i.job, wants).await })
+        with_client!(self, |c, i| {
+            super::quota::reserve(c, i.job, wants).await
+        })
     }
 
     async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
