@@ -38,6 +38,7 @@ pub mod monitor;
 pub mod os;
 pub mod plan;
 pub mod progress;
+pub mod quota;
 pub mod rerun;
 pub mod retry;
 pub mod setting;
