@@ -310,6 +310,13 @@ impl crate::handler::Handler for JobHandler {
             JobHandler::Exec(h) => h.attempt(id).await,
         }
     }
+
+    fn announced_limits(&self) -> Option<std::sync::Arc<crate::quota::pacer::AnnouncedLimits>> {
+        match self {
+            JobHandler::Http(h) => h.announced_limits(),
+            JobHandler::Exec(_) => None,
+        }
+    }
 }
 
 /// What can be checked of a new job before its state directory exists: its request templates,

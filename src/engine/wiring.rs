@@ -134,6 +134,7 @@ where
             fleet: member.clone(),
             parked: parked.clone(),
             quotas: quotas.clone(),
+            announced: handler.announced_limits(),
             halt: halt.clone(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));

@@ -20,6 +20,7 @@ use super::writer::{group_target, WriterMsg};
 use crate::failure::Next;
 use crate::handler::Handler;
 use crate::progress::Counters;
+use crate::quota::pacer::AnnouncedLimits;
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
 use crate::store::now_ms;
@@ -166,6 +167,9 @@ pub(super) struct ItemTask<H> {
     pub(super) parked: Arc<Parked>,
     /// The job's quotas, if it has any: every attempt takes a call from each.
     pub(super) quotas: Option<Arc<QuotaGate>>,
+    /// The limits the API announces, if the handler reads them: every attempt waits for
+    /// them.
+    pub(super) announced: Option<Arc<AnnouncedLimits>>,
     /// The run stopping itself (a spent budget).
     pub(super) halt: Arc<Halt>,
 }
@@ -216,6 +220,7 @@ impl<H: Handler> ItemTask<H> {
         let stop = &self.stop;
         let fleet = &*self.fleet;
         let quotas = self.quotas.as_deref();
+        let announced = self.announced.as_deref();
         let halt = &*self.halt;
         let id = item.id.as_str();
         // When the first and the last attempt started, and how long the last one took (µs).
@@ -246,6 +251,14 @@ impl<H: Handler> ItemTask<H> {
                     probe = Box::pin(throttle.before_attempt()) => probe,
                     _ = stop.stopping() => return None,
                 };
+                // Paced by what the API announced it has left (a wait, never an attempt).
+                let paced_call = match announced {
+                    None => None,
+                    Some(a) => tokio::select! {
+                        call = Box::pin(a.wait()) => Some(call),
+                        _ = stop.stopping() => return None,
+                    },
+                };
                 // A call of every quota, held until the answer: waiting for a spent window
                 // uses none of the item's attempts; a spent budget leaves the item pending.
                 let quota_call = match quotas {
@@ -275,6 +288,7 @@ impl<H: Handler> ItemTask<H> {
                 let result = Box::pin(handler.call(id)).await;
                 drop(in_flight);
                 drop(quota_call);
+                drop(paced_call);
                 let latency = start.elapsed();
                 last_latency.store(latency.as_micros() as u64, Relaxed);
                 Counters::add_elapsed(&counters.api_ns, start);

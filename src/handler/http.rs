@@ -9,7 +9,7 @@
 //!
 //! | what happened | class | next |
 //! |---|---|---|
-//! | 429 | `http` | too many: pushback using no attempt, after `Retry-After` |
+//! | 429, or 403 with a rate-limit header saying nothing remains | `http` | too many: pushback using no attempt, after `Retry-After` (or the announced reset) |
 //! | 503, 529 ("overloaded"), with or without `Retry-After` | `http` | pushback, after `Retry-After` |
 //! | 408 | `http` | retry, after `Retry-After` |
 //! | other 5xx | `http` | unreachable (a gateway's error), after `Retry-After` |
@@ -19,6 +19,10 @@
 //! | a body that cannot be read, or larger than [`MAX_BODY_BYTES`] | `body` | retry |
 //! | an ID that makes no valid request | `request` | permanent |
 //!
+//! Every answer's rate-limit headers (`RateLimit`/`RateLimit-Policy`, `X-RateLimit-*` and the
+//! like: [`crate::quota::announced`]) feed the handler's [`AnnouncedLimits`], which paces the
+//! run's attempts ([`Handler::announced_limits`]).
+//!
 //! A usable `Retry-After` (seconds or HTTP date, in the future) replaces the backoff interval
 //! for that wait; zero, negative or unparseable values fall back to backoff so a server can
 //! never make us spin.
@@ -27,6 +31,7 @@
 //! error message it makes leave them out (reqwest errors are stripped of their URL).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -35,8 +40,11 @@ use serde::{Deserialize, Serialize};
 
 use super::template::{IdEncoding, Piece, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
+
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure, Next};
+use crate::quota::announced::read_announced;
+use crate::quota::pacer::AnnouncedLimits;
 use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.
@@ -71,6 +79,8 @@ pub struct HttpHandler {
     request: Compiled,
     /// The job's checks of a 2xx answer and what of it is kept.
     answer: Answer,
+    /// What the API announces of its limits, read from every answer.
+    limits: Arc<AnnouncedLimits>,
 }
 
 impl fmt::Debug for HttpHandler {
@@ -84,6 +94,10 @@ impl fmt::Debug for HttpHandler {
 impl Handler for HttpHandler {
     fn call(&self, id: &str) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
         self.attempt(id)
+    }
+
+    fn announced_limits(&self) -> Option<Arc<AnnouncedLimits>> {
+        Some(self.limits.clone())
     }
 }
 
@@ -122,6 +136,7 @@ impl HttpHandler {
             client,
             request,
             answer: Answer::default(),
+            limits: Arc::new(AnnouncedLimits::new()),
         })
     }
 
@@ -160,11 +175,28 @@ impl HttpHandler {
         }
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
-        let retry_after = response
+        let now = SystemTime::now();
+        let mut retry_after = response
             .headers()
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+            .and_then(|v| parse_retry_after(v, now));
+        let announced = read_announced(response.headers(), now);
+        self.limits.observe(&announced);
+        // Some APIs refuse a spent quota with 403 and their rate-limit headers, not 429:
+        // that is the client's rate, not the ID, until the announced reset.
+        let spent = announced
+            .iter()
+            .filter(|a| a.remaining == 0)
+            .map(|a| a.reset)
+            .max();
+        let status_code = match (status.as_u16(), spent) {
+            (403, Some(reset)) => {
+                retry_after = retry_after.or(Some(reset).filter(|r| !r.is_zero()));
+                429
+            }
+            (code, _) => code,
+        };
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
             if bytes.len() + chunk.len() > MAX_BODY_BYTES {
@@ -181,7 +213,7 @@ impl HttpHandler {
                 .trim()
                 .to_string();
             return Err(Failure {
-                next: classify_status(status.as_u16(), retry_after),
+                next: classify_status(status_code, retry_after),
                 class: ErrorClass::Http,
                 status: Some(status.as_u16()),
                 message: if snippet.is_empty() {

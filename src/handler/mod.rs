@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+use crate::quota::pacer::AnnouncedLimits;
 use crate::setting::Setting;
 
 pub use crate::failure::{ErrorClass, Failure, Next};
@@ -48,6 +49,12 @@ pub use template::expand_env;
 pub trait Handler: Send + Sync + 'static {
     /// One attempt for `id`.
     fn call(&self, id: &str) -> impl Future<Output = Result<Output, Failure>> + Send;
+
+    /// The limits the API announced in its answers, if the handler reads them: every
+    /// attempt of the run waits for them ([`AnnouncedLimits::wait`]). None by default.
+    fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
+        None
+    }
 }
 
 /// Any `Fn(String) -> Future<Output = Result<T, Failure>>` is a handler: the closure gets
