@@ -16,7 +16,7 @@
 //!
 //! It lives above the store (it drives the engine, the job and the HTTP handler against the
 //! fake API), one file per kind of check: [`log`] (plans, results, commits, a grown input),
-//! [`reruns`], [`damage`], [`engine`] (the engine's invariants); the backends it runs
+//! [`reruns`], [`damage`], [`engine`] (the engine's invariants), [`quota`] (quota usage); the backends it runs
 //! against are in [`backends`].
 
 use std::sync::Arc;
@@ -28,6 +28,7 @@ mod backends;
 mod damage;
 mod engine;
 mod log;
+mod quota;
 mod reruns;
 mod tests;
 
@@ -53,6 +54,7 @@ pub(crate) async fn run_all<B: Backend>(backend: &mut B) {
     log::a_grown_input_plans_on_and_old_ids_stay_duplicates(backend).await;
     damage::damage_is_refused_never_read_as_less(backend).await;
     engine::the_engine_stops_and_resumes_every_id_exactly_once(backend).await;
+    quota::quota_reservations_are_durable_and_never_exceed_a_limit(backend).await;
 }
 
 fn cursor(row: u64) -> Cursor {

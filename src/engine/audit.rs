@@ -27,6 +27,10 @@ enum Event {
     SyncStart(u64),
     SyncEnd(u64),
     Commit(Vec<u64>),
+    /// Job buckets a fleet's store leased out: stored where every worker reads them, so
+    /// their offset records are durable (a fleet's plan is durable when written: another
+    /// worker may lease its buckets before the planner's next sync).
+    Leased(Vec<u64>),
 }
 
 impl<S: Store + Leases> Audit<S> {
@@ -58,6 +62,7 @@ impl<S: Store + Leases> Audit<S> {
         let mut durable = std::collections::HashSet::new();
         let mut bucket_of: HashMap<String, u64> = HashMap::new();
         let (mut commits, mut syncs) = (0, 0);
+        let mut leased = std::collections::HashSet::new();
         for e in log {
             match e {
                 Event::Plan(buckets) => {
@@ -69,11 +74,12 @@ impl<S: Store + Leases> Audit<S> {
                         planned.push(b);
                     }
                 }
+                Event::Leased(buckets) => leased.extend(buckets),
                 Event::Record(ids) => {
                     for id in ids {
                         let b = bucket_of[&id];
                         assert!(
-                            planned[..durable_planned].contains(&b),
+                            planned[..durable_planned].contains(&b) || leased.contains(&b),
                             "{id} was called before bucket {b}'s offset record was durable"
                         );
                         recorded.push(id);
@@ -233,7 +239,20 @@ impl<S: Store + Leases> Leases for Audit<S> {
 
 impl<S: Fleet> Fleet for Audit<S> {
     async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
-        self.inner.acquire_next(log, n).await
+        let leases = self.inner.acquire_next(log, n).await?;
+        self.push(Event::Leased(
+            leases
+                .iter()
+                .filter_map(|l| match l.scope {
+                    LeaseScope::Bucket {
+                        log: Log::Job,
+                        bucket,
+                    } => Some(bucket),
+                    _ => None,
+                })
+                .collect(),
+        ));
+        Ok(leases)
     }
     fn alive(&self) -> bool {
         self.inner.alive()

@@ -1,0 +1,45 @@
+//! Quota usage: reservations are durable when they return, concurrent ones never grant more
+//! than a limit leaves, and the ledger reads back after a crash.
+
+use super::*;
+use crate::quota::{Quota, QuotaWant};
+
+pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: Backend>(b: &mut B) {
+    let s = b.create();
+    // Windows no test outlives: a rolling hour and the job's budget.
+    let hourly: Quota = "50/1h,rolling".parse().unwrap();
+    let budget: Quota = "80/job".parse().unwrap();
+    let want = |quota, calls| QuotaWant { quota, calls };
+    let now = now_ms();
+    let g = s
+        .reserve_quota(&[want(hourly, 30), want(budget, 30)], now)
+        .await
+        .unwrap();
+    assert_eq!((g[0].calls, g[0].used), (30, 30));
+    assert_eq!((g[1].calls, g[1].used, g[1].frees_at_ms), (30, 30, None));
+    // Ten reservers at once, wanting 10 each: 20 are left of the hour, 50 of the budget.
+    let racing = futures_util::future::join_all((0..10).map(|_| {
+        let s = &s;
+        async move {
+            s.reserve_quota(&[want(hourly, 10), want(budget, 10)], now_ms())
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    let (mut hour, mut job) = (0, 0);
+    for g in racing {
+        hour += g[0].calls;
+        job += g[1].calls;
+    }
+    assert_eq!(hour, 20, "the hour's limit, never more");
+    assert_eq!(job, 50, "what the budget left, never more");
+    // No sync: a reservation is durable when it returns.
+    let s = b.crash(s);
+    let ledger = s.quota_ledger().await.unwrap();
+    assert_eq!(ledger.used(&hourly.window, now_ms()), 50);
+    assert_eq!(ledger.used(&budget.window, now_ms()), 80);
+    let g = s.reserve_quota(&[want(hourly, 1)], now_ms()).await.unwrap();
+    assert_eq!(g[0].calls, 0);
+    assert!(g[0].frees_at_ms.is_some_and(|at| at > now));
+}
