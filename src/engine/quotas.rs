@@ -251,7 +251,7 @@ mod tests {
         let ledger = store.quota_ledger().await.unwrap();
         let window = "500/h".parse::<Quota>().unwrap().window;
         let reserved = ledger.used(&window, now_ms());
-        assert!(reserved >= 3 && reserved <= 10, "{reserved}");
+        assert!((3..=10).contains(&reserved), "{reserved}");
         // The resumed run gets what is left, no more (unless the hour turned meanwhile).
         let second = gate(&store, &["500/h"]);
         let hour = window.slot(now_ms()).0;
