@@ -96,7 +96,7 @@ mod tests {
         assert_eq!(least_wait(std::slice::from_ref(&hourly), 250, now), Some(600 + 7200));
         assert_eq!(least_wait(std::slice::from_ref(&hourly), 0, now), Some(0));
         let budget = state("1000/job", 900, 0, None);
-        assert_eq!(least_wait(&[budget.clone()], 100, now), Some(0));
+        assert_eq!(least_wait(std::slice::from_ref(&budget), 100, now), Some(0));
         assert_eq!(least_wait(&[hourly, budget], 101, now), None);
         assert!(state("5/2s", 5, 1500, Some(2000))
             .render()
