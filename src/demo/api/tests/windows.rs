@@ -274,3 +274,56 @@ async fn every_answer_announces_in_both_styles() {
     assert_eq!(api.window_peaks(), [5, 5]);
     api.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_never_exceed_a_window() {
+    const LIMIT: u64 = 15;
+    const TASKS: usize = 6;
+    let config = ApiConfig {
+        windows: vec![window(LIMIT, 500), window(25, 1000)],
+        ..ApiConfig::fast()
+    };
+    let api = FakeApi::start(config).await.unwrap();
+    let c = client();
+    let mut tasks = JoinSet::new();
+    for t in 0..TASKS {
+        let (c, api) = (c.clone(), api.clone());
+        tasks.spawn(async move {
+            let (mut ok, mut refused) = (0u64, 0u64);
+            let deadline = Instant::now() + Duration::from_millis(1600);
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let resp = c
+                    .get(item_url(&api, &format!("t{t}-{n}")))
+                    .send()
+                    .await
+                    .unwrap();
+                match resp.status().as_u16() {
+                    200 => ok += 1,
+                    429 => {
+                        assert_eq!(resp.headers()[RETRY_AFTER], "1");
+                        refused += 1;
+                    }
+                    other => panic!("status {other}"),
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (ok, refused)
+        });
+    }
+    let (mut ok, mut refused) = (0, 0);
+    while let Some(res) = tasks.join_next().await {
+        let (o, r) = res.unwrap();
+        ok += o;
+        refused += r;
+    }
+    // Every window filled (the offered load is far above both limits), none beyond.
+    assert_eq!(api.window_peaks(), [LIMIT, 25]);
+    assert_eq!(api.window_refusals(), refused);
+    assert_eq!(api.accepted(), ok);
+    assert!(refused > ok, "{ok} accepted, {refused} refused");
+    // At most two one-second windows and a part of a third were crossed.
+    assert!(ok <= 3 * 25, "{ok} accepted");
+    api.shutdown().await;
+}
