@@ -11,12 +11,12 @@
 //! | Anthropic | `anthropic-ratelimit-requests-limit`, `-remaining`, `-reset` | `anthropic-requests` | an RFC 3339 time |
 //!
 //! Servers do not always keep to their style, so every reset is read the same lenient way
-//! ([`parse_reset`]): a number of seconds is a Unix epoch time when above 10^9 (2001-09-09:
+//! (`parse_reset`): a number of seconds is a Unix epoch time when above 10^9 (2001-09-09:
 //! no window is 31 years long) and seconds from now otherwise; a duration string, an RFC 3339
 //! time and an HTTP date are read too. A reset in the past reads as zero. OpenAI's and
 //! Anthropic's token families are left out: tokens are not requests.
 //!
-//! The two IETF fields are Structured-Fields lists, read leniently ([`parse_list`]): a
+//! The two IETF fields are Structured-Fields lists, read leniently (`parse_list`): a
 //! policy name may be a token as well as a quoted string, unknown parameters are ignored, and
 //! a member that does not parse is skipped without losing the others.
 //!

@@ -97,6 +97,7 @@ pub(super) fn error_response(status: StatusCode, message: &'static str) -> Resp 
         "bad request" => Bytes::from_static(br#"{"error":"bad request"}"#),
         "rate limited" => Bytes::from_static(br#"{"error":"rate limited"}"#),
         "throttled" => Bytes::from_static(br#"{"error":"throttled"}"#),
+        "quota exceeded" => Bytes::from_static(br#"{"error":"quota exceeded"}"#),
         _ => Bytes::from(serde_json::json!({ "error": message }).to_string()),
     };
     response(status, "application/json", body)

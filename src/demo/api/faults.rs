@@ -1,9 +1,11 @@
-//! The fake API's configuration ([`ApiConfig`]: latency and fault shares) and the fault each
+//! The fake API's configuration ([`ApiConfig`]: latency, fault shares, quota windows) and the fault each
 //! ID is assigned ([`Fault`]), a pure function of the seed and the ID.
 
 use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::windows::{Announce, ApiWindow};
 
 /// How the fake API behaves: latency and the share of faulty IDs.
 ///
@@ -44,6 +46,13 @@ pub struct ApiConfig {
     /// [`Fault::NotFound`] and [`Fault::Unavailable`] answers come at once, without the
     /// latency, as a gateway's refusals do. `false` in every constructor.
     pub refusals_at_once: bool,
+    /// Quota windows enforced in front of every ID ([`ApiWindow`]: fixed, aligned to the
+    /// Unix epoch); a request above any of them answers 429 `{"error":"quota exceeded"}`.
+    /// Empty in every constructor.
+    pub windows: Vec<ApiWindow>,
+    /// How the windows are announced in the answers' headers. [`Announce::None`] in every
+    /// constructor.
+    pub announce: Announce,
 }
 
 impl ApiConfig {
@@ -63,6 +72,8 @@ impl ApiConfig {
             retry_after_secs: 1,
             unavailable_retry_after_secs: None,
             refusals_at_once: false,
+            windows: Vec::new(),
+            announce: Announce::None,
         }
     }
 
@@ -83,6 +94,8 @@ impl ApiConfig {
             retry_after_secs: 1,
             unavailable_retry_after_secs: None,
             refusals_at_once: false,
+            windows: Vec::new(),
+            announce: Announce::None,
         }
     }
 
@@ -103,6 +116,8 @@ impl ApiConfig {
             retry_after_secs: 1,
             unavailable_retry_after_secs: None,
             refusals_at_once: false,
+            windows: Vec::new(),
+            announce: Announce::None,
         }
     }
 

@@ -41,12 +41,21 @@
 //!   `{"error":"rate limited"}`, optionally with a `Retry-After`
 //!   ([`FakeApi::set_retry_after_on_429`]); [`FakeApi::accepted`] and
 //!   [`FakeApi::rejected_429`] count the outcomes.
+//! * **Quota windows**: [`ApiConfig::windows`] (or [`FakeApi::set_windows`]) enforces fixed
+//!   windows aligned to the Unix epoch, as real APIs count per minute, hour or day: a
+//!   request above any window's limit answers 429 `{"error":"quota exceeded"}` with the
+//!   `Retry-After` of that window's reset. They come before the hidden capacity and are
+//!   counted apart ([`FakeApi::window_refusals`], [`FakeApi::window_peaks`]).
+//!   [`ApiConfig::announce`] (or [`FakeApi::set_announce`]) announces them in the headers
+//!   of every answer for an ID ([`Announce`]: the IETF draft's `RateLimit`, or GitHub's
+//!   `X-RateLimit-*`).
 //!
 //! # Files
 //!
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
 //! answer), `answers` (the bodies), `server` (accepting, the outage switch's listener),
-//! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket).
+//! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
+//! `windows` (the quota windows and their headers).
 
 mod answers;
 mod calls;
@@ -56,6 +65,7 @@ mod routes;
 mod server;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 use std::collections::HashMap;
 use std::io;
@@ -72,10 +82,12 @@ use xxhash_rust::xxh3::xxh3_64;
 pub use answers::expected_body;
 pub use calls::MAX_CALL_TIMES;
 pub use faults::{ApiConfig, Fault};
+pub use windows::{Announce, ApiWindow};
 
 use calls::{duration_nanos, max_in_window, CallCounter};
 use capacity::Limiter;
 use server::accept_loop;
+use windows::Windows;
 
 /// A running fake API server.
 ///
@@ -103,6 +115,8 @@ struct Shared {
     accepted: AtomicU64,
     /// Calls answered 429 because the hidden capacity was exhausted.
     rejected_429: AtomicU64,
+    /// The quota windows ([`ApiConfig::windows`], [`FakeApi::set_windows`]).
+    windows: Windows,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
@@ -127,6 +141,7 @@ impl FakeApi {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
+            windows: Windows::new(&config.windows, config.announce),
             config,
             calls: CallCounter::new(),
             down: AtomicBool::new(false),
@@ -175,7 +190,8 @@ impl FakeApi {
         format!("http://{}/items", self.addr)
     }
 
-    /// The configuration the server was started with.
+    /// The configuration the server was started with (the windows and their announcing may
+    /// have changed since: [`FakeApi::set_windows`], [`FakeApi::set_announce`]).
     pub fn config(&self) -> &ApiConfig {
         &self.shared.config
     }
@@ -211,7 +227,7 @@ impl FakeApi {
     }
 
     /// The instants of the counted calls (every call [`FakeApi::total_calls`] counts,
-    /// including capacity 429s), sorted. Only the first [`MAX_CALL_TIMES`] calls are
+    /// including capacity and quota 429s), sorted. Only the first [`MAX_CALL_TIMES`] calls are
     /// timestamped. A call's instant is taken when its request has been routed to an ID,
     /// before any latency.
     pub fn call_times(&self) -> Vec<Instant> {
@@ -297,6 +313,31 @@ impl FakeApi {
     /// 429 by [`Fault::Throttled`]).
     pub fn rejected_429(&self) -> u64 {
         self.shared.rejected_429.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the quota windows ([`ApiConfig::windows`]); their counts, and
+    /// [`FakeApi::window_peaks`], start again from zero. An empty list lifts them.
+    pub fn set_windows(&self, windows: Vec<ApiWindow>) {
+        self.shared.windows.set_windows(&windows);
+    }
+
+    /// Changes how the quota windows are announced ([`ApiConfig::announce`]).
+    pub fn set_announce(&self, announce: Announce) {
+        self.shared.windows.set_announce(announce);
+    }
+
+    /// Calls answered 429 `{"error":"quota exceeded"}` because a quota window was full
+    /// (neither [`FakeApi::rejected_429`]'s nor [`Fault::Throttled`]'s). Such a call is a
+    /// call of its ID, but it does not use up one of the ID's `transient_attempts`.
+    pub fn window_refusals(&self) -> u64 {
+        self.shared.windows.refusals()
+    }
+
+    /// For each quota window definition (in the order of [`ApiConfig::windows`] or the
+    /// last [`FakeApi::set_windows`]), the most requests any one of its windows accepted:
+    /// never above its limit.
+    pub fn window_peaks(&self) -> Vec<u64> {
+        self.shared.windows.peaks()
     }
 
     /// Calls answered 200 (counted when the answer is produced, so not yet counted during

@@ -1,9 +1,9 @@
 //! Routing a request to its ID (path, query or POST body) and answering it under the ID's
-//! fault, the outage switch and the hidden capacity.
+//! fault, the outage switch, the quota windows and the hidden capacity.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -17,6 +17,7 @@ use super::answers::{
     bad_request, error_response, payload_too_large, success, too_many_requests, Resp,
 };
 use super::faults::Fault;
+use super::windows::epoch_ms;
 use super::Shared;
 
 /// Largest request body accepted (`POST /items`); larger bodies answer 413.
@@ -50,20 +51,36 @@ pub(super) async fn handle(
         // A request on a connection opened before the outage, racing with its closing.
         return Err(DropConnection);
     }
+    let mut resp = answer(&shared, &id).await?;
+    let now = epoch_ms(SystemTime::now());
+    shared.windows.announce(resp.headers_mut(), now);
+    Ok(resp)
+}
+
+/// The answer for a request for `id`: the quota windows, the hidden capacity, then the ID's
+/// fault.
+async fn answer(shared: &Shared, id: &str) -> Result<Resp, DropConnection> {
     let config = &shared.config;
     let id_hash = xxh3_64(id.as_bytes());
     let now = Instant::now();
-    let admitted = shared.limiter.try_acquire(now);
-    let attempt = shared.calls.record(&id, id_hash, admitted.is_ok(), now);
+    let in_quota = shared.windows.admit(epoch_ms(SystemTime::now()));
+    let admitted = match in_quota {
+        Ok(()) => shared.limiter.try_acquire(now),
+        Err(_) => Err(None),
+    };
+    let attempt = shared.calls.record(id, id_hash, admitted.is_ok(), now);
+    if let Err(retry_after) = in_quota {
+        return Ok(too_many_requests("quota exceeded", Some(retry_after)));
+    }
     if let Err(retry_after) = admitted {
         shared.rejected_429.fetch_add(1, Ordering::Relaxed);
         return Ok(too_many_requests("rate limited", retry_after));
     }
     let transient = attempt <= u64::from(config.transient_attempts);
-    let fault = config.fault(&id);
+    let fault = config.fault(id);
     if fault == Fault::Slow && transient {
         tokio::time::sleep(config.slow_delay).await;
-        return Ok(shared.success(&id, id_hash));
+        return Ok(shared.success(id, id_hash));
     }
     let refusal = match fault {
         Fault::NotFound => true,
@@ -92,7 +109,7 @@ pub(super) async fn handle(
         Fault::Throttled if transient => {
             too_many_requests("throttled", Some(config.retry_after_secs))
         }
-        _ => shared.success(&id, id_hash),
+        _ => shared.success(id, id_hash),
     })
 }
 

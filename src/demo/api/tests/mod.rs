@@ -1,4 +1,5 @@
-//! The fake API's tests: routes, faults, the outage switch, the hidden capacity, call counts.
+//! The fake API's tests: routes, faults, the outage switch, the hidden capacity, the quota
+//! windows, call counts.
 
 use super::calls::{max_in_window, CallCounter};
 use super::capacity::Bucket;
@@ -15,6 +16,7 @@ mod answers;
 mod calls;
 mod capacity;
 mod outage;
+mod windows;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
