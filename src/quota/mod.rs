@@ -93,7 +93,10 @@ mod tests {
         let now = 1_000_000;
         let hourly = state("100/h", 100, 600_000, Some(3_600_000));
         // 250 calls: the current hour is spent; 10 min, then two more hours.
-        assert_eq!(least_wait(std::slice::from_ref(&hourly), 250, now), Some(600 + 7200));
+        assert_eq!(
+            least_wait(std::slice::from_ref(&hourly), 250, now),
+            Some(600 + 7200)
+        );
         assert_eq!(least_wait(std::slice::from_ref(&hourly), 0, now), Some(0));
         let budget = state("1000/job", 900, 0, None);
         assert_eq!(least_wait(std::slice::from_ref(&budget), 100, now), Some(0));
