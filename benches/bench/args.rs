@@ -117,6 +117,15 @@ modes:
     --repeat K        rounds [default: 1]
     --bin PATH, --before PATH   as for latency
 
+  windows      an API's quota windows: the binary against the fake API (200 after 20 ms;
+               50 calls per 2 s and 200 per 10 s, 429 above either) announcing them in
+               RateLimit headers, X-RateLimit headers or not at all (then also with the
+               windows as --quota flags); goodput against the 20/s allowed, 429 share
+    --ids N           IDs per run [default: 400]
+    --concurrency N   --concurrency of the binary [default: 16, the CLI's]
+    --repeat K        rounds [default: 1]
+    --bin PATH, --before PATH   as for latency
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -137,6 +146,7 @@ pub enum Mode {
     Client,
     Pg,
     Refusals,
+    Windows,
 }
 
 impl Mode {
@@ -152,6 +162,7 @@ impl Mode {
             "client" => Mode::Client,
             "pg" => Mode::Pg,
             "refusals" => Mode::Refusals,
+            "windows" => Mode::Windows,
             _ => return None,
         })
     }
@@ -169,6 +180,7 @@ impl Mode {
             Mode::Client => (100_000, 64, 3),
             Mode::Pg => (100_000, 16, 3),
             Mode::Refusals => (20_000, 16, 1),
+            Mode::Windows => (400, 16, 1),
         }
     }
 }
@@ -317,7 +329,12 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             {
                 args.bin = Some(PathBuf::from(value(name)?))
             }
-            "--before" if matches!(mode, Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals) => {
+            "--before"
+                if matches!(
+                    mode,
+                    Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals | Mode::Windows
+                ) =>
+            {
                 args.before = Some(PathBuf::from(value(name)?))
             }
             "--latency-ms" if mode == Mode::Latency => {

@@ -11,6 +11,7 @@
 //! cargo bench --bench bench -- client [--ids N] [--concurrency N] [--repeat K]
 //! cargo bench --bench bench -- pg [--ids N] [--workers N] [--ttls S,S] [--only PARTS]
 //! cargo bench --bench bench -- refusals [--ids N] [--rate R] [--before BIN]
+//! cargo bench --bench bench -- windows [--ids N] [--before BIN]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -34,7 +35,9 @@
 //! against one sled run, several workers on one job, failover after a kill -9, round trips
 //! and bytes per item, storage per ID.
 //! `refusals` ([`refusals`]) runs it against an API refusing some IDs every time, beside the
-//! same job without them: ok items/s, IDs failed, the rate limit.
+//! same job without them: ok items/s, IDs failed, the rate limit. `windows` ([`windows`])
+//! runs it against an API with quota windows, announced in headers or given as `--quota`:
+//! goodput against what the windows allow, and 429s.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 //!
 //! `cargo bench` builds the `highwater` binary too (the modes that run it find it there)
@@ -77,6 +80,7 @@ mod rss;
 mod scratch;
 mod throughput;
 mod trace;
+mod windows;
 
 /// The allocator the `highwater` binary uses (src/main.rs), so in-process runs measure what
 /// the binary does; every arm of a comparison runs in this process, on the same allocator.
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
         Mode::Client => client::client(&runtime, &args, &command),
         Mode::Pg => pg::pg(&runtime, &args, &command),
         Mode::Refusals => refusals::refusals(&runtime, &args, &command),
+        Mode::Windows => windows::windows(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
