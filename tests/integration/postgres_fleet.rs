@@ -422,3 +422,49 @@ fn a_joining_worker_gets_its_rate_share_within_seconds_not_a_third_of_the_ttl() 
         finish(w).expect_code(130);
     }
 }
+
+/// Two workers share the job's quota windows through the database: together they keep to
+/// the window the API counts (no 429, never above its limit), and every ID is called once.
+#[test]
+fn two_workers_share_one_quota_window() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(2),
+        windows: vec![highwater::demo::api::ApiWindow {
+            limit: 30,
+            length: Duration::from_secs(2),
+        }],
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let ids = ids(150);
+    let input = h.ids_file("ids.txt", &ids);
+    let api = h.url();
+    let mut first = worker(
+        &h,
+        &url,
+        &[
+            "--input",
+            p(&input),
+            "--url",
+            &api,
+            "--bucket-size",
+            "5",
+            "--quota",
+            "30/2s",
+        ],
+    );
+    // The second joins the job the first created, with its stored quota.
+    assert!(h.wait_for_calls(&mut first, 1));
+    let second = worker(&h, &url, &["--input", p(&input)]);
+    finish(first).expect_code(0);
+    finish(second).expect_code(0);
+    assert_eq!(h.api.window_refusals(), 0, "the fleet exceeded the window");
+    assert!(h.api.window_peaks()[0] <= 30);
+    assert_eq!(h.api.total_calls(), 150);
+    assert_eq!(
+        query(&db, "SELECT count(*) FROM hw_item WHERE status = 'ok'"),
+        "150"
+    );
+}
