@@ -422,12 +422,7 @@ esac
             assert_eq!(r["status"], "ok", "{r}");
         }
     }
-    let rates: Vec<f64> = run
-        .stderr
-        .lines()
-        .filter_map(|l| l.split(", rate limit ").nth(1))
-        .filter_map(|r| r.split('/').next()?.parse().ok())
-        .collect();
+    let rates = run.rate_limits();
     assert!(
         !rates.is_empty(),
         "progress lines with the rate: {}",

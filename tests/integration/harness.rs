@@ -50,6 +50,15 @@ impl Run {
         self
     }
 
+    /// The rate limits the progress lines on its stderr showed, in order.
+    pub fn rate_limits(&self) -> Vec<f64> {
+        self.stderr
+            .lines()
+            .filter_map(|l| l.split(", rate limit ").nth(1))
+            .filter_map(|r| r.split('/').next()?.parse().ok())
+            .collect()
+    }
+
     #[track_caller]
     pub fn expect_stderr(&self, needle: &str) -> &Run {
         assert!(

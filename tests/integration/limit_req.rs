@@ -166,12 +166,7 @@ fn against_limit_req(status: u16) {
         share * 100.0
     );
     // The adaptive rate came down from the ceiling (progress lines show it).
-    let rates: Vec<f64> = run
-        .stderr
-        .lines()
-        .filter_map(|l| l.split(", rate limit ").nth(1))
-        .filter_map(|r| r.split('/').next()?.parse().ok())
-        .collect();
+    let rates = run.rate_limits();
     assert!(
         rates.iter().any(|r| *r < 1000.0),
         "{status}: the rate limit never came down: {rates:?}\n{}",

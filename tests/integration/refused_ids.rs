@@ -23,15 +23,6 @@ fn refusing(per_mille: u32, retry_after: Option<u64>) -> ApiConfig {
     }
 }
 
-/// The rate limits the progress lines showed.
-fn rate_limits(stderr: &str) -> Vec<f64> {
-    stderr
-        .lines()
-        .filter_map(|l| l.split(", rate limit ").nth(1))
-        .filter_map(|r| r.split('/').next()?.parse().ok())
-        .collect()
-}
-
 /// 10% of IDs refused every time, with `Retry-After: 1`: every one of them fails with its
 /// 503 after its attempts, every other ID is ok, the rate limit stays where it was set, and
 /// `rerun --failed` tries them again.
@@ -60,7 +51,7 @@ fn ids_refused_every_time_fail_alone_and_do_not_lower_the_rate() {
     // Without telling refusals of IDs from refusals of the rate, the adaptive rate fell to
     // 72/s in the first second and swung between 3/s and 146/s after. A gentle brake for
     // latency on a loaded machine is allowed for; a cut for the refusals is not.
-    let rates = rate_limits(&run.stderr);
+    let rates = run.rate_limits();
     assert!(
         rates.len() >= 3,
         "progress lines with the rate: {}",
