@@ -159,20 +159,30 @@ struct FleetJob<D> {
 
 /// A job of `n` IDs in bucket of 7 (some twice), created by a first worker's open.
 async fn fleet<D: SharedJob>(n: usize) -> FleetJob<D> {
-    let dir = tempfile::tempdir().unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("f-{i}")).collect();
-    let input = dir.path().join("ids.txt");
     let mut rows = ids.clone();
     rows.extend(ids[..n / 10].iter().cloned());
-    std::fs::write(&input, rows.join("\n")).unwrap();
-    let api = FakeApi::start(ApiConfig {
+    let api = ApiConfig {
         latency_min: Duration::from_micros(200),
         latency_max: Duration::from_millis(1),
         not_found_per_mille: 30,
         ..ApiConfig::fast()
-    })
-    .await
-    .unwrap();
+    };
+    fleet_of(ids, rows, api, 7).await
+}
+
+/// A job of the input `rows` (whose unique IDs are `ids`) in buckets of `bucket_size`,
+/// against a fake API of `api`, created by a first worker's open.
+async fn fleet_of<D: SharedJob>(
+    ids: Vec<String>,
+    rows: Vec<String>,
+    api: ApiConfig,
+    bucket_size: u64,
+) -> FleetJob<D> {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ids.txt");
+    std::fs::write(&input, rows.join("\n")).unwrap();
+    let api = FakeApi::start(api).await.unwrap();
     let db = D::new().await;
     let first = db.worker().await;
     let request = JobRequest {
@@ -181,7 +191,7 @@ async fn fleet<D: SharedJob>(n: usize) -> FleetJob<D> {
             format: InputFormat::Text,
         }),
         url: Some(api.url_template()),
-        bucket_size: Some(7),
+        bucket_size: Some(bucket_size),
         ..JobRequest::default()
     };
     let spec = Arc::new(open_job(&*first, &request).await.unwrap());
@@ -591,10 +601,7 @@ async fn status_figures_counted_by_the_database_are_the_walks() {
 /// and no worker pauses the fleet for them (a `Retry-After` of an ID's own refusal holds
 /// that ID only; taken for the whole fleet, every refused ID paused both workers).
 async fn ids_refused_every_time_do_not_pause_the_fleet() {
-    let dir = tempfile::tempdir().unwrap();
     let ids: Vec<String> = (0..600).map(|i| format!("r-{i}")).collect();
-    let input = dir.path().join("ids.txt");
-    std::fs::write(&input, ids.join("\n")).unwrap();
     let config = ApiConfig {
         latency_min: Duration::from_millis(1),
         latency_max: Duration::from_millis(1),
@@ -604,23 +611,12 @@ async fn ids_refused_every_time_do_not_pause_the_fleet() {
         refusals_at_once: true,
         ..ApiConfig::fast()
     };
-    let api = FakeApi::start(config.clone()).await.unwrap();
-    let db = SharedMem::new();
-    let first = Arc::new(db.worker());
-    let request = JobRequest {
-        input: Some(InputSpec {
-            path: input,
-            format: InputFormat::Text,
-        }),
-        url: Some(api.url_template()),
-        bucket_size: Some(25),
-        ..JobRequest::default()
-    };
-    let spec = Arc::new(open_job(&*first, &request).await.unwrap());
-    let second = Arc::new(db.worker());
+    let f = fleet_of::<MemJob>(ids.clone(), ids, config.clone(), 25).await;
+    let first = f.db.worker().await;
+    let second = f.db.worker().await;
     let runs = [
-        spawn_run(first.clone(), spec.clone()),
-        spawn_run(second.clone(), spec.clone()),
+        spawn_run(first.clone(), f.spec.clone()),
+        spawn_run(second.clone(), f.spec.clone()),
     ];
     for r in runs {
         assert!(r.await.unwrap().job.finished());
