@@ -149,9 +149,9 @@ pub(crate) struct RunArgs {
     /// Calls allowed per window, every one kept (repeatable): 10000/h, 50/2s, 15000/day
     /// (fixed windows aligned on UTC: on the hour, at midnight), 600/10min,rolling, or a
     /// budget for the whole job, 1000000/job. Usage is stored with the job; given on a
-    /// resume, the list replaces the stored one.
+    /// resume, the list replaces the stored one (`--quota none` removes them all).
     #[arg(long = "quota", value_name = "CALLS/WINDOW", value_parser = quota)]
-    pub(crate) quotas: Vec<crate::quota::Quota>,
+    pub(crate) quotas: Vec<Option<crate::quota::Quota>>,
     /// Requests that may start at once above the rate: the API sees at most R*t + N in any
     /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
     /// worth at high ones), enough to make up for late timer wake-ups without tuning.
@@ -345,8 +345,13 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
-fn quota(s: &str) -> Result<crate::quota::Quota, String> {
+/// A `--quota`, or `none` (no quota at all).
+fn quota(s: &str) -> Result<Option<crate::quota::Quota>, String> {
+    if s.trim() == "none" {
+        return Ok(None);
+    }
     s.parse()
+        .map(Some)
         .map_err(|e: crate::quota::QuotaParseError| e.to_string())
 }
 
@@ -432,6 +437,19 @@ impl RunArgs {
         Ok(Some(InputSpec { path, format }))
     }
 
+    /// `--quota` as the job asks for it: none given keeps the stored ones; `none` alone
+    /// removes them.
+    fn quota_list(&self) -> Result<Option<Vec<crate::quota::Quota>>, String> {
+        if self.quotas.is_empty() {
+            return Ok(None);
+        }
+        let given: Vec<_> = self.quotas.iter().flatten().copied().collect();
+        if !given.is_empty() && given.len() < self.quotas.len() {
+            return Err("--quota none removes every quota: give it alone".into());
+        }
+        Ok(Some(given))
+    }
+
     pub(crate) fn request(&self) -> Result<JobRequest, String> {
         Ok(JobRequest {
             input: self.input_spec()?,
@@ -462,7 +480,7 @@ impl RunArgs {
                 extract: self.extract.clone(),
                 keep_body: self.keep_body.then_some(true),
             },
-            quotas: (!self.quotas.is_empty()).then(|| self.quotas.clone()),
+            quotas: self.quota_list()?,
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })

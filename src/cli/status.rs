@@ -127,6 +127,13 @@ pub(crate) async fn describe<S: Store>(
     let stats = store.stats().await?;
     let bad = store.bad_lines(5).await?;
     let failures = sink::FailureSummary::of(store, FAILED_BUCKETS_SHOWN).await?;
+    let quotas: Vec<_> = if spec.quotas.is_empty() {
+        Vec::new()
+    } else {
+        let ledger = store.quota_ledger().await?;
+        let now = crate::store::now_ms();
+        spec.quotas.iter().map(|q| ledger.state(q, now)).collect()
+    };
     let mut reruns = Vec::new();
     for r in store.reruns().await? {
         reruns.push((store.rerun_stats(r.number).await?, r));
@@ -159,6 +166,7 @@ pub(crate) async fn describe<S: Store>(
                 "finished": s.finished(),
             })).collect::<Vec<_>>(),
             "spec_history": spec.history,
+            "quotas": quotas,
         });
         if let Some((w, _)) = &workers {
             value["workers"] = w.clone();
@@ -179,6 +187,9 @@ pub(crate) async fn describe<S: Store>(
         }
         text.push_str(&render_status(state, spec, &stats, &bad));
         text.push_str(&failures.render());
+        for q in &quotas {
+            text.push_str(&format!("quotas:     {}\n", q.render()));
+        }
         for (s, r) in &reruns {
             text.push_str(&format!(
                 "rerun {}:    {}: {} ok, {} failed, {} pending of {} IDs{}\n",

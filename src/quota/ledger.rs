@@ -64,6 +64,27 @@ impl QuotaLedger {
         })
     }
 
+    /// Where `quota` stands at `now_ms`, as stored.
+    pub fn state(&self, quota: &Quota, now_ms: u64) -> super::QuotaState {
+        let window = quota.window;
+        let slots = self.windows.get(&window.key());
+        let first = slots
+            .into_iter()
+            .flatten()
+            .filter(|s| window.counts(s.start_ms, now_ms))
+            .map(|s| s.start_ms)
+            .min();
+        let used = self.used(&window, now_ms);
+        super::QuotaState {
+            quota: quota.to_string(),
+            limit: quota.limit,
+            used,
+            frees_at_ms: first.and_then(|start| window.frees_at(start)),
+            window_ms: window.length().map(|l| l.as_millis() as u64),
+            exhausted: used >= quota.limit,
+        }
+    }
+
     /// Reserve, for each want, as many of its calls as its limit leaves in its window at
     /// `now_ms`, in the current slot; drop the slots that stopped counting.
     pub fn reserve(&mut self, wants: &[QuotaWant], now_ms: u64) -> Vec<QuotaGrant> {

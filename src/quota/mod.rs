@@ -42,12 +42,12 @@ impl QuotaState {
         if self.exhausted {
             match self.frees_at_ms {
                 Some(at) => s.push_str(&format!(
-                    ", spent: waiting until {}",
+                    ", spent until {} (calls wait for it)",
                     humantime::format_rfc3339_seconds(
                         std::time::UNIX_EPOCH + std::time::Duration::from_millis(at)
                     )
                 )),
-                None => s.push_str(", spent: the job stops (raise the budget to go on)"),
+                None => s.push_str(", spent (the job stops; raise the budget to go on)"),
             }
         }
         s
@@ -103,6 +103,6 @@ mod tests {
         assert_eq!(least_wait(&[hourly, budget], 101, now), None);
         assert!(state("5/2s", 5, 1500, Some(2000))
             .render()
-            .contains("spent: waiting until"));
+            .contains("spent until"));
     }
 }

@@ -48,6 +48,13 @@ fn a_spent_budget_stops_the_job_and_a_larger_one_continues_it() {
         history.contains("quotas changed from 50/job to 200/job"),
         "{history}"
     );
+    let used = status["quotas"][0]["used"].as_u64().unwrap();
+    assert!((120..=200).contains(&used), "{status}");
+    // `none` removes the quotas; with another quota it is refused.
+    h.resume(&state, &["--quota", "none", "--quota", "5/h"])
+        .expect_refused(2, &["--quota none"]);
+    h.resume(&state, &["--quota", "none"]).expect_code(0);
+    assert_eq!(h.status(&state)["quotas"], serde_json::json!([]));
 }
 
 /// A window spent mid-job (a daily quota, shortened to seconds) pauses the job: no ID fails
@@ -74,7 +81,7 @@ fn a_spent_window_pauses_the_job_and_status_says_until_when() {
             "the job ended before its window was spent"
         );
         let out = h.run(&["status", "--state", p(&state)]);
-        if out.stdout.contains("spent: waiting until") {
+        if out.stdout.contains("spent until") {
             break out.stdout;
         }
         std::thread::sleep(Duration::from_millis(20));
