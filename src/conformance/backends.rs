@@ -48,7 +48,9 @@ impl Backend for SledBackend {
         _id: &str,
     ) -> Result<Arc<SledStore>, StoreError> {
         drop(Arc::into_inner(store).expect("the only reference"));
-        let log = self.path().join(results_log::LOG_FILE);
+        let log = self
+            .path()
+            .join(crate::store::sled_store::results_log::LOG_FILE);
         let len = std::fs::metadata(&log).unwrap().len();
         let file = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
         file.set_len(len / 2).unwrap();

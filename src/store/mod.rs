@@ -14,13 +14,10 @@
 
 pub mod backend;
 mod error;
-pub mod id_index;
-pub mod id_lists;
 pub mod mem;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod records;
-pub mod results_log;
 pub mod sled_store;
 pub mod view;
 

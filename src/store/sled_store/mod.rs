@@ -5,10 +5,10 @@
 //! ```text
 //! DIR/highwater.json   marker: {"format":"highwater-state","version":4}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
-//! DIR/results.log      the items' final records, appended (see [`super::results_log`])
+//! DIR/results.log      the items' final records, appended (see [`results_log`])
 //! DIR/positions        input row → the row's current record in results.log
-//! DIR/ids.idx          ID → row of its first occurrence (see [`super::id_index`])
-//! DIR/ids.log          the segments' and reruns' ID lists (see [`super::id_lists`])
+//! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
+//! DIR/ids.log          the segments' and reruns' ID lists (see [`id_lists`])
 //! DIR/sled/            the sled database, trees:
 //!     meta     "version" → u32, "job" → the job spec's bytes (opaque: `StoredJob::spec`; a
 //!              JobSpec JSON in every store so far), "job_id" → its id (UTF-8), "job_version"
@@ -16,7 +16,8 @@
 //!              the JSON), "lease" → u64 BE: the last lease token granted (absent: none),
 //!              "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
-//!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx
+//!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx,
+//!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used)
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
@@ -67,8 +68,11 @@ mod cache;
 mod codec;
 mod dir;
 mod handle;
+pub mod id_index;
+pub mod id_lists;
 mod logs;
 mod reruns;
+pub mod results_log;
 mod side_files;
 #[cfg(test)]
 mod tests;
@@ -85,12 +89,12 @@ use upgrade::*;
 pub use dir::{write_atomically, MARKER};
 pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTES};
 
-use super::id_index::IdIndex;
-use super::id_lists::{IdLists, ListRef};
-use super::results_log::{Durable, LogError, ResultsLog};
 use super::*;
 use crate::input::{Cursor, Fingerprint};
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use id_index::IdIndex;
+use id_lists::{IdLists, ListRef};
+use results_log::{Durable, LogError, ResultsLog};
 use serde::Deserialize;
 use sled::transaction::ConflictableTransactionError;
 use sled::Transactional;

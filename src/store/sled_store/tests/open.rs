@@ -46,7 +46,8 @@ async fn format_1_stores_open_and_read() {
     }
     // What an upgrade that stopped half way left: it starts over.
     fs::write(
-        dir.path().join(crate::store::results_log::LOG_FILE),
+        dir.path()
+            .join(crate::store::sled_store::results_log::LOG_FILE),
         b"half an upgrade",
     )
     .unwrap();

@@ -57,7 +57,7 @@ async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning()
             .collect()
     }
     let log_len = || {
-        fs::metadata(dir.path().join(crate::store::id_lists::FILE))
+        fs::metadata(dir.path().join(crate::store::sled_store::id_lists::FILE))
             .unwrap()
             .len()
     };
