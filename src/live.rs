@@ -87,14 +87,8 @@ pub fn read(state: &Path) -> Option<LiveSnapshot> {
 
 /// Whether a process with this pid exists.
 pub fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
-    let rc = unsafe { libc::kill(pid, 0) };
-    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     // A zombie (dead, not yet reaped by its parent) still answers signal 0.
-    exists && !is_zombie(pid)
+    crate::os::process_exists(pid) && i32::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
 }
 
 /// Linux: the process's state in /proc is Z (or X). Elsewhere: never known to be.

@@ -1,6 +1,7 @@
 //! What the process asks of the operating system: as many open files as it may have, so
 //! that `concurrency` in the thousands gets its connections; holes punched in a sparse file; a
-//! lower priority for a background thread; and, for the exec handler's
+//! lower priority for a background thread; whether a process exists; a state directory's
+//! lock (`flock`); a file mapped in memory (the ID index); and, for the exec handler's
 //! processes, a process group of their own and their death with highwater's. The platform
 //! calls live here, behind `cfg(unix)` and `cfg(target_os = "linux")`; elsewhere the limit is
 //! left as it is and not checked, and a child is contained only by its attempt killing it.
@@ -176,6 +177,103 @@ pub(crate) fn lower_thread_priority() {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
+}
+
+/// Whether a process with this pid exists (a zombie included: the caller tells those
+/// apart). Elsewhere than Unix: assumed to.
+pub(crate) fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+        let rc = unsafe { libc::kill(pid, 0) };
+        rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// Take an exclusive advisory lock on `file` without waiting: `Ok(false)` when another
+/// holder has it.
+pub(crate) fn try_lock_exclusive(file: &std::fs::File) -> std::io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor the caller owns; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(false)
+        } else {
+            Err(err)
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "state directories are locked with flock, on Unix only",
+        ))
+    }
+}
+
+/// A shared, writable mapping of the first `len` bytes of `file`, or `None` where the
+/// system cannot map it (the caller then reads and writes the file). The caller unmaps it
+/// with [`unmap`] once nothing refers to it.
+pub(crate) fn map_shared(file: &std::fs::File, len: u64) -> Option<std::ptr::NonNull<u8>> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: a new shared mapping of a file the caller owns, at an address the kernel
+        // picks; nothing else refers to that memory.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                usize::try_from(len).ok()?,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "could not map a file");
+            return None;
+        }
+        std::ptr::NonNull::new(ptr.cast())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, len);
+        None
+    }
+}
+
+/// Unmap what [`map_shared`] mapped.
+///
+/// # Safety
+/// `ptr` and `len` are exactly a mapping [`map_shared`] returned, and nothing refers to its
+/// memory any more.
+pub(crate) unsafe fn unmap(ptr: std::ptr::NonNull<u8>, len: u64) {
+    #[cfg(unix)]
+    // SAFETY: the caller's promise.
+    unsafe {
+        libc::munmap(ptr.as_ptr().cast(), len as usize);
+    }
+    #[cfg(not(unix))]
+    let _ = (ptr, len);
 }
 
 #[cfg(test)]

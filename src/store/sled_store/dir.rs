@@ -3,7 +3,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -60,14 +59,8 @@ pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
     // process, spawned by any thread): gone within moments, so it is waited for, briefly.
     let deadline = std::time::Instant::now() + OWN_LOCK_WAIT;
     loop {
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
+        if crate::os::try_lock_exclusive(&file).map_err(io)? {
             break;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(io(err));
         }
         let mut text = String::new();
         file.rewind().map_err(io)?;

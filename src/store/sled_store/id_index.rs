@@ -110,27 +110,7 @@ unsafe impl Sync for Map {}
 impl Map {
     /// Map `file`, or None where the system cannot (the index then uses `pread`/`pwrite`).
     fn new(file: &File, len: u64) -> Option<Map> {
-        use std::os::fd::AsRawFd;
-        if len == 0 {
-            return None;
-        }
-        // SAFETY: a new shared mapping of a file this process owns, at an address the
-        // kernel picks; nothing else refers to that memory.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            tracing::debug!(error = %io::Error::last_os_error(), "could not map the ID index");
-            return None;
-        }
-        std::ptr::NonNull::new(ptr.cast()).map(|ptr| Map { ptr, len })
+        crate::os::map_shared(file, len).map(|ptr| Map { ptr, len })
     }
 
     /// Where `sub`'s region starts in the map, if it lies inside it.
@@ -144,7 +124,7 @@ impl Map {
 impl Drop for Map {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly what `Map::new` mapped; nothing refers to it any more.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len as usize) };
+        unsafe { crate::os::unmap(self.ptr, self.len) };
     }
 }
 
