@@ -17,7 +17,7 @@ use crate::say;
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
 /// Run the demo in `dir` (a new temporary directory if `None`) with `ids` IDs.
-pub async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
+pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
     let dir = match dir {
         Some(d) => {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;

@@ -37,7 +37,7 @@ pub enum JobInput {
 }
 
 /// The file an iterator's IDs are written to, in the state directory.
-pub const IDS_FILE: &str = "ids.txt";
+pub(super) const IDS_FILE: &str = "ids.txt";
 
 /// Where the job's records are kept: a state directory (the default) or a store given.
 pub trait StoreSource {

@@ -26,7 +26,7 @@ pub(crate) struct ControlSettings {
 }
 
 impl ControlSettings {
-    pub fn new(min_rate: f64, ceiling: f64) -> ControlSettings {
+    pub(super) fn new(min_rate: f64, ceiling: f64) -> ControlSettings {
         ControlSettings {
             kp: 1.0,
             ki: 0.2,
@@ -154,7 +154,7 @@ impl PushbackFilter {
     /// fleet that cuts its rate sees what it is accepted fall with what it sends, the others
     /// taking the capacity it left: learned, that read as "the API refuses 10% at any rate",
     /// and the fleet sent 11-13% 429s over a minute.)
-    pub fn filter_with_429s(
+    pub(crate) fn filter_with_429s(
         &mut self,
         elapsed: Duration,
         attempts: u64,
@@ -237,7 +237,7 @@ pub(crate) struct RateController {
 }
 
 impl RateController {
-    pub fn new(settings: ControlSettings, initial: f64) -> RateController {
+    pub(super) fn new(settings: ControlSettings, initial: f64) -> RateController {
         RateController {
             settings,
             floor: settings.min_rate,
@@ -251,7 +251,7 @@ impl RateController {
     /// Move the ceiling (a fleet worker's share changed); returns the new rate. A rate at
     /// the old ceiling (the API kept up) moves to the new one; a rate held below it by
     /// pushback stays, under the new ceiling.
-    pub fn set_ceiling(&mut self, ceiling: f64) -> f64 {
+    pub(super) fn set_ceiling(&mut self, ceiling: f64) -> f64 {
         let at_ceiling = self.rate >= self.settings.ceiling * (1.0 - 1e-9);
         self.settings.ceiling = ceiling;
         self.settings.min_rate = self.floor.min(ceiling);
@@ -264,7 +264,7 @@ impl RateController {
     }
 
     /// Apply one tick's signals; returns the new rate.
-    pub fn update(&mut self, s: &TickSignals) -> f64 {
+    pub(super) fn update(&mut self, s: &TickSignals) -> f64 {
         let secs = s.elapsed.as_secs_f64();
         if secs <= 0.0 || s.attempts == 0 {
             return self.rate;

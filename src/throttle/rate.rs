@@ -77,7 +77,7 @@ pub(crate) struct RateLimiter {
 
 impl RateLimiter {
     /// A limiter at `rate` requests per second; `burst`: `--burst` (None: derived from R).
-    pub fn new(rate: Rate, burst: Option<u32>) -> RateLimiter {
+    pub(super) fn new(rate: Rate, burst: Option<u32>) -> RateLimiter {
         let burst = burst.map(|b| NonZeroU32::new(b.max(1)).expect("at least 1"));
         RateLimiter {
             rate: AtomicU64::new(rate.0.to_bits()),
@@ -93,13 +93,13 @@ impl RateLimiter {
     }
 
     /// The rate in force.
-    pub fn rate(&self) -> f64 {
+    pub(super) fn rate(&self) -> f64 {
         f64::from_bits(self.rate.load(Relaxed))
     }
 
     /// Change the rate. The schedule keeps its place ([`Schedule::set_rate`]), so a change
     /// lets no burst through and the new rate holds from the next grant.
-    pub fn set_rate(&self, rate: Rate) {
+    pub(super) fn set_rate(&self, rate: Rate) {
         let burst = NonZeroU32::new(self.burst.load(Relaxed));
         self.schedule
             .lock()
@@ -115,12 +115,12 @@ impl RateLimiter {
 
     /// Change the burst (a fleet worker's part of the job's `--burst`); it holds from the
     /// next [`RateLimiter::set_rate`].
-    pub fn set_burst(&self, burst: u32) {
+    pub(super) fn set_burst(&self, burst: u32) {
         self.burst.store(burst.max(1), Relaxed);
     }
 
     /// Wait until one request may start.
-    pub async fn until_ready(&self) {
+    pub(super) async fn until_ready(&self) {
         if self.rate() >= UNLIMITED || self.try_grant().is_none() {
             return;
         }

@@ -78,7 +78,7 @@ impl RepeatRefusals {
     const MIN_REPEATS: f64 = 8.0;
 
     /// Adds one tick; returns how many of its refusals count as the rate's.
-    pub fn of_the_rate(&mut self, elapsed: Duration, t: TickRefusals) -> u64 {
+    pub(super) fn of_the_rate(&mut self, elapsed: Duration, t: TickRefusals) -> u64 {
         let keep = (-elapsed.as_secs_f64() / Self::WINDOW.as_secs_f64()).exp();
         let repeats = t.repeats.min(t.attempts);
         let repeats_refused = t.repeats_refused.min(repeats).min(t.refused);
@@ -111,7 +111,7 @@ impl RepeatRefusals {
     }
 
     /// The share of fresh attempts refused for their ID: what is refused whatever the rate.
-    pub fn bound_share(&self) -> f64 {
+    pub(super) fn bound_share(&self) -> f64 {
         self.fresh_share() * self.bound
     }
 

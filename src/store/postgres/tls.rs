@@ -25,7 +25,7 @@ use rustls::{
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(super) enum SslMode {
     Disable,
     Allow,
     Prefer,
@@ -35,7 +35,7 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    pub fn parse(s: &str) -> Option<SslMode> {
+    pub(super) fn parse(s: &str) -> Option<SslMode> {
         Some(match s {
             "disable" => SslMode::Disable,
             "allow" => SslMode::Allow,
@@ -48,7 +48,7 @@ impl SslMode {
     }
 
     /// What tokio-postgres is told: whether TLS is optional or required.
-    pub fn wire(self) -> tokio_postgres::config::SslMode {
+    pub(super) fn wire(self) -> tokio_postgres::config::SslMode {
         use tokio_postgres::config::SslMode as Wire;
         match self {
             SslMode::Disable => Wire::Disable,
@@ -60,13 +60,13 @@ impl SslMode {
 
 /// Where trusted roots come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Roots {
+pub(super) enum Roots {
     System,
     File(PathBuf),
 }
 
 /// The rustls configuration for a mode. Errors are plain reasons (the caller names the target).
-pub fn client_config(mode: SslMode, roots: Option<&Roots>) -> Result<ClientConfig, String> {
+pub(super) fn client_config(mode: SslMode, roots: Option<&Roots>) -> Result<ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
