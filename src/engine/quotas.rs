@@ -180,11 +180,14 @@ impl QuotaGate {
             }
             if let Some(at) = wait_until {
                 let wait = Duration::from_millis(at.saturating_sub(now_ms()).max(10));
-                tracing::info!(
-                    quotas = %self.exhausted_names(),
-                    wait_ms = wait.as_millis() as u64,
-                    "quota spent: waiting for its window to free calls"
-                );
+                // Said once per wait worth a line (a rolling window frees calls slot by slot).
+                if wait >= Duration::from_secs(1) {
+                    tracing::info!(
+                        quotas = %self.exhausted_names(),
+                        wait_ms = wait.as_millis() as u64,
+                        "quota spent: waiting for its window to free calls"
+                    );
+                }
                 tokio::time::sleep(wait).await;
                 let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
                 for s in states.iter_mut() {
