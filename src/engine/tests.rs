@@ -265,10 +265,7 @@ async fn a_closure_handler_runs_a_job_under_the_same_retries_and_store() {
 #[tokio::test]
 async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_abandoned() {
     let (handle, stop) = stop_pair();
-    let halt = Arc::new(Halt {
-        stop: handle,
-        reason: std::sync::Mutex::new(None),
-    });
+    let halt = Arc::new(Halt::new(handle));
     let panicking = tokio::spawn({
         let halt = halt.clone();
         async move {
@@ -278,13 +275,12 @@ async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_aba
     });
     assert!(panicking.await.unwrap_err().is_panic());
     assert!(stop.is_stopping(), "the panic stopped the run");
-    assert!(halt.reason().unwrap().contains("panicked"));
+    let halted = halt.reason().unwrap();
+    assert!(halted.reason.contains("panicked"));
+    assert_eq!(halted.kind, crate::progress::HaltKind::Internal);
     // A worker ending normally halts nothing.
     let (handle, stop) = stop_pair();
-    let calm = Halt {
-        stop: handle,
-        reason: std::sync::Mutex::new(None),
-    };
+    let calm = Halt::new(handle);
     drop(HaltOnPanic(&calm));
     assert!(!stop.is_stopping());
 
@@ -410,10 +406,7 @@ async fn async_progress_stopped_midway_resumes_in_sync_mode() {
 #[test]
 fn a_halt_works_on_after_a_panic_poisoned_its_lock() {
     let (stop, watched) = stop_pair();
-    let halt = Halt {
-        stop,
-        reason: std::sync::Mutex::new(None),
-    };
+    let halt = Halt::new(stop);
     std::thread::scope(|s| {
         let _ = s
             .spawn(|| {
@@ -423,7 +416,10 @@ fn a_halt_works_on_after_a_panic_poisoned_its_lock() {
             .join();
     });
     assert!(halt.reason.is_poisoned());
-    halt.halt("the API is out".into());
-    assert_eq!(halt.reason().as_deref(), Some("the API is out"));
+    halt.halt(crate::progress::HaltKind::Outage, "the API is out".into());
+    assert_eq!(
+        halt.reason().map(|h| h.reason).as_deref(),
+        Some("the API is out")
+    );
     assert!(watched.is_stopping());
 }

@@ -18,7 +18,7 @@ use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
 use crate::failure::Next;
 use crate::handler::Handler;
-use crate::progress::Counters;
+use crate::progress::{Counters, HaltKind};
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
 use crate::store::now_ms;
@@ -163,6 +163,8 @@ pub(super) struct ItemTask<H> {
     pub(super) fleet: Arc<dyn Member>,
     /// The run's items waiting for a retry (shared by its workers).
     pub(super) parked: Arc<Parked>,
+    /// The run stopping itself: a rejected credential stops it.
+    pub(super) halt: Arc<Halt>,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -210,6 +212,7 @@ impl<H: Handler> ItemTask<H> {
         let throttle = &*self.throttle;
         let stop = &self.stop;
         let fleet = &*self.fleet;
+        let halt = &*self.halt;
         let id = item.id.as_str();
         // When the first and the last attempt started, and how long the last one took (µs).
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
@@ -260,8 +263,14 @@ impl<H: Handler> ItemTask<H> {
                 if let Some(c) = throttle.concurrency() {
                     c.settle();
                 }
-                let observed = Observed::of(&result, latency);
                 let next = result.as_ref().err().map(|f| f.next);
+                if let (Err(f), Some(Next::CredentialRejected)) = (&result, next) {
+                    // Not the ID's doing: it stays pending, and the run stops for the user
+                    // to fix the credential and resume.
+                    halt.halt(HaltKind::CredentialRejected, f.message.clone());
+                    return None;
+                }
+                let observed = Observed::of(&result, latency);
                 if let Some(Some(after)) = next.and_then(Next::retry_after) {
                     // A Retry-After about the ID it refused holds that ID only.
                     if throttle.refused_for_the_rate(observed) {
@@ -365,12 +374,15 @@ pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
         last = Instant::now();
         if let Some(out) = throttle.outage() {
             if out > throttle.max_outage() {
-                halt.halt(format!(
+                halt.halt(
+                    HaltKind::Outage,
+                    format!(
                     "the API has been unreachable for {} ({} {}); every result so far is durable",
                     humantime::format_duration(Duration::from_secs(out.as_secs())),
                     crate::setting::Setting::MaxOutage,
                     humantime::format_duration(throttle.max_outage()),
-                ));
+                ),
+                );
                 return;
             }
         }
