@@ -21,6 +21,34 @@
 //! [`CredentialError::Unavailable`]: the attempt that needed the value is retried like one
 //! that found the API out of reach, so the run's backoff and outage limit apply to it.
 //!
+//! A library program's own handler holds a credential the same way the HTTP and exec handlers
+//! do: [`Credential::get`] before each request, [`Credential::after_refusal`] when the other
+//! side refuses it, [`Credential::accepted`] otherwise.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use highwater::credential::{command::CommandSource, Credential, CredentialSource};
+//! use highwater::failure::Failure;
+//!
+//! # async fn call(id: &str, token: &str) -> u16 { 200 }
+//! let gh = CommandSource::new(vec!["gh".into(), "auth".into(), "token".into()], Duration::from_secs(30));
+//! let token = Arc::new(Credential::new("TOKEN", CredentialSource::Command(gh.unwrap()), None));
+//! let handler = move |id: String| {
+//!     let token = token.clone();
+//!     async move {
+//!         let value = token.get().await.map_err(|e| e.into_failure())?;
+//!         if call(&id, value.expose()).await == 401 {
+//!             // Renewed and retried at once, or the run stops: the credential is rejected.
+//!             return Err(token.after_refusal(&value, Failure::permanent("HTTP 401")).await);
+//!         }
+//!         token.accepted(&value);
+//!         Ok(serde_json::json!({ "id": id }))
+//!     }
+//! };
+//! # let _ = handler;
+//! ```
+//!
 //! Secrets: the value and the OAuth2 client secret live only in memory. `Debug` output,
 //! errors and logs never show them; [`Credential::redact`] takes them out of any text that
 //! came from elsewhere (an answer body, a command's standard error).
@@ -244,6 +272,27 @@ impl Credential {
         tracing::debug!(credential = %self.name, generation = used.generation, "refused: renewing");
         self.renew(used.generation, tries, true).await?;
         Ok(Refusal::Renewed)
+    }
+
+    /// The attempt that used `used` was refused (`failure`, its 401): renew, and return the
+    /// failure with what happens next: [`Next::Renewed`] (retry at once with the new value),
+    /// [`Next::CredentialRejected`] (the run stops), or the source out of reach (retried).
+    pub async fn after_refusal(&self, used: &CredentialValue, failure: Failure) -> Failure {
+        match self.refused(used).await {
+            Ok(Refusal::Renewed) => Failure {
+                next: Next::Renewed,
+                ..failure
+            },
+            Ok(Refusal::Rejected) => Failure {
+                next: Next::CredentialRejected,
+                message: format!(
+                    "credential {} was rejected: refused again right after its renewal ({})",
+                    self.name, failure.message
+                ),
+                ..failure
+            },
+            Err(e) => e.into_failure(),
+        }
     }
 
     /// A request made with `used` succeeded (or was refused for a reason not its

@@ -17,7 +17,7 @@ use super::{expand_env, HandlerError};
 use crate::credential::command::CommandSource;
 use crate::credential::oauth2::{OAuth2Config, OAuth2Source};
 use crate::credential::{
-    Credential, CredentialKind, CredentialSource, CredentialSpec, CredentialValue, Refusal,
+    Credential, CredentialKind, CredentialSource, CredentialSpec, CredentialValue,
 };
 use crate::failure::{Failure, Next};
 use crate::setting::Setting;
@@ -144,30 +144,14 @@ impl Credentials {
     /// The attempt made with `used` was refused (`failure`): renew, and say what happens
     /// next (see the module doc).
     pub(crate) async fn refused(&self, used: &[CredentialValue], failure: Failure) -> Failure {
+        let mut failure = failure;
         for (credential, value) in self.list.iter().zip(used) {
-            match credential.refused(value).await {
-                Ok(Refusal::Renewed) => {}
-                Ok(Refusal::Rejected) => {
-                    return Failure {
-                        next: Next::CredentialRejected,
-                        message: format!(
-                        "credential {} was rejected: refused again right after its renewal ({})",
-                        credential.name(),
-                        failure.message
-                    ),
-                        ..failure
-                    }
-                }
-                Err(e) => {
-                    let failure = e.into_failure();
-                    return failure;
-                }
+            failure = credential.after_refusal(value, failure).await;
+            if failure.next != Next::Renewed {
+                break;
             }
         }
-        Failure {
-            next: Next::Renewed,
-            ..failure
-        }
+        failure
     }
 
     /// An attempt made with `used` got an answer that does not refuse them.

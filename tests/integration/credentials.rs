@@ -289,3 +289,117 @@ fn a_credential_is_not_needed_in_the_environment_but_its_client_secret_is() {
     h.run(&literal)
         .expect_refused(2, &["--oauth2-client-secret"]);
 }
+
+/// A worker of a PostgreSQL fleet on job `creds`, its -vv log in files named `name`.
+#[cfg(feature = "postgres")]
+fn fleet_worker(h: &Harness, name: &str, url: &str, extra: &[String]) -> std::process::Child {
+    let mut args: Vec<String> = ["run", "--state", url, "--job", "creds", "--lease-ttl", "5s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(QUICK.iter().map(|s| s.to_string()));
+    args.push("-vv".to_string());
+    args.extend(extra.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    h.cmd(&args)
+        .env("CLIENT_SECRET", CLIENT_SECRET)
+        .stdout(std::fs::File::create(h.path(&format!("{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(h.path(&format!("{name}.err"))).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn each_worker_of_a_postgres_fleet_renews_its_own_token_through_a_30_second_job() {
+    use crate::postgres::pg_cluster;
+
+    let h = api();
+    let db = pg_cluster::fresh_db();
+    let ids = ids(IDS);
+    let input = h.ids_file("ids.txt", &ids);
+    let mut create: Vec<String> = [
+        "--input",
+        p(&input),
+        "--url",
+        &h.url(),
+        "--header",
+        "Authorization: Bearer ${TOKEN}",
+        "--bucket-size",
+        "20",
+        "--rate",
+        RATE,
+        "--concurrency",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    create.extend(oauth2(&h));
+    let started = Instant::now();
+    let mut first = fleet_worker(&h, "w1", &db.url, &create);
+    assert!(h.wait_for_calls(&mut first, 10), "the first worker runs");
+    // The second joins with no flag of the job: the stored credential, its own token.
+    let second = fleet_worker(&h, "w2", &db.url, &["--rate".into(), RATE.into()]);
+    let done: Vec<Run> = [("w1", first), ("w2", second)]
+        .into_iter()
+        .map(|(name, mut child)| {
+            let status = child.wait().unwrap();
+            Run {
+                code: status.code().unwrap_or(-1),
+                stdout: std::fs::read_to_string(h.path(&format!("{name}.out"))).unwrap(),
+                stderr: std::fs::read_to_string(h.path(&format!("{name}.err"))).unwrap(),
+            }
+        })
+        .collect();
+    let elapsed = started.elapsed();
+    for run in &done {
+        run.expect_code(0);
+    }
+    assert!(
+        elapsed >= Duration::from_secs(29),
+        "the job lasted {elapsed:?}"
+    );
+    let export = h.run(&["export", "--state", &db.url, "--job", "creds"]);
+    export.expect_code(0);
+    let records: Vec<serde_json::Value> = export
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    h.check_export_exactly_once(&records, &ids);
+    // Two workers, each renewing its own token about once per lifetime.
+    let issued = h.api.tokens_issued();
+    eprintln!("{issued} tokens issued to 2 workers in {elapsed:?}");
+    let lifetimes = elapsed.as_secs_f64() / LIFETIME.as_secs_f64();
+    assert!(
+        issued as f64 >= lifetimes / 2.0 && issued as f64 <= 2.0 * (2.0 * lifetimes + 2.0),
+        "{issued} tokens in {elapsed:?}"
+    );
+    // No secret in the workers' logs, the export, or any row of the job's tables.
+    let mut secrets = h.api.tokens();
+    secrets.push(CLIENT_SECRET.to_string());
+    let tables = pg_cluster::shared().psql(
+        &db.name,
+        &format!(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = '{}'",
+            db.schema
+        ),
+    );
+    let mut texts = vec![export.stdout.clone()];
+    for table in tables.lines() {
+        texts.push(pg_cluster::shared().psql(
+            &db.name,
+            &format!("SELECT t::text FROM {}.{table} t", db.schema),
+        ));
+    }
+    for run in &done {
+        texts.push(run.stdout.clone());
+        texts.push(run.stderr.clone());
+    }
+    for text in &texts {
+        for secret in &secrets {
+            assert!(!text.contains(secret.as_str()), "a secret leaked");
+        }
+    }
+}
