@@ -341,7 +341,8 @@ impl Credential {
             Ok(f) => f,
             Err(e) => {
                 let e = self.redacted_error(e, &state);
-                tracing::debug!(credential = %self.name, error = %e, "renewal failed");
+                // Said at once: the attempts that needed it only show as unreachable.
+                tracing::warn!("{e}");
                 state.last_error = Some(e.clone());
                 return Err(e);
             }

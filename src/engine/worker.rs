@@ -377,7 +377,7 @@ pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
                 halt.halt(
                     HaltKind::Outage,
                     format!(
-                    "the API has been unreachable for {} ({} {}); every result so far is durable",
+                    "the API (or a credential's source) has been unreachable for {} ({} {}); every result so far is durable",
                     humantime::format_duration(Duration::from_secs(out.as_secs())),
                     crate::setting::Setting::MaxOutage,
                     humantime::format_duration(throttle.max_outage()),

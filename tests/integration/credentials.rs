@@ -403,3 +403,32 @@ fn each_worker_of_a_postgres_fleet_renews_its_own_token_through_a_30_second_job(
         }
     }
 }
+
+#[test]
+fn a_failing_credential_command_is_an_outage_that_stops_the_job_and_a_resume_finishes_it() {
+    let h = api();
+    let ids = ids(100);
+    let input = h.ids_file("ids.txt", &ids);
+    let script = h.file("token.sh", "echo 'vault is sealed' >&2\nexit 1\n");
+    let credential = vec![
+        "--credential-command".to_string(),
+        format!("TOKEN=sh {}", p(&script)),
+    ];
+    let mut args = job_args(&h, &input, &credential);
+    args.retain(|a| a != "-vv");
+    args.extend(["--max-outage".into(), "2s".into()]);
+    let stopped = run_with_secret(&h, &args);
+    stopped
+        .expect_code(1)
+        .expect_stderr("credential TOKEN")
+        .expect_stderr("vault is sealed")
+        .expect_stderr("unreachable");
+    let status = h.status(&h.state());
+    assert_eq!(status["stats"]["failed"], 0, "{status}");
+    assert_eq!(h.api.total_calls(), 0, "no request went without its token");
+    // Fixed: the command (the same file) prints a token again.
+    assert_eq!(token_script(&h).0, script);
+    let resumed = run_with_secret(&h, &args);
+    resumed.expect_code(0);
+    assert_all_ok(&h, &ids);
+}
