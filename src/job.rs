@@ -947,6 +947,72 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn credentials_are_stored_as_written_and_change_like_the_request() {
+        use crate::credential::{CredentialKind, CredentialSpec};
+        let (_d, store, mut request) = setup();
+        let oauth2 = |scope: Option<&str>| {
+            vec![CredentialSpec {
+                name: "TOKEN".into(),
+                kind: CredentialKind::OAuth2 {
+                    token_url: "http://127.0.0.1:9/token".into(),
+                    client_id: "me".into(),
+                    client_secret: "${CLIENT_SECRET}".into(),
+                    scope: scope.map(Into::into),
+                },
+                every: None,
+                renew_on_403: false,
+            }]
+        };
+        request.credentials = Some(oauth2(None));
+        let created = open_job(&store, &request).await.unwrap();
+        let stored = String::from_utf8(created.to_stored().spec).unwrap();
+        assert!(stored.contains("${CLIENT_SECRET}"), "{stored}");
+        // Not given again: kept; given the same: accepted.
+        assert_eq!(
+            open_job(&store, &JobRequest::default()).await.unwrap(),
+            created
+        );
+        assert_eq!(open_job(&store, &request).await.unwrap(), created);
+        // Changed: refused, unless allowed (then recorded).
+        let change = JobRequest {
+            credentials: Some(oauth2(Some("read"))),
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &change).await.unwrap_err().to_string();
+        assert!(err.contains("credentials"), "{err}");
+        let spec = open_job(
+            &store,
+            &JobRequest {
+                allow_spec_change: true,
+                ..change
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            spec.history[0].changes[0].contains("scope"),
+            "{:?}",
+            spec.history
+        );
+        // A name templates cannot use, or one defined twice, is refused.
+        let (_d, store, mut request) = setup();
+        let mut bad = oauth2(None);
+        bad[0].name = "MY-TOKEN".into();
+        request.credentials = Some(bad);
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
+        let mut twice = oauth2(None);
+        twice.extend(oauth2(None));
+        request.credentials = Some(twice);
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
+    }
+
+    #[tokio::test]
     async fn specs_stored_before_answer_checks_existed_still_load() {
         let (_d, store, request) = setup();
         let spec = open_job(&store, &request).await.unwrap();

@@ -288,6 +288,31 @@ fn a_credential_is_not_needed_in_the_environment_but_its_client_secret_is() {
     let literal: Vec<&str> = literal.iter().map(String::as_str).collect();
     h.run(&literal)
         .expect_refused(2, &["--oauth2-client-secret"]);
+    // Flags that need a credential, a credential without its client, a malformed one.
+    let (url, state) = (h.url(), h.state());
+    let base = [
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+    ];
+    for (extra, says) in [
+        (vec!["--credential-every", "5m"], "--credential-every"),
+        (vec!["--oauth2-scope", "x"], "--oauth2-scope"),
+        (
+            vec!["--credential-oauth2", "TOKEN=http://127.0.0.1:9/t"],
+            "--oauth2-client-id",
+        ),
+        (vec!["--credential-command", "gh auth token"], "NAME=VALUE"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        h.run(&args).expect_refused(2, &[says]);
+    }
+    assert!(!h.state().exists(), "nothing created");
 }
 
 /// A worker of a PostgreSQL fleet on job `creds`, its -vv log in files named `name`.
