@@ -201,9 +201,30 @@ struct State {
     after_refusal: bool,
     /// A request succeeded with the value.
     proven: bool,
+    /// When the value expires, if its source said.
+    expires: Option<Instant>,
     /// Renewals tried, and the error of the last one if it failed.
     tries: u64,
     last_error: Option<CredentialError>,
+    /// Renewals that failed in a row, and when the next may be tried before the value is
+    /// needed (see [`Credential::get`]).
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+impl State {
+    /// The value, if it has not expired (as far as its source said).
+    fn usable(&self, now: Instant) -> Option<&CredentialValue> {
+        self.value
+            .as_ref()
+            .filter(|_| self.expires.is_none_or(|e| now < e))
+    }
+}
+
+/// How long after a failed renewal a value that still works is used before the next try:
+/// doubling from 1 s, at most 30 s.
+fn retry_after_failures(failures: u32) -> Duration {
+    Duration::from_secs(1 << failures.min(5)).min(Duration::from_secs(30))
 }
 
 impl fmt::Debug for Credential {
@@ -244,15 +265,36 @@ impl Credential {
     }
 
     /// The current value, renewed first if there is none yet or it is due.
+    ///
+    /// A due value that has not expired yet outlives a renewal that fails for now: it is
+    /// used meanwhile, and the renewal tried again after a backoff (1 s, doubling up to
+    /// 30 s), so a token endpoint's blip during the margin before expiry costs no request.
     pub async fn get(&self) -> Result<CredentialValue, CredentialError> {
+        let now = Instant::now();
         let (seen, tries) = {
             let state = self.state();
-            match &state.value {
-                Some(v) if state.due.is_none_or(|due| Instant::now() < due) => return Ok(v.clone()),
-                v => (v.as_ref().map_or(0, |v| v.generation), state.tries),
+            if let Some(v) = &state.value {
+                let due = state.due.is_some_and(|due| now >= due);
+                let waiting = state.retry_at.is_some_and(|at| now < at);
+                if !due || (waiting && state.usable(now).is_some()) {
+                    return Ok(v.clone());
+                }
             }
+            (
+                state.value.as_ref().map_or(0, |v| v.generation),
+                state.tries,
+            )
         };
-        self.renew(seen, tries, false).await
+        match self.renew(seen, tries, false).await {
+            Err(e @ CredentialError::Unavailable { .. }) => {
+                let state = self.state();
+                match state.usable(Instant::now()) {
+                    Some(v) if v.generation == seen => Ok(v.clone()),
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// The other side refused `used` (HTTP 401, or 403 when the job says so): renew from
@@ -341,9 +383,16 @@ impl Credential {
             Ok(f) => f,
             Err(e) => {
                 let e = self.redacted_error(e, &state);
-                // Said at once: the attempts that needed it only show as unreachable.
-                tracing::warn!("{e}");
+                // Said at once (the attempts that needed it only show as unreachable), and
+                // again after 2, 4, 8... failures in a row.
+                if (state.failures + 1).is_power_of_two() {
+                    tracing::warn!("{e}");
+                } else {
+                    tracing::debug!("{e}");
+                }
                 state.last_error = Some(e.clone());
+                state.retry_at = Some(Instant::now() + retry_after_failures(state.failures));
+                state.failures = state.failures.saturating_add(1);
                 return Err(e);
             }
         };
@@ -352,7 +401,11 @@ impl Credential {
             generation,
             secret: Arc::from(fetched.value),
         };
-        state.due = due_in(fetched.expires_in, self.every).map(|d| Instant::now() + d);
+        let now = Instant::now();
+        state.due = due_in(fetched.expires_in, self.every).map(|d| now + d);
+        state.expires = fetched.expires_in.map(|d| now + d);
+        state.failures = 0;
+        state.retry_at = None;
         state.value = Some(value.clone());
         state.after_refusal = after_refusal;
         state.proven = false;

@@ -83,6 +83,38 @@ async fn a_due_value_is_renewed_before_use_and_a_fresh_one_is_not() {
     assert_eq!(runs(dir.path()), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_not_yet_expired_outlives_a_renewal_that_fails_for_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = dir.path().join("count");
+    // Prints tok-1 once, then fails.
+    let script = format!(
+        "n=$(cat '{0}' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{0}'; \
+         [ $n -eq 1 ] || {{ echo 'endpoint down' >&2; exit 1; }}; echo tok-$n",
+        count.display()
+    );
+    let source = CommandSource::new(
+        vec!["sh".into(), "-c".into(), script],
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let c = Credential::new("TOKEN", CredentialSource::Command(source), None);
+    assert_eq!(c.get().await.unwrap().expose(), "tok-1");
+    c.state().due = Some(Instant::now());
+    // Due, the renewal fails, the old value still works: used.
+    assert_eq!(c.get().await.unwrap().expose(), "tok-1");
+    assert_eq!(runs(dir.path()), 2);
+    // Within the backoff after that failure: used without trying again.
+    assert_eq!(c.get().await.unwrap().expose(), "tok-1");
+    assert_eq!(runs(dir.path()), 2);
+    // Expired: the failure is the caller's.
+    c.state().expires = Some(Instant::now());
+    c.state().retry_at = None;
+    let e = c.get().await.unwrap_err();
+    assert!(e.to_string().contains("endpoint down"), "{e}");
+    assert_eq!(runs(dir.path()), 3);
+}
+
 #[test]
 fn renewal_comes_before_expiry_by_a_margin() {
     let s = Duration::from_secs;

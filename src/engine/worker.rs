@@ -374,15 +374,14 @@ pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
         last = Instant::now();
         if let Some(out) = throttle.outage() {
             if out > throttle.max_outage() {
-                halt.halt(
-                    HaltKind::Outage,
-                    format!(
-                    "the API (or a credential's source) has been unreachable for {} ({} {}); every result so far is durable",
+                let reason = format!(
+                    "the API (or a credential's source) has been unreachable for {} ({} {}); \
+                     every result so far is durable",
                     humantime::format_duration(Duration::from_secs(out.as_secs())),
                     crate::setting::Setting::MaxOutage,
                     humantime::format_duration(throttle.max_outage()),
-                ),
                 );
+                halt.halt(HaltKind::Outage, reason);
                 return;
             }
         }
