@@ -259,6 +259,8 @@ fn a_revoked_client_secret_stops_the_job_with_nothing_failed_and_a_resume_finish
     let status = h.status(&h.state());
     assert_eq!(status["stats"]["failed"], 0, "{status}");
     assert!(status["stats"]["pending"].as_u64().unwrap() > 0, "{status}");
+    let shown = status["credentials"][0].as_str().unwrap();
+    assert!(shown.starts_with("TOKEN from OAuth2"), "{shown}");
 
     h.api.revoke_client_secret(false);
     let resumed = run_with_secret(&h, &args);
@@ -307,6 +309,10 @@ fn a_credential_is_not_needed_in_the_environment_but_its_client_secret_is() {
             "--oauth2-client-id",
         ),
         (vec!["--credential-command", "gh auth token"], "NAME=VALUE"),
+        (
+            vec!["--credential-command", "TOKEN=echo x"],
+            "credential TOKEN: no ${NAME} of a credential appears",
+        ),
     ] {
         let mut args = base.to_vec();
         args.extend(extra);
