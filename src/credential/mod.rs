@@ -7,7 +7,9 @@
 //!
 //! - **before it expires**: a value is due for renewal at its `expires_in` minus a margin (the
 //!   smaller of 10% and [`MAX_EXPIRY_MARGIN`]), or after the interval the job gives, whichever
-//!   comes first; the first request that finds it due renews it ([`Credential::get`]);
+//!   comes first; the first request that finds it due renews it ([`Credential::get`]), and
+//!   if that fails for now while the value has not expired, the value stays in use and the
+//!   renewal is tried again after a backoff;
 //! - **when the other side refuses it** ([`Credential::refused`]): a request made with
 //!   generation `g` that got a 401 asks for a renewal from `g`. Renewals are single flight:
 //!   however many requests saw `g` refused, one renewal happens, and a refusal of an older
