@@ -1,3 +1,7 @@
+//! The credential's unit tests: single-flight renewal, proactive renewal, rejection after a
+//! renewal that did not help, a value outliving a failing renewal, redaction, and the OAuth2
+//! grant against the fake API's token endpoint.
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
