@@ -15,6 +15,8 @@
 //! | `TooMany` | retried (backoff, or `after`); uses no attempt, only retry time | slows down | an answer |
 //! | `Unreachable` | retried (backoff, or `after`) | - | evidence the API is out |
 //! | `TimedOut` | retried (backoff) | slows down | evidence the API is out |
+//! | `Renewed` | retried at once; uses no attempt and no retry time (at most [`MAX_RENEWED_RETRIES`] in a row) | an answer | an answer |
+//! | `CredentialRejected` | stays pending: the run stops | - | - |
 //!
 //! Retries count against the job's attempts and retry time, except attempts that fail
 //! while an outage is declared (see [`crate::throttle`]).
@@ -109,13 +111,27 @@ pub enum Next {
     Unreachable { after: Option<Duration> },
     /// No answer in time: try again; both pushback and evidence of an outage.
     TimedOut,
+    /// The other side refused the job's credential and it was renewed since the attempt
+    /// (see [`crate::credential`]): try again at once with the new value. Not the ID's
+    /// doing: it uses no attempt and no retry time.
+    Renewed,
+    /// The job's credential is rejected (refused again right after its renewal, or its
+    /// source refuses the client): the run stops, the ID stays pending, and a resume once
+    /// the credential is fixed calls it.
+    CredentialRejected,
 }
 
+/// How many [`Next::Renewed`] retries in a row an item gets: past them, a refusal that a
+/// fresh credential does not cure (an API that answers 401 for this ID alone) fails the ID.
+pub const MAX_RENEWED_RETRIES: u32 = 3;
+
 impl Next {
-    /// Whether the attempt is worth another one, and when: `None` for permanent.
+    /// Whether the attempt is worth another one, and when: `None` for permanent (and for a
+    /// rejected credential, which stops the run instead), `Some(Some(0))` for at once.
     pub fn retry_after(self) -> Option<Option<Duration>> {
         match self {
-            Next::Permanent => None,
+            Next::Permanent | Next::CredentialRejected => None,
+            Next::Renewed => Some(Some(Duration::ZERO)),
             Next::Retry { after }
             | Next::Pushback { after }
             | Next::TooMany { after }

@@ -90,6 +90,8 @@ pub struct JobRequest {
     pub handler: Option<String>,
     pub headers: Option<Vec<String>>,
     pub body: Option<String>,
+    /// The credentials the request or command uses (`None` keeps the stored ones).
+    pub credentials: Option<Vec<crate::credential::CredentialSpec>>,
     pub connect_timeout: Option<Duration>,
     pub timeout: Option<Duration>,
     pub retry: RetryOverrides,
@@ -194,6 +196,7 @@ impl JobRequest {
             }),
             handler: self.handler.clone(),
             answer: AnswerSpec::default(),
+            credentials: self.credentials.clone().unwrap_or_default(),
             retry: RetryPolicy::default(),
             quotas: Vec::new(),
             created_at_ms: now_ms(),
@@ -275,23 +278,64 @@ fn check_work(spec: &JobSpec) -> Result<(), JobError> {
         // A library program's own handler: nothing stored to check.
         return Ok(());
     }
+    check_credential_names(spec)?;
+    let names: Vec<&str> = spec.credentials.iter().map(|c| c.name.as_str()).collect();
     match &spec.exec {
-        Some(exec) => crate::handler::exec::check_command(exec)?,
-        None => crate::handler::http::check_templates(&spec.request)?,
+        Some(exec) => crate::handler::exec::check_command(exec, &names)?,
+        None => crate::handler::http::check_templates(&spec.request, &names)?,
     }
     Ok(())
 }
 
-/// The handler a job's spec describes: its request or its command, with its answer checks,
-/// `${VAR}` expanded from the process environment.
+/// Credential names that templates can use (`${NAME}`: letters, digits, `_`), each once.
+fn check_credential_names(spec: &JobSpec) -> Result<(), JobError> {
+    for (i, c) in spec.credentials.iter().enumerate() {
+        let valid = !c.name.is_empty()
+            && !c.name.starts_with(|ch: char| ch.is_ascii_digit())
+            && c.name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !valid {
+            return Err(JobError::Usage(format!(
+                "{}: {:?} is not a valid name (write NAME=..., NAME of letters, digits and _)",
+                Setting::Credential(c.name.clone()),
+                c.name
+            )));
+        }
+        if spec.credentials[..i].iter().any(|d| d.name == c.name) {
+            return Err(JobError::Usage(format!(
+                "{} is defined twice",
+                Setting::Credential(c.name.clone())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The handler a job's spec describes: its request or its command, with its answer checks
+/// and credentials, `${VAR}` expanded from the process environment.
 pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
     let answer = crate::answer::Answer::compile(&spec.answer)?;
+    let env = |name: &str| std::env::var(name).ok();
+    let credentials = crate::handler::Credentials::build(
+        &spec.credentials,
+        spec.request.connect_timeout,
+        spec.request.timeout,
+        &env,
+    )?;
     Ok(match &spec.exec {
         Some(exec) => JobHandler::Exec(
-            crate::handler::exec::ExecHandler::new(exec, spec.request.timeout)?.with_answer(answer),
+            crate::handler::exec::ExecHandler::with_credentials(
+                exec,
+                spec.request.timeout,
+                credentials,
+                &env,
+            )?
+            .with_answer(answer),
         ),
         None => JobHandler::Http(
-            crate::handler::http::HttpHandler::new(&spec.request)?.with_answer(answer),
+            crate::handler::http::HttpHandler::with_credentials(&spec.request, credentials, &env)?
+                .with_answer(answer),
         ),
     })
 }
@@ -510,6 +554,9 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     }
     if request.body.is_some() {
         asked.request.body = request.body.clone();
+    }
+    if let Some(credentials) = &request.credentials {
+        asked.credentials = credentials.clone();
     }
     request.answer.apply(&mut asked.answer);
     crate::answer::Answer::compile(&asked.answer)?;
@@ -948,6 +995,72 @@ mod tests {
             Err(JobError::Usage(_))
         ));
         request.exec = Some("echo {id}".into());
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn credentials_are_stored_as_written_and_change_like_the_request() {
+        use crate::credential::{CredentialKind, CredentialSpec};
+        let (_d, store, mut request) = setup();
+        let oauth2 = |scope: Option<&str>| {
+            vec![CredentialSpec {
+                name: "TOKEN".into(),
+                kind: CredentialKind::OAuth2 {
+                    token_url: "http://127.0.0.1:9/token".into(),
+                    client_id: "me".into(),
+                    client_secret: "${CLIENT_SECRET}".into(),
+                    scope: scope.map(Into::into),
+                },
+                every: None,
+                renew_on_403: false,
+            }]
+        };
+        request.credentials = Some(oauth2(None));
+        let created = open_job(&store, &request).await.unwrap();
+        let stored = String::from_utf8(created.to_stored().spec).unwrap();
+        assert!(stored.contains("${CLIENT_SECRET}"), "{stored}");
+        // Not given again: kept; given the same: accepted.
+        assert_eq!(
+            open_job(&store, &JobRequest::default()).await.unwrap(),
+            created
+        );
+        assert_eq!(open_job(&store, &request).await.unwrap(), created);
+        // Changed: refused, unless allowed (then recorded).
+        let change = JobRequest {
+            credentials: Some(oauth2(Some("read"))),
+            ..JobRequest::default()
+        };
+        let err = open_job(&store, &change).await.unwrap_err().to_string();
+        assert!(err.contains("credentials"), "{err}");
+        let spec = open_job(
+            &store,
+            &JobRequest {
+                allow_spec_change: true,
+                ..change
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            spec.history[0].changes[0].contains("scope"),
+            "{:?}",
+            spec.history
+        );
+        // A name templates cannot use, or one defined twice, is refused.
+        let (_d, store, mut request) = setup();
+        let mut bad = oauth2(None);
+        bad[0].name = "MY-TOKEN".into();
+        request.credentials = Some(bad);
+        assert!(matches!(
+            open_job(&store, &request).await,
+            Err(JobError::Usage(_))
+        ));
+        let mut twice = oauth2(None);
+        twice.extend(oauth2(None));
+        request.credentials = Some(twice);
         assert!(matches!(
             open_job(&store, &request).await,
             Err(JobError::Usage(_))

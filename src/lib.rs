@@ -24,6 +24,7 @@ pub mod cli;
 #[cfg(test)]
 mod conformance;
 pub mod console;
+pub mod credential;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;

@@ -613,8 +613,40 @@ pub struct RunSummary {
     pub elapsed_ms: u64,
     /// The run stopped on a signal before the job finished.
     pub interrupted: bool,
-    /// The run stopped itself (API out too long, too many failures): why.
-    pub halted: Option<String>,
+    /// The run stopped itself (API out too long, too many failures, a rejected
+    /// credential): what kind of halt, and why.
+    pub halted: Option<Halted>,
+}
+
+/// What made a run stop itself. A front end maps each kind to its outcome (the command
+/// line: an exit code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum HaltKind {
+    /// A failure of the run itself (a worker panicked, the store failed).
+    Internal,
+    /// The API (or a credential's source) was out of reach for longer than allowed.
+    Outage,
+    /// More IDs failed permanently than allowed.
+    Failures,
+    /// The job's credential was rejected: it must be fixed before the job resumes.
+    CredentialRejected,
+    /// The job's budget (a quota over the whole job) is spent: a larger one continues it.
+    BudgetSpent,
+}
+
+/// A run's halt: its kind and the message that says why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Halted {
+    pub kind: HaltKind,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Halted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 impl RunSummary {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;
 
-use crate::failure::{AttemptNote, Failure};
+use crate::failure::{AttemptNote, Failure, Next, MAX_RENEWED_RETRIES};
 use crate::handler::Output;
 use crate::spec::RetryPolicy;
 
@@ -51,7 +51,9 @@ pub enum Charge {
 /// `attempt` gets the 1-based number of the attempt and returns its result and whether it
 /// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping);
 /// free attempts (during an outage) neither use up attempts nor advance the backoff, and
-/// refused ones (429) use up retry time but no attempt. `stopping` resolves when the run is
+/// refused ones (429) use up retry time but no attempt. An attempt whose credential was
+/// renewed ([`Next::Renewed`]) is made again at once, using neither, up to
+/// [`MAX_RENEWED_RETRIES`] times in a row (then the refusal is the ID's: it fails). `stopping` resolves when the run is
 /// shutting down: the loop then gives up instead of waiting for a backoff to pass, and the
 /// item is [`ItemOutcome::Abandoned`].
 pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
@@ -72,6 +74,7 @@ where
     let mut charged = 0;
     let mut made = 0;
     let mut charged_time = Duration::ZERO;
+    let mut renewed = 0;
     let mut errors = Vec::new();
     loop {
         made += 1;
@@ -89,11 +92,24 @@ where
             }
             Err(error) => error,
         };
+        let renewal = error.next == Next::Renewed;
         errors.push(AttemptNote {
             class: error.class,
             http_status: error.status,
-            free: charge != Charge::Counted,
+            free: charge != Charge::Counted || renewal,
         });
+        if renewal {
+            renewed += 1;
+            if renewed > MAX_RENEWED_RETRIES {
+                return ItemOutcome::Failed {
+                    error,
+                    attempts: made,
+                    errors,
+                };
+            }
+            continue;
+        }
+        renewed = 0;
         let wait = match (error.next.retry_after(), charge) {
             (None, _) => {
                 return ItemOutcome::Failed {
@@ -287,6 +303,48 @@ mod tests {
         .await;
         match outcome {
             ItemOutcome::Failed { attempts, .. } => assert!(attempts > 3, "{attempts}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_renewed_credential_is_retried_at_once_and_free_a_few_times_in_a_row() {
+        let renewed = || {
+            Err(Failure {
+                next: Next::Renewed,
+                ..http(401)
+            })
+        };
+        let mut p = policy(1);
+        p.initial = Duration::from_secs(3600);
+        p.max_elapsed = Duration::from_millis(1);
+        // Two renewals then an answer, with one attempt and no retry time: both free.
+        let outcome = run(
+            &p,
+            |n| async move { Some((if n <= 2 { renewed() } else { Ok(ok()) }, Charge::Counted)) },
+            std::future::pending(),
+        )
+        .await;
+        match outcome {
+            ItemOutcome::Ok {
+                attempts, errors, ..
+            } => {
+                assert_eq!(attempts, 3);
+                assert!(errors.iter().all(|e| e.free));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Refused whatever the credential: the ID fails after a few renewals.
+        let outcome = run(
+            &p,
+            |_| async move { Some((renewed(), Charge::Counted)) },
+            std::future::pending(),
+        )
+        .await;
+        match outcome {
+            ItemOutcome::Failed { attempts, .. } => {
+                assert_eq!(attempts, MAX_RENEWED_RETRIES + 1)
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -67,6 +67,12 @@ pub enum Setting {
     State,
     /// The PostgreSQL database's URL.
     DatabaseUrl,
+    /// One of the job's credentials, by name.
+    Credential(String),
+    /// The OAuth2 client ID of a credential.
+    OAuth2ClientId,
+    /// The OAuth2 client secret of a credential.
+    OAuth2ClientSecret,
 }
 
 impl Setting {
@@ -100,6 +106,9 @@ impl Setting {
             Setting::RerunIds => "rerun IDs file",
             Setting::State => "state",
             Setting::DatabaseUrl => "database URL",
+            Setting::Credential(name) => return format!("credential {name}"),
+            Setting::OAuth2ClientId => "oauth2_client_id",
+            Setting::OAuth2ClientSecret => "oauth2_client_secret",
         };
         name.into()
     }

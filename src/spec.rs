@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::answer::AnswerSpec;
+use crate::credential::CredentialSpec;
 use crate::handler::serde_millis;
 use crate::input::{Fingerprint, InputSpec};
 use crate::setting::Setting;
@@ -76,6 +77,10 @@ pub struct JobSpec {
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
+    /// The credentials the request or command uses, as defined (never a value; none in
+    /// specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialSpec>,
     pub retry: RetryPolicy,
     /// The calls the API allows per window, every one kept (none in specs stored before);
     /// their usage is stored with the job ([`crate::quota`]).
@@ -208,6 +213,14 @@ impl JobSpec {
             format!("{:?}", self.request.body),
             format!("{:?}", other.request.body),
         );
+        let credentials = |s: &JobSpec| {
+            if s.credentials.is_empty() {
+                return "none".to_string();
+            }
+            let list: Vec<String> = s.credentials.iter().map(|c| c.to_string()).collect();
+            list.join("; ")
+        };
+        cmp(&"credentials", credentials(self), credentials(other));
         out
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::credential::{CredentialKind, CredentialSpec};
 use crate::input::{format_from_extension, InputFormat, InputSpec};
 use crate::job::{Durability, FailureLimit, JobRequest, RetryOverrides, RunOptions};
 use crate::sink::{self, ExportFormat};
@@ -16,6 +17,8 @@ pub(crate) const EXIT_CODES: &str = "Exit codes:
   1    the job could not proceed (input, state or store error)
   2    usage error
   3    the run completed but some IDs failed permanently
+  4    a credential was rejected (fix it, then run the same command to resume)
+  5    the job's budget (--quota N/job) is spent (raise it to go on)
   130  stopped by a signal (run the same command again to resume)";
 
 #[derive(Debug, Parser)]
@@ -100,6 +103,33 @@ pub(crate) struct RunArgs {
     /// Body template: {id} is JSON-escaped, ${VAR} comes from the environment.
     #[arg(long, value_name = "TEMPLATE")]
     pub(crate) body: Option<String>,
+    /// A credential renewed during the run, printed by a command: 'NAME=COMMAND'
+    /// (repeatable), split like --exec's. ${NAME} in --url, --header, --body and --exec is
+    /// its value (and NAME in --exec's environment); renewed when the API answers 401 and
+    /// every --credential-every.
+    #[arg(long, value_name = "NAME=COMMAND")]
+    pub(crate) credential_command: Vec<String>,
+    /// A credential renewed during the run, from an OAuth2 client-credentials grant:
+    /// 'NAME=TOKEN_URL' (repeatable), with --oauth2-client-id and --oauth2-client-secret.
+    /// Renewed before its expires_in runs out and when the API answers 401.
+    #[arg(long, value_name = "NAME=TOKEN_URL")]
+    pub(crate) credential_oauth2: Vec<String>,
+    /// With --credential-oauth2: the client ID; ${VAR} comes from the environment.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub(crate) oauth2_client_id: Option<String>,
+    /// With --credential-oauth2: the client secret, as '${VAR}' (read from the environment
+    /// at run time, never stored).
+    #[arg(long, value_name = "TEMPLATE")]
+    pub(crate) oauth2_client_secret: Option<String>,
+    /// With --credential-oauth2: the scope to ask for.
+    #[arg(long, value_name = "SCOPE")]
+    pub(crate) oauth2_scope: Option<String>,
+    /// Renew each credential at least this often (an OAuth2 token also before it expires).
+    #[arg(long, value_parser = positive_duration, value_name = "DURATION")]
+    pub(crate) credential_every: Option<Duration>,
+    /// Renew credentials when the API answers 403 too, not only 401.
+    #[arg(long)]
+    pub(crate) credential_renew_on_403: bool,
     /// Rows per bucket (micro-batch) [default: 1000].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) bucket_size: Option<u64>,
@@ -465,6 +495,7 @@ impl RunArgs {
                 Some(self.headers.clone())
             },
             body: self.body.clone(),
+            credentials: self.credentials()?,
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,
             retry: RetryOverrides {
@@ -484,6 +515,82 @@ impl RunArgs {
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })
+    }
+
+    /// The credentials the flags define: `None` when no credential flag is given (a resume
+    /// keeps the stored ones).
+    fn credentials(&self) -> Result<Option<Vec<CredentialSpec>>, String> {
+        let none = self.credential_command.is_empty() && self.credential_oauth2.is_empty();
+        if none && (self.credential_every.is_some() || self.credential_renew_on_403) {
+            return Err("--credential-every and --credential-renew-on-403 go with \
+                --credential-command or --credential-oauth2"
+                .into());
+        }
+        let client = [
+            self.oauth2_client_id.is_some(),
+            self.oauth2_client_secret.is_some(),
+            self.oauth2_scope.is_some(),
+        ];
+        if self.credential_oauth2.is_empty() && client.contains(&true) {
+            return Err(
+                "--oauth2-client-id, --oauth2-client-secret and --oauth2-scope go with \
+                 --credential-oauth2"
+                    .into(),
+            );
+        }
+        if none {
+            return Ok(None);
+        }
+        let split = |flag: &str, text: &str| -> Result<(String, String), String> {
+            match text.split_once('=') {
+                Some((name, rest)) if !name.trim().is_empty() && !rest.trim().is_empty() => {
+                    Ok((name.trim().to_string(), rest.trim().to_string()))
+                }
+                _ => Err(format!("{flag} {text:?}: write NAME=VALUE")),
+            }
+        };
+        let mut list = Vec::new();
+        for text in &self.credential_command {
+            let (name, command) = split("--credential-command", text)?;
+            list.push((name, CredentialKind::Command { command }));
+        }
+        for text in &self.credential_oauth2 {
+            let (name, token_url) = split("--credential-oauth2", text)?;
+            let (Some(client_id), Some(client_secret)) =
+                (&self.oauth2_client_id, &self.oauth2_client_secret)
+            else {
+                return Err(
+                    "--credential-oauth2 needs --oauth2-client-id and --oauth2-client-secret"
+                        .into(),
+                );
+            };
+            if !client_secret.contains("${") {
+                return Err(
+                    "--oauth2-client-secret takes the name of an environment variable \
+                     ('${CLIENT_SECRET}'): a secret written out would be stored with the job"
+                        .into(),
+                );
+            }
+            list.push((
+                name,
+                CredentialKind::OAuth2 {
+                    token_url,
+                    client_id: client_id.clone(),
+                    client_secret: client_secret.clone(),
+                    scope: self.oauth2_scope.clone(),
+                },
+            ));
+        }
+        Ok(Some(
+            list.into_iter()
+                .map(|(name, kind)| CredentialSpec {
+                    name,
+                    kind,
+                    every: self.credential_every,
+                    renew_on_403: self.credential_renew_on_403,
+                })
+                .collect(),
+        ))
     }
 
     pub(crate) fn options(&self) -> RunOptions {

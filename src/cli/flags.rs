@@ -40,6 +40,10 @@ fn flag(setting: &Setting) -> Option<String> {
         Setting::RerunAllItems => "--all-items",
         Setting::RerunIds => "--ids",
         Setting::State | Setting::DatabaseUrl => "--state",
+        Setting::OAuth2ClientId => "--oauth2-client-id",
+        Setting::OAuth2ClientSecret => "--oauth2-client-secret",
+        // The credential's own name: the flag that defines it is one of two.
+        Setting::Credential(_) => return None,
     };
     Some(name.into())
 }

@@ -83,6 +83,10 @@ pub(crate) mod exit {
     pub const USAGE: u8 = 2;
     /// The run completed but some IDs failed permanently.
     pub const FAILURES: u8 = 3;
+    /// A credential was rejected: the user fixes it and resumes.
+    pub const CREDENTIAL: u8 = 4;
+    /// The job's budget is spent: the user raises it and resumes.
+    pub const BUDGET: u8 = 5;
     /// Stopped by a signal.
     pub const SIGNAL: u8 = 130;
 }
@@ -160,6 +164,16 @@ async fn dispatch(command: Command) -> Result<u8> {
         Command::Failures(args) => failures::failures(args).await,
         Command::Rerun(args) => rerun::rerun(*args).await,
         Command::Demo(args) => demo_command::run(args.dir, args.ids).await,
+    }
+}
+
+/// The exit code of a run that halted itself, by the halt's kind.
+fn halt_code(kind: crate::progress::HaltKind) -> u8 {
+    use crate::progress::HaltKind;
+    match kind {
+        HaltKind::Internal | HaltKind::Outage | HaltKind::Failures => exit::ERROR,
+        HaltKind::CredentialRejected => exit::CREDENTIAL,
+        HaltKind::BudgetSpent => exit::BUDGET,
     }
 }
 

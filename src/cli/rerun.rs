@@ -171,9 +171,9 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
     );
     if !r.finished() {
         let resume = format!("highwater rerun {} {selection}", place.state);
-        if let Some(reason) = &summary.halted {
-            say!("stopped: {reason}\nresume with: {resume}");
-            return Ok(exit::ERROR);
+        if let Some(halted) = &summary.halted {
+            say!("stopped: {halted}\nresume with: {resume}");
+            return Ok(super::halt_code(halted.kind));
         }
         say!("resume with: {resume}");
         return Ok(if summary.interrupted {

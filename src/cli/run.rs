@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::args::RunArgs;
-use super::{exit, library_job, open_files, pg, refused, state_arg, StateArg};
+use super::{exit, halt_code, library_job, open_files, pg, refused, state_arg, StateArg};
 use crate::console::shell_path;
 use crate::job::{open_job, Job, JobHandler, JobSpec, Opened, RunOptions};
 use crate::monitor::EventFormat;
@@ -160,10 +160,10 @@ pub(crate) async fn run_job<S: Store + Leases>(
         .run()
         .await?;
     say!("{}", summary.render());
-    if let Some(reason) = &summary.halted {
+    if let Some(halted) = &summary.halted {
         if !summary.job.finished() {
-            say!("stopped: {reason}\nresume with: {resume}");
-            return Ok(exit::ERROR);
+            say!("stopped: {halted}\nresume with: {resume}");
+            return Ok(halt_code(halted.kind));
         }
     }
     if summary.interrupted && !summary.job.finished() {

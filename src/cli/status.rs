@@ -148,6 +148,8 @@ pub(crate) async fn describe<S: Store>(
             "url": spec.request.url,
             "method": spec.request.method,
             "exec": spec.exec.as_ref().map(|e| &e.command),
+            // Definitions as written: never a value.
+            "credentials": spec.credentials.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "bucket_size": spec.bucket_size,
             "runner": runner,
             "last_run": died,
@@ -260,6 +262,9 @@ fn render_status(
     );
     for b in bad {
         text.push_str(&format!("  bad line {}: {}\n", b.line, b.reason));
+    }
+    for c in &spec.credentials {
+        text.push_str(&format!("credential: {c}\n"));
     }
     text
 }

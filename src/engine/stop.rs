@@ -1,11 +1,14 @@
 //! Stopping a run: the stop pair (a cloneable [`StopHandle`] that asks, a [`Stop`] the run
 //! listens on), and the run stopping itself ([`Halt`]: a panicking worker, a failing writer,
-//! `--max-failures`, an outage past `--max-outage`), with why.
+//! `--max-failures`, an outage past `--max-outage`, a rejected credential), with its
+//! [`HaltKind`] and why.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 
 use tokio::sync::Notify;
+
+use crate::progress::{HaltKind, Halted};
 
 /// Asks a run to stop. Cloneable; `stop` is idempotent.
 #[derive(Clone)]
@@ -73,8 +76,10 @@ pub(super) struct HaltOnPanic<'a>(pub(super) &'a Halt);
 impl Drop for HaltOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0
-                .halt("internal error: an item worker panicked".into());
+            self.0.halt(
+                HaltKind::Internal,
+                "internal error: an item worker panicked".into(),
+            );
         }
     }
 }
@@ -82,22 +87,31 @@ impl Drop for HaltOnPanic<'_> {
 /// A run stopping itself, and why.
 pub(super) struct Halt {
     pub(super) stop: StopHandle,
-    pub(super) reason: std::sync::Mutex<Option<String>>,
+    pub(super) reason: std::sync::Mutex<Option<Halted>>,
 }
 
 impl Halt {
-    pub(super) fn reason(&self) -> Option<String> {
+    pub(super) fn new(stop: StopHandle) -> Halt {
+        Halt {
+            stop,
+            reason: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The first halt's kind and reason, if the run halted.
+    pub(super) fn reason(&self) -> Option<Halted> {
         self.reason
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    pub(super) fn halt(&self, reason: String) {
+    /// Stop the run for `reason`; the first halt is the one reported.
+    pub(super) fn halt(&self, kind: HaltKind, reason: String) {
         let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
         if r.is_none() {
             tracing::error!("{reason}");
-            *r = Some(reason);
+            *r = Some(Halted { kind, reason });
         }
         self.stop.stop();
     }

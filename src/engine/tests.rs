@@ -265,10 +265,7 @@ async fn a_closure_handler_runs_a_job_under_the_same_retries_and_store() {
 #[tokio::test]
 async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_abandoned() {
     let (handle, stop) = stop_pair();
-    let halt = Arc::new(Halt {
-        stop: handle,
-        reason: std::sync::Mutex::new(None),
-    });
+    let halt = Arc::new(Halt::new(handle));
     let panicking = tokio::spawn({
         let halt = halt.clone();
         async move {
@@ -278,13 +275,12 @@ async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_aba
     });
     assert!(panicking.await.unwrap_err().is_panic());
     assert!(stop.is_stopping(), "the panic stopped the run");
-    assert!(halt.reason().unwrap().contains("panicked"));
+    let halted = halt.reason().unwrap();
+    assert!(halted.reason.contains("panicked"));
+    assert_eq!(halted.kind, crate::progress::HaltKind::Internal);
     // A worker ending normally halts nothing.
     let (handle, stop) = stop_pair();
-    let calm = Halt {
-        stop: handle,
-        reason: std::sync::Mutex::new(None),
-    };
+    let calm = Halt::new(handle);
     drop(HaltOnPanic(&calm));
     assert!(!stop.is_stopping());
 
@@ -410,10 +406,7 @@ async fn async_progress_stopped_midway_resumes_in_sync_mode() {
 #[test]
 fn a_halt_works_on_after_a_panic_poisoned_its_lock() {
     let (stop, watched) = stop_pair();
-    let halt = Halt {
-        stop,
-        reason: std::sync::Mutex::new(None),
-    };
+    let halt = Halt::new(stop);
     std::thread::scope(|s| {
         let _ = s
             .spawn(|| {
@@ -423,7 +416,80 @@ fn a_halt_works_on_after_a_panic_poisoned_its_lock() {
             .join();
     });
     assert!(halt.reason.is_poisoned());
-    halt.halt("the API is out".into());
-    assert_eq!(halt.reason().as_deref(), Some("the API is out"));
+    halt.halt(crate::progress::HaltKind::Outage, "the API is out".into());
+    assert_eq!(
+        halt.reason().map(|h| h.reason).as_deref(),
+        Some("the API is out")
+    );
     assert!(watched.is_stopping());
+}
+
+/// A handler whose credential is refused on each ID's first attempt (renewed: retried at
+/// once, free), and rejected outright for the IDs in `rejected`.
+async fn run_with_refusals(s: &Setup, rejected: &'static [&'static str]) -> RunSummary {
+    use crate::failure::{Failure, Next};
+    let refused = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let handler = Arc::new(move |id: String| {
+        let first = refused.lock().unwrap().insert(id.clone());
+        async move {
+            let refusal = |next| Failure {
+                next,
+                ..Failure::permanent("HTTP 401").status(401)
+            };
+            if rejected.contains(&id.as_str()) {
+                return Err(refusal(Next::CredentialRejected));
+            }
+            if first {
+                return Err(refusal(Next::Renewed));
+            }
+            Ok(serde_json::json!({ "id": id }))
+        }
+    });
+    let mut spec = (*s.spec).clone();
+    // One attempt, no retry time: a renewed credential's retry must use neither.
+    spec.retry.max_attempts = 1;
+    spec.retry.max_elapsed = Duration::ZERO;
+    let opts = RunOptions {
+        concurrency: 4,
+        progress_interval: Duration::ZERO,
+        ..RunOptions::default()
+    };
+    run(
+        s.store.clone(),
+        Arc::new(spec),
+        handler,
+        &opts,
+        Arc::new(Counters::default()),
+        stop_pair().1,
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_credential_is_retried_using_no_attempt() {
+    let ids = ids(200);
+    let s = setup(&ids, 50, ApiConfig::fast()).await;
+    let summary = run_with_refusals(&s, &[]).await;
+    assert!(summary.halted.is_none(), "{:?}", summary.halted);
+    assert_eq!((summary.job.ok, summary.job.failed), (200, 0));
+    assert_eq!(summary.run.attempts, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_credential_halts_the_run_and_fails_no_id() {
+    let ids = ids(200);
+    let s = setup(&ids, 50, ApiConfig::fast()).await;
+    let summary = run_with_refusals(&s, &["e-120"]).await;
+    let halted = summary.halted.expect("the run halted");
+    assert_eq!(halted.kind, crate::progress::HaltKind::CredentialRejected);
+    assert!(halted.reason.contains("HTTP 401"), "{}", halted.reason);
+    assert!(!summary.job.finished());
+    assert_eq!(summary.job.failed, 0);
+    assert!(summary.job.pending > 0);
+    let record = s.store.item("e-120").await.unwrap();
+    assert!(
+        record.as_ref().is_none_or(|r| !r.is_final()),
+        "e-120 stays pending: {record:?}"
+    );
 }

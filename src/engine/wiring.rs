@@ -56,10 +56,7 @@ where
     } = run;
     // The run's own stop: asked for from outside, or by the run itself (a halt).
     let (own_stop, stop_inner) = stop_pair();
-    let halt = Arc::new(Halt {
-        stop: own_stop.clone(),
-        reason: std::sync::Mutex::new(None),
-    });
+    let halt = Arc::new(Halt::new(own_stop.clone()));
     let forward = tokio::spawn({
         let (outer, own) = (stop.clone(), own_stop);
         async move {

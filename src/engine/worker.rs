@@ -14,12 +14,12 @@ use tokio::sync::{mpsc, Notify, Semaphore, SemaphorePermit};
 use super::item::Item;
 use super::member::Member;
 use super::queue::WorkQueue;
-use super::quotas::QuotaGate;
+use super::quotas::{QuotaGate, QuotaStop};
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
 use crate::failure::Next;
 use crate::handler::Handler;
-use crate::progress::Counters;
+use crate::progress::{Counters, HaltKind};
 use crate::quota::pacer::AnnouncedLimits;
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
@@ -170,7 +170,7 @@ pub(super) struct ItemTask<H> {
     /// The limits the API announces, if the handler reads them: every attempt waits for
     /// them.
     pub(super) announced: Option<Arc<AnnouncedLimits>>,
-    /// The run stopping itself (a spent budget).
+    /// The run stopping itself: a spent budget, a rejected credential.
     pub(super) halt: Arc<Halt>,
 }
 
@@ -267,7 +267,11 @@ impl<H: Handler> ItemTask<H> {
                         taken = Box::pin(q.acquire()) => match taken {
                             Ok(call) => Some(call),
                             Err(e) => {
-                                halt.halt(e.to_string());
+                                let kind = match e {
+                                    QuotaStop::Spent(_) => HaltKind::BudgetSpent,
+                                    QuotaStop::Store(_) => HaltKind::Internal,
+                                };
+                                halt.halt(kind, e.to_string());
                                 return None;
                             }
                         },
@@ -297,8 +301,14 @@ impl<H: Handler> ItemTask<H> {
                 if let Some(c) = throttle.concurrency() {
                     c.settle();
                 }
-                let observed = Observed::of(&result, latency);
                 let next = result.as_ref().err().map(|f| f.next);
+                if let (Err(f), Some(Next::CredentialRejected)) = (&result, next) {
+                    // Not the ID's doing: it stays pending, and the run stops for the user
+                    // to fix the credential and resume.
+                    halt.halt(HaltKind::CredentialRejected, f.message.clone());
+                    return None;
+                }
+                let observed = Observed::of(&result, latency);
                 if let Some(Some(after)) = next.and_then(Next::retry_after) {
                     // A Retry-After about the ID it refused holds that ID only.
                     if throttle.refused_for_the_rate(observed) {
@@ -402,12 +412,14 @@ pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
         last = Instant::now();
         if let Some(out) = throttle.outage() {
             if out > throttle.max_outage() {
-                halt.halt(format!(
-                    "the API has been unreachable for {} ({} {}); every result so far is durable",
+                let reason = format!(
+                    "the API (or a credential's source) has been unreachable for {} ({} {}); \
+                     every result so far is durable",
                     humantime::format_duration(Duration::from_secs(out.as_secs())),
                     crate::setting::Setting::MaxOutage,
                     humantime::format_duration(throttle.max_outage()),
-                ));
+                );
+                halt.halt(HaltKind::Outage, reason);
                 return;
             }
         }

@@ -235,12 +235,15 @@ impl<S: Store + Leases> Writer<S> {
                 .rev()
                 .find_map(|(_, r)| r.error.clone())
                 .unwrap_or_default();
-            self.halt.halt(format!(
-                "{} of {} IDs failed permanently in this run, past {}; the last error: {last}",
-                now.failed,
-                now.done(),
-                crate::setting::Setting::MaxFailures
-            ));
+            self.halt.halt(
+                crate::progress::HaltKind::Failures,
+                format!(
+                    "{} of {} IDs failed permanently in this run, past {}; the last error: {last}",
+                    now.failed,
+                    now.done(),
+                    crate::setting::Setting::MaxFailures
+                ),
+            );
         }
     }
 

@@ -6,7 +6,11 @@
 //! `{id}` is replaced by the ID inside whichever argument it stands, always within that one
 //! argument (an ID with spaces or quotes stays one argument); `${VAR}` is expanded from the
 //! environment when the handler is built, never stored expanded. The process gets no
-//! standard input and inherits the environment and working directory.
+//! standard input and inherits the environment and working directory. Each of the job's
+//! credentials is also in its environment, under the credential's name, and a `${NAME}` of
+//! one in the command is its current value; a process that exits with
+//! [`REFUSED_EXIT_CODE`] says the credential was refused: it is renewed and the ID run
+//! again ([`super::Credentials`]).
 //!
 //! | the process | class | next |
 //! |---|---|---|
@@ -41,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
+use super::credentials::{Credentials, REFUSED_EXIT_CODE};
 use super::template::{IdEncoding, Template};
 use super::{Handler, HandlerError, Output};
 use crate::answer::Answer;
@@ -73,6 +78,8 @@ pub struct ExecHandler {
     timeout: Duration,
     retry_exit_codes: Vec<i32>,
     answer: Answer,
+    /// The job's credentials, in the environment of every process.
+    credentials: Credentials,
 }
 
 impl std::fmt::Debug for ExecHandler {
@@ -96,6 +103,7 @@ const WHAT: &Setting = &Setting::Exec;
 fn parse(
     command: &str,
     env: &dyn Fn(&str) -> Option<String>,
+    credentials: &[&str],
 ) -> Result<Vec<Template>, HandlerError> {
     let invalid = |reason: &str| HandlerError::Invalid {
         what: WHAT.clone(),
@@ -105,11 +113,16 @@ fn parse(
         .ok_or_else(|| invalid("unbalanced quotes or a trailing backslash"))?;
     let argv = words
         .iter()
-        .map(|w| Template::parse(w, WHAT, IdEncoding::Raw, env))
+        .map(|w| Template::parse_with(w, WHAT, IdEncoding::Raw, env, credentials))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(program) = argv.first() else {
         return Err(invalid("no program given"));
     };
+    if program.has_credential() {
+        return Err(invalid(
+            "a credential may not stand in the program's name (give it as an argument)",
+        ));
+    }
     if program.has_id() {
         return Err(invalid(
             "{id} may not stand in the program's name (give it as an argument)",
@@ -124,9 +137,9 @@ fn parse(
 }
 
 /// Check the command's syntax without the environment: what must hold before a job is
-/// stored.
-pub fn check_command(spec: &ExecSpec) -> Result<(), HandlerError> {
-    parse(&spec.command, &|_| Some("x".into())).map(|_| ())
+/// stored. `credentials`: the names of the job's credentials.
+pub fn check_command(spec: &ExecSpec, credentials: &[&str]) -> Result<(), HandlerError> {
+    parse(&spec.command, &|_| Some("x".into()), credentials).map(|_| ())
 }
 
 impl ExecHandler {
@@ -142,7 +155,18 @@ impl ExecHandler {
         timeout: Duration,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ExecHandler, HandlerError> {
-        let argv = parse(&spec.command, env)?;
+        Self::with_credentials(spec, timeout, Credentials::none(), env)
+    }
+
+    /// Build with credentials: each is in every process's environment under its name, and a
+    /// `${NAME}` of one in the command is its current value, not an environment variable.
+    pub fn with_credentials(
+        spec: &ExecSpec,
+        timeout: Duration,
+        credentials: Credentials,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ExecHandler, HandlerError> {
+        let argv = parse(&spec.command, env, &credentials.names())?;
         let program = argv[0].render("");
         if find_program(Path::new(&program)).is_none() {
             return Err(HandlerError::Invalid {
@@ -155,6 +179,7 @@ impl ExecHandler {
             timeout,
             retry_exit_codes: spec.retry_exit_codes.clone(),
             answer: Answer::default(),
+            credentials,
         })
     }
 
@@ -178,8 +203,17 @@ impl ExecHandler {
     }
 
     async fn run(&self, id: &str) -> Result<Output, Failure> {
-        let argv: Vec<String> = self.argv.iter().map(|a| a.render(id)).collect();
+        let used = self.credentials.values().await?;
+        let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
+        let argv: Vec<String> = self
+            .argv
+            .iter()
+            .map(|a| a.render_with(id, &values))
+            .collect();
         let mut command = Command::new(&argv[0]);
+        for (credential, value) in self.credentials.list().iter().zip(&values) {
+            command.env(credential.name(), value);
+        }
         command
             .args(&argv[1..])
             .stdin(Stdio::null())
@@ -216,7 +250,7 @@ impl ExecHandler {
                 )))
             }
         };
-        let tail = |message: String| with_stderr(message, &err);
+        let tail = |message: String| self.credentials.redact(with_stderr(message, &err));
         let status = status.map_err(|e| {
             Failure::retry(format!("cannot wait for the process: {e}")).class(ErrorClass::Exit)
         })?;
@@ -236,7 +270,14 @@ impl ExecHandler {
             }
         };
         match status.code() {
-            Some(0) => {}
+            Some(0) => self.credentials.accepted(&used),
+            Some(REFUSED_EXIT_CODE) if !used.is_empty() => {
+                let refused = Failure::retry(tail(format!(
+                    "exit code {REFUSED_EXIT_CODE} (the credential was refused)"
+                )))
+                .class(ErrorClass::Exit);
+                return Err(self.credentials.refused(&used, refused).await);
+            }
             Some(code) if self.retry_exit_codes.contains(&code) => {
                 return Err(Failure::retry(tail(format!("exit code {code} (retried)")))
                     .class(ErrorClass::Exit))
@@ -432,7 +473,7 @@ mod tests {
     #[test]
     fn commands_are_split_like_a_shell_and_checked() {
         let env = |_: &str| Some("a b".to_string());
-        let argv = parse(r#"prog --x='{id} y' "${V}" {id}"#, &env).unwrap();
+        let argv = parse(r#"prog --x='{id} y' "${V}" {id}"#, &env, &[]).unwrap();
         let words: Vec<String> = argv.iter().map(|t| t.render("i d")).collect();
         assert_eq!(words, ["prog", "--x=i d y", "a b", "i d"]);
         for (bad, says) in [
@@ -441,7 +482,7 @@ mod tests {
             ("{id} x", "program's name"),
             ("prog x", "appears in no argument"),
         ] {
-            let err = check_command(&spec(bad)).unwrap_err().to_string();
+            let err = check_command(&spec(bad), &[]).unwrap_err().to_string();
             assert!(err.contains(says) && err.contains("exec"), "{bad}: {err}");
         }
         let err = ExecHandler::with_env(

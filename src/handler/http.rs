@@ -27,8 +27,13 @@
 //! for that wait; zero, negative or unparseable values fall back to backoff so a server can
 //! never make us spin.
 //!
+//! A 401 (or a 403 when the job says so) to a request made with the job's credentials is
+//! decided by them ([`super::Credentials`]): renewed and retried at once, or the credential
+//! rejected.
+//!
 //! Secrets: expanded values live only inside [`HttpHandler`]; its `Debug` output and every
-//! error message it makes leave them out (reqwest errors are stripped of their URL).
+//! error message it makes leave them out (reqwest errors are stripped of their URL, and a
+//! credential's value is taken out of a quoted answer).
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,6 +43,7 @@ use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
+use super::credentials::Credentials;
 use super::template::{IdEncoding, Piece, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
 
@@ -81,6 +87,8 @@ pub struct HttpHandler {
     answer: Answer,
     /// What the API announces of its limits, read from every answer.
     limits: Arc<AnnouncedLimits>,
+    /// The job's credentials, read for each request.
+    credentials: Credentials,
 }
 
 impl fmt::Debug for HttpHandler {
@@ -112,7 +120,17 @@ impl HttpHandler {
         spec: &RequestSpec,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<HttpHandler, HandlerError> {
-        let request = Compiled::new(spec, env)?;
+        Self::with_credentials(spec, Credentials::none(), env)
+    }
+
+    /// Build with credentials: a `${NAME}` of one of them in the templates is its current
+    /// value for each request, not an environment variable.
+    pub fn with_credentials(
+        spec: &RequestSpec,
+        credentials: Credentials,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<HttpHandler, HandlerError> {
+        let request = Compiled::new(spec, env, &credentials.names())?;
         let mut client = reqwest::Client::builder();
         if !proxy_in_env() {
             // Nothing for reqwest's system proxy to find, but it would still look each
@@ -137,6 +155,7 @@ impl HttpHandler {
             request,
             answer: Answer::default(),
             limits: Arc::new(AnnouncedLimits::new()),
+            credentials,
         })
     }
 
@@ -156,22 +175,28 @@ impl HttpHandler {
                 "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
             )));
         }
+        let used = self.credentials.values().await?;
+        let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
         let url = r
             .url
-            .url(id)
+            .url(id, &values)
             .map_err(|e| unusable(format!("the ID makes an invalid URL ({e})")))?;
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
-            let value = HeaderValue::from_str(&value.render(id)).map_err(|_| {
-                unusable(format!("the ID makes an invalid value for header {name}"))
-            })?;
+            let mut value =
+                HeaderValue::from_str(&value.render_with(id, &values)).map_err(|_| {
+                    unusable(format!("the ID makes an invalid value for header {name}"))
+                })?;
+            if !used.is_empty() {
+                value.set_sensitive(true);
+            }
             request = request.header(name.clone(), value);
         }
         if let Some(body) = &r.body {
             if r.json_body {
                 request = request.header(CONTENT_TYPE, "application/json");
             }
-            request = request.body(body.render(id));
+            request = request.body(body.render_with(id, &values));
         }
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
@@ -212,17 +237,24 @@ impl HttpHandler {
             let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
                 .trim()
                 .to_string();
-            return Err(Failure {
+            let failure = Failure {
                 next: classify_status(status_code, retry_after),
                 class: ErrorClass::Http,
                 status: Some(status.as_u16()),
                 message: if snippet.is_empty() {
                     format!("HTTP {status}")
                 } else {
-                    format!("HTTP {status}: {snippet}")
+                    self.credentials.redact(format!("HTTP {status}: {snippet}"))
                 },
-            });
+            };
+            // A 403 that announces a spent quota is the rate's, not the credential's.
+            if status_code == status.as_u16() && self.credentials.refuses(status_code) {
+                return Err(self.credentials.refused(&used, failure).await);
+            }
+            self.credentials.accepted(&used);
+            return Err(failure);
         }
+        self.credentials.accepted(&used);
         let headers = response.headers();
         let result = self.answer.judge(
             Some(status.as_u16()),
@@ -320,9 +352,10 @@ impl UrlTemplate {
         UrlTemplate { template, base }
     }
 
-    /// The URL for `id`; an error says why the rendered text is not a URL.
-    fn url(&self, id: &str) -> Result<reqwest::Url, String> {
-        let full = self.template.render(id);
+    /// The URL for `id` with these credential values; an error says why the rendered text
+    /// is not a URL.
+    fn url(&self, id: &str, credentials: &[&str]) -> Result<reqwest::Url, String> {
+        let full = self.template.render_with(id, credentials);
         let Some((base, len)) = &self.base else {
             return reqwest::Url::parse(&full).map_err(|e| e.to_string());
         };
@@ -358,13 +391,15 @@ impl Compiled {
     fn new(
         spec: &RequestSpec,
         env: &dyn Fn(&str) -> Option<String>,
+        credentials: &[&str],
     ) -> Result<Compiled, HandlerError> {
         let method =
             Method::from_bytes(spec.method.as_bytes()).map_err(|_| HandlerError::Invalid {
                 what: Setting::Method,
                 reason: format!("{:?} is not an HTTP method", spec.method),
             })?;
-        let url = Template::parse(&spec.url, &Setting::Url, IdEncoding::Url, env)?;
+        let url =
+            Template::parse_with(&spec.url, &Setting::Url, IdEncoding::Url, env, credentials)?;
         let probe = url.render("id");
         let parsed = reqwest::Url::parse(&probe).map_err(|e| HandlerError::Invalid {
             what: Setting::Url,
@@ -389,11 +424,12 @@ impl Compiled {
                     reason: format!("{:?} is not a valid header name", name.trim()),
                 }
             })?;
-            let value = Template::parse(
+            let value = Template::parse_with(
                 value.trim(),
                 &Setting::Header(Some(name.to_string())),
                 IdEncoding::Raw,
                 env,
+                credentials,
             )?;
             if HeaderValue::from_str(&value.render("id")).is_err() {
                 return Err(HandlerError::Invalid {
@@ -409,7 +445,7 @@ impl Compiled {
         let body = spec
             .body
             .as_deref()
-            .map(|b| Template::parse(b, &Setting::Body, IdEncoding::Json, env))
+            .map(|b| Template::parse_with(b, &Setting::Body, IdEncoding::Json, env, credentials))
             .transpose()?;
         let url = UrlTemplate::new(url);
         let anywhere = url.template.has_id()
@@ -420,6 +456,20 @@ impl Compiled {
                 what: Setting::Url,
                 reason: format!(
                     "{{id}} appears in none of {}, {}, {}: every request would be the same",
+                    Setting::Url,
+                    Setting::Body,
+                    Setting::Header(None)
+                ),
+            });
+        }
+        let used = url.template.has_credential()
+            || body.as_ref().is_some_and(Template::has_credential)
+            || headers.iter().any(|(_, v)| v.has_credential());
+        if !credentials.is_empty() && !used {
+            return Err(HandlerError::Invalid {
+                what: Setting::Credential(credentials.join(", ")),
+                reason: format!(
+                    "no ${{NAME}} of a credential appears in {}, {} or {}: it would never be sent",
                     Setting::Url,
                     Setting::Body,
                     Setting::Header(None)
@@ -439,9 +489,9 @@ impl Compiled {
 }
 
 /// Check the request templates' syntax (method, URL, headers, body) without the environment:
-/// what must hold before a job is stored.
-pub fn check_templates(spec: &RequestSpec) -> Result<(), HandlerError> {
-    Compiled::new(spec, &|_| Some("x".into())).map(|_| ())
+/// what must hold before a job is stored. `credentials`: the names of the job's credentials.
+pub fn check_templates(spec: &RequestSpec, credentials: &[&str]) -> Result<(), HandlerError> {
+    Compiled::new(spec, &|_| Some("x".into()), credentials).map(|_| ())
 }
 
 /// What a request that got no (whole) answer means: a timeout is pushback and outage
@@ -609,19 +659,19 @@ mod tests {
         let mut s = spec("http://x/items");
         s.method = "POST".into();
         s.body = Some(r#"{"id":"{id}"}"#.into());
-        assert!(check_templates(&s).is_ok());
+        assert!(check_templates(&s, &[]).is_ok());
         s.body = None;
         s.headers = vec!["X-Id: {id}".into()];
-        assert!(check_templates(&s).is_ok());
+        assert!(check_templates(&s, &[]).is_ok());
         s.headers = vec![];
-        let err = check_templates(&s).unwrap_err().to_string();
+        let err = check_templates(&s, &[]).unwrap_err().to_string();
         assert!(err.contains("appears in none of"), "{err}");
     }
 
     #[test]
     fn check_templates_needs_no_environment() {
-        assert!(check_templates(&spec("http://${HOST}/{id}?k=${UNSET_ANYWHERE}")).is_ok());
-        assert!(check_templates(&spec("http://x/{id}${")).is_err());
+        assert!(check_templates(&spec("http://${HOST}/{id}?k=${UNSET_ANYWHERE}"), &[]).is_ok());
+        assert!(check_templates(&spec("http://x/{id}${"), &[]).is_err());
     }
 
     #[tokio::test]
@@ -697,7 +747,7 @@ mod tests {
             for id in ids {
                 let whole =
                     reqwest::Url::parse(&url.template.render(id)).map_err(|e| e.to_string());
-                assert_eq!(url.url(id), whole, "template {t:?}, id {id:?}");
+                assert_eq!(url.url(id, &[]), whole, "template {t:?}, id {id:?}");
             }
         }
     }

@@ -13,6 +13,10 @@
 //! - [`http::HttpHandler`]: one HTTP request per ID from the job's templates;
 //! - [`exec::ExecHandler`]: one process per ID from the job's command.
 //!
+//! The HTTP and exec handlers read the job's [`Credentials`] (see [`crate::credential`]) for
+//! each attempt; a library user's handler can hold a [`crate::credential::Credential`] and
+//! read it the same way.
+//!
 //! ```
 //! use highwater::handler::{Handler, Output};
 //! use highwater::failure::Failure;
@@ -36,10 +40,12 @@ use crate::setting::Setting;
 
 pub use crate::failure::{ErrorClass, Failure, Next};
 
+mod credentials;
 pub mod exec;
 pub mod http;
 mod template;
 
+pub use credentials::{Credentials, REFUSED_EXIT_CODE};
 pub use template::expand_env;
 
 /// The work for one ID: one attempt, whose failure says what happens next.

@@ -1,9 +1,13 @@
-//! Templates: text with `{id}` slots and `${VAR}` expanded from the environment.
+//! Templates: text with `{id}` slots, `${VAR}` expanded from the environment and `${NAME}`
+//! slots for the job's credentials.
 //!
 //! A template is parsed once, when a handler is built: `${VAR}` is replaced by the
 //! variable's value then (so a value is never itself a template, and an ID is never
-//! expanded), and `{id}` is written for where it stands ([`IdEncoding`]). The HTTP handler's
-//! URL, headers and body and the exec handler's arguments are templates.
+//! expanded), and `{id}` is written for where it stands ([`IdEncoding`]). A `${NAME}` that
+//! names one of the job's credentials is not looked up in the environment: it stays a slot,
+//! written with the credential's current value for each request ([`Template::render_with`]),
+//! as is (a token is text that needs no encoding). The HTTP handler's URL, headers and body
+//! and the exec handler's arguments are templates.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -33,6 +37,8 @@ pub(crate) enum IdEncoding {
 pub(crate) enum Piece {
     Text(String),
     Id,
+    /// The value of the job's credential of this index.
+    Credential(usize),
 }
 
 /// A template with `${VAR}` already expanded: text and `{id}` slots.
@@ -44,11 +50,24 @@ pub(crate) struct Template {
 
 impl Template {
     /// Parse `source`, expanding `${VAR}` with `env`. `what` names the setting for messages.
+    #[cfg(test)]
     pub(crate) fn parse(
         source: &str,
         what: &Setting,
         encoding: IdEncoding,
         env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Template, HandlerError> {
+        Self::parse_with(source, what, encoding, env, &[])
+    }
+
+    /// [`Template::parse`], where a `${NAME}` of `credentials` is a slot for that
+    /// credential's value (by its index), not an environment variable.
+    pub(crate) fn parse_with(
+        source: &str,
+        what: &Setting,
+        encoding: IdEncoding,
+        env: &dyn Fn(&str) -> Option<String>,
+        credentials: &[&str],
     ) -> Result<Template, HandlerError> {
         let mut pieces = Vec::new();
         let mut text = String::new();
@@ -59,6 +78,16 @@ impl Template {
                 pieces.push(Piece::Id);
                 rest = after;
             } else if let Some(after) = rest.strip_prefix("${") {
+                let credential = after.find('}').and_then(|end| {
+                    let at = credentials.iter().position(|c| *c == &after[..end])?;
+                    Some((at, &after[end + 1..]))
+                });
+                if let Some((at, after)) = credential {
+                    pieces.push(Piece::Text(std::mem::take(&mut text)));
+                    pieces.push(Piece::Credential(at));
+                    rest = after;
+                    continue;
+                }
                 let (value, after) = expand_var(after, what, env)?;
                 text.push_str(&value);
                 rest = after;
@@ -75,6 +104,13 @@ impl Template {
 
     pub(crate) fn has_id(&self) -> bool {
         self.pieces.contains(&Piece::Id)
+    }
+
+    /// Whether a credential's value stands in it.
+    pub(crate) fn has_credential(&self) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Credential(_)))
     }
 
     /// Whether some `{id}` of this URL template is a whole path segment (`/items/{id}/x`),
@@ -95,23 +131,32 @@ impl Template {
                     let ends = match after {
                         None => true,
                         Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
-                        Some(Piece::Id) => false,
+                        Some(Piece::Id | Piece::Credential(_)) => false,
                     };
                     if starts && ends {
                         return true;
                     }
                 }
-                Piece::Id => {}
+                Piece::Id | Piece::Credential(_) => {}
             }
         }
         false
     }
 
+    /// The text for `id`, a credential written as the placeholder `credential` (to check
+    /// what a template makes without the values).
     pub(crate) fn render(&self, id: &str) -> String {
+        self.render_with(id, &[])
+    }
+
+    /// The text for `id`, with `credentials[i]` for the credential of index `i` (the
+    /// placeholder `credential` for one not given).
+    pub(crate) fn render_with(&self, id: &str, credentials: &[&str]) -> String {
         let mut out = String::new();
         for piece in &self.pieces {
             match piece {
                 Piece::Text(t) => out.push_str(t),
+                Piece::Credential(i) => out.push_str(credentials.get(*i).unwrap_or(&"credential")),
                 Piece::Id => match self.encoding {
                     IdEncoding::Url => out.extend(utf8_percent_encode(id, ID_IN_URL)),
                     IdEncoding::Raw => out.push_str(id),

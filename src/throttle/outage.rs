@@ -83,7 +83,9 @@ impl Observed {
                     _ => Observed::Down,
                 },
                 // An answer, even a refusal or one its checks refused: no pushback, no outage.
-                Next::Permanent | Next::Retry { .. } => Observed::Answered,
+                Next::Permanent | Next::Retry { .. } | Next::Renewed | Next::CredentialRejected => {
+                    Observed::Answered
+                }
             },
         }
     }

@@ -10,6 +10,7 @@ mod scenario;
 mod answers;
 mod bad_input;
 mod crash;
+mod credentials;
 mod damaged_state;
 mod durability;
 mod examples;

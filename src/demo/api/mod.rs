@@ -17,6 +17,8 @@
 //! * `GET /items?id={id}`: the ID is the `id` query parameter (percent-decoded, `+` is a space).
 //! * `POST /items` with a JSON body `{"id": "..."}` (other fields ignored; body capped at
 //!   64 KiB, larger answers 413).
+//! * `POST /oauth/token`: an OAuth2 token endpoint (client credentials grant; see
+//!   [`FakeApi::require_token`]).
 //! * anything else: 404 `{"error":"no route"}`.
 //!
 //! Malformed requests (400, 413, 404 no route) are not counted as calls for any ID.
@@ -49,15 +51,21 @@
 //!   [`ApiConfig::announce`] (or [`FakeApi::set_announce`]) announces them in the headers
 //!   of every answer for an ID ([`Announce`]: the IETF draft's `RateLimit`, or GitHub's
 //!   `X-RateLimit-*`).
+//! * **Expiring credentials**: [`FakeApi::require_token`] makes every item request need a
+//!   bearer token that has not expired (from the token endpoint, [`FakeApi::token_url`], or
+//!   a command, [`FakeApi::command_token_prefix`]), else it answers 401;
+//!   [`FakeApi::revoke_client_secret`] makes the token endpoint refuse the client;
+//!   [`FakeApi::tokens_issued`] and [`FakeApi::refused_401`] count.
 //!
 //! # Files
 //!
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
 //! answer), `answers` (the bodies), `server` (accepting, the outage switch's listener),
 //! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
-//! `windows` (the quota windows and their headers).
+//! `windows` (the quota windows and their headers), `auth` (the token endpoint and the token check).
 
 mod answers;
+mod auth;
 mod calls;
 mod capacity;
 mod faults;
@@ -80,6 +88,7 @@ use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub use answers::expected_body;
+pub use auth::{CLIENT_ID, CLIENT_SECRET};
 pub use calls::MAX_CALL_TIMES;
 pub use faults::{ApiConfig, Fault};
 pub use windows::{Announce, ApiWindow};
@@ -117,6 +126,8 @@ struct Shared {
     rejected_429: AtomicU64,
     /// The quota windows ([`ApiConfig::windows`], [`FakeApi::set_windows`]).
     windows: Windows,
+    /// The token endpoint and the token check.
+    auth: auth::Auth,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
@@ -148,6 +159,7 @@ impl FakeApi {
             limiter: Limiter::new(),
             accepted: AtomicU64::new(0),
             rejected_429: AtomicU64::new(0),
+            auth: auth::Auth::new(),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();
@@ -344,6 +356,53 @@ impl FakeApi {
     /// the latency before it).
     pub fn accepted(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
+    }
+
+    /// From now on every item request needs `Authorization: Bearer <token>` with a token
+    /// that has not expired, else it answers 401 with `WWW-Authenticate: Bearer
+    /// error="invalid_token"` (not counted as a call of any ID: [`FakeApi::refused_401`]).
+    /// Tokens live `lifetime`: those of the token endpoint from when they are issued (its
+    /// `expires_in` says so, in whole seconds), command tokens from when first seen.
+    pub fn require_token(&self, lifetime: Duration) {
+        self.shared.auth.require(lifetime);
+    }
+
+    /// `http://127.0.0.1:PORT/oauth/token`: the token endpoint, which knows one client,
+    /// [`CLIENT_ID`] with [`CLIENT_SECRET`] (HTTP Basic auth or form fields).
+    pub fn token_url(&self) -> String {
+        format!("http://{}/oauth/token", self.addr)
+    }
+
+    /// Refuse the client secret (`true`: 401 `invalid_client`) or accept it again.
+    pub fn revoke_client_secret(&self, revoked: bool) {
+        self.shared.auth.revoke(revoked);
+    }
+
+    /// Any token that starts with this (random per server) is valid for the lifetime from
+    /// when the API first sees it: what a credential command can print with no network tool.
+    pub fn command_token_prefix(&self) -> String {
+        self.shared.auth.command_prefix().to_string()
+    }
+
+    /// Append every token the endpoint issues to `path`, as a line `TOKEN EXPIRY_MS` (its
+    /// expiry in Unix milliseconds): for a process of an exec job to check its token.
+    pub fn write_tokens_to(&self, path: std::path::PathBuf) {
+        self.shared.auth.set_ledger(path);
+    }
+
+    /// Tokens the token endpoint issued.
+    pub fn tokens_issued(&self) -> u64 {
+        self.shared.auth.issued()
+    }
+
+    /// Item requests answered 401 for want of a live token.
+    pub fn refused_401(&self) -> u64 {
+        self.shared.auth.refused()
+    }
+
+    /// Every token seen or issued so far (to check none leaked anywhere).
+    pub fn tokens(&self) -> Vec<String> {
+        self.shared.auth.tokens()
     }
 
     /// Stops accepting, closes all connections (in-flight requests get no answer) and

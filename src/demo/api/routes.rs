@@ -42,6 +42,12 @@ pub(super) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Resp, DropConnection> {
+    if req.uri().path() == "/oauth/token" {
+        return Ok(shared.auth.token(req).await);
+    }
+    if let Some(refused) = shared.auth.check(&req) {
+        return Ok(refused);
+    }
     let id = match route(req).await {
         Routed::Id(id) => id,
         Routed::Reply(resp) => return Ok(resp),

@@ -1,0 +1,191 @@
+//! A credential from an OAuth2 client-credentials grant (RFC 6749, section 4.4): `POST` to
+//! the token URL with `grant_type=client_credentials` (and `scope` if given), the client ID
+//! and secret as HTTP Basic auth; the answer's `access_token` is the value and its
+//! `expires_in` (seconds) how long it lives.
+//!
+//! | the token endpoint | means |
+//! |---|---|
+//! | 2xx with an `access_token` | the value |
+//! | 400 (`invalid_client`, `unauthorized_client`, `invalid_scope`, ...), 401, 403, other 4xx | rejected: the client is refused, only the user can fix it |
+//! | 408, 429, 5xx, no answer, an answer without `access_token` | unavailable for now |
+//!
+//! A message quotes the endpoint's status and `error`/`error_description` (or the start of
+//! its body), never the client secret or a token.
+
+use std::fmt;
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde::Deserialize;
+
+use super::{CredentialError, Fetched, REDACTED};
+
+/// How to ask for tokens.
+#[derive(Clone)]
+pub struct OAuth2Config {
+    pub token_url: String,
+    pub client_id: String,
+    pub client_secret: String,
+    pub scope: Option<String>,
+}
+
+impl fmt::Debug for OAuth2Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OAuth2Config")
+            .field("token_url", &self.token_url)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &REDACTED)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+/// A token endpoint and the client asking it.
+pub struct OAuth2Source {
+    config: OAuth2Config,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for OAuth2Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OAuth2Source")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    access_token: Option<String>,
+    expires_in: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+impl OAuth2Source {
+    /// Ask `config.token_url` for tokens, with these timeouts. The error says why the HTTP
+    /// client cannot be built.
+    pub fn new(
+        config: OAuth2Config,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<OAuth2Source, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .timeout(timeout)
+            .retry(reqwest::retry::never())
+            .user_agent(concat!("highwater/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(OAuth2Source { config, client })
+    }
+
+    pub(super) fn client_secret(&self) -> &str {
+        &self.config.client_secret
+    }
+
+    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+        let unavailable = |message: String| CredentialError::Unavailable {
+            name: name.to_string(),
+            message,
+        };
+        let c = &self.config;
+        let mut form = String::from("grant_type=client_credentials");
+        if let Some(scope) = &c.scope {
+            form.push_str("&scope=");
+            form.extend(utf8_percent_encode(scope, NON_ALPHANUMERIC));
+        }
+        // RFC 6749 2.3.1: id and secret form-encoded before Basic auth encodes them.
+        let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+        let answer = self
+            .client
+            .post(&c.token_url)
+            .basic_auth(encode(&c.client_id), Some(encode(&c.client_secret)))
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(ACCEPT, "application/json")
+            .body(form)
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("token endpoint: {}", transport(e))))?;
+        let status = answer.status();
+        let body = answer
+            .bytes()
+            .await
+            .map_err(|e| unavailable(format!("token endpoint: {}", transport(e))))?;
+        if !status.is_success() {
+            let message = format!("token endpoint answered HTTP {status}{}", describe(&body));
+            return Err(match status.as_u16() {
+                408 | 429 | 500..=599 => unavailable(message),
+                _ => CredentialError::Rejected {
+                    name: name.to_string(),
+                    message,
+                },
+            });
+        }
+        let token: TokenAnswer = serde_json::from_slice(&body).map_err(|_| {
+            unavailable(format!(
+                "token endpoint answered HTTP {status} without a JSON token"
+            ))
+        })?;
+        let value = token
+            .access_token
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "token endpoint answered HTTP {status} without an access_token{}",
+                    describe(&body)
+                ))
+            })?;
+        // A number, or a number in a string (some servers send "3600").
+        let expires_in = match token.expires_in {
+            Some(serde_json::Value::Number(n)) => n.as_f64(),
+            Some(serde_json::Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        }
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(1e9)));
+        Ok(Fetched { value, expires_in })
+    }
+}
+
+/// What a token endpoint's refusal says: its `error` and `error_description`, or the start
+/// of its body (never a token: a refusal holds none).
+fn describe(body: &[u8]) -> String {
+    if let Ok(e) = serde_json::from_slice::<ErrorAnswer>(body) {
+        let parts: Vec<String> = [e.error, e.error_description]
+            .into_iter()
+            .flatten()
+            .collect();
+        if !parts.is_empty() {
+            return format!(": {}", parts.join(": "));
+        }
+    }
+    let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    let text = text.trim();
+    if text.is_empty() || text.contains("access_token") {
+        String::new()
+    } else {
+        format!(": {text}")
+    }
+}
+
+/// A transport error without its URL (which may hold a secret), with its causes.
+fn transport(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
