@@ -107,7 +107,9 @@ impl Backend for SharedMemBackend {
     }
 
     fn crash(&mut self, store: Arc<MemWorker>) -> Arc<MemWorker> {
-        Arc::into_inner(store).expect("the only reference").crash();
+        // Not `Arc::into_inner`: a task of the engine run just ended (aborted, dropped a
+        // moment later) may still hold it.
+        store.crash();
         Arc::new(self.job.worker())
     }
 

@@ -243,8 +243,10 @@ impl MemWorker {
         self.shared().sessions.remove(&me);
     }
 
-    /// A crash: the results not synced are lost, and the session expires.
-    pub fn crash(self) {
+    /// A crash: the results not synced are lost, and the session expires. A task of the
+    /// crashed run that still holds the worker (an aborted task is dropped a moment later)
+    /// writes nothing that counts: its leases went with its session.
+    pub fn crash(&self) {
         lock(&self.local).results.clear();
         self.expire();
     }
