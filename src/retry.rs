@@ -7,7 +7,7 @@
 //! that wait. The `backoff` crate stays behind this module so the engine never sees it.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backoff::backoff::Backoff;
 
@@ -48,8 +48,10 @@ pub enum Charge {
 
 /// Run `attempt` until it succeeds, fails permanently, or the policy runs out.
 ///
-/// `attempt` gets the 1-based number of the attempt and returns its result and whether it
-/// counts ([`Charge`]), or `None` when it gave up before sending (the run is stopping);
+/// `attempt` gets the 1-based number of the attempt and returns its result, whether it
+/// counts ([`Charge`]) and how long it took once its gates let it through (the rate limit,
+/// an outage, a spent quota window: those waits are the run's, never the item's retry
+/// time), or `None` when it gave up before sending (the run is stopping);
 /// free attempts (during an outage) neither use up attempts nor advance the backoff, and
 /// refused ones (429) use up retry time but no attempt. An attempt whose credential was
 /// renewed ([`Next::Renewed`]) is made again at once, using neither, up to
@@ -59,7 +61,7 @@ pub enum Charge {
 pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
 where
     F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Option<(Result<Output, Failure>, Charge)>>,
+    Fut: Future<Output = Option<(Result<Output, Failure>, Charge, Duration)>>,
     S: Future<Output = ()>,
 {
     tokio::pin!(stopping);
@@ -78,8 +80,7 @@ where
     let mut errors = Vec::new();
     loop {
         made += 1;
-        let started = Instant::now();
-        let Some((result, charge)) = attempt(made).await else {
+        let Some((result, charge, took)) = attempt(made).await else {
             return ItemOutcome::Abandoned;
         };
         let error = match result {
@@ -124,7 +125,7 @@ where
                 if counted_or_refused == Charge::Counted {
                     charged += 1;
                 }
-                charged_time += started.elapsed();
+                charged_time += took;
                 let wait = after
                     .or_else(|| backoff.next_backoff())
                     .unwrap_or(policy.max_interval);
@@ -178,7 +179,7 @@ mod tests {
             &policy(5),
             |n| async move {
                 let r = if n < 3 { Err(http(503)) } else { Ok(ok()) };
-                Some((r, Charge::Counted))
+                Some((r, Charge::Counted, Duration::ZERO))
             },
             std::future::pending(),
         )
@@ -186,11 +187,32 @@ mod tests {
         assert!(matches!(outcome, ItemOutcome::Ok { attempts: 3, .. }));
     }
 
+    // Paused: an hour at the gates passes at once.
+    #[tokio::test(start_paused = true)]
+    async fn waits_at_the_gates_use_no_retry_time() {
+        // Each attempt first waits an hour for a spent quota window, then its call takes
+        // 20 ms: a retry time of a minute is never used up.
+        let outcome = run(
+            &policy(5),
+            |n| async move {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                let r = if n < 3 { Err(http(503)) } else { Ok(ok()) };
+                Some((r, Charge::Counted, Duration::from_millis(20)))
+            },
+            std::future::pending(),
+        )
+        .await;
+        assert!(
+            matches!(outcome, ItemOutcome::Ok { attempts: 3, .. }),
+            "{outcome:?}"
+        );
+    }
+
     #[tokio::test]
     async fn permanent_is_not_retried() {
         let outcome = run(
             &policy(5),
-            |_| async { Some((Err(http(404)), Charge::Counted)) },
+            |_| async { Some((Err(http(404)), Charge::Counted, Duration::ZERO)) },
             std::future::pending(),
         )
         .await;
@@ -201,7 +223,13 @@ mod tests {
     async fn out_of_attempts_keeps_the_last_error() {
         let outcome = run(
             &policy(3),
-            |n| async move { Some((Err(http(if n == 3 { 502 } else { 503 })), Charge::Counted)) },
+            |n| async move {
+                Some((
+                    Err(http(if n == 3 { 502 } else { 503 })),
+                    Charge::Counted,
+                    Duration::ZERO,
+                ))
+            },
             std::future::pending(),
         )
         .await;
@@ -224,7 +252,7 @@ mod tests {
         let mut p = policy(2);
         p.initial = Duration::from_secs(3600);
         p.max_interval = Duration::from_secs(3600);
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let outcome = run(
             &p,
             |n| async move {
@@ -233,7 +261,7 @@ mod tests {
                 } else {
                     Ok(ok())
                 };
-                Some((r, Charge::Counted))
+                Some((r, Charge::Counted, Duration::ZERO))
             },
             std::future::pending(),
         )
@@ -248,9 +276,9 @@ mod tests {
             &policy(2),
             |n| async move {
                 Some(match n {
-                    1..=6 => (Err(http(503)), Charge::Free),
-                    7 => (Err(http(503)), Charge::Counted),
-                    _ => (Ok(ok()), Charge::Counted),
+                    1..=6 => (Err(http(503)), Charge::Free, Duration::ZERO),
+                    7 => (Err(http(503)), Charge::Counted, Duration::ZERO),
+                    _ => (Ok(ok()), Charge::Counted, Duration::ZERO),
                 })
             },
             std::future::pending(),
@@ -274,9 +302,9 @@ mod tests {
             &policy(3),
             |n| async move {
                 Some(if n <= 9 {
-                    (Err(http(429)), Charge::Refused)
+                    (Err(http(429)), Charge::Refused, Duration::ZERO)
                 } else {
-                    (Ok(ok()), Charge::Counted)
+                    (Ok(ok()), Charge::Counted, Duration::ZERO)
                 })
             },
             std::future::pending(),
@@ -297,7 +325,7 @@ mod tests {
         p.max_elapsed = Duration::from_millis(200);
         let outcome = run(
             &p,
-            |_| async { Some((Err(http(429)), Charge::Refused)) },
+            |_| async { Some((Err(http(429)), Charge::Refused, Duration::ZERO)) },
             std::future::pending(),
         )
         .await;
@@ -321,7 +349,13 @@ mod tests {
         // Two renewals then an answer, with one attempt and no retry time: both free.
         let outcome = run(
             &p,
-            |n| async move { Some((if n <= 2 { renewed() } else { Ok(ok()) }, Charge::Counted)) },
+            |n| async move {
+                Some((
+                    if n <= 2 { renewed() } else { Ok(ok()) },
+                    Charge::Counted,
+                    Duration::ZERO,
+                ))
+            },
             std::future::pending(),
         )
         .await;
@@ -337,7 +371,7 @@ mod tests {
         // Refused whatever the credential: the ID fails after a few renewals.
         let outcome = run(
             &p,
-            |_| async move { Some((renewed(), Charge::Counted)) },
+            |_| async move { Some((renewed(), Charge::Counted, Duration::ZERO)) },
             std::future::pending(),
         )
         .await;
@@ -357,7 +391,7 @@ mod tests {
         p.max_elapsed = Duration::from_secs(100_000);
         let outcome = run(
             &p,
-            |_| async { Some((Err(http(503)), Charge::Counted)) },
+            |_| async { Some((Err(http(503)), Charge::Counted, Duration::ZERO)) },
             async {},
         )
         .await;

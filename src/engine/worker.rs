@@ -331,7 +331,9 @@ impl<H: Handler> ItemTask<H> {
                 if next.and_then(Next::retry_after).is_some() && !the_rates {
                     slot.park();
                 }
-                Some((result, charge))
+                // The item's retry time is its calls' (and their verdicts'), not the waits
+                // at the gates above: a spent quota window or the rate limit are the run's.
+                Some((result, charge, start.elapsed()))
             },
             self.stop.stopping(),
         )
