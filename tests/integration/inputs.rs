@@ -284,7 +284,12 @@ fn duplicates_are_called_once_and_counted() {
 
 /// Write `rows` (`None`: a null ID) as a Parquet file of one optional string column `id` and
 /// a `score` column of doubles, `group_rows` rows per row group, with the parquet crate.
-fn parquet_input(h: &Harness, name: &str, rows: &[Option<String>], group_rows: usize) -> PathBuf {
+pub(crate) fn parquet_input(
+    h: &Harness,
+    name: &str,
+    rows: &[Option<String>],
+    group_rows: usize,
+) -> PathBuf {
     use parquet::data_type::{ByteArray, ByteArrayType, DoubleType};
     use parquet::file::properties::WriterProperties;
     use parquet::file::writer::SerializedFileWriter;
@@ -327,7 +332,7 @@ fn parquet_input(h: &Harness, name: &str, rows: &[Option<String>], group_rows: u
 }
 
 /// 4,000 rows in row groups of 1,000 (pages of 300), row 2345 a null ID.
-fn parquet_rows() -> (Vec<Option<String>>, usize) {
+pub(crate) fn parquet_rows() -> (Vec<Option<String>>, usize) {
     let null_row = 2345;
     let rows = ids(4000)
         .into_iter()
