@@ -301,6 +301,15 @@ impl InputReader {
         &self.path
     }
 
+    /// How many rows the whole file holds, when its format says so without reading them (a
+    /// Parquet file's footer); `None` for the line formats, which must be read to know.
+    pub fn rows_in_file(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Parquet(rows) => Some(rows.rows_in_file()),
+            Inner::Lines { .. } | Inner::Csv { .. } => None,
+        }
+    }
+
     /// Where the next row starts.
     pub fn cursor(&self) -> Cursor {
         self.cursor

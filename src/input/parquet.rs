@@ -113,6 +113,11 @@ impl ParquetRows {
         Ok(rows)
     }
 
+    /// How many rows the file holds, from its footer.
+    pub(super) fn rows_in_file(&self) -> u64 {
+        self.total_rows
+    }
+
     /// Where the next row starts: its row number; the byte is the file length times the share
     /// of rows before it, for progress only (seeking uses the row).
     pub(super) fn cursor(&self) -> Cursor {
@@ -522,7 +527,10 @@ mod tests {
             ],
             2,
         );
-        let (rows, end) = all(&spec(&path, "id"), Cursor::default());
+        let spec = spec(&path, "id");
+        let reader = InputReader::open(&spec, Cursor::default()).unwrap();
+        assert_eq!(reader.rows_in_file(), Some(7));
+        let (rows, end) = all(&spec, Cursor::default());
         assert_eq!(
             rows,
             vec![
