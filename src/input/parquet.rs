@@ -411,6 +411,7 @@ pub(crate) mod test_file {
     /// One column's values in one row group (`None`: null).
     pub(crate) enum Col {
         Str(Vec<Option<&'static str>>),
+        Bytes(Vec<Option<&'static [u8]>>),
         I32(Vec<Option<i32>>),
         I64(Vec<Option<i64>>),
         F64(Vec<Option<f64>>),
@@ -443,6 +444,13 @@ pub(crate) mod test_file {
                         let (values, defs) = split(&v);
                         let values: Vec<ByteArray> =
                             values.into_iter().map(ByteArray::from).collect();
+                        c.typed::<ByteArrayType>()
+                            .write_batch(&values, Some(&defs), None)
+                    }
+                    Col::Bytes(v) => {
+                        let (values, defs) = split(&v);
+                        let values: Vec<ByteArray> =
+                            values.into_iter().map(|b| b.to_vec().into()).collect();
                         c.typed::<ByteArrayType>()
                             .write_batch(&values, Some(&defs), None)
                     }
@@ -641,6 +649,31 @@ mod tests {
     }
 
     #[test]
+    fn binary_ids_must_be_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.parquet");
+        test_file::write(
+            &path,
+            "message m { required binary id; }",
+            vec![vec![Col::Bytes(vec![
+                Some(b"ok-1"),
+                Some(b"\xff\xfe"),
+                Some(b"ok-2"),
+            ])]],
+            10,
+        );
+        let rows = all(&spec(&path, "id"), Cursor::default()).0;
+        assert_eq!(
+            rows,
+            vec![
+                (0, 1, Ok("ok-1".into())),
+                (1, 2, Err("ID is not valid UTF-8".into())),
+                (2, 3, Ok("ok-2".into())),
+            ]
+        );
+    }
+
+    #[test]
     fn a_missing_column_names_the_file_and_its_columns() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ids.parquet");
@@ -684,6 +717,11 @@ mod tests {
         );
         let err = refused(&spec(&nested, "info"));
         assert!(err.contains("\"info\" is nested"), "{err}");
+
+        let repeated = dir.path().join("repeated.parquet");
+        test_file::write(&repeated, "message m { repeated int64 ids; }", vec![], 10);
+        let err = refused(&spec(&repeated, "ids"));
+        assert!(err.contains("\"ids\" is repeated"), "{err}");
 
         let text = dir.path().join("not.parquet");
         std::fs::write(&text, "id\n1\n").unwrap();
