@@ -359,6 +359,10 @@ fn check_parquet_job(
     assert_eq!(bad["row"], null_row, "{status}");
     assert_eq!(bad["line"], null_row + 1, "{status}");
     assert_eq!(bad["reason"], "ID is null", "{status}");
+    let text = h.run(&["status", "--state", p(state)]);
+    text.expect_code(0);
+    let want = format!("bad row {}: ID is null", null_row + 1);
+    assert!(text.stdout.contains(&want), "{}", text.stdout);
     assert!(
         status["input_format"]
             .as_str()
