@@ -1,14 +1,15 @@
 //! Input: reading IDs from a file, streamed, with the byte positions needed to re-read it.
 //!
-//! Owns the three input formats (plain text, CSV, JSONL), the rules that turn a line into an
+//! Owns the four input formats (plain text, CSV, JSONL, Parquet), the rules that turn a line into an
 //! ID or into a bad line, the [`Cursor`] that lets a reader start again at any row boundary
 //! without re-reading what came before, and the input [`Fingerprint`] that detects a changed
 //! file on resume.
 //!
 //! Rows are what buckets are cut from: every data record is a row (a non-blank line of a text
-//! or JSONL file, a CSV record after the header), including records that turn out to be bad.
-//! Bad lines keep their row number so bucket boundaries never depend on `--skip-bad-lines`.
-//! Nothing here holds more than one line in memory.
+//! or JSONL file, a CSV record after the header, a row of a Parquet file), including records
+//! that turn out to be bad. Bad lines keep their row number so bucket boundaries never depend
+//! on `--skip-bad-lines`. Nothing here holds more than one line (or, for Parquet, the footer and
+//! one page and batch of the ID column) in memory.
 
 use std::fmt;
 use std::fs::File;
@@ -16,6 +17,10 @@ use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+mod parquet;
+#[cfg(test)]
+pub(crate) use parquet::test_file as parquet_test_file;
 
 /// Longest line we accept: a longer one is a bad line, so a file without newlines cannot
 /// make us allocate without bound.
@@ -31,6 +36,9 @@ pub enum InputFormat {
     Csv { column: String },
     /// One JSON object per line; the ID is the named field (a string or a number).
     Jsonl { field: String },
+    /// A Parquet file, read by row group; the ID is the named top-level column (strings,
+    /// binary UTF-8 or integers).
+    Parquet { column: String },
 }
 
 impl fmt::Display for InputFormat {
@@ -39,6 +47,7 @@ impl fmt::Display for InputFormat {
             InputFormat::Text => write!(f, "text"),
             InputFormat::Csv { column } => write!(f, "csv (column {column:?})"),
             InputFormat::Jsonl { field } => write!(f, "jsonl (field {field:?})"),
+            InputFormat::Parquet { column } => write!(f, "parquet (column {column:?})"),
         }
     }
 }
@@ -63,6 +72,8 @@ pub enum InputError {
         line: u64,
         reason: String,
     },
+    /// The file's header (a CSV header row, a Parquet file's footer and schema) does not
+    /// fit: no ID column, a column that cannot hold IDs, not a file of the format.
     #[error("{path}: {reason}")]
     Header { path: PathBuf, reason: String },
 }
@@ -70,9 +81,11 @@ pub enum InputError {
 /// The position of the next row to read: a row boundary, valid for seeking.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cursor {
-    /// Byte offset in the file where the next row starts (or where scanning resumes).
+    /// Byte offset in the file where the next row starts (or where scanning resumes). For
+    /// Parquet, which seeks by `row`, the file's length times the share of rows before it:
+    /// for progress only.
     pub byte: u64,
-    /// 1-based physical line number at `byte`.
+    /// 1-based physical line number at `byte` (for Parquet, the 1-based row number).
     pub line: u64,
     /// 0-based index of the next row.
     pub row: u64,
@@ -83,7 +96,8 @@ pub struct Cursor {
 pub struct Row {
     /// 0-based row index: the position that decides the row's bucket.
     pub index: u64,
-    /// 1-based line where the record starts, for messages.
+    /// 1-based line where the record starts (for Parquet, the 1-based row number), for
+    /// messages.
     pub line: u64,
     /// The ID, or why this record has none.
     pub id: Result<String, String>,
@@ -173,6 +187,7 @@ enum Inner {
         /// is then the reader's current line, not the one before it.
         unterminated_len: Option<u64>,
     },
+    Parquet(Box<parquet::ParquetRows>),
 }
 
 impl InputReader {
@@ -184,7 +199,7 @@ impl InputReader {
     /// [`InputReader::open`], reading no further than byte `end`: the length the job's
     /// fingerprint covers. Rows appended later (a producer still writing the file, maybe in
     /// the middle of a line) are not this job's input until a later run checks them as a
-    /// grown input.
+    /// grown input. A Parquet file cannot grow: its footer says where it ends.
     pub fn open_bounded(
         spec: &InputSpec,
         cursor: Cursor,
@@ -206,6 +221,11 @@ impl InputReader {
             ..cursor
         };
         let inner = match &spec.format {
+            InputFormat::Parquet { column } => {
+                let rows = parquet::ParquetRows::open(&path, file.file, column, cursor.row)?;
+                cursor = rows.cursor();
+                Inner::Parquet(Box::new(rows))
+            }
             InputFormat::Text | InputFormat::Jsonl { .. } => {
                 file.seek(SeekFrom::Start(cursor.byte)).map_err(read_err)?;
                 let json_field = match &spec.format {
@@ -279,6 +299,15 @@ impl InputReader {
     /// The input file's path, for messages.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many rows the whole file holds, when its format says so without reading them (a
+    /// Parquet file's footer); `None` for the line formats, which must be read to know.
+    pub fn rows_in_file(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Parquet(rows) => Some(rows.rows_in_file()),
+            Inner::Lines { .. } | Inner::Csv { .. } => None,
+        }
     }
 
     /// Where the next row starts.
@@ -356,6 +385,11 @@ impl InputReader {
                     },
                 };
                 Ok(Some(Row { index, line, id }))
+            }
+            Inner::Parquet(rows) => {
+                let row = rows.next_row()?;
+                self.cursor = rows.cursor();
+                Ok(row)
             }
         }
     }
@@ -497,7 +531,8 @@ fn memchr_newline(bytes: &[u8]) -> Option<usize> {
     bytes.iter().position(|&b| b == b'\n')
 }
 
-/// Guess the format from the file extension: `.csv`, `.jsonl`/`.ndjson`, anything else text.
+/// Guess the format from the file extension: `.csv`, `.jsonl`/`.ndjson`, `.parquet`, anything
+/// else text.
 pub fn format_from_extension(path: &Path) -> &'static str {
     match path
         .extension()
@@ -507,6 +542,7 @@ pub fn format_from_extension(path: &Path) -> &'static str {
     {
         Some("csv") => "csv",
         Some("jsonl") | Some("ndjson") => "jsonl",
+        Some("parquet") => "parquet",
         _ => "text",
     }
 }

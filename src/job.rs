@@ -607,6 +607,13 @@ fn appended(spec: &InputSpec, then: &Fingerprint, now: Fingerprint) -> Result<u6
         then: *then,
         now,
     };
+    if matches!(spec.format, crate::input::InputFormat::Parquet { .. }) {
+        return Err(changed(
+            "a Parquet file is written whole (its footer last), so it cannot have grown by \
+             appending rows; a changed Parquet input is a different input (start a new job for it)"
+                .into(),
+        ));
+    }
     if now.len < then.len {
         return Err(changed(format!(
             "it is shorter than at creation ({} bytes, then {})",
@@ -883,6 +890,30 @@ mod tests {
         assert!(err.contains("shorter"), "{err}");
         let err = check("a\nb\n", "a\nc\n").unwrap_err();
         assert!(err.contains("same length"), "{err}");
+    }
+
+    #[test]
+    fn a_changed_parquet_input_is_never_a_grown_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.parquet");
+        let spec = InputSpec {
+            path: path.clone(),
+            format: InputFormat::Parquet {
+                column: "id".into(),
+            },
+        };
+        crate::input::parquet_test_file::ids(&path, &[vec![Some("a"), Some("b")]], 10);
+        let then = Fingerprint::of_file(&path).unwrap();
+        crate::input::parquet_test_file::ids(
+            &path,
+            &[vec![Some("a"), Some("b")], vec![Some("c")]],
+            10,
+        );
+        let now = Fingerprint::of_file(&path).unwrap();
+        assert!(now.len > then.len);
+        let err = appended(&spec, &then, now).unwrap_err().to_string();
+        assert!(err.contains("cannot have grown by appending rows"), "{err}");
+        assert!(err.contains("in.parquet"), "{err}");
     }
 
     #[tokio::test]

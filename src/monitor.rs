@@ -473,8 +473,8 @@ fn round3(x: f64) -> f64 {
 }
 
 /// Count the input's rows in a background thread, at low priority, with the readers' own
-/// definition of a row (CSV records, blank lines skipped), so the bar's total and the ETA are
-/// known early. A read error leaves the total unknown; the planner reports its own errors.
+/// definition of a row (CSV records, blank lines skipped; a Parquet file's footer says it),
+/// so the bar's total and the ETA are known early. A read error leaves the total unknown; the planner reports its own errors.
 fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
     let spawned = std::thread::Builder::new()
         .name("count-rows".into())
@@ -483,6 +483,10 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
             let Ok(mut reader) = InputReader::open(&input, Cursor::default()) else {
                 return;
             };
+            if let Some(rows) = reader.rows_in_file() {
+                view.total_rows.store(rows, Relaxed);
+                return;
+            }
             let mut rows = 0u64;
             loop {
                 if rows % 4096 == 0 && !counting.load(Relaxed) {

@@ -251,6 +251,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_parquet_input_planned_in_batches_or_resumed_cuts_the_same_buckets() {
+        let ids: Vec<Option<&'static str>> = (0..300)
+            .map(|i| match i {
+                41 | 199 => None,
+                i => Some(&*Box::leak(format!("id{}", i % 230).into_boxed_str())),
+            })
+            .collect();
+        let groups = [
+            ids[..100].to_vec(),
+            ids[100..101].to_vec(),
+            ids[101..].to_vec(),
+        ];
+        let parquet = |dir: &tempfile::TempDir| {
+            let path = dir.path().join("in.parquet");
+            crate::input::parquet_test_file::ids(&path, &groups, 16);
+            InputSpec {
+                path,
+                format: InputFormat::Parquet {
+                    column: "id".into(),
+                },
+            }
+        };
+        let (d1, _, store1) = setup("");
+        let spec1 = parquet(&d1);
+        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default()).await;
+        let (d2, _, store2) = setup("");
+        let spec2 = parquet(&d2);
+        let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
+        let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
+        let first = p.next_batch(&store2, 45).await.unwrap();
+        store2.plan(&first, &p.state()).await.unwrap();
+        let mut resumed = first;
+        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()).await);
+        let key = |b: &PlannedBucket| {
+            (
+                b.offset.bucket,
+                b.offset.start,
+                b.offset.end,
+                b.items.clone(),
+                b.offset.duplicates,
+                b.bad_lines.clone(),
+            )
+        };
+        assert_eq!(
+            one_go.iter().map(key).collect::<Vec<_>>(),
+            resumed.iter().map(key).collect::<Vec<_>>()
+        );
+        assert_eq!(one_go.len(), 43);
+        let bad: Vec<_> = one_go.iter().flat_map(|b| b.bad_lines.clone()).collect();
+        assert_eq!(
+            bad,
+            vec![
+                BadLine {
+                    row: 41,
+                    line: 42,
+                    reason: "ID is null".into()
+                },
+                BadLine {
+                    row: 199,
+                    line: 200,
+                    reason: "ID is null".into()
+                }
+            ]
+        );
+        let duplicates: u64 = one_go.iter().map(|b| b.offset.duplicates).sum();
+        // Rows 230.. repeat rows 0..70, but row 41 was null: its ID is first read at row 271.
+        assert_eq!(duplicates, 69);
+    }
+
+    #[tokio::test]
     async fn bad_lines_stop_or_are_recorded() {
         let (_d, spec, store) = setup("a\n\u{0}\nb\n");
         std::fs::write(&spec.path, b"a\n\xff\nb\n").unwrap();

@@ -126,6 +126,13 @@ modes:
     --repeat K        rounds [default: 1]
     --bin PATH, --before PATH   as for latency
 
+  parquet-input  the real binary over a Parquet input (one UTF8 column in row groups of
+               100,000 rows, one null ID, written here with the parquet crate) and over the
+               same IDs as text: elapsed, peak RSS and VmRSS at each tenth of the calls
+    --ids N           rows in the input [default: 1000000]
+    --concurrency N   --concurrency of the binary [default: 32]
+    --bin PATH        the highwater binary [default: the one cargo built]
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -147,6 +154,7 @@ pub enum Mode {
     Pg,
     Refusals,
     Windows,
+    ParquetInput,
 }
 
 impl Mode {
@@ -163,6 +171,7 @@ impl Mode {
             "pg" => Mode::Pg,
             "refusals" => Mode::Refusals,
             "windows" => Mode::Windows,
+            "parquet-input" => Mode::ParquetInput,
             _ => return None,
         })
     }
@@ -181,6 +190,7 @@ impl Mode {
             Mode::Pg => (100_000, 16, 3),
             Mode::Refusals => (20_000, 16, 1),
             Mode::Windows => (400, 16, 1),
+            Mode::ParquetInput => (1_000_000, 32, 1),
         }
     }
 }
@@ -324,7 +334,12 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             "--bin"
                 if matches!(
                     mode,
-                    Mode::Rss | Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals
+                    Mode::Rss
+                        | Mode::Latency
+                        | Mode::Cpu
+                        | Mode::Pg
+                        | Mode::Refusals
+                        | Mode::ParquetInput
                 ) =>
             {
                 args.bin = Some(PathBuf::from(value(name)?))

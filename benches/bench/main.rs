@@ -73,6 +73,7 @@ mod latency;
 mod loops;
 mod machine;
 mod numbers;
+mod parquet_input;
 mod pg;
 mod rate;
 mod refusals;
@@ -148,6 +149,7 @@ fn main() -> ExitCode {
         Mode::Pg => pg::pg(&runtime, &args, &command),
         Mode::Refusals => refusals::refusals(&runtime, &args, &command),
         Mode::Windows => windows::windows(&runtime, &args, &command),
+        Mode::ParquetInput => parquet_input::parquet_input(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));

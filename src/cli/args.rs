@@ -73,10 +73,10 @@ pub(crate) struct RunArgs {
     /// File of IDs (needed to create the job; optional on resume).
     #[arg(long, value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,
-    /// Input format; default from the extension (.csv, .jsonl/.ndjson, else text).
+    /// Input format; default from the extension (.csv, .jsonl/.ndjson, .parquet, else text).
     #[arg(long, value_enum)]
     pub(crate) input_format: Option<FormatArg>,
-    /// CSV column holding the ID.
+    /// CSV or Parquet column holding the ID.
     #[arg(long, value_name = "NAME")]
     pub(crate) id_column: Option<String>,
     /// JSONL field holding the ID.
@@ -314,6 +314,7 @@ pub(crate) enum FormatArg {
     Text,
     Csv,
     Jsonl,
+    Parquet,
 }
 
 #[derive(Debug, Args)]
@@ -437,6 +438,7 @@ impl RunArgs {
             Some(FormatArg::Text) => "text",
             Some(FormatArg::Csv) => "csv",
             Some(FormatArg::Jsonl) => "jsonl",
+            Some(FormatArg::Parquet) => "parquet",
             None => format_from_extension(&path),
         };
         let format = match format {
@@ -452,15 +454,21 @@ impl RunArgs {
                     .clone()
                     .ok_or("a JSONL input needs --id-field NAME")?,
             },
+            "parquet" => InputFormat::Parquet {
+                column: self
+                    .id_column
+                    .clone()
+                    .ok_or("a Parquet input needs --id-column NAME")?,
+            },
             _ => InputFormat::Text,
         };
         match (&format, &self.id_column, &self.id_field) {
-            (InputFormat::Csv { .. }, _, None)
+            (InputFormat::Csv { .. } | InputFormat::Parquet { .. }, _, None)
             | (InputFormat::Jsonl { .. }, None, _)
             | (InputFormat::Text, None, None) => {}
             _ => {
                 return Err(format!(
-                "--id-column goes with CSV input and --id-field with JSONL; this input is {format}"
+                "--id-column goes with CSV or Parquet input and --id-field with JSONL; this input is {format}"
             ))
             }
         }

@@ -260,8 +260,13 @@ fn render_status(
         s.bad_lines,
         if s.finished() { "yes" } else { "no" },
     );
+    // A Parquet file has rows, not lines: its bad rows are named by their 1-based row.
+    let place = match spec.input.format {
+        crate::input::InputFormat::Parquet { .. } => "bad row",
+        _ => "bad line",
+    };
     for b in bad {
-        text.push_str(&format!("  bad line {}: {}\n", b.line, b.reason));
+        text.push_str(&format!("  {place} {}: {}\n", b.line, b.reason));
     }
     for c in &spec.credentials {
         text.push_str(&format!("credential: {c}\n"));

@@ -1,6 +1,8 @@
 //! The IDs reach the API as they were written, and answers come back as they were sent:
-//! awkward IDs in a path, query or body, blank and dot lines, CSV and JSONL input, duplicates,
-//! text answers.
+//! awkward IDs in a path, query or body, blank and dot lines, CSV, JSONL and Parquet input,
+//! duplicates, text answers.
+
+use std::path::{Path, PathBuf};
 
 use highwater::demo::api::{ApiConfig, Fault};
 use serde_json::Value;
@@ -278,4 +280,181 @@ fn duplicates_are_called_once_and_counted() {
         .map(|r| r["bucket"].as_u64().unwrap())
         .collect();
     assert_eq!(buckets, vec![0, 0, 1, 2, 2]);
+}
+
+/// Write `rows` (`None`: a null ID) as a Parquet file of one optional string column `id` and
+/// a `score` column of doubles, `group_rows` rows per row group, with the parquet crate.
+pub(crate) fn parquet_input(
+    h: &Harness,
+    name: &str,
+    rows: &[Option<String>],
+    group_rows: usize,
+) -> PathBuf {
+    use parquet::data_type::{ByteArray, ByteArrayType, DoubleType};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+    use std::sync::Arc;
+
+    let path = h.path(name);
+    let schema =
+        parse_message_type("message ids { optional binary id (UTF8); required double score; }")
+            .unwrap();
+    let props = WriterProperties::builder()
+        .set_data_page_row_count_limit(300)
+        .set_write_batch_size(300)
+        .build();
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+    for group in rows.chunks(group_rows) {
+        let values: Vec<ByteArray> = group
+            .iter()
+            .flatten()
+            .map(|id| ByteArray::from(id.as_str()))
+            .collect();
+        let defs: Vec<i16> = group.iter().map(|id| i16::from(id.is_some())).collect();
+        let scores: Vec<f64> = (0..group.len()).map(|i| i as f64 / 2.0).collect();
+        let mut g = writer.next_row_group().unwrap();
+        let mut c = g.next_column().unwrap().unwrap();
+        c.typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        c.close().unwrap();
+        let mut c = g.next_column().unwrap().unwrap();
+        c.typed::<DoubleType>()
+            .write_batch(&scores, None, None)
+            .unwrap();
+        c.close().unwrap();
+        g.close().unwrap();
+    }
+    writer.close().unwrap();
+    path
+}
+
+/// 4,000 rows in row groups of 1,000 (pages of 300), row 2345 a null ID.
+pub(crate) fn parquet_rows() -> (Vec<Option<String>>, usize) {
+    let null_row = 2345;
+    let rows = ids(4000)
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| (i != null_row).then_some(id))
+        .collect();
+    (rows, null_row)
+}
+
+/// The finished job over [`parquet_rows`]: the null row recorded as a bad row with its
+/// position, every other ID exported once, in input order, and called once (unless `killed`:
+/// an ID in flight at a kill may have been called again).
+fn check_parquet_job(
+    h: &Harness,
+    state: &Path,
+    (rows, null_row): (&[Option<String>], usize),
+    killed: bool,
+) {
+    let status = h.status(state);
+    assert_eq!(status["finished"], true, "{status}");
+    assert_eq!(status["stats"]["rows_read"], rows.len(), "{status}");
+    assert_eq!(status["stats"]["bad_lines"], 1, "{status}");
+    let bad = &status["bad_line_examples"][0];
+    assert_eq!(bad["row"], null_row, "{status}");
+    assert_eq!(bad["line"], null_row + 1, "{status}");
+    assert_eq!(bad["reason"], "ID is null", "{status}");
+    let text = h.run(&["status", "--state", p(state)]);
+    text.expect_code(0);
+    let want = format!("bad row {}: ID is null", null_row + 1);
+    assert!(text.stdout.contains(&want), "{}", text.stdout);
+    assert!(
+        status["input_format"]
+            .as_str()
+            .unwrap()
+            .starts_with("parquet"),
+        "{status}"
+    );
+    let ids: Vec<String> = rows.iter().flatten().cloned().collect();
+    h.check_export_exactly_once(&h.export(state), &ids);
+    for id in ids.iter().filter(|_| !killed) {
+        assert_eq!(h.api.calls(id), 1, "{id}");
+    }
+}
+
+#[test]
+fn parquet_input_in_row_groups_with_a_null_id() {
+    let h = Harness::new(ApiConfig::fast());
+    let (rows, null_row) = parquet_rows();
+    let input = parquet_input(&h, "curated.parquet", &rows, 1000);
+    let state = h.state();
+    // Without --skip-bad-lines the null row stops the job, named by its row number.
+    h.run_new(
+        &state,
+        &input,
+        &h.url(),
+        &["--id-column", "id", "--bucket-size", "64"],
+    )
+    .expect_refused(
+        1,
+        &[
+            &format!("{}:{}: ID is null", canonical(&input), null_row + 1),
+            "--skip-bad-lines",
+        ],
+    );
+    h.resume(&state, &["--skip-bad-lines"])
+        .expect_no_panic()
+        .expect_code(0);
+    check_parquet_job(&h, &state, (&rows, null_row), false);
+
+    // A changed Parquet file is refused on resume: it cannot have grown by appending.
+    parquet_input(&h, "curated.parquet", &rows, 500);
+    h.resume(&state, &[]).expect_refused(
+        1,
+        &[&canonical(&input), "cannot have grown by appending rows"],
+    );
+}
+
+#[test]
+fn parquet_input_killed_and_resumed_gives_every_id_once() {
+    let h = Harness::new(ApiConfig::fast());
+    let (rows, null_row) = parquet_rows();
+    let input = parquet_input(&h, "ids.parquet", &rows, 1000);
+    let state = h.state();
+    let url = h.url();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--input-format",
+        "parquet",
+        "--id-column",
+        "id",
+        "--skip-bad-lines",
+        "--bucket-size",
+        "50",
+        "--concurrency",
+        "4",
+    ]);
+    // Killed twice: in the first row group, then in the third (past the null row).
+    for calls in [700, 2600] {
+        let mut child = h.spawn(&args);
+        assert!(h.wait_for_calls(&mut child, calls), "the run ended early");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    h.resume(&state, &[]).expect_no_panic().expect_code(0);
+    check_parquet_job(&h, &state, (&rows, null_row), true);
+}
+
+#[test]
+fn parquet_input_without_the_column_or_with_a_float_column_is_refused_up_front() {
+    let h = Harness::new(ApiConfig::fast());
+    let rows: Vec<Option<String>> = ids(10).into_iter().map(Some).collect();
+    let input = parquet_input(&h, "ids.parquet", &rows, 4);
+    let state = h.state();
+    h.run_new(&state, &input, &h.url(), &["--id-column", "user_id"])
+        .expect_refused(
+            1,
+            &[&canonical(&input), "no column \"user_id\"", "id, score"],
+        );
+    h.run_new(&state, &input, &h.url(), &["--id-column", "score"])
+        .expect_refused(1, &[&canonical(&input), "\"score\" holds DOUBLE"]);
+    h.run_new(&state, &input, &h.url(), &[])
+        .expect_refused(2, &["--id-column"]);
+    assert!(!state.exists(), "nothing is created for a refused job");
+    assert_eq!(h.api.total_calls(), 0);
 }

@@ -326,6 +326,58 @@ pub(crate) fn calls_per_second(h: &Harness) -> Vec<u64> {
     per_s
 }
 
+/// A Parquet input planned into the database: the planner reads it by row group like any
+/// input, a worker killed mid-run leaves its buckets to the others, and the null row is one
+/// bad row of the job whichever worker planned it.
+#[test]
+fn a_fleet_runs_a_parquet_input_with_a_null_id() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let (rows, null_row) = crate::inputs::parquet_rows();
+    let input = crate::inputs::parquet_input(&h, "ids.parquet", &rows, 1000);
+    let api = h.url();
+    let mut first = h.spawn(&[
+        "run",
+        "--state",
+        &url,
+        "--job",
+        JOB,
+        "--input",
+        p(&input),
+        "--id-column",
+        "id",
+        "--skip-bad-lines",
+        "--url",
+        &api,
+        "--bucket-size",
+        "50",
+        "--concurrency",
+        "4",
+        "--lease-ttl",
+        "2s",
+        "--progress-interval",
+        "0",
+    ]);
+    assert!(h.wait_for_calls(&mut first, 500), "the first worker calls");
+    let mut workers = vec![join(&h, &url), join(&h, &url)];
+    // The planner dies in the first row group; a joining worker plans on from its cursor.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    workers.push(join(&h, &url));
+    for run in finish_within(workers, 120) {
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    let ids: Vec<String> = rows.iter().flatten().cloned().collect();
+    h.check_export_exactly_once(&export(&h, &url), &ids);
+    let out = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
+    out.expect_code(0);
+    let status: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(status["stats"]["bad_lines"], 1, "{status}");
+    assert_eq!(status["stats"]["rows_read"], rows.len(), "{status}");
+    assert_eq!(status["bad_line_examples"][0]["row"], null_row, "{status}");
+}
+
 #[test]
 fn a_url_needs_a_job_name_and_a_directory_refuses_one() {
     let h = Harness::new(ApiConfig::fast());
