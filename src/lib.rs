@@ -18,6 +18,9 @@
 //! (indicatif); `metrics` the Prometheus endpoint (a hyper server); `demo` the fake API;
 //! `postgres` (default) the PostgreSQL store.
 
+// `pub` is what a library user can reach; an item of a private module says `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;

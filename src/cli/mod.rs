@@ -76,19 +76,19 @@ macro_rules! say {
 /// Exit codes, as documented in `--help` and docs/exit-codes.md.
 pub(crate) mod exit {
     /// Every ID succeeded.
-    pub const OK: u8 = 0;
+    pub(crate) const OK: u8 = 0;
     /// The job could not proceed (input, state or store error).
-    pub const ERROR: u8 = 1;
+    pub(crate) const ERROR: u8 = 1;
     /// Usage error (clap uses 2 as well).
-    pub const USAGE: u8 = 2;
+    pub(crate) const USAGE: u8 = 2;
     /// The run completed but some IDs failed permanently.
-    pub const FAILURES: u8 = 3;
+    pub(crate) const FAILURES: u8 = 3;
     /// A credential was rejected: the user fixes it and resumes.
-    pub const CREDENTIAL: u8 = 4;
+    pub(crate) const CREDENTIAL: u8 = 4;
     /// The job's budget is spent: the user raises it and resumes.
-    pub const BUDGET: u8 = 5;
+    pub(crate) const BUDGET: u8 = 5;
     /// Stopped by a signal.
-    pub const SIGNAL: u8 = 130;
+    pub(crate) const SIGNAL: u8 = 130;
 }
 
 /// Parse the command line, run, and return the process exit code.

@@ -144,7 +144,7 @@ impl PushbackFilter {
     /// window's share says the API is overloaded, else 0. All of `pushback` may be learned
     /// as what the API refuses at any rate (see [`Self::filter_with_429s`]).
     #[cfg(test)]
-    pub fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
+    pub(crate) fn filter(&mut self, elapsed: Duration, attempts: u64, pushback: u64) -> u64 {
         self.filter_with_429s(elapsed, attempts, pushback, 0)
     }
 

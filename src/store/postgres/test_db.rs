@@ -2,22 +2,24 @@
 //! binary's throwaway cluster (`tests/support/pg_cluster.rs`, shared with the integration
 //! tests), and connections to it.
 
+// Shared with the integration tests, which reach its items from another module: `pub` there.
+#[allow(unreachable_pub)]
 #[path = "../../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
 
-pub use pg_cluster::{shared, PgCluster, TestDb};
+pub(crate) use pg_cluster::{shared, PgCluster, TestDb};
 use tokio_postgres::Client;
 
 use super::{connect, ConnectOptions, PgTarget};
 
 /// A fresh schema of the shared cluster's test database.
-pub struct Db {
+pub(crate) struct Db {
     pub db: TestDb,
     pub target: PgTarget,
 }
 
 /// A fresh, empty schema (no tables).
-pub async fn fresh() -> Db {
+pub(crate) async fn fresh() -> Db {
     let db = tokio::task::spawn_blocking(pg_cluster::fresh_db)
         .await
         .expect("create a test database");
@@ -26,7 +28,7 @@ pub async fn fresh() -> Db {
 }
 
 /// A fresh database with the schema applied.
-pub async fn migrated() -> Db {
+pub(crate) async fn migrated() -> Db {
     let db = fresh().await;
     super::migrate(&mut db.connect().await)
         .await
@@ -35,20 +37,20 @@ pub async fn migrated() -> Db {
 }
 
 impl Db {
-    pub async fn connect(&self) -> Client {
+    pub(crate) async fn connect(&self) -> Client {
         connect(&self.target, &ConnectOptions::default())
             .await
             .expect("connect to the test database")
     }
 
     /// Run SQL as the superuser (roles, settings a test needs).
-    pub fn psql(&self, sql: &str) -> String {
+    pub(crate) fn psql(&self, sql: &str) -> String {
         shared().psql(&self.db.name, sql)
     }
 }
 
 /// A migrated database with one job ("j", rate 100/s, burst 10) and a connection to it.
-pub async fn with_job() -> (Db, Client, super::JobId) {
+pub(crate) async fn with_job() -> (Db, Client, super::JobId) {
     let db = migrated().await;
     let client = db.connect().await;
     let spec = serde_json::json!({"url": "http://127.0.0.1:9/{id}?k=${TOKEN}"});
@@ -70,7 +72,7 @@ pub async fn with_job() -> (Db, Client, super::JobId) {
 }
 
 /// A new worker session with a 30 s TTL.
-pub async fn worker(client: &Client, job: super::JobId) -> super::WorkerId {
+pub(crate) async fn worker(client: &Client, job: super::JobId) -> super::WorkerId {
     let info = super::session::WorkerInfo {
         host: "test",
         pid: std::process::id(),
@@ -82,7 +84,7 @@ pub async fn worker(client: &Client, job: super::JobId) -> super::WorkerId {
 }
 
 /// End a session's life now, as if it stopped heartbeating a TTL ago (no sleeping).
-pub async fn expire(client: &Client, job: super::JobId, worker: &super::WorkerId) {
+pub(crate) async fn expire(client: &Client, job: super::JobId, worker: &super::WorkerId) {
     let n = client
         .execute(
             "UPDATE hw_worker SET expires_at = now() - interval '1 second'
@@ -95,7 +97,7 @@ pub async fn expire(client: &Client, job: super::JobId, worker: &super::WorkerId
 }
 
 /// `n` open buckets of the job's log (0..n), each with IDs "b{bucket}-{i}", i < 3.
-pub async fn add_buckets(client: &Client, job: super::JobId, n: i64) {
+pub(crate) async fn add_buckets(client: &Client, job: super::JobId, n: i64) {
     client
         .execute(
             "INSERT INTO hw_bucket (job_id, bucket, offset_record, items)
