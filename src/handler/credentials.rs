@@ -170,3 +170,51 @@ impl Credentials {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs(renew_on_403: bool) -> Vec<CredentialSpec> {
+        vec![CredentialSpec {
+            name: "TOKEN".into(),
+            kind: CredentialKind::Command {
+                command: "printf '%s' ${WHO}".into(),
+            },
+            every: None,
+            renew_on_403,
+        }]
+    }
+
+    fn build(specs: &[CredentialSpec]) -> Result<Credentials, HandlerError> {
+        let env = |name: &str| (name == "WHO").then(|| "me".to_string());
+        Credentials::build(specs, Duration::from_secs(5), Duration::from_secs(5), &env)
+    }
+
+    #[test]
+    fn a_401_refuses_the_credentials_and_a_403_only_when_asked() {
+        let plain = build(&specs(false)).unwrap();
+        assert!(plain.refuses(401) && !plain.refuses(403) && !plain.refuses(404));
+        assert!(build(&specs(true)).unwrap().refuses(403));
+        assert!(
+            !Credentials::none().refuses(401),
+            "no credential: a 401 is the ID's"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_is_split_and_expanded_when_built() {
+        let c = build(&specs(false)).unwrap();
+        let values = c.values().await.unwrap();
+        assert_eq!(values[0].expose(), "me");
+        let mut missing = specs(false);
+        missing[0].kind = CredentialKind::Command {
+            command: "echo ${NOPE}".into(),
+        };
+        let err = build(&missing).unwrap_err().to_string();
+        assert!(
+            err.contains("NOPE") && err.contains("credential TOKEN"),
+            "{err}"
+        );
+    }
+}
