@@ -60,6 +60,9 @@ pub struct LiveSnapshot {
     /// Where the job's quotas stand (none in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quotas: Vec<crate::quota::QuotaState>,
+    /// The limits the API announced (none in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub announced: Vec<crate::quota::pacer::PolicyState>,
 }
 
 pub fn path(state: &Path) -> PathBuf {
@@ -191,6 +194,11 @@ impl LiveSnapshot {
             .quotas
             .iter()
             .map(|q| format!("quotas:     {}\n", q.render()))
+            .chain(
+                self.announced
+                    .iter()
+                    .map(|a| format!("API limits: {}\n", a.render())),
+            )
             .collect();
         let mut text = format!(
             "state:      {}\njob:        {}\nrunner:     {how}: pid {}, run {}, started {}, updated {}\n\
@@ -252,6 +260,7 @@ mod tests {
             throttled: 0,
             in_flight: 0,
             quotas: Vec::new(),
+            announced: Vec::new(),
         }
     }
 

@@ -163,6 +163,7 @@ impl RunView {
             throttled: run.throttled,
             in_flight: run.in_flight,
             quotas: self.counters.quota_states(),
+            announced: self.counters.announced_states(),
         }
     }
 }
@@ -459,6 +460,7 @@ fn report(
         checkpoints: now.checkpoints,
         duration_ms: Durations::between(&now, &last),
         quotas: view.counters.quota_states(),
+        announced: view.counters.announced_states(),
     };
     match config.format {
         EventFormat::Json => {

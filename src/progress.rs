@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::failure::{ErrorClass, Failure};
 use crate::handler::Output;
+use crate::quota::pacer::{AnnouncedLimits, PolicyState};
 use crate::quota::QuotaState;
 use crate::setting::Setting;
 use crate::store::StoreStats;
@@ -62,6 +63,8 @@ pub struct Counters {
     throttle: OnceLock<AttachedThrottle>,
     /// Where the job's quotas stand, once the engine made its quota gate.
     quotas: OnceLock<Arc<std::sync::Mutex<Vec<QuotaState>>>>,
+    /// The limits the API announces, when the run's handler reads them.
+    announced: OnceLock<Arc<AnnouncedLimits>>,
 }
 
 /// The run's throttle as [`Counters`] holds it.
@@ -253,6 +256,16 @@ impl Counters {
         })
     }
 
+    /// Called by the engine when the run's handler reads the limits the API announces.
+    pub fn attach_announced(&self, limits: Arc<AnnouncedLimits>) {
+        let _ = self.announced.set(limits);
+    }
+
+    /// Where the limits the API announced stand (none before any answer announced one).
+    pub fn announced_states(&self) -> Vec<PolicyState> {
+        self.announced.get().map_or_else(Vec::new, |a| a.states())
+    }
+
     /// The run's throttle, once the run started.
     pub fn throttle(&self) -> Option<&Arc<Throttle>> {
         self.throttle.get().map(|t| &t.0)
@@ -434,6 +447,9 @@ pub struct ProgressEvent {
     /// Where the job's quotas stand (none without quotas).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub quotas: Vec<QuotaState>,
+    /// The limits the API announced in its answers' headers (none if it announces none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub announced: Vec<PolicyState>,
 }
 
 impl ProgressEvent {
@@ -478,6 +494,10 @@ impl ProgressEvent {
         for q in &self.quotas {
             line.push_str("; ");
             line.push_str(&q.render());
+        }
+        for a in &self.announced {
+            line.push_str("; ");
+            line.push_str(&a.render());
         }
         line
     }

@@ -72,6 +72,9 @@ where
         opts.concurrency.max(1),
     ));
     counters.attach_throttle(throttle.clone());
+    if let Some(announced) = handler.announced_limits() {
+        counters.attach_announced(announced);
+    }
     let quotas = (!spec.quotas.is_empty()).then(|| {
         let gate = QuotaGate::new(spec.quotas.clone(), store.clone());
         counters.attach_quotas(gate.states());

@@ -54,14 +54,29 @@ struct Policy {
     next_start: Instant,
 }
 
-/// Where one announced policy stands, for reports.
-#[derive(Debug, Clone, PartialEq)]
+/// Where one announced policy stands, for progress lines, `live.json` and `status`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyState {
     pub policy: String,
+    /// Calls this run may still start before the reset.
     pub remaining: u64,
     pub limit: Option<u64>,
     /// Time until its window resets.
+    #[serde(rename = "reset_in_ms", with = "crate::handler::serde_millis")]
     pub reset_in: Duration,
+}
+
+impl PolicyState {
+    /// The words a progress line or `status` gives it.
+    pub fn render(&self) -> String {
+        let of = self.limit.map(|l| format!(" of {l}")).unwrap_or_default();
+        format!(
+            "API limit {}: {}{of} left, resets in {:.1}s",
+            self.policy,
+            self.remaining,
+            self.reset_in.as_secs_f64()
+        )
+    }
 }
 
 /// A call started under the announced limits, in flight until dropped.
@@ -280,5 +295,8 @@ mod tests {
         // b had nothing left: its reset. Its next window is unknown: it no longer holds.
         assert!(start.elapsed() >= Duration::from_millis(500));
         assert_eq!(l.states().len(), 1);
+        assert!(l.states()[0]
+            .render()
+            .starts_with("API limit a: 99 left, resets in"));
     }
 }

@@ -118,15 +118,16 @@ fn windowed(announce: Announce) -> ApiConfig {
 }
 
 /// Run `ids` against `h`'s API with `extra`, returning the calls per second the run made
-/// between its first and its last call.
-fn calls_per_second(h: &Harness, ids: &[String], extra: &[&str]) -> f64 {
+/// between its first and its last call, and the run.
+fn calls_per_second(h: &Harness, ids: &[String], extra: &[&str]) -> (f64, Run) {
     let input = h.ids_file("ids.txt", ids);
     let state = h.state();
-    h.run_new(&state, &input, &h.url(), extra).expect_code(0);
+    let run = h.run_new(&state, &input, &h.url(), extra);
+    run.expect_code(0);
     h.check_export_exactly_once(&h.export(&state), ids);
     let times = h.api.call_times();
     let span = (*times.last().unwrap() - times[0]).as_secs_f64();
-    (times.len() - 1) as f64 / span
+    ((times.len() - 1) as f64 / span, run)
 }
 
 /// Without any flag, the windows announced in headers pace the run: at least 95% of what
@@ -136,7 +137,17 @@ fn announced_windows_pace_the_run_to_what_they_allow() {
     for announce in [Announce::Ietf, Announce::XRateLimit] {
         let h = Harness::new(windowed(announce));
         let ids = ids(400);
-        let speed = calls_per_second(&h, &ids, &["--concurrency", "16"]);
+        let (speed, run) = calls_per_second(
+            &h,
+            &ids,
+            &["--concurrency", "16", "--progress-interval", "2s"],
+        );
+        // The progress lines say what the API announced.
+        let policy = match announce {
+            Announce::Ietf => "API limit w1: ",
+            _ => "API limit x-ratelimit: ",
+        };
+        run.expect_stderr(policy);
         let refused = h.api.window_refusals();
         let calls = h.api.total_calls();
         assert!(
@@ -157,7 +168,7 @@ fn announced_windows_pace_the_run_to_what_they_allow() {
 fn windows_given_as_quotas_meet_no_429_at_all() {
     let h = Harness::new(windowed(Announce::None));
     let ids = ids(300);
-    let speed = calls_per_second(
+    let (speed, _) = calls_per_second(
         &h,
         &ids,
         &[
