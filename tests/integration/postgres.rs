@@ -206,7 +206,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
     let killed_at = started.elapsed();
     // One worker paused past its TTL: its session expires and its buckets are taken over;
     // what it writes when it wakes up is fenced out.
-    // Paused while it holds a bucket with items to call: its late results are sure.
+    // Paused while it holds a bucket with items to call, so that it has work to lose.
     let mut tries = 0;
     let (paused, pid) = loop {
         tries += 1;
@@ -269,10 +269,12 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         late.contains("session expired"),
         "the paused worker found its session expired: {late}"
     );
-    assert!(
-        late.contains("were not written"),
-        "the paused worker's late results were fenced out: {late}"
-    );
+    // Whether it still had answers to write when it woke depends on what was in flight at
+    // the SIGSTOP and on which of its timers fires first (a call's timeout, or the
+    // heartbeat that finds the session expired and abandons the calls): not asserted here.
+    // That late results are fenced out is the engine's fleet test
+    // `a_worker_that_lost_its_buckets_writes_nothing_that_counts`, on this store too;
+    // here, the export below holds every ID exactly once whatever the paused worker did.
     let exported = export(&h, &url);
     h.check_export_exactly_once(&exported, &ids);
     let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
