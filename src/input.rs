@@ -99,8 +99,11 @@ pub struct Row {
     /// 1-based line where the record starts (for Parquet, the 1-based row number), for
     /// messages.
     pub line: u64,
-    /// The ID, or why this record has none.
+    /// The ID, or why this record has none (a kept column without a value included).
     pub id: Result<String, String>,
+    /// The kept columns' values ([`InputReader::keep_columns`]) as one JSON object, in the
+    /// order they were asked for; none when no column is kept or the row has no ID.
+    pub values: Option<String>,
 }
 
 /// A fingerprint of the input's first `len` bytes: detects a changed file on resume.
@@ -178,10 +181,16 @@ enum Inner {
         reader: BufReader<Bounded>,
         buf: Vec<u8>,
         json_field: Option<String>,
+        /// The JSONL fields kept beside the ID.
+        keep: Vec<String>,
     },
     Csv {
         reader: Box<csv::Reader<Bounded>>,
         column: usize,
+        /// The header row, to find kept columns by name.
+        headers: csv::ByteRecord,
+        /// The columns kept beside the ID: name and index.
+        keep: Vec<(String, usize)>,
         record: csv::ByteRecord,
         /// Length of the file when its last byte is not a newline: the last record's line
         /// is then the reader's current line, not the one before it.
@@ -236,6 +245,7 @@ impl InputReader {
                     reader: BufReader::with_capacity(256 << 10, file),
                     buf: Vec::new(),
                     json_field,
+                    keep: Vec::new(),
                 }
             }
             InputFormat::Csv { column } => {
@@ -254,22 +264,10 @@ impl InputReader {
                         reason: "the CSV file has no header row".into(),
                     });
                 }
-                let index = headers
-                    .iter()
-                    .position(|h| trim_bom(h) == column.as_bytes())
-                    .ok_or_else(|| {
-                        let names: Vec<String> = headers
-                            .iter()
-                            .map(|h| String::from_utf8_lossy(trim_bom(h)).into_owned())
-                            .collect();
-                        InputError::Header {
-                            path: path.clone(),
-                            reason: format!(
-                                "the header row has no column {column:?} (columns: {})",
-                                names.join(", ")
-                            ),
-                        }
-                    })?;
+                let index = csv_column(&headers, column).map_err(|reason| InputError::Header {
+                    path: path.clone(),
+                    reason,
+                })?;
                 if cursor.byte == 0 {
                     let pos = reader.position();
                     cursor.byte = pos.byte();
@@ -284,6 +282,8 @@ impl InputReader {
                 Inner::Csv {
                     reader: Box::new(reader),
                     column: index,
+                    headers,
+                    keep: Vec::new(),
                     record: csv::ByteRecord::new(),
                     unterminated_len,
                 }
@@ -294,6 +294,39 @@ impl InputReader {
             inner,
             cursor,
         })
+    }
+
+    /// Read the values of `columns` (CSV columns, JSONL fields, Parquet columns) beside each
+    /// row's ID, into [`Row::values`]. A column the file's header or schema lacks is an error
+    /// here; a row without a value for one is a bad row. A text input has no columns.
+    pub fn keep_columns(&mut self, columns: &[String]) -> Result<(), InputError> {
+        if columns.is_empty() {
+            return Ok(());
+        }
+        let header = |reason: String| InputError::Header {
+            path: self.path.clone(),
+            reason,
+        };
+        match &mut self.inner {
+            Inner::Lines {
+                json_field: None, ..
+            } => {
+                return Err(header(format!(
+                    "a text input has one ID per line and no columns (asked for {})",
+                    columns.join(", ")
+                )))
+            }
+            Inner::Lines { keep, .. } => *keep = columns.to_vec(),
+            Inner::Csv { headers, keep, .. } => {
+                *keep = columns
+                    .iter()
+                    .map(|c| Ok((c.clone(), csv_column(headers, c)?)))
+                    .collect::<Result<_, String>>()
+                    .map_err(header)?;
+            }
+            Inner::Parquet(rows) => rows.keep_columns(columns)?,
+        }
+        Ok(())
     }
 
     /// The input file's path, for messages.
@@ -322,6 +355,7 @@ impl InputReader {
                 reader,
                 buf,
                 json_field,
+                keep,
             } => loop {
                 let line = self.cursor.line;
                 let (consumed, overlong) =
@@ -339,21 +373,31 @@ impl InputReader {
                 }
                 let index = self.cursor.row;
                 self.cursor.row += 1;
-                let id = if overlong {
-                    Err(format!("line is longer than {MAX_LINE_BYTES} bytes"))
+                let (id, values) = if overlong {
+                    (
+                        Err(format!("line is longer than {MAX_LINE_BYTES} bytes")),
+                        None,
+                    )
                 } else {
                     match json_field {
-                        None => text_id(buf),
-                        Some(field) => json_id(buf, field),
+                        None => (text_id(buf), None),
+                        Some(field) => json_row(buf, field, keep),
                     }
                 };
-                return Ok(Some(Row { index, line, id }));
+                return Ok(Some(Row {
+                    index,
+                    line,
+                    id,
+                    values,
+                }));
             },
             Inner::Csv {
                 reader,
                 column,
+                keep,
                 record,
                 unterminated_len,
+                ..
             } => {
                 let more = reader
                     .read_byte_record(record)
@@ -384,7 +428,19 @@ impl InputReader {
                         Ok(s) => Ok(s.trim().to_string()),
                     },
                 };
-                Ok(Some(Row { index, line, id }))
+                let (id, values) = match id {
+                    Ok(id) if !keep.is_empty() => match csv_values(record, keep) {
+                        Ok(values) => (Ok(id), Some(values)),
+                        Err(reason) => (Err(reason), None),
+                    },
+                    id => (id, None),
+                };
+                Ok(Some(Row {
+                    index,
+                    line,
+                    id,
+                    values,
+                }))
             }
             Inner::Parquet(rows) => {
                 let row = rows.next_row()?;
@@ -449,6 +505,41 @@ fn csv_error(path: &Path, e: csv::Error) -> InputError {
     }
 }
 
+/// The index of the header row's column `name`, or why there is none (naming the columns).
+fn csv_column(headers: &csv::ByteRecord, name: &str) -> Result<usize, String> {
+    headers
+        .iter()
+        .position(|h| trim_bom(h) == name.as_bytes())
+        .ok_or_else(|| {
+            let names: Vec<String> = headers
+                .iter()
+                .map(|h| String::from_utf8_lossy(trim_bom(h)).into_owned())
+                .collect();
+            format!(
+                "the header row has no column {name:?} (columns: {})",
+                names.join(", ")
+            )
+        })
+}
+
+/// A CSV record's kept columns as one JSON object of strings (as written: not trimmed), or
+/// why the record has no value for one.
+fn csv_values(record: &csv::ByteRecord, keep: &[(String, usize)]) -> Result<String, String> {
+    let mut values = serde_json::Map::with_capacity(keep.len());
+    for (name, at) in keep {
+        let raw = record.get(*at).ok_or_else(|| {
+            format!(
+                "record has {} fields, no value for the column {name:?}",
+                record.len()
+            )
+        })?;
+        let text = std::str::from_utf8(raw)
+            .map_err(|_| format!("the column {name:?} is not valid UTF-8"))?;
+        values.insert(name.clone(), serde_json::Value::String(text.to_owned()));
+    }
+    Ok(serde_json::Value::Object(values).to_string())
+}
+
 fn trim_bom(field: &[u8]) -> &[u8] {
     field.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(field)
 }
@@ -471,13 +562,44 @@ fn text_id(line: &[u8]) -> Result<String, String> {
     Ok(s.trim().to_string())
 }
 
-fn json_id(line: &[u8], field: &str) -> Result<String, String> {
-    let s = std::str::from_utf8(line).map_err(|_| "line is not valid UTF-8".to_string())?;
-    let value: serde_json::Value =
-        serde_json::from_str(s.trim()).map_err(|e| format!("not valid JSON: {e}"))?;
-    let object = value
-        .as_object()
-        .ok_or_else(|| "line is not a JSON object".to_string())?;
+/// A JSON line's ID and its kept fields (one JSON object, each field's value as written),
+/// or why it has none: a kept field that is absent or null is a bad row.
+fn json_row(line: &[u8], field: &str, keep: &[String]) -> (Result<String, String>, Option<String>) {
+    let parsed = std::str::from_utf8(line)
+        .map_err(|_| "line is not valid UTF-8".to_string())
+        .and_then(|s| {
+            serde_json::from_str::<serde_json::Value>(s.trim())
+                .map_err(|e| format!("not valid JSON: {e}"))
+        });
+    let mut object = match parsed {
+        Ok(serde_json::Value::Object(object)) => object,
+        Ok(_) => return (Err("line is not a JSON object".to_string()), None),
+        Err(reason) => return (Err(reason), None),
+    };
+    let id = match json_id(&object, field) {
+        Ok(id) => id,
+        Err(reason) => return (Err(reason), None),
+    };
+    if keep.is_empty() {
+        return (Ok(id), None);
+    }
+    let mut values = serde_json::Map::with_capacity(keep.len());
+    for name in keep {
+        match object.remove(name) {
+            None => return (Err(format!("object has no field {name:?}")), None),
+            Some(serde_json::Value::Null) => return (Err(format!("field {name:?} is null")), None),
+            Some(value) => {
+                values.insert(name.clone(), value);
+            }
+        }
+    }
+    (Ok(id), Some(serde_json::Value::Object(values).to_string()))
+}
+
+fn json_id(
+    object: &serde_json::Map<String, serde_json::Value>,
+    field: &str,
+) -> Result<String, String> {
     match object.get(field) {
         None => Err(format!("object has no field {field:?}")),
         Some(serde_json::Value::String(s)) if s.is_empty() => {

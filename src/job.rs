@@ -92,6 +92,9 @@ pub struct JobRequest {
     pub body: Option<String>,
     /// The credentials the request or command uses (`None` keeps the stored ones).
     pub credentials: Option<Vec<crate::credential::CredentialSpec>>,
+    /// Input columns to keep of each row beside those the templates name (for the export):
+    /// fixed at creation.
+    pub keep_columns: Option<Vec<String>>,
     pub connect_timeout: Option<Duration>,
     pub timeout: Option<Duration>,
     pub retry: RetryOverrides,
@@ -197,6 +200,7 @@ impl JobRequest {
             handler: self.handler.clone(),
             answer: AnswerSpec::default(),
             credentials: self.credentials.clone().unwrap_or_default(),
+            columns: Vec::new(),
             retry: RetryPolicy::default(),
             quotas: Vec::new(),
             created_at_ms: now_ms(),
@@ -204,6 +208,12 @@ impl JobRequest {
         };
         self.answer.apply(&mut spec.answer);
         self.apply_operational(&mut spec);
+        spec.columns = spec.columns_used();
+        for c in self.keep_columns.iter().flatten() {
+            if !spec.columns.contains(c) {
+                spec.columns.push(c.clone());
+            }
+        }
         spec
     }
 }
@@ -349,9 +359,17 @@ pub enum JobHandler {
 
 impl crate::handler::Handler for JobHandler {
     async fn call(&self, id: &str) -> Result<crate::handler::Output, crate::failure::Failure> {
+        self.call_row(id, None).await
+    }
+
+    async fn call_row(
+        &self,
+        id: &str,
+        row: Option<&str>,
+    ) -> Result<crate::handler::Output, crate::failure::Failure> {
         match self {
-            JobHandler::Http(h) => h.attempt(id).await,
-            JobHandler::Exec(h) => h.attempt(id).await,
+            JobHandler::Http(h) => h.attempt_row(id, row).await,
+            JobHandler::Exec(h) => h.attempt_row(id, row).await,
         }
     }
 
@@ -379,8 +397,10 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
         path: input.path.clone(),
         source,
     })?;
-    // The input must hold a first row (in its format: a CSV header with the ID column).
+    // The input must hold a first row (in its format: a CSV header with the ID column and
+    // the columns kept).
     let mut reader = crate::input::InputReader::open(input, crate::input::Cursor::default())?;
+    reader.keep_columns(&probe.columns)?;
     if reader.next_row()?.is_none() {
         return Err(JobError::EmptyInput(input.path.clone()));
     }
@@ -430,6 +450,7 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
             let fingerprint = Fingerprint::of_file(&input.path)?;
             let mut reader = InputReader::open(input, Cursor::default())?;
+            reader.keep_columns(&probe.columns)?;
             if reader.next_row()?.is_none() {
                 return Err(JobError::EmptyInput(input.path.clone()));
             }
@@ -560,6 +581,7 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     }
     request.answer.apply(&mut asked.answer);
     crate::answer::Answer::compile(&asked.answer)?;
+    check_columns(stored, &asked, request)?;
     let fixed = stored.fixed_changes(&asked);
     let changes = stored.meaning_changes(&asked);
     if !fixed.is_empty() || (!changes.is_empty() && !request.allow_spec_change) {
@@ -574,6 +596,34 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
         });
     }
     Ok(asked)
+}
+
+/// The columns a resume's templates name or asks to keep must be ones the job keeps: its
+/// planned rows kept those only.
+fn check_columns(stored: &JobSpec, asked: &JobSpec, request: &JobRequest) -> Result<(), JobError> {
+    let mut wanted = asked.columns_used();
+    wanted.extend(request.keep_columns.iter().flatten().cloned());
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|c| !stored.columns.contains(c))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let kept = if stored.columns.is_empty() {
+        "none".to_string()
+    } else {
+        stored.columns.join(", ")
+    };
+    Err(JobError::Usage(format!(
+        "this job keeps the input columns {kept} of each row, fixed when it was created; \
+         {} cannot be used ({} or {{column}} in a template): start a new state directory for a \
+         job that uses {}",
+        missing.join(", "),
+        Setting::KeepColumns,
+        if missing.len() == 1 { "it" } else { "them" }
+    )))
 }
 
 /// Join a job a shared store holds as one more worker, without its input: the same checks

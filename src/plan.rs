@@ -69,8 +69,9 @@ impl Planner {
         min_rows: u64,
     ) -> Result<Vec<PlannedBucket>, PlanError> {
         let mut buckets = Vec::new();
-        // Every ID read, with its row and the index of its bucket in `buckets`.
-        let mut read: Vec<(usize, u64, String)> = Vec::new();
+        // Every ID read, with its row, the index of its bucket in `buckets` and its kept
+        // columns.
+        let mut read: Vec<(usize, u64, String, Option<String>)> = Vec::new();
         let mut rows = 0;
         // One time for the batch: it is written ahead as one record.
         let planned_at_ms = now_ms();
@@ -88,6 +89,7 @@ impl Planner {
                     planned_at_ms,
                 },
                 items: Vec::new(),
+                values: Vec::new(),
                 bad_lines: Vec::new(),
             };
             let mut taken = 0;
@@ -99,7 +101,7 @@ impl Planner {
                 taken += 1;
                 match row.id {
                     // A row read makes its bucket non-empty: it is pushed below.
-                    Ok(id) => read.push((buckets.len(), row.index, id)),
+                    Ok(id) => read.push((buckets.len(), row.index, id, row.values)),
                     Err(reason) if self.skip_bad_lines => {
                         bucket.offset.bad_lines += 1;
                         bucket.bad_lines.push(BadLine {
@@ -131,16 +133,18 @@ impl Planner {
         }
         let ids: Vec<(u64, &str)> = read
             .iter()
-            .map(|(_, row, id)| (*row, id.as_str()))
+            .map(|(_, row, id, _)| (*row, id.as_str()))
             .collect();
         let firsts = store.first_rows(&ids).await?;
         drop(ids);
-        for ((at, row, id), first) in read.into_iter().zip(firsts) {
+        for ((at, row, id, values), first) in read.into_iter().zip(firsts) {
             let bucket: &mut PlannedBucket = &mut buckets[at];
             if first.is_some() {
                 bucket.offset.duplicates += 1;
             } else {
                 bucket.items.push((row, id));
+                // The reader gives values for every row with an ID, or for none.
+                bucket.values.extend(values);
             }
         }
         for bucket in &mut buckets {

@@ -12,7 +12,7 @@
 //! IDs (an explicit list) select IDs that
 //! succeeded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 use std::path::PathBuf;
 
@@ -80,6 +80,7 @@ impl From<ExportError> for RerunError {
         match e {
             ExportError::Store(e) => RerunError::Store(e),
             ExportError::Write(e) => RerunError::Usage(format!("reading the store: {e}")),
+            ExportError::Columns(e) => RerunError::Usage(e),
         }
     }
 }
@@ -125,6 +126,8 @@ pub struct Selected {
     pub bucket: u64,
     pub status: ItemStatus,
     pub class: Option<ErrorClass>,
+    /// Its input row's kept columns (a JSON object), when the job keeps any.
+    pub values: Option<Box<str>>,
 }
 
 impl Selected {
@@ -135,6 +138,7 @@ impl Selected {
             bucket: record.bucket,
             status: record.status,
             class: record.class,
+            values: record.values.clone(),
         }
     }
 }
@@ -318,12 +322,34 @@ async fn select<S: Store>(
                     }
                 }
             }
+            with_values(store, &mut out).await?;
         }
     }
     // Input order; an ID is never selected twice (an ID has one row: its first occurrence).
     out.sort_by_key(|s| s.row);
     out.dedup_by_key(|s| s.row);
     Ok(out)
+}
+
+/// A record read by its ID comes without its input row's kept columns, which the plan keeps
+/// with the bucket's IDs: read each selected bucket's items once for them.
+async fn with_values<S: Store>(store: &S, selected: &mut [Selected]) -> Result<(), RerunError> {
+    selected.sort_by_key(|s| (s.bucket, s.row));
+    for same in selected.chunk_by_mut(|a, b| a.bucket == b.bucket) {
+        let Some(offset) = store.offset(same[0].bucket).await? else {
+            continue;
+        };
+        let items = store.bucket_items(&offset).await?;
+        if items.iter().all(|(_, r)| r.values.is_none()) {
+            continue;
+        }
+        let values: HashMap<String, Option<Box<str>>> =
+            items.into_iter().map(|(id, r)| (id, r.values)).collect();
+        for s in same {
+            s.values = values.get(&s.id).cloned().flatten();
+        }
+    }
+    Ok(())
 }
 
 /// Cut the selection into rerun buckets of `bucket_size` IDs, in order.
@@ -335,6 +361,7 @@ fn cut(number: u32, selected: Vec<Selected>, bucket_size: u64) -> Vec<RerunBucke
     while selected.peek().is_some() {
         let mut before: BTreeMap<u64, JobBucketShare> = BTreeMap::new();
         let mut items = Vec::with_capacity(size);
+        let mut values = Vec::new();
         for s in selected.by_ref().take(size) {
             let share = before.entry(s.bucket).or_insert_with(|| JobBucketShare {
                 bucket: s.bucket,
@@ -352,6 +379,7 @@ fn cut(number: u32, selected: Vec<Selected>, bucket_size: u64) -> Vec<RerunBucke
                 ItemStatus::Pending => {}
             }
             items.push((s.row, s.id));
+            values.extend(s.values.map(String::from));
         }
         buckets.push(RerunBucket {
             offset: RerunOffset {
@@ -362,6 +390,7 @@ fn cut(number: u32, selected: Vec<Selected>, bucket_size: u64) -> Vec<RerunBucke
                 planned_at_ms,
             },
             items,
+            values,
         });
     }
     buckets

@@ -55,6 +55,8 @@ pub enum Setting {
     AllowSpecChange,
     /// The input.
     Input,
+    /// Input columns kept of each row beside those the templates name.
+    KeepColumns,
     /// A rerun of the failed IDs.
     RerunFailed,
     /// A rerun of chosen buckets.
@@ -100,6 +102,7 @@ impl Setting {
             Setting::SkipBadLines => "skip_bad_lines",
             Setting::AllowSpecChange => "allow_spec_change",
             Setting::Input => "input",
+            Setting::KeepColumns => "keep_columns",
             Setting::RerunFailed => "rerun of the failed IDs",
             Setting::RerunBuckets => "rerun buckets",
             Setting::RerunAllItems => "all items",

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::answer::AnswerSpec;
 use crate::credential::CredentialSpec;
 use crate::handler::serde_millis;
-use crate::input::{Fingerprint, InputSpec};
+use crate::input::{Cursor, Fingerprint, InputError, InputReader, InputSpec};
 use crate::setting::Setting;
 use crate::store::{StoreError, StoredJob};
 
@@ -74,6 +74,10 @@ pub struct JobSpec {
     /// [`Job`](crate::job::Job)), which does the work instead of a request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<String>,
+    /// The input columns kept of each row, for the templates' `{column}` slots and the
+    /// export: fixed at creation (none in specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
     #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
@@ -117,6 +121,22 @@ impl std::fmt::Display for SpecChange {
 }
 
 impl JobSpec {
+    /// Open the job's input at `cursor`, as far as its fingerprint covers, reading the kept
+    /// columns beside each ID.
+    pub fn open_input(&self, cursor: Cursor) -> Result<InputReader, InputError> {
+        let mut reader = InputReader::open_bounded(&self.input, cursor, self.fingerprint.len)?;
+        reader.keep_columns(&self.columns)?;
+        Ok(reader)
+    }
+
+    /// The columns the request or command names (`{column}`), which [`JobSpec::columns`]
+    /// must hold.
+    pub fn columns_used(&self) -> Vec<String> {
+        if self.handler.is_some() {
+            return Vec::new();
+        }
+        crate::handler::columns_used(&self.request, self.exec.as_ref())
+    }
     /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
     pub const STORED_VERSION: u32 = 1;
 

@@ -82,6 +82,10 @@ pub(crate) struct RunArgs {
     /// JSONL field holding the ID.
     #[arg(long, value_name = "NAME")]
     pub(crate) id_field: Option<String>,
+    /// Input columns (CSV or Parquet) or fields (JSONL) to keep of each row beside those a
+    /// {column} of the templates names, for `export --columns`; fixed at creation.
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub(crate) keep_columns: Vec<String>,
     /// URL template: {id} is percent-encoded, ${VAR} comes from the environment.
     #[arg(long, value_name = "TEMPLATE")]
     pub(crate) url: Option<String>,
@@ -351,6 +355,9 @@ pub(crate) struct ExportArgs {
     /// in place of body.
     #[arg(long)]
     pub(crate) flatten: bool,
+    /// Input columns (kept by the job) to carry beside each result, named as in the input.
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub(crate) columns: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -504,6 +511,7 @@ impl RunArgs {
             },
             body: self.body.clone(),
             credentials: self.credentials()?,
+            keep_columns: (!self.keep_columns.is_empty()).then(|| self.keep_columns.clone()),
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,
             retry: RetryOverrides {

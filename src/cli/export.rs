@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use super::args::{ExportArgs, StatusArg};
 use super::{exit, open_existing, pg, state_arg, StateArg};
 use crate::say;
-use crate::sink::{self, ExportFormat};
-use crate::store::{ItemStatus, Store};
+use crate::sink::{self, ExportFormat, InputColumns};
+use crate::store::{ExportError, ItemStatus, Store};
 
 pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
     let parquet = args.format == ExportFormat::Parquet;
@@ -40,19 +40,32 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
         StatusArg::Ok => ItemStatus::Ok,
         StatusArg::Failed => ItemStatus::Failed,
     });
+    let taken: &[&str] = if parquet {
+        &sink::parquet::FIXED
+    } else {
+        &sink::COLUMNS
+    };
+    let columns = match InputColumns::of(store, &args.columns, taken).await {
+        Ok(columns) => columns,
+        Err(ExportError::Columns(e)) => {
+            say!("error: --columns: {e}");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e).context("reading the job"),
+    };
     match &args.output {
         Some(path) => {
             let n = if parquet {
-                crate::sink::parquet::export_to_file(store, only, args.flatten, path).await
+                sink::parquet::export_to_file(store, only, args.flatten, &columns, path).await
             } else {
-                sink::export_to_file(store, args.format, only, path).await
+                sink::export_to_file(store, args.format, only, &columns, path).await
             }
             .with_context(|| format!("exporting to {}", path.display()))?;
             say!("wrote {n} records to {}", path.display());
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(store, args.format, only, &mut out).await {
+            match sink::export(store, args.format, only, &columns, &mut out).await {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

@@ -35,6 +35,7 @@ fn flag(setting: &Setting) -> Option<String> {
         Setting::SkipBadLines => "--skip-bad-lines",
         Setting::AllowSpecChange => "--allow-spec-change",
         Setting::Input => "--input",
+        Setting::KeepColumns => "--keep-columns",
         Setting::RerunFailed => "--failed",
         Setting::RerunBuckets => "--buckets",
         Setting::RerunAllItems => "--all-items",

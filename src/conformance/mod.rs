@@ -85,6 +85,7 @@ fn planned(bucket: u64, first_row: u64, ids: &[&str]) -> PlannedBucket {
             .map(|(i, id)| (first_row + i as u64, id.to_string()))
             .collect(),
         bad_lines: vec![],
+        values: Vec::new(),
     }
 }
 

@@ -44,6 +44,7 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
             planned_at_ms: 0,
         },
         items: vec![(1, "b".into()), (2, "c".into())],
+        values: Vec::new(),
     };
     s.create_rerun(&rerun, std::slice::from_ref(&bucket))
         .await

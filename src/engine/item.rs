@@ -15,6 +15,8 @@ pub(super) struct Item {
     /// In a fleet: the lease of the item's bucket, checked before the item is called (none:
     /// the run holds the whole job).
     pub(super) lease: Option<Lease>,
+    /// The kept columns of the ID's input row (a JSON object), when the job keeps any.
+    pub(super) values: Option<Box<str>>,
 }
 
 /// What is left of a job bucket: results already final, and the items to call.
@@ -30,6 +32,7 @@ pub(super) fn job_work(bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally,
                 track: bucket,
                 prior: None,
                 lease: None,
+                values: record.values,
             }),
         }
     }
@@ -52,8 +55,10 @@ pub(super) fn rerun_work(
                 row: record.row,
                 bucket: record.bucket,
                 track: bucket,
+                values: record.values.clone(),
                 prior: Some(Box::new(ItemRecord {
                     body: None,
+                    values: None,
                     ..record
                 })),
                 lease: None,

@@ -223,6 +223,7 @@ impl<H: Handler> ItemTask<H> {
         let announced = self.announced.as_deref();
         let halt = &*self.halt;
         let id = item.id.as_str();
+        let row = item.values.as_deref();
         // When the first and the last attempt started, and how long the last one took (µs).
         let (first_at, last_at) = (&AtomicU64::new(0), &AtomicU64::new(0));
         // What the throttle learnt of this ID's failures (is it failing alone?).
@@ -289,7 +290,7 @@ impl<H: Handler> ItemTask<H> {
                 // (a stop past --shutdown-timeout).
                 let in_flight = counters.in_flight_guard();
                 let start = Instant::now();
-                let result = Box::pin(handler.call(id)).await;
+                let result = Box::pin(handler.call_row(id, row)).await;
                 drop(in_flight);
                 drop(quota_call);
                 drop(paced_call);

@@ -46,7 +46,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
 use super::credentials::{Credentials, REFUSED_EXIT_CODE};
-use super::template::{IdEncoding, Template};
+use super::template::{row_values, IdEncoding, Template};
 use super::{Handler, HandlerError, Output};
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure};
@@ -93,7 +93,15 @@ impl std::fmt::Debug for ExecHandler {
 
 impl Handler for ExecHandler {
     fn call(&self, id: &str) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
-        self.run(id)
+        self.run(id, None)
+    }
+
+    fn call_row(
+        &self,
+        id: &str,
+        row: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
+        self.run(id, row)
     }
 }
 
@@ -123,9 +131,9 @@ fn parse(
             "a credential may not stand in the program's name (give it as an argument)",
         ));
     }
-    if program.has_id() {
+    if program.has_id() || program.columns().next().is_some() {
         return Err(invalid(
-            "{id} may not stand in the program's name (give it as an argument)",
+            "{id} or a {column} may not stand in the program's name (give it as an argument)",
         ));
     }
     if !argv.iter().any(Template::has_id) {
@@ -199,16 +207,27 @@ impl ExecHandler {
         &'a self,
         id: &'a str,
     ) -> Pin<Box<dyn Future<Output = Result<Output, Failure>> + Send + 'a>> {
-        Box::pin(self.run(id))
+        self.attempt_row(id, None)
     }
 
-    async fn run(&self, id: &str) -> Result<Output, Failure> {
+    /// [`ExecHandler::attempt`], with the ID's input row's kept columns (`{column}` in the
+    /// arguments).
+    pub fn attempt_row<'a>(
+        &'a self,
+        id: &'a str,
+        row: Option<&'a str>,
+    ) -> Pin<Box<dyn Future<Output = Result<Output, Failure>> + Send + 'a>> {
+        Box::pin(self.run(id, row))
+    }
+
+    async fn run(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
+        let row = row_values(row)?;
         let used = self.credentials.values().await?;
         let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
         let argv: Vec<String> = self
             .argv
             .iter()
-            .map(|a| a.render_with(id, &values))
+            .map(|a| a.render_row(id, row.as_ref(), &values))
             .collect();
         let mut command = Command::new(&argv[0]);
         for (credential, value) in self.credentials.list().iter().zip(&values) {

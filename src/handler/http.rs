@@ -44,7 +44,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
 use super::credentials::Credentials;
-use super::template::{IdEncoding, Piece, Template};
+use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
 
 use crate::answer::Answer;
@@ -102,6 +102,14 @@ impl fmt::Debug for HttpHandler {
 impl Handler for HttpHandler {
     fn call(&self, id: &str) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
         self.attempt(id)
+    }
+
+    fn call_row(
+        &self,
+        id: &str,
+        row: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
+        self.attempt_row(id, row)
     }
 
     fn announced_limits(&self) -> Option<Arc<AnnouncedLimits>> {
@@ -168,8 +176,15 @@ impl HttpHandler {
 
     /// One attempt for `id`.
     pub async fn attempt(&self, id: &str) -> Result<Output, Failure> {
+        self.attempt_row(id, None).await
+    }
+
+    /// One attempt for `id`, with its input row's kept columns (`{column}` in the templates).
+    pub async fn attempt_row(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
         let r = &self.request;
         let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
+        let row = row_values(row)?;
+        let row = row.as_ref();
         if r.id_is_path_segment && (id == "." || id == "..") {
             return Err(unusable(format!(
                 "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
@@ -179,12 +194,12 @@ impl HttpHandler {
         let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
         let url = r
             .url
-            .url(id, &values)
+            .url(id, row, &values)
             .map_err(|e| unusable(format!("the ID makes an invalid URL ({e})")))?;
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
             let mut value =
-                HeaderValue::from_str(&value.render_with(id, &values)).map_err(|_| {
+                HeaderValue::from_str(&value.render_row(id, row, &values)).map_err(|_| {
                     unusable(format!("the ID makes an invalid value for header {name}"))
                 })?;
             if !used.is_empty() {
@@ -196,7 +211,7 @@ impl HttpHandler {
             if r.json_body {
                 request = request.header(CONTENT_TYPE, "application/json");
             }
-            request = request.body(body.render_with(id, &values));
+            request = request.body(body.render_row(id, row, &values));
         }
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
@@ -354,8 +369,13 @@ impl UrlTemplate {
 
     /// The URL for `id` with these credential values; an error says why the rendered text
     /// is not a URL.
-    fn url(&self, id: &str, credentials: &[&str]) -> Result<reqwest::Url, String> {
-        let full = self.template.render_with(id, credentials);
+    fn url(
+        &self,
+        id: &str,
+        row: Option<&RowValues>,
+        credentials: &[&str],
+    ) -> Result<reqwest::Url, String> {
+        let full = self.template.render_row(id, row, credentials);
         let Some((base, len)) = &self.base else {
             return reqwest::Url::parse(&full).map_err(|e| e.to_string());
         };
@@ -747,7 +767,7 @@ mod tests {
             for id in ids {
                 let whole =
                     reqwest::Url::parse(&url.template.render(id)).map_err(|e| e.to_string());
-                assert_eq!(url.url(id, &[]), whole, "template {t:?}, id {id:?}");
+                assert_eq!(url.url(id, None, &[]), whole, "template {t:?}, id {id:?}");
             }
         }
     }

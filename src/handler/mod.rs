@@ -56,11 +56,48 @@ pub trait Handler: Send + Sync + 'static {
     /// One attempt for `id`.
     fn call(&self, id: &str) -> impl Future<Output = Result<Output, Failure>> + Send;
 
+    /// One attempt for `id`, whose input row's kept columns are `row` (one JSON object; none
+    /// when the job keeps no columns). By default the row is not used: [`Handler::call`].
+    fn call_row(
+        &self,
+        id: &str,
+        row: Option<&str>,
+    ) -> impl Future<Output = Result<Output, Failure>> + Send {
+        let _ = row;
+        self.call(id)
+    }
+
     /// The limits the API announced in its answers, if the handler reads them: every
     /// attempt of the run waits for them ([`AnnouncedLimits::wait`]). None by default.
     fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
         None
     }
+}
+
+/// The input columns a job's request (URL, headers, body) or command names with `{column}`
+/// slots, in order of first appearance: what its plan must keep of each row.
+pub(crate) fn columns_used(
+    request: &http::RequestSpec,
+    exec: Option<&exec::ExecSpec>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    match exec {
+        Some(exec) => {
+            for word in shlex::split(&exec.command).unwrap_or_default() {
+                template::columns_in(&word, &mut out);
+            }
+        }
+        None => {
+            template::columns_in(&request.url, &mut out);
+            for header in &request.headers {
+                template::columns_in(header, &mut out);
+            }
+            if let Some(body) = &request.body {
+                template::columns_in(body, &mut out);
+            }
+        }
+    }
+    out
 }
 
 /// Any `Fn(String) -> Future<Output = Result<T, Failure>>` is a handler: the closure gets

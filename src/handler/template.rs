@@ -1,5 +1,5 @@
-//! Templates: text with `{id}` slots, `${VAR}` expanded from the environment and `${NAME}`
-//! slots for the job's credentials.
+//! Templates: text with `{id}` slots, `{column}` slots for the input row's columns, `${VAR}`
+//! expanded from the environment and `${NAME}` slots for the job's credentials.
 //!
 //! A template is parsed once, when a handler is built: `${VAR}` is replaced by the
 //! variable's value then (so a value is never itself a template, and an ID is never
@@ -8,10 +8,18 @@
 //! written with the credential's current value for each request ([`Template::render_with`]),
 //! as is (a token is text that needs no encoding). The HTTP handler's URL, headers and body
 //! and the exec handler's arguments are templates.
+//!
+//! A `{name}` whose name is a column name (ASCII letters, digits, `_`, `-`, `.`, not starting
+//! with a digit; `id` is the ID) is a slot for the value of that column of the row the ID came
+//! from, written for where it stands as `{id}` is: a string as its text, any other JSON value
+//! (a number, a JSON line's object) as its JSON text. `{name:json}` writes the value as JSON
+//! (a string with its quotes), for a body that wants the value itself. `{{` is a literal `{`.
+//! Any other `{` is text, so JSON bodies need no escaping.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::HandlerError;
+use crate::failure::{ErrorClass, Failure};
 use crate::setting::Setting;
 
 /// Everything but RFC 3986 unreserved characters is encoded: safe in a path segment (where
@@ -39,6 +47,11 @@ pub(crate) enum Piece {
     Id,
     /// The value of the job's credential of this index.
     Credential(usize),
+    /// The value of the input row's column `name`; as JSON with `json`.
+    Column {
+        name: String,
+        json: bool,
+    },
 }
 
 /// A template with `${VAR}` already expanded: text and `{id}` slots.
@@ -77,6 +90,13 @@ impl Template {
                 pieces.push(Piece::Text(std::mem::take(&mut text)));
                 pieces.push(Piece::Id);
                 rest = after;
+            } else if let Some(after) = rest.strip_prefix("{{") {
+                text.push('{');
+                rest = after;
+            } else if let Some((column, after)) = column_slot(rest) {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+                pieces.push(column);
+                rest = after;
             } else if let Some(after) = rest.strip_prefix("${") {
                 let credential = after.find('}').and_then(|end| {
                     let at = credentials.iter().position(|c| *c == &after[..end])?;
@@ -106,6 +126,14 @@ impl Template {
         self.pieces.contains(&Piece::Id)
     }
 
+    /// The input columns its `{column}` slots name, in order of appearance (repeats kept).
+    pub(crate) fn columns(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Column { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
     /// Whether a credential's value stands in it.
     pub(crate) fn has_credential(&self) -> bool {
         self.pieces
@@ -131,13 +159,13 @@ impl Template {
                     let ends = match after {
                         None => true,
                         Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
-                        Some(Piece::Id | Piece::Credential(_)) => false,
+                        Some(Piece::Id | Piece::Credential(_) | Piece::Column { .. }) => false,
                     };
                     if starts && ends {
                         return true;
                     }
                 }
-                Piece::Id | Piece::Credential(_) => {}
+                Piece::Id | Piece::Credential(_) | Piece::Column { .. } => {}
             }
         }
         false
@@ -150,25 +178,104 @@ impl Template {
     }
 
     /// The text for `id`, with `credentials[i]` for the credential of index `i` (the
-    /// placeholder `credential` for one not given).
+    /// placeholder `credential` for one not given) and a column's name for its value.
     pub(crate) fn render_with(&self, id: &str, credentials: &[&str]) -> String {
+        self.render_row(id, None, credentials)
+    }
+
+    /// [`Template::render_with`], with the values of the input row's columns (a column not in
+    /// `row` is written as its name: only a check of what the template makes lacks them).
+    pub(crate) fn render_row(
+        &self,
+        id: &str,
+        row: Option<&RowValues>,
+        credentials: &[&str],
+    ) -> String {
         let mut out = String::new();
         for piece in &self.pieces {
             match piece {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Credential(i) => out.push_str(credentials.get(*i).unwrap_or(&"credential")),
-                Piece::Id => match self.encoding {
-                    IdEncoding::Url => out.extend(utf8_percent_encode(id, ID_IN_URL)),
-                    IdEncoding::Raw => out.push_str(id),
-                    IdEncoding::Json => {
-                        let quoted = serde_json::to_string(id).expect("a string always serializes");
-                        out.push_str(&quoted[1..quoted.len() - 1]);
+                Piece::Id => self.write(&mut out, id),
+                Piece::Column { name, json } => match (row.and_then(|r| r.get(name)), json) {
+                    (None, _) => self.write(&mut out, name),
+                    (Some(serde_json::Value::String(s)), false) => self.write(&mut out, s),
+                    // JSON in a JSON body is the value itself, not a string's content.
+                    (Some(value), true) if self.encoding == IdEncoding::Json => {
+                        out.push_str(&value.to_string())
                     }
+                    (Some(value), _) => self.write(&mut out, &value.to_string()),
                 },
             }
         }
         out
     }
+
+    /// Write a value for where the template's slots stand.
+    fn write(&self, out: &mut String, value: &str) {
+        match self.encoding {
+            IdEncoding::Url => out.extend(utf8_percent_encode(value, ID_IN_URL)),
+            IdEncoding::Raw => out.push_str(value),
+            IdEncoding::Json => {
+                let quoted = serde_json::to_string(value).expect("a string always serializes");
+                out.push_str(&quoted[1..quoted.len() - 1]);
+            }
+        }
+    }
+}
+
+/// An input row's column values, by column name (parsed from [`crate::input::Row::values`]).
+pub(crate) type RowValues = serde_json::Map<String, serde_json::Value>;
+
+/// The input columns `source`'s `{column}` slots name, in order of first appearance (a
+/// `${VAR}` is not looked up: this reads the template as written).
+pub(crate) fn columns_in(source: &str, out: &mut Vec<String>) {
+    let any = |_: &str| Some(String::new());
+    if let Ok(t) = Template::parse_with(source, &Setting::Url, IdEncoding::Raw, &any, &[]) {
+        for name in t.columns() {
+            if !out.iter().any(|c| c == name) {
+                out.push(name.to_owned());
+            }
+        }
+    }
+}
+
+/// Parse an item's kept columns (the JSON object its plan stored) for rendering; a value
+/// that is not one fails the item, never the run (the store's record was damaged).
+pub(crate) fn row_values(text: Option<&str>) -> Result<Option<RowValues>, Failure> {
+    text.map(|t| {
+        serde_json::from_str::<RowValues>(t).map_err(|e| {
+            Failure::permanent(format!(
+                "the row's stored column values are unreadable: {e}"
+            ))
+            .class(ErrorClass::Request)
+        })
+    })
+    .transpose()
+}
+
+/// A `{name}` or `{name:json}` slot at the start of `text` (see the module doc), and the text
+/// after it.
+fn column_slot(text: &str) -> Option<(Piece, &str)> {
+    let inner = text.strip_prefix('{')?;
+    let end = inner.find('}')?;
+    let (name, json) = match inner[..end].strip_suffix(":json") {
+        Some(name) => (name, true),
+        None => (&inner[..end], false),
+    };
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    let valid = (first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    (valid && name != "id").then(|| {
+        (
+            Piece::Column {
+                name: name.to_owned(),
+                json,
+            },
+            &inner[end + 1..],
+        )
+    })
 }
 
 /// Expand one `${NAME}`: `after` is the text after `${`. Returns the value and the text

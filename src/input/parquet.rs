@@ -24,12 +24,13 @@ use ::parquet::schema::types::{ColumnDescPtr, ColumnDescriptor};
 
 use super::{Cursor, InputError, Row};
 
-/// How many rows of the ID column are decoded at once.
+/// How many rows are decoded at once.
 const BATCH_ROWS: usize = 1024;
 
-/// How the ID column's values become IDs.
+/// How a column's values are read: the ID column admits text and integers only
+/// ([`id_kind`]), a kept column also floating point and booleans ([`value_kind`]).
 #[derive(Debug, Clone, Copy)]
-enum IdKind {
+enum Kind {
     /// Strings, or binary holding UTF-8.
     Text,
     Int32 {
@@ -38,30 +39,50 @@ enum IdKind {
     Int64 {
         signed: bool,
     },
+    Float,
+    Double,
+    Bool,
 }
 
-/// The rows of a Parquet file's ID column, from a chosen row on.
+/// One decoded value of a row (a null is `None` beside it).
+#[derive(Debug, Clone)]
+enum Cell {
+    Bytes(Vec<u8>),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Bool(bool),
+}
+
+/// One column being read: the ID column or a kept one.
+struct Column {
+    name: String,
+    /// The column's leaf index.
+    index: usize,
+    descr: ColumnDescPtr,
+    kind: Kind,
+    /// The column reader of the row group being read, once opened. In a mutex only because
+    /// the crate's decoders are not `Sync` and an input reader is shared by reference across
+    /// awaits; it is only reached through `&mut self` (`get_mut`), never locked.
+    reader: Mutex<Option<ColumnReader>>,
+    /// Values decoded and not yet returned (`None`: null): rows `next..` of the file.
+    pending: VecDeque<Option<Cell>>,
+    levels: Vec<i16>,
+}
+
+/// The rows of a Parquet file's ID column (and kept columns), from a chosen row on.
 pub(super) struct ParquetRows {
     path: PathBuf,
     file: Arc<File>,
     meta: ParquetMetaData,
-    descr: ColumnDescPtr,
-    /// The ID column's leaf index.
-    column: usize,
-    kind: IdKind,
+    /// The ID column first, then the kept columns in the order asked for.
+    columns: Vec<Column>,
     file_len: u64,
     total_rows: u64,
     /// The row group being read (the number of row groups at the end).
     group: usize,
-    /// The ID column reader of `group`, once opened. In a mutex only because the crate's
-    /// decoders are not `Sync` and an input reader is shared by reference across awaits; it
-    /// is only reached through `&mut self` (`get_mut`), never locked.
-    reader: Mutex<Option<ColumnReader>>,
-    /// IDs decoded and not yet returned: rows `next..`.
-    pending: VecDeque<Result<String, String>>,
     /// The 0-based row of the file returned next.
     next: u64,
-    levels: Vec<i16>,
 }
 
 impl ParquetRows {
@@ -83,11 +104,7 @@ impl ParquetRows {
             .map_err(|e| parquet_error(path, e))?
             .metadata()
             .clone();
-        let (index, descr) = id_column(&meta, column).map_err(|reason| InputError::Header {
-            path: path.to_owned(),
-            reason,
-        })?;
-        let kind = id_kind(&descr).map_err(|reason| InputError::Header {
+        let id = Column::find(&meta, column, id_kind).map_err(|reason| InputError::Header {
             path: path.to_owned(),
             reason,
         })?;
@@ -98,19 +115,30 @@ impl ParquetRows {
             path: path.to_owned(),
             file: Arc::new(file),
             meta,
-            descr,
-            column: index,
-            kind,
+            columns: vec![id],
             file_len,
             total_rows,
             group: 0,
-            reader: Mutex::new(None),
-            pending: VecDeque::new(),
             next: 0,
-            levels: Vec::new(),
         };
         rows.seek(row)?;
         Ok(rows)
+    }
+
+    /// Read `names` beside the ID from the next row on (see
+    /// [`super::InputReader::keep_columns`]).
+    pub(super) fn keep_columns(&mut self, names: &[String]) -> Result<(), InputError> {
+        self.columns.truncate(1);
+        for name in names {
+            let column = Column::find(&self.meta, name, value_kind).map_err(|reason| {
+                InputError::Header {
+                    path: self.path.clone(),
+                    reason,
+                }
+            })?;
+            self.columns.push(column);
+        }
+        self.seek(self.next)
     }
 
     /// How many rows the file holds, from its footer.
@@ -137,24 +165,45 @@ impl ParquetRows {
     /// The next row (its line the 1-based row number); `None` after the last row.
     pub(super) fn next_row(&mut self) -> Result<Option<Row>, InputError> {
         loop {
-            if let Some(id) = self.pending.pop_front() {
+            if let Some(cell) = self.columns[0].pending.pop_front() {
                 let index = self.next;
                 self.next += 1;
+                let kind = self.columns[0].kind;
+                let kept: Vec<(&str, Option<Cell>)> = self.columns[1..]
+                    .iter_mut()
+                    .map(|c| (c.name.as_str(), c.pending.pop_front().flatten()))
+                    .collect();
+                let id = match cell {
+                    Some(cell) => id_text(cell, kind),
+                    None => Err("ID is null".to_string()),
+                };
+                let (id, values) = match id {
+                    Ok(id) if !kept.is_empty() => match values(kept) {
+                        Ok(values) => (Ok(id), Some(values)),
+                        Err(reason) => (Err(reason), None),
+                    },
+                    id => (id, None),
+                };
                 return Ok(Some(Row {
                     index,
                     line: index + 1,
                     id,
+                    values,
                 }));
             }
             if self.group >= self.meta.num_row_groups() {
                 return Ok(None);
             }
-            if self.column_reader().is_none() {
-                let reader = self.group_reader(self.group)?;
-                *self.column_reader() = Some(reader);
+            if self.columns[0].reader().is_none() {
+                for c in 0..self.columns.len() {
+                    let reader = self.group_reader(self.group, c)?;
+                    *self.columns[c].reader() = Some(reader);
+                }
             }
             if self.read_batch()? == 0 {
-                *self.column_reader() = None;
+                for c in &mut self.columns {
+                    *c.reader() = None;
+                }
                 self.group += 1;
             }
         }
@@ -175,118 +224,194 @@ impl ParquetRows {
         }
         self.group = group;
         self.next = row;
-        self.pending.clear();
-        *self.column_reader() = None;
+        for c in &mut self.columns {
+            c.pending.clear();
+            *c.reader() = None;
+        }
         if group < self.meta.num_row_groups() && row > first {
-            let mut reader = self.group_reader(group)?;
             let skip = usize::try_from(row - first).unwrap_or(usize::MAX);
-            let skipped = match &mut reader {
-                ColumnReader::ByteArrayColumnReader(r) => r.skip_records(skip),
-                ColumnReader::Int32ColumnReader(r) => r.skip_records(skip),
-                ColumnReader::Int64ColumnReader(r) => r.skip_records(skip),
-                _ => unreachable!("id_kind admits only these column types"),
+            for c in 0..self.columns.len() {
+                let mut reader = self.group_reader(group, c)?;
+                let skipped = match &mut reader {
+                    ColumnReader::BoolColumnReader(r) => r.skip_records(skip),
+                    ColumnReader::ByteArrayColumnReader(r) => r.skip_records(skip),
+                    ColumnReader::Int32ColumnReader(r) => r.skip_records(skip),
+                    ColumnReader::Int64ColumnReader(r) => r.skip_records(skip),
+                    ColumnReader::FloatColumnReader(r) => r.skip_records(skip),
+                    ColumnReader::DoubleColumnReader(r) => r.skip_records(skip),
+                    _ => unreachable!("the kinds admit only these column types"),
+                }
+                .map_err(|e| parquet_error(&self.path, e))?;
+                if skipped != skip {
+                    return Err(self.damaged(group));
+                }
+                *self.columns[c].reader() = Some(reader);
             }
-            .map_err(|e| parquet_error(&self.path, e))?;
-            if skipped != skip {
-                return Err(InputError::Header {
-                    path: self.path.clone(),
-                    reason: format!(
-                        "row group {group} holds fewer rows than its footer says; the file is damaged"
-                    ),
-                });
-            }
-            *self.column_reader() = Some(reader);
         }
         Ok(())
     }
 
-    fn column_reader(&mut self) -> &mut Option<ColumnReader> {
-        self.reader.get_mut().unwrap_or_else(|e| e.into_inner())
+    fn damaged(&self, group: usize) -> InputError {
+        InputError::Header {
+            path: self.path.clone(),
+            reason: format!(
+                "row group {group} holds fewer rows than its footer says; the file is damaged"
+            ),
+        }
     }
 
-    fn group_reader(&self, group: usize) -> Result<ColumnReader, InputError> {
+    fn group_reader(&self, group: usize, column: usize) -> Result<ColumnReader, InputError> {
         let meta = self.meta.row_group(group);
+        let column = &self.columns[column];
         let pages = SerializedPageReader::new(
             Arc::clone(&self.file),
-            meta.column(self.column),
+            meta.column(column.index),
             meta.num_rows().max(0) as usize,
             None,
         )
         .map_err(|e| parquet_error(&self.path, e))?;
-        Ok(get_column_reader(self.descr.clone(), Box::new(pages)))
+        Ok(get_column_reader(column.descr.clone(), Box::new(pages)))
     }
 
-    /// Decode up to [`BATCH_ROWS`] rows of the current row group into `pending`; returns
+    /// Decode up to [`BATCH_ROWS`] rows of the current row group, of every column; returns
     /// how many (0 at the group's end).
     fn read_batch(&mut self) -> Result<usize, InputError> {
+        let path = self.path.clone();
+        let rows = self.columns[0]
+            .read(BATCH_ROWS)
+            .map_err(|e| parquet_error(&path, e))?;
+        for c in 1..self.columns.len() {
+            let mut read = 0;
+            while read < rows {
+                let n = self.columns[c]
+                    .read(rows - read)
+                    .map_err(|e| parquet_error(&path, e))?;
+                if n == 0 {
+                    return Err(self.damaged(self.group));
+                }
+                read += n;
+            }
+        }
+        Ok(rows)
+    }
+}
+
+impl Column {
+    /// The top-level column `name` of the file, if `kind` admits its type.
+    fn find(
+        meta: &ParquetMetaData,
+        name: &str,
+        kind: fn(&ColumnDescriptor) -> Result<Kind, String>,
+    ) -> Result<Column, String> {
+        let (index, descr) = top_column(meta, name)?;
+        let kind = kind(&descr)?;
+        Ok(Column {
+            name: name.to_owned(),
+            index,
+            descr,
+            kind,
+            reader: Mutex::new(None),
+            pending: VecDeque::new(),
+            levels: Vec::new(),
+        })
+    }
+
+    fn reader(&mut self) -> &mut Option<ColumnReader> {
+        self.reader.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Decode up to `max` rows into `pending`; returns how many (0 at the group's end).
+    fn read(&mut self, max: usize) -> Result<usize, ParquetError> {
         let max_def = self.descr.max_def_level();
         let kind = self.kind;
         self.levels.clear();
         let levels = &mut self.levels;
         let pending = &mut self.pending;
         let reader = self.reader.get_mut().unwrap_or_else(|e| e.into_inner());
-        let result = match reader.as_mut().expect("opened before reading") {
+        macro_rules! decode {
+            ($r:expr, $cell:expr) => {{
+                let mut values = Vec::new();
+                let (rows, _, _) = $r.read_records(max, Some(levels), None, &mut values)?;
+                spread(rows, levels, max_def, values, pending, $cell);
+                rows
+            }};
+        }
+        Ok(match reader.as_mut().expect("opened before reading") {
             ColumnReader::ByteArrayColumnReader(r) => {
-                let mut values = Vec::new();
-                r.read_records(BATCH_ROWS, Some(levels), None, &mut values)
-                    .map(|(rows, _, _)| {
-                        spread(rows, levels, max_def, values, pending, |v| {
-                            text_id(v.data())
-                        });
-                        rows
-                    })
+                decode!(r, |v: ::parquet::data_type::ByteArray| Cell::Bytes(
+                    v.data().to_vec()
+                ))
             }
-            ColumnReader::Int32ColumnReader(r) => {
-                let mut values = Vec::new();
-                r.read_records(BATCH_ROWS, Some(levels), None, &mut values)
-                    .map(|(rows, _, _)| {
-                        spread(rows, levels, max_def, values, pending, |v| {
-                            Ok(match kind {
-                                IdKind::Int32 { signed: false } => (v as u32).to_string(),
-                                _ => v.to_string(),
-                            })
-                        });
-                        rows
-                    })
-            }
-            ColumnReader::Int64ColumnReader(r) => {
-                let mut values = Vec::new();
-                r.read_records(BATCH_ROWS, Some(levels), None, &mut values)
-                    .map(|(rows, _, _)| {
-                        spread(rows, levels, max_def, values, pending, |v| {
-                            Ok(match kind {
-                                IdKind::Int64 { signed: false } => (v as u64).to_string(),
-                                _ => v.to_string(),
-                            })
-                        });
-                        rows
-                    })
-            }
-            _ => unreachable!("id_kind admits only these column types"),
-        };
-        result.map_err(|e| parquet_error(&self.path, e))
+            ColumnReader::Int32ColumnReader(r) => decode!(r, |v: i32| match kind {
+                Kind::Int32 { signed: false } => Cell::UInt(u64::from(v as u32)),
+                _ => Cell::Int(i64::from(v)),
+            }),
+            ColumnReader::Int64ColumnReader(r) => decode!(r, |v: i64| match kind {
+                Kind::Int64 { signed: false } => Cell::UInt(v as u64),
+                _ => Cell::Int(v),
+            }),
+            ColumnReader::FloatColumnReader(r) => decode!(r, |v: f32| Cell::Float(f64::from(v))),
+            ColumnReader::DoubleColumnReader(r) => decode!(r, Cell::Float),
+            ColumnReader::BoolColumnReader(r) => decode!(r, Cell::Bool),
+            _ => unreachable!("the kinds admit only these column types"),
+        })
     }
 }
 
-/// Turn `rows` decoded rows into IDs: with an optional column, a definition level below the
-/// maximum is a null (no value in `values`).
+/// Turn `rows` decoded rows into cells: with an optional column, a definition level below
+/// the maximum is a null (no value in `values`).
 fn spread<T>(
     rows: usize,
     levels: &[i16],
     max_def: i16,
     values: Vec<T>,
-    out: &mut VecDeque<Result<String, String>>,
-    id: impl Fn(T) -> Result<String, String>,
+    out: &mut VecDeque<Option<Cell>>,
+    cell: impl Fn(T) -> Cell,
 ) {
     let mut values = values.into_iter();
     for i in 0..rows {
         let present = max_def == 0 || levels.get(i) == Some(&max_def);
-        let value = if present { values.next() } else { None };
-        out.push_back(match value {
-            Some(v) => id(v),
-            None => Err("ID is null".to_string()),
+        out.push_back(if present {
+            values.next().map(&cell)
+        } else {
+            None
         });
     }
+}
+
+/// The ID an ID column's value gives.
+fn id_text(cell: Cell, kind: Kind) -> Result<String, String> {
+    match (cell, kind) {
+        (Cell::Bytes(b), _) => text_id(&b),
+        (Cell::Int(v), _) => Ok(v.to_string()),
+        (Cell::UInt(v), _) => Ok(v.to_string()),
+        (Cell::Float(_) | Cell::Bool(_), k) => {
+            unreachable!("id_kind admits no {k:?} column")
+        }
+    }
+}
+
+/// A row's kept columns as one JSON object (text as strings, numbers and booleans as such),
+/// or why the row has no value for one: a null, binary that is not UTF-8, a number JSON cannot
+/// hold (NaN, an infinity).
+fn values(kept: Vec<(&str, Option<Cell>)>) -> Result<String, String> {
+    let mut out = serde_json::Map::with_capacity(kept.len());
+    for (name, cell) in kept {
+        let value = match cell {
+            None => return Err(format!("column {name:?} is null")),
+            Some(Cell::Bytes(b)) => serde_json::Value::String(
+                String::from_utf8(b).map_err(|_| format!("column {name:?} is not valid UTF-8"))?,
+            ),
+            Some(Cell::Int(v)) => v.into(),
+            Some(Cell::UInt(v)) => v.into(),
+            Some(Cell::Bool(v)) => v.into(),
+            Some(Cell::Float(v)) => serde_json::Number::from_f64(v)
+                .map(serde_json::Value::Number)
+                .ok_or_else(|| format!("column {name:?} holds {v}, which JSON cannot write"))?,
+        };
+        out.insert(name.to_owned(), value);
+    }
+    Ok(serde_json::Value::Object(out).to_string())
 }
 
 fn text_id(bytes: &[u8]) -> Result<String, String> {
@@ -298,7 +423,7 @@ fn text_id(bytes: &[u8]) -> Result<String, String> {
 }
 
 /// The leaf column named `name` at the top level of the schema, with its index.
-fn id_column(meta: &ParquetMetaData, name: &str) -> Result<(usize, ColumnDescPtr), String> {
+fn top_column(meta: &ParquetMetaData, name: &str) -> Result<(usize, ColumnDescPtr), String> {
     let schema = meta.file_metadata().schema_descr();
     let fields = schema.root_schema().get_fields();
     let Some(field) = fields.iter().find(|f| f.name() == name) else {
@@ -310,15 +435,15 @@ fn id_column(meta: &ParquetMetaData, name: &str) -> Result<(usize, ColumnDescPtr
     };
     if !field.is_primitive() {
         return Err(format!(
-            "column {name:?} is nested (a group, list or map); an ID column must hold one \
-             string or integer per row"
+            "column {name:?} is nested (a group, list or map); a column read must hold one \
+             value per row"
         ));
     }
     if field.get_basic_info().has_repetition()
         && field.get_basic_info().repetition() == Repetition::REPEATED
     {
         return Err(format!(
-            "column {name:?} is repeated; an ID column must hold one string or integer per row"
+            "column {name:?} is repeated; a column read must hold one value per row"
         ));
     }
     let index = (0..schema.num_columns())
@@ -331,7 +456,7 @@ fn id_column(meta: &ParquetMetaData, name: &str) -> Result<(usize, ColumnDescPtr
 }
 
 /// Which of the column's types give IDs: strings (or binary holding UTF-8) and integers.
-fn id_kind(descr: &ColumnDescriptor) -> Result<IdKind, String> {
+fn id_kind(descr: &ColumnDescriptor) -> Result<Kind, String> {
     let logical = descr.logical_type_ref();
     let converted = descr.converted_type();
     let kind = match (descr.physical_type(), logical) {
@@ -343,44 +468,72 @@ fn id_kind(descr: &ColumnDescriptor) -> Result<IdKind, String> {
             ConvertedType::NONE | ConvertedType::UTF8 | ConvertedType::ENUM | ConvertedType::JSON
         ) =>
         {
-            Some(IdKind::Text)
+            Some(Kind::Text)
         }
         (Physical::INT32, None) => match converted {
             ConvertedType::NONE
             | ConvertedType::INT_8
             | ConvertedType::INT_16
-            | ConvertedType::INT_32 => Some(IdKind::Int32 { signed: true }),
+            | ConvertedType::INT_32 => Some(Kind::Int32 { signed: true }),
             ConvertedType::UINT_8 | ConvertedType::UINT_16 | ConvertedType::UINT_32 => {
-                Some(IdKind::Int32 { signed: false })
+                Some(Kind::Int32 { signed: false })
             }
             _ => None,
         },
         (Physical::INT32, Some(LogicalType::Integer { is_signed, .. })) => {
-            Some(IdKind::Int32 { signed: *is_signed })
+            Some(Kind::Int32 { signed: *is_signed })
         }
         (Physical::INT64, None) => match converted {
-            ConvertedType::NONE | ConvertedType::INT_64 => Some(IdKind::Int64 { signed: true }),
-            ConvertedType::UINT_64 => Some(IdKind::Int64 { signed: false }),
+            ConvertedType::NONE | ConvertedType::INT_64 => Some(Kind::Int64 { signed: true }),
+            ConvertedType::UINT_64 => Some(Kind::Int64 { signed: false }),
             _ => None,
         },
         (Physical::INT64, Some(LogicalType::Integer { is_signed, .. })) => {
-            Some(IdKind::Int64 { signed: *is_signed })
+            Some(Kind::Int64 { signed: *is_signed })
         }
         _ => None,
     };
     kind.ok_or_else(|| {
-        let logical = match logical {
-            Some(l) => format!(" ({l:?})"),
-            None if converted != ConvertedType::NONE => format!(" ({converted})"),
-            None => String::new(),
-        };
         format!(
-            "column {:?} holds {}{logical} values; an ID column must hold strings (or binary \
-             UTF-8) or integers",
+            "column {:?} holds {} values; an ID column must hold strings (or binary UTF-8) or \
+             integers",
             descr.name(),
-            descr.physical_type()
+            describe(descr)
         )
     })
+}
+
+/// Which of the column's types a kept column may hold: those of an ID column, floating point
+/// and booleans (a template writes them as JSON does).
+fn value_kind(descr: &ColumnDescriptor) -> Result<Kind, String> {
+    if descr.logical_type_ref().is_none() && descr.converted_type() == ConvertedType::NONE {
+        match descr.physical_type() {
+            Physical::FLOAT => return Ok(Kind::Float),
+            Physical::DOUBLE => return Ok(Kind::Double),
+            Physical::BOOLEAN => return Ok(Kind::Bool),
+            _ => {}
+        }
+    }
+    id_kind(descr).map_err(|_| {
+        format!(
+            "column {:?} holds {} values; a column a template uses must hold strings (or binary \
+             UTF-8), integers, floating point numbers or booleans",
+            descr.name(),
+            describe(descr)
+        )
+    })
+}
+
+/// A column's physical type with its logical or converted type, for messages.
+fn describe(descr: &ColumnDescriptor) -> String {
+    let logical = match descr.logical_type_ref() {
+        Some(l) => format!(" ({l:?})"),
+        None if descr.converted_type() != ConvertedType::NONE => {
+            format!(" ({})", descr.converted_type())
+        }
+        None => String::new(),
+    };
+    format!("{}{logical}", descr.physical_type())
 }
 
 fn parquet_error(path: &Path, e: ParquetError) -> InputError {

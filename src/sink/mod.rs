@@ -15,7 +15,25 @@ use serde_json::value::RawValue;
 
 use crate::store::{ExportError, ItemRecord, ItemStatus, JobView, Store};
 
+mod columns;
 pub mod parquet;
+
+pub use columns::InputColumns;
+
+/// The columns of a JSONL or CSV export, in order (the JSONL export adds `attempt_errors`
+/// and `rerun` when they have a value).
+pub const COLUMNS: [&str; 10] = [
+    "id",
+    "status",
+    "http_status",
+    "body",
+    "error",
+    "error_class",
+    "attempts",
+    "bucket",
+    "attempt_errors",
+    "rerun",
+];
 
 /// Export file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +63,9 @@ struct ExportRow<'a> {
     /// The rerun that wrote the record, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     rerun: Option<u32>,
+    /// The input columns carried ([`InputColumns`]).
+    #[serde(flatten)]
+    input: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Every final record, or only those with status `only` (failed ones are found without
@@ -76,13 +97,16 @@ pub async fn export(
     store: &impl Store,
     format: ExportFormat,
     only: Option<ItemStatus>,
+    columns: &InputColumns,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
     let mut count = 0;
     match format {
         ExportFormat::Jsonl => {
             for_each(store, only, &mut |id, r| {
-                serde_json::to_writer(&mut *out, &row(id, r)).map_err(io::Error::from)?;
+                let mut row = row(id, r);
+                row.input = columns.values(r);
+                serde_json::to_writer(&mut *out, &row).map_err(io::Error::from)?;
                 out.write_all(b"\n")?;
                 count += 1;
                 Ok(())
@@ -91,17 +115,9 @@ pub async fn export(
         }
         ExportFormat::Csv => {
             let mut w = csv::Writer::from_writer(&mut *out);
-            w.write_record([
-                "id",
-                "status",
-                "http_status",
-                "body",
-                "error",
-                "error_class",
-                "attempts",
-                "bucket",
-            ])
-            .map_err(csv_io)?;
+            let header = COLUMNS[..8].iter().copied();
+            w.write_record(header.chain(columns.names().iter().map(String::as_str)))
+                .map_err(csv_io)?;
             for_each(store, only, &mut |id, r| {
                 let status = match r.status {
                     ItemStatus::Ok => "ok",
@@ -112,7 +128,8 @@ pub async fn export(
                     .error
                     .as_deref()
                     .map(|e| serde_json::to_string(e).expect("strings serialize"));
-                w.write_record([
+                let input = columns.texts(r);
+                let fixed = [
                     id,
                     status,
                     &r.http_status.map(|s| s.to_string()).unwrap_or_default(),
@@ -121,8 +138,10 @@ pub async fn export(
                     &r.class.map(|c| c.to_string()).unwrap_or_default(),
                     &r.attempts.to_string(),
                     &r.bucket.to_string(),
-                ])
-                .map_err(csv_io)?;
+                ];
+                let input = input.iter().map(|v| v.as_deref().unwrap_or_default());
+                w.write_record(fixed.into_iter().chain(input))
+                    .map_err(csv_io)?;
                 count += 1;
                 Ok(())
             })
@@ -152,6 +171,7 @@ fn row<'a>(id: &'a str, r: &'a ItemRecord) -> ExportRow<'a> {
         bucket: r.bucket,
         attempt_errors: &r.attempt_errors,
         rerun: r.rerun,
+        input: serde_json::Map::new(),
     }
 }
 
@@ -167,12 +187,16 @@ pub async fn export_to_file(
     store: &impl Store,
     format: ExportFormat,
     only: Option<ItemStatus>,
+    columns: &InputColumns,
     path: &Path,
 ) -> Result<u64, ExportError> {
     if format == ExportFormat::Parquet {
-        return parquet::export_to_file(store, only, false, path).await;
+        return parquet::export_to_file(store, only, false, columns, path).await;
     }
-    replace_atomically(path, async |out| export(store, format, only, out).await).await
+    replace_atomically(path, async |out| {
+        export(store, format, only, columns, out).await
+    })
+    .await
 }
 
 /// Write `path` through `write`, atomically: into a temp file in the same directory, which
@@ -533,6 +557,7 @@ mod tests {
             offset: offset(bucket),
             items: vec![(bucket, id.to_string())],
             bad_lines: vec![],
+            values: Vec::new(),
         };
         s.plan(
             &[planned(0, "a"), planned(1, "b")],

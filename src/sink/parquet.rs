@@ -15,6 +15,9 @@
 //! | `error`       | BYTE_ARRAY (String)          | ok records            |
 //! | `body`        | BYTE_ARRAY (JSON)            | failed records        |
 //!
+//! The input columns asked for ([`InputColumns`]) follow, each a String column (null for a
+//! record without stored values).
+//!
 //! With `flatten`, a first pass over the results infers the top-level fields of the object
 //! results ([`FlatSchema`]), and each becomes a column in place of `body`: INT64, DOUBLE,
 //! BOOLEAN or String by the values seen (integers and floats together are DOUBLE; any other
@@ -37,6 +40,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::Type;
 use serde_json::value::RawValue;
 
+use super::InputColumns;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
 /// Rows per row group at most.
@@ -293,10 +297,11 @@ struct Table {
     columns: Vec<Column>,
     flat: Option<FlatSchema>,
     body: bool,
+    input: InputColumns,
 }
 
 impl Table {
-    fn new(flat: Option<FlatSchema>) -> Table {
+    fn new(flat: Option<FlatSchema>, input: InputColumns) -> Table {
         let mut schema = vec![
             string_type("id", false, false),
             string_type("status", false, false),
@@ -341,11 +346,16 @@ impl Table {
             schema.push(t);
             columns.push(Column::new(values, true));
         }
+        for name in input.names() {
+            schema.push(string_type(name, true, false));
+            columns.push(Column::new(Values::Str(Vec::new()), true));
+        }
         Table {
             schema,
             columns,
             flat,
             body,
+            input,
         }
     }
 
@@ -381,6 +391,11 @@ impl Table {
         let class = r.class.map(|k| k.to_string());
         c[5].str(class.as_deref().map(str::as_bytes));
         bytes += c[6].str(r.error.as_deref().map(str::as_bytes));
+        let inputs = self.input.texts(r);
+        let first_input = c.len() - inputs.len();
+        for (col, value) in c[first_input..].iter_mut().zip(&inputs) {
+            bytes += col.str(value.as_deref().map(str::as_bytes));
+        }
         let body = r.body.as_deref();
         let Some(flat) = &self.flat else {
             bytes += c[7].str(body.map(|b| b.get().as_bytes()));
@@ -473,9 +488,11 @@ pub async fn export<W: Write + Send>(
     store: &impl Store,
     only: Option<ItemStatus>,
     flatten: bool,
+    columns: &InputColumns,
     out: W,
 ) -> Result<u64, ExportError> {
-    export_in_groups(store, only, flatten, out, (ROW_GROUP_ROWS, ROW_GROUP_BYTES)).await
+    let groups = (ROW_GROUP_ROWS, ROW_GROUP_BYTES);
+    export_in_groups(store, only, flatten, columns, out, groups).await
 }
 
 /// [`export`] with row groups cut at `(rows, bytes)`.
@@ -483,6 +500,7 @@ async fn export_in_groups<W: Write + Send>(
     store: &impl Store,
     only: Option<ItemStatus>,
     flatten: bool,
+    columns: &InputColumns,
     out: W,
     (max_rows, max_bytes): (usize, usize),
 ) -> Result<u64, ExportError> {
@@ -491,7 +509,17 @@ async fn export_in_groups<W: Write + Send>(
     } else {
         None
     };
-    let mut table = Table::new(flat);
+    if let Some((_, clash, _)) = flat
+        .iter()
+        .flat_map(|f| &f.fields)
+        .find(|(_, column, _)| columns.names().contains(column))
+    {
+        return Err(ExportError::Columns(format!(
+            "the input column {clash:?} is named like a field of the results that flattening \
+             makes a column: export without flattening, or without that input column"
+        )));
+    }
+    let mut table = Table::new(flat, columns.clone());
     let fields = table.schema.drain(..).map(Arc::new).collect();
     let schema = Type::group_type_builder("highwater_results")
         .with_fields(fields)
@@ -527,9 +555,13 @@ pub async fn export_to_file(
     store: &impl Store,
     only: Option<ItemStatus>,
     flatten: bool,
+    columns: &InputColumns,
     path: &Path,
 ) -> Result<u64, ExportError> {
-    super::replace_atomically(path, async |out| export(store, only, flatten, out).await).await
+    super::replace_atomically(path, async |out| {
+        export(store, only, flatten, columns, out).await
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -570,6 +602,7 @@ mod tests {
                 .map(|(i, (id, _))| (i as u64, id.to_string()))
                 .collect(),
             bad_lines: vec![],
+            values: Vec::new(),
         };
         s.plan(&[planned], &PlannerState::default()).await.unwrap();
         let records: Vec<(String, ItemRecord)> = bodies
@@ -642,9 +675,16 @@ mod tests {
         .await;
         let mut out = Vec::new();
         assert_eq!(
-            export_in_groups(&s, None, true, &mut out, (3, usize::MAX))
-                .await
-                .unwrap(),
+            export_in_groups(
+                &s,
+                None,
+                true,
+                &InputColumns::none(),
+                &mut out,
+                (3, usize::MAX)
+            )
+            .await
+            .unwrap(),
             4
         );
         let (names, rows, groups) = read(out);
@@ -703,9 +743,15 @@ mod tests {
         let (_d, s) = store_with(&[("a", Some(r#"{"n":1}"#)), ("d", None)]).await;
         let mut out = Vec::new();
         assert_eq!(
-            export(&s, Some(ItemStatus::Ok), false, &mut out)
-                .await
-                .unwrap(),
+            export(
+                &s,
+                Some(ItemStatus::Ok),
+                false,
+                &InputColumns::none(),
+                &mut out
+            )
+            .await
+            .unwrap(),
             1
         );
         let (names, rows, groups) = read(out);

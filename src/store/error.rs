@@ -81,6 +81,10 @@ pub enum ExportError {
     Store(#[from] StoreError),
     #[error("writing the export: {0}")]
     Write(#[from] std::io::Error),
+    /// Input columns asked for that the export cannot carry: not kept by the job, or named
+    /// like a column the export has.
+    #[error("{0}")]
+    Columns(String),
 }
 
 #[cfg(test)]

@@ -176,6 +176,10 @@ pub struct ItemRecord {
     /// The rerun that wrote this record (none: the job's own run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun: Option<u32>,
+    /// The kept columns of the ID's input row (a JSON object), when the job keeps any: read
+    /// back with the ID from the plan, never written with the record.
+    #[serde(skip)]
+    pub values: Option<Box<str>>,
 }
 
 impl ItemRecord {
@@ -195,6 +199,7 @@ impl ItemRecord {
             first_attempt_ms: None,
             last_attempt_ms: None,
             rerun: None,
+            values: None,
         }
     }
 
@@ -231,6 +236,9 @@ pub struct PlannedBucket {
     pub offset: OffsetRecord,
     /// Unique IDs with their rows, in input order.
     pub items: Vec<(u64, String)>,
+    /// The kept columns of each item's row, one JSON object per item in `items`' order;
+    /// empty when the job keeps no columns.
+    pub values: Vec<String>,
     pub bad_lines: Vec<BadLine>,
 }
 
@@ -300,6 +308,8 @@ pub struct RerunBucket {
     pub offset: RerunOffset,
     /// The IDs with their input rows, in input order.
     pub items: Vec<(u64, String)>,
+    /// The kept columns of each item's row, as [`PlannedBucket::values`].
+    pub values: Vec<String>,
 }
 
 /// Where a rerun stands.

@@ -32,5 +32,6 @@ mod progress;
 mod quotas;
 mod refused_ids;
 mod reruns;
+mod rows;
 mod stop_and_resume;
 mod throttle;

@@ -62,7 +62,8 @@
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
 //! answer), `answers` (the bodies), `server` (accepting, the outage switch's listener),
 //! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
-//! `windows` (the quota windows and their headers), `auth` (the token endpoint and the token check).
+//! `windows` (the quota windows and their headers), `auth` (the token endpoint and the token check),
+//! `seen` (the requests kept for a test to check).
 
 mod answers;
 mod auth;
@@ -70,6 +71,7 @@ mod calls;
 mod capacity;
 mod faults;
 mod routes;
+mod seen;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -91,6 +93,7 @@ pub use answers::expected_body;
 pub use auth::{CLIENT_ID, CLIENT_SECRET};
 pub use calls::MAX_CALL_TIMES;
 pub use faults::{ApiConfig, Fault};
+pub use seen::SeenRequest;
 pub use windows::{Announce, ApiWindow};
 
 use calls::{duration_nanos, max_in_window, CallCounter};
@@ -128,6 +131,8 @@ struct Shared {
     windows: Windows,
     /// The token endpoint and the token check.
     auth: auth::Auth,
+    /// The requests kept ([`FakeApi::keep_requests`]).
+    seen: seen::Seen,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
@@ -160,6 +165,7 @@ impl FakeApi {
             accepted: AtomicU64::new(0),
             rejected_429: AtomicU64::new(0),
             auth: auth::Auth::new(),
+            seen: seen::Seen::default(),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();
@@ -179,6 +185,16 @@ impl FakeApi {
             }),
             addr,
         })
+    }
+
+    /// Keep every request's method, target and body from now on, by ID ([`FakeApi::seen`]).
+    pub fn keep_requests(&self) {
+        self.shared.seen.keep(true);
+    }
+
+    /// The requests kept for `id`, oldest first.
+    pub fn seen(&self, id: &str) -> Vec<SeenRequest> {
+        self.shared.seen.of(id)
     }
 
     /// The address the server listens on (`127.0.0.1:PORT`).

@@ -17,6 +17,7 @@ use super::answers::{
     bad_request, error_response, payload_too_large, success, too_many_requests, Resp,
 };
 use super::faults::Fault;
+use super::seen::SeenRequest;
 use super::windows::epoch_ms;
 use super::Shared;
 
@@ -30,8 +31,8 @@ pub(super) struct DropConnection;
 
 /// What routing a request produced.
 pub(super) enum Routed {
-    /// A request for this ID.
-    Id(String),
+    /// A request for this ID, with its body (empty without one).
+    Id(String, hyper::body::Bytes),
     /// An answer that does not concern any ID (400, 404 no route, 413).
     Reply(Resp),
     /// Close the connection (the request body could not be read).
@@ -48,8 +49,22 @@ pub(super) async fn handle(
     if let Some(refused) = shared.auth.check(&req) {
         return Ok(refused);
     }
+    let seen = shared.seen.is_on().then(|| SeenRequest {
+        method: req.method().to_string(),
+        target: req
+            .uri()
+            .path_and_query()
+            .map_or_else(String::new, |p| p.to_string()),
+        body: String::new(),
+    });
     let id = match route(req).await {
-        Routed::Id(id) => id,
+        Routed::Id(id, body) => {
+            if let Some(mut seen) = seen {
+                seen.body = String::from_utf8_lossy(&body).into_owned();
+                shared.seen.record(&id, seen);
+            }
+            id
+        }
         Routed::Reply(resp) => return Ok(resp),
         Routed::Abort => return Err(DropConnection),
     };
@@ -132,7 +147,7 @@ pub(super) async fn route(req: Request<Incoming>) -> Routed {
     if path == "/items" {
         if req.method() == Method::GET {
             return match req.uri().query().and_then(id_from_query) {
-                Some(Some(id)) if !id.is_empty() => Routed::Id(id),
+                Some(Some(id)) if !id.is_empty() => Routed::Id(id, Default::default()),
                 _ => Routed::Reply(bad_request()),
             };
         }
@@ -142,7 +157,7 @@ pub(super) async fn route(req: Request<Incoming>) -> Routed {
     } else if let Some(rest) = path.strip_prefix("/items/") {
         if req.method() == Method::GET {
             return match decode(rest, false) {
-                Some(id) if !id.is_empty() => Routed::Id(id),
+                Some(id) if !id.is_empty() => Routed::Id(id, Default::default()),
                 _ => Routed::Reply(bad_request()),
             };
         }
@@ -198,7 +213,7 @@ pub(super) async fn id_from_post(req: Request<Incoming>) -> Routed {
         }
     };
     match serde_json::from_slice::<IdBody>(&bytes) {
-        Ok(body) if !body.id.is_empty() => Routed::Id(body.id),
+        Ok(body) if !body.id.is_empty() => Routed::Id(body.id, bytes),
         _ => Routed::Reply(bad_request()),
     }
 }

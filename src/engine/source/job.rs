@@ -15,7 +15,6 @@ use crate::engine::item::{job_work, Item};
 use crate::engine::member::{Alone, Member};
 use crate::engine::planner::plan_ahead;
 use crate::engine::writer::Track;
-use crate::input::InputReader;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
@@ -51,9 +50,7 @@ impl<S: Store + Leases> JobLog<S> {
         let planner = if position.exhausted {
             None
         } else {
-            let reader =
-                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)
-                    .map_err(PlanError::from)?;
+            let reader = spec.open_input(position.cursor).map_err(PlanError::from)?;
             Some(Planner::new(
                 reader,
                 position,
@@ -113,6 +110,7 @@ impl<S: Store + Leases> JobLog<S> {
                     done: Tally::default(),
                     lease: self.lease.clone(),
                 };
+                let mut values = b.values.into_iter();
                 let items = b
                     .items
                     .into_iter()
@@ -123,6 +121,7 @@ impl<S: Store + Leases> JobLog<S> {
                         track: bucket,
                         prior: None,
                         lease: None,
+                        values: values.next().map(String::into_boxed_str),
                     })
                     .collect();
                 (track, items)

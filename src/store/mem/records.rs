@@ -25,6 +25,8 @@ pub(super) struct Records {
     pub(super) buckets: BTreeMap<u64, Planned<OffsetRecord>>,
     pub(super) commits: BTreeMap<u64, CommitRecord>,
     pub(super) results: HashMap<String, ItemRecord>,
+    /// ID → its input row's kept columns, when the job keeps any.
+    values: HashMap<String, Box<str>>,
     bad: BTreeMap<u64, BadLine>,
     reruns: BTreeMap<u32, RerunRecord>,
     pub(super) rerun_buckets: BTreeMap<(u32, u64), Planned<RerunOffset>>,
@@ -48,6 +50,9 @@ impl Records {
         for b in buckets {
             for (row, id) in &b.items {
                 self.first_rows.entry(id.clone()).or_insert(*row);
+            }
+            for ((_, id), values) in b.items.iter().zip(&b.values) {
+                self.values.insert(id.clone(), values.as_str().into());
             }
             for line in &b.bad_lines {
                 self.bad.insert(line.row, line.clone());
@@ -90,7 +95,7 @@ impl Records {
                     .get(id)
                     .cloned()
                     .unwrap_or_else(|| ItemRecord::pending(*row, bucket.bucket));
-                (id.clone(), record)
+                (id.clone(), self.with_values(id, record))
             })
             .collect())
     }
@@ -150,9 +155,17 @@ impl Records {
                     offset.bucket, offset.rerun
                 ))
             })?;
-            out.push((id.clone(), record));
+            out.push((id.clone(), self.with_values(id, record)));
         }
         Ok(out)
+    }
+
+    /// `record` with the kept columns of `id`'s row.
+    fn with_values(&self, id: &str, record: ItemRecord) -> ItemRecord {
+        ItemRecord {
+            values: self.values.get(id).cloned(),
+            ..record
+        }
     }
 
     /// Write a commit's records (the lease was checked by the caller). A bucket committed

@@ -65,6 +65,8 @@ pub struct PlanBucket {
     pub bucket: u64,
     /// (row, ID), in input order.
     pub items: Vec<(u64, String)>,
+    /// The kept columns of each item's row, as [`crate::store::PlannedBucket::values`].
+    pub values: Vec<String>,
 }
 
 /// A bucket's counts after the database found the duplicates.
@@ -125,25 +127,28 @@ pub async fn plan(
         return Err(PgError::PlannerLeaseLost { token });
     }
     let (mut ids, mut item_buckets, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut values: Vec<Option<&str>> = Vec::new();
     for b in buckets {
+        let mut kept = b.values.iter();
         for (row, id) in &b.items {
             ids.push(id.as_str());
             item_buckets.push(to_i64(b.bucket)?);
             rows.push(to_i64(*row)?);
+            values.push(kept.next().map(String::as_str));
         }
     }
     let inserted = tx
         .query(
             "WITH ins AS (
-                 INSERT INTO hw_item (job_id, id, bucket, \"row\")
-                 SELECT $1, u.id, u.bucket, u.item_row
-                 FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY
-                     AS u(id, bucket, item_row, ord)
+                 INSERT INTO hw_item (job_id, id, bucket, \"row\", row_values)
+                 SELECT $1, u.id, u.bucket, u.item_row, u.row_values::json
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[]) WITH ORDINALITY
+                     AS u(id, bucket, item_row, row_values, ord)
                  ORDER BY u.ord
                  ON CONFLICT (job_id, id) DO NOTHING
                  RETURNING bucket)
              SELECT bucket, count(*) FROM ins GROUP BY bucket",
-            &[&job.0, &ids, &item_buckets, &rows],
+            &[&job.0, &ids, &item_buckets, &rows, &values],
         )
         .await
         .map_err(PgError::sql("inserting planned items"))?;
@@ -256,6 +261,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, id)| (first_row + i as u64, id.to_string()))
                 .collect(),
+            values: Vec::new(),
         }
     }
 

@@ -128,7 +128,8 @@ pub(super) async fn rerun_bucket_items(
 ) -> Result<Vec<(String, ItemRecord)>, PgError> {
     let rows = c
         .query(
-            "SELECT i.id, i.\"row\", i.bucket, i.status, i.body::text, i.record::text
+            "SELECT i.id, i.\"row\", i.bucket, i.status, i.body::text, i.record::text,
+                    i.row_values::text
              FROM hw_rerun_item r JOIN hw_item i ON i.job_id = r.job_id AND i.id = r.id
              WHERE r.job_id = $1 AND r.rerun = $2 AND r.bucket = $3 ORDER BY r.\"row\"",
             &[&job.0, &(offset.rerun as i32), &to_i64(offset.bucket)?],

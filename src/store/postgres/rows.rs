@@ -15,7 +15,8 @@ pub(super) fn malformed(what: &str, e: impl std::fmt::Display) -> PgError {
     PgError::Malformed(format!("{what}: {e}"))
 }
 
-/// A stored item row (id, row, bucket, status, body text, record text) as its record.
+/// A stored item row (id, row, bucket, status, body text, record text, row values text) as
+/// its record.
 pub(super) fn item_record(row: &Row, at: usize) -> Result<(String, ItemRecord), PgError> {
     let id: String = row.get(at);
     let item_row = row.get::<_, i64>(at + 1) as u64;
@@ -23,8 +24,11 @@ pub(super) fn item_record(row: &Row, at: usize) -> Result<(String, ItemRecord), 
     let status: String = row.get(at + 3);
     let body: Option<String> = row.get(at + 4);
     let record: Option<String> = row.get(at + 5);
+    let values: Option<String> = row.get(at + 6);
+    let values = values.map(String::into_boxed_str);
     let Some(record) = record.filter(|_| status != "pending") else {
-        return Ok((id, ItemRecord::pending(item_row, bucket)));
+        let pending = ItemRecord::pending(item_row, bucket);
+        return Ok((id, ItemRecord { values, ..pending }));
     };
     let mut r: ItemRecord =
         serde_json::from_str(&record).map_err(|e| malformed(&format!("the record of {id}"), e))?;
@@ -42,6 +46,7 @@ pub(super) fn item_record(row: &Row, at: usize) -> Result<(String, ItemRecord), 
         .map(RawValue::from_string)
         .transpose()
         .map_err(|e| malformed(&format!("the body of {id}"), e))?;
+    r.values = values;
     Ok((id, r))
 }
 

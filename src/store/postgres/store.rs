@@ -455,6 +455,7 @@ impl Store for PgStore {
                 .map(|b| super::planner::PlanBucket {
                     bucket: b.offset.bucket,
                     items: b.items.clone(),
+                    values: b.values.clone(),
                 })
                 .collect();
             let bad: Vec<BadLine> = buckets
@@ -542,7 +543,8 @@ impl Store for PgStore {
         with_client!(self, |c, i| {
             let rows = c
                 .query(
-                    "SELECT id, \"row\", bucket, status, body::text, record::text FROM hw_item
+                    "SELECT id, \"row\", bucket, status, body::text, record::text, row_values::text
+                     FROM hw_item
                      WHERE job_id = $1 AND bucket = $2 ORDER BY \"row\"",
                     &[&i.job.0, &to_i64(bucket.bucket)?],
                 )
@@ -556,7 +558,8 @@ impl Store for PgStore {
         with_client!(self, |c, i| {
             let row = c
                 .query_opt(
-                    "SELECT id, \"row\", bucket, status, body::text, record::text FROM hw_item
+                    "SELECT id, \"row\", bucket, status, body::text, record::text, row_values::text
+                     FROM hw_item
                      WHERE job_id = $1 AND id = $2",
                     &[&i.job.0, &id],
                 )

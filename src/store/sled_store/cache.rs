@@ -29,8 +29,8 @@ impl Drop for Rewriting<'_> {
 /// A commit run's records, shared with the read cache.
 pub(super) type Run = Arc<Vec<CommitRecord>>;
 
-/// A segment's IDs with their rows, one list per bucket.
-pub(super) type SegmentIds = Vec<Vec<(u64, String)>>;
+/// A segment's IDs with their rows (and kept values), one list per bucket.
+pub(super) type SegmentIds = Vec<Vec<super::codec::Listed>>;
 
 /// What the store read last, kept for the next call: replays, failure summaries and reruns
 /// look at buckets one at a time in bucket order, and one segment (up to 1,000 buckets) or

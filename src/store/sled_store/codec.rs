@@ -140,27 +140,55 @@ pub(super) fn rerun_key(rerun: u32, bucket: u64) -> [u8; 12] {
     key
 }
 
+/// One entry of an ID list: the ID's row, the ID, and its input row's kept columns (a JSON
+/// object) when the job keeps any.
+pub(super) type Listed = (u64, String, Option<Box<str>>);
+
+/// The length field's top bit: the entry's ID is followed by its row's values
+/// (`[length u32 LE][values]`). Lists of jobs that keep no columns never set it: they are
+/// written as before it existed.
+const WITH_VALUES: u32 = 1 << 31;
+
+/// An ID list: `[row u64 LE][length u32 LE][ID]`, then the values if the length says so.
+/// `values` is empty (no columns kept) or holds one JSON object per item.
 pub(super) fn encode_ids<'a>(
     items: impl IntoIterator<Item = &'a (u64, String)> + Clone,
+    values: impl IntoIterator<Item = &'a String>,
 ) -> Vec<u8> {
     let size = items.clone().into_iter().map(|(_, id)| 12 + id.len()).sum();
     let mut out = Vec::with_capacity(size);
+    let mut values = values.into_iter();
     for (row, id) in items {
+        let value = values.next();
+        let flag = if value.is_some() { WITH_VALUES } else { 0 };
         out.extend_from_slice(&row.to_le_bytes());
-        out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(id.len() as u32 | flag).to_le_bytes());
         out.extend_from_slice(id.as_bytes());
+        if let Some(value) = value {
+            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
     }
     out
 }
 
-pub(super) fn decode_ids(mut blob: &[u8]) -> Option<Vec<(u64, String)>> {
+pub(super) fn decode_ids(mut blob: &[u8]) -> Option<Vec<Listed>> {
     let mut out = Vec::new();
     while !blob.is_empty() {
         let row = u64::from_le_bytes(blob.get(..8)?.try_into().ok()?);
-        let len = u32::from_le_bytes(blob.get(8..12)?.try_into().ok()?) as usize;
+        let len = u32::from_le_bytes(blob.get(8..12)?.try_into().ok()?);
+        let (len, with_values) = ((len & !WITH_VALUES) as usize, len & WITH_VALUES != 0);
         let id = std::str::from_utf8(blob.get(12..12 + len)?).ok()?;
-        out.push((row, id.to_owned()));
         blob = &blob[12 + len..];
+        let values = if with_values {
+            let vlen = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?) as usize;
+            let v = std::str::from_utf8(blob.get(4..4 + vlen)?).ok()?;
+            blob = &blob[4 + vlen..];
+            Some(v.into())
+        } else {
+            None
+        };
+        out.push((row, id.to_owned(), values));
     }
     Some(out)
 }

@@ -154,17 +154,18 @@ impl SledStore {
     pub(super) fn records(
         &self,
         offset: &OffsetRecord,
-        ids: &[(u64, String)],
+        ids: &[Listed],
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
-        let rows: Vec<(u64, &str)> = ids.iter().map(|(row, id)| (*row, id.as_str())).collect();
+        let rows: Vec<(u64, &str)> = ids.iter().map(|(row, id, _)| (*row, id.as_str())).collect();
         let found = self.results.get_many(&rows).map_err(|e| self.log_err(e))?;
         let mut out = Vec::with_capacity(ids.len());
-        for ((row, id), found) in ids.iter().zip(found) {
+        for ((row, id, values), found) in ids.iter().zip(found) {
             let record = match found {
                 Some(bytes) => self.decode("item", &bytes)?,
                 None => ItemRecord::pending(*row, offset.bucket),
             };
-            out.push((id.clone(), record));
+            let values = values.clone();
+            out.push((id.clone(), ItemRecord { values, ..record }));
         }
         Ok(out)
     }
@@ -245,7 +246,12 @@ impl SledStore {
         let runs: Vec<&[PlannedBucket]> = Segment::runs(buckets).collect();
         let lists: Vec<Vec<u8>> = runs
             .iter()
-            .map(|run| encode_ids(run.iter().flat_map(|b| &b.items)))
+            .map(|run| {
+                encode_ids(
+                    run.iter().flat_map(|b| &b.items),
+                    run.iter().flat_map(|b| &b.values),
+                )
+            })
             .collect();
         let refs = self.id_lists.append(&lists).map_err(|e| self.log_err(e))?;
         for (run, list) in runs.iter().zip(refs) {

@@ -610,7 +610,10 @@ impl Store for SledStore {
         let t = self.t()?;
         // The lists first, durable in ids.log before the offset records that point at them
         // (kept in sled, a rerun of millions of IDs would have sled hold them all in memory).
-        let lists: Vec<Vec<u8>> = buckets.iter().map(|b| encode_ids(&b.items)).collect();
+        let lists: Vec<Vec<u8>> = buckets
+            .iter()
+            .map(|b| encode_ids(&b.items, &b.values))
+            .collect();
         let refs = self.id_lists.append(&lists).map_err(|e| self.log_err(e))?;
         drop(lists);
         let mut offsets = sled::Batch::default();

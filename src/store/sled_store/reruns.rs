@@ -39,11 +39,11 @@ impl SledStore {
         };
         let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
         let mut out = Vec::with_capacity(ids.len());
-        for (row, id) in ids {
+        for (row, id, values) in ids {
             let record = self
                 .result(row, &id)?
                 .ok_or_else(|| corrupt(&format!("include {id:?}, which has no record")))?;
-            out.push((id, record));
+            out.push((id, ItemRecord { values, ..record }));
         }
         Ok(out)
     }

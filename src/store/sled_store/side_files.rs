@@ -136,7 +136,7 @@ impl SledStore {
                 }
                 ids += list.len();
                 self.index
-                    .insert_all(list.iter().map(|(row, id)| (*row, id.as_str())))
+                    .insert_all(list.iter().map(|(row, id, _)| (*row, id.as_str())))
                     .map_err(|e| self.index_err(e))?;
             }
         }

@@ -56,10 +56,10 @@ impl SledStore {
             let lists = self.read_segment_ids(&segment)?;
             for list in &lists {
                 self.index
-                    .insert_all(list.iter().map(|(row, id)| (*row, id.as_str())))
+                    .insert_all(list.iter().map(|(row, id, _)| (*row, id.as_str())))
                     .map_err(|e| self.index_err(e))?;
                 let mut found = Vec::new();
-                for (row, id) in list {
+                for (row, id, _) in list {
                     if let Some(value) = t.items.get(id.as_bytes()).map_err(|e| self.err(e))? {
                         // Check it decodes before it is moved.
                         let _: ItemRecord = self.decode("item", &value)?;

@@ -53,6 +53,7 @@ fn planned(bucket: u64, ids: &[(u64, &str)], end: u64) -> PlannedBucket {
         offset: offset(bucket, start, end, ids.len() as u64),
         items: ids.iter().map(|(r, i)| (*r, i.to_string())).collect(),
         bad_lines: vec![],
+        values: Vec::new(),
     }
 }
 

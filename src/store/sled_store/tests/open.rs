@@ -20,7 +20,7 @@ async fn format_1_stores_open_and_read() {
             s.t()
                 .unwrap()
                 .ids
-                .insert(key, encode_ids(&b.items))
+                .insert(key, encode_ids(&b.items, &b.values))
                 .unwrap();
         }
         let commit = CommitRecord {

@@ -37,6 +37,7 @@ fn failed_rerun(items: &[(u64, &str, u64)]) -> (RerunRecord, RerunBucket) {
             .iter()
             .map(|(r, id, _)| (*r, id.to_string()))
             .collect(),
+        values: Vec::new(),
     };
     (rerun, bucket)
 }
@@ -112,7 +113,7 @@ async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning()
         t.rerun_ids
             .insert(
                 rerun_key(1, 0),
-                encode_ids(&[(0, "a".to_string()), (1, "b".to_string())]),
+                encode_ids(&[(0, "a".to_string()), (1, "b".to_string())], &[]),
             )
             .unwrap();
         t.meta.insert("version", &3u32.to_be_bytes()).unwrap();

@@ -420,7 +420,7 @@ async fn a_segment_with_missing_ids_is_corrupt() {
     .unwrap();
     let short = s
         .id_lists
-        .append(&[encode_ids(&[(0, "a".to_string())])])
+        .append(&[encode_ids(&[(0, "a".to_string())], &[])])
         .unwrap()[0];
     s.t()
         .unwrap()
