@@ -729,6 +729,107 @@ mod tests {
         out
     }
 
+    /// Every row's ID (or why none) with its kept values, read from `cursor` on.
+    fn kept(
+        spec: &InputSpec,
+        cursor: Cursor,
+        columns: &[&str],
+    ) -> Vec<(Result<String, String>, Option<String>)> {
+        let mut r = InputReader::open(spec, cursor).unwrap();
+        let columns: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+        r.keep_columns(&columns).unwrap();
+        let mut out = vec![];
+        while let Some(row) = r.next_row().unwrap() {
+            out.push((row.id, row.values));
+        }
+        out
+    }
+
+    #[test]
+    fn kept_csv_columns_are_read_beside_the_id_and_a_missing_one_is_a_bad_row() {
+        let (_d, path) = write(
+            "name,id,domain\n\"Smith, J\",1, a.example \n\"\"\"q\"\" é\",2,b\nc,3\n,4,\n"
+                .as_bytes(),
+            "csv",
+        );
+        let spec = InputSpec {
+            path: path.clone(),
+            format: InputFormat::Csv {
+                column: "id".into(),
+            },
+        };
+        let rows = kept(&spec, Cursor::default(), &["domain", "name"]);
+        assert_eq!(
+            rows,
+            vec![
+                (
+                    Ok("1".into()),
+                    Some(r#"{"domain":" a.example ","name":"Smith, J"}"#.into())
+                ),
+                (
+                    Ok("2".into()),
+                    Some(r#"{"domain":"b","name":"\"q\" é"}"#.into())
+                ),
+                (
+                    Err("record has 2 fields, no value for the column \"domain\"".into()),
+                    None
+                ),
+                (Ok("4".into()), Some(r#"{"domain":"","name":""}"#.into())),
+            ]
+        );
+        // Read again from a row's cursor, the values are the same.
+        let mut r = InputReader::open(&spec, Cursor::default()).unwrap();
+        r.next_row().unwrap();
+        assert_eq!(kept(&spec, r.cursor(), &["domain", "name"]), rows[1..]);
+        let mut r = InputReader::open(&spec, Cursor::default()).unwrap();
+        let err = r.keep_columns(&["nme".into()]).unwrap_err().to_string();
+        assert!(
+            err.contains("no column \"nme\" (columns: name, id, domain)"),
+            "{err}"
+        );
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn kept_jsonl_fields_keep_their_json_and_absent_or_null_is_a_bad_row() {
+        let (_d, path) = write(
+            concat!(
+                r#"{"k":"a","geo":{"lat":1.5},"n":2}"#,
+                "\n",
+                r#"{"k":"b","n":3}"#,
+                "\n",
+                r#"{"k":"c","geo":null,"n":1}"#,
+                "\n"
+            )
+            .as_bytes(),
+            "jsonl",
+        );
+        let spec = InputSpec {
+            path,
+            format: InputFormat::Jsonl { field: "k".into() },
+        };
+        assert_eq!(
+            kept(&spec, Cursor::default(), &["n", "geo"]),
+            vec![
+                (Ok("a".into()), Some(r#"{"geo":{"lat":1.5},"n":2}"#.into())),
+                (Err("object has no field \"geo\"".into()), None),
+                (Err("field \"geo\" is null".into()), None),
+            ]
+        );
+        assert_eq!(
+            kept(&spec, Cursor::default(), &[])[0],
+            (Ok("a".into()), None)
+        );
+        let (_d, path) = write(b"a\n", "txt");
+        let text = InputSpec {
+            path,
+            format: InputFormat::Text,
+        };
+        let mut r = InputReader::open(&text, Cursor::default()).unwrap();
+        let err = r.keep_columns(&["x".into()]).unwrap_err().to_string();
+        assert!(err.contains("no columns"), "{err}");
+    }
+
     #[test]
     fn text_trims_and_skips_blank_lines() {
         let (_d, path) = write(b"  a \r\n\n b/c?d#e%f \n\t\nz\xc3\xa9", "txt");

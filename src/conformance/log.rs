@@ -239,3 +239,79 @@ pub(super) async fn a_grown_input_plans_on_and_old_ids_stay_duplicates<B: Backen
     );
     assert!(stats.input_exhausted);
 }
+
+/// The kept columns of each ID's input row come back with it, pending or final, after a
+/// crash, in the export's walk and in a rerun's buckets: a replay, a rerun and a fleet's
+/// workers send the request the first attempt sent.
+pub(super) async fn kept_columns_come_back_with_their_ids<B: Backend>(b: &mut B) {
+    let s = b.create();
+    let values = |id: &str| format!(r#"{{"name":"{id} & Co, \"é\"","n":7}}"#);
+    let mut plan = [planned(0, 0, &["a", "b"]), planned(1, 2, &["c"])];
+    for bucket in &mut plan {
+        bucket.values = bucket.items.iter().map(|(_, id)| values(id)).collect();
+    }
+    s.plan(&plan, &planner_at(2, 3, true)).await.unwrap();
+    s.sync().await.unwrap();
+    let s = b.crash(s);
+    let kept = |items: &[(String, ItemRecord)]| -> Vec<(String, Option<String>)> {
+        items
+            .iter()
+            .map(|(id, r)| (id.clone(), r.values.as_deref().map(String::from)))
+            .collect()
+    };
+    let expect = |ids: &[&str]| -> Vec<(String, Option<String>)> {
+        ids.iter()
+            .map(|id| (id.to_string(), Some(values(id))))
+            .collect()
+    };
+    let items = s.bucket_items(&plan[0].offset).await.unwrap();
+    assert_eq!(kept(&items), expect(&["a", "b"]), "pending items");
+    let l = lease(&*s).await;
+    let done = [
+        ("a".to_string(), result(0, 0, true)),
+        ("b".to_string(), result(1, 0, false)),
+    ];
+    s.record(&done).await.unwrap();
+    s.sync().await.unwrap();
+    s.commit(&l, Commit::Job(&[commit_of(0, &[&done[0].1, &done[1].1])]))
+        .await
+        .unwrap();
+    s.sync().await.unwrap();
+    let s = b.crash(s);
+    let items = s.bucket_items(&plan[0].offset).await.unwrap();
+    assert_eq!(kept(&items), expect(&["a", "b"]), "final records");
+    let mut walked = Vec::new();
+    s.for_each_final(&mut |id, r| {
+        walked.push((id.to_string(), r.values.as_deref().map(String::from)));
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(walked, expect(&["a", "b"]), "the export's walk");
+    // A rerun of b: its bucket's items carry b's values.
+    let rerun = RerunRecord {
+        number: 1,
+        selection: RerunSelection::Failed,
+        buckets: 1,
+        ids: 1,
+        created_at_ms: 0,
+    };
+    let bucket = RerunBucket {
+        offset: RerunOffset {
+            rerun: 1,
+            bucket: 0,
+            items: 1,
+            before: vec![],
+            planned_at_ms: 0,
+        },
+        items: vec![(1, "b".into())],
+        values: vec![values("b")],
+    };
+    s.create_rerun(&rerun, std::slice::from_ref(&bucket))
+        .await
+        .unwrap();
+    s.sync().await.unwrap();
+    let s = b.crash(s);
+    let items = s.rerun_bucket_items(&bucket.offset).await.unwrap();
+    assert_eq!(kept(&items), expect(&["b"]), "a rerun's items");
+}

@@ -321,3 +321,78 @@ pub fn expand_env(
     out.push_str(rest);
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(source: &str, encoding: IdEncoding) -> Template {
+        Template::parse_with(source, &Setting::Body, encoding, &|_| Some("V".into()), &[]).unwrap()
+    }
+
+    fn row(json: &str) -> RowValues {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn column_slots_are_written_for_where_they_stand() {
+        let r = row(r#"{"name":"Smith, \"J\" & Co/é?","n":7,"geo":{"lat":1.5}}"#);
+        let url = parse("https://x/{id}?q={name}&n={n}&g={geo}", IdEncoding::Url);
+        assert_eq!(
+            url.render_row("a b", Some(&r), &[]),
+            "https://x/a%20b?q=Smith%2C%20%22J%22%20%26%20Co%2F%C3%A9%3F&n=7\
+             &g=%7B%22lat%22%3A1.5%7D"
+        );
+        let body = parse(
+            r#"{"q":"{name}","n":{n:json},"geo":{geo:json},"as_text":"{geo}","raw":{name:json}}"#,
+            IdEncoding::Json,
+        );
+        let sent: serde_json::Value =
+            serde_json::from_str(&body.render_row("i", Some(&r), &[])).unwrap();
+        assert_eq!(
+            sent,
+            serde_json::json!({
+                "q": "Smith, \"J\" & Co/é?",
+                "n": 7,
+                "geo": {"lat": 1.5},
+                "as_text": "{\"lat\":1.5}",
+                "raw": "Smith, \"J\" & Co/é?",
+            })
+        );
+        let header = parse("Bearer ${TOKEN} for {name}", IdEncoding::Raw);
+        assert_eq!(
+            header.render_row("i", Some(&r), &[]),
+            "Bearer V for Smith, \"J\" & Co/é?"
+        );
+        assert_eq!(
+            header.columns().collect::<Vec<_>>(),
+            ["name"],
+            "a ${{VAR}} is not a column"
+        );
+    }
+
+    #[test]
+    fn only_names_make_slots_and_double_braces_escape() {
+        let t = parse(
+            r#"{"a":{"b":1}} { name } {} {1x} {{name}} {id} {x-y.z} {a:json} {b:yaml}"#,
+            IdEncoding::Raw,
+        );
+        assert_eq!(t.columns().collect::<Vec<_>>(), ["x-y.z", "a"]);
+        let r = row(r#"{"x-y.z":"X","a":[1]}"#);
+        assert_eq!(
+            t.render_row("I", Some(&r), &[]),
+            r#"{"a":{"b":1}} { name } {} {1x} {name}} I X [1] {b:yaml}"#
+        );
+        let mut out = Vec::new();
+        columns_in("{b}/{a}/{b}/${VAR}/{id}", &mut out);
+        assert_eq!(out, ["b", "a"], "in order of first appearance, once");
+    }
+
+    #[test]
+    fn stored_values_that_are_not_an_object_fail_the_item() {
+        assert!(row_values(None).unwrap().is_none());
+        assert_eq!(row_values(Some(r#"{"a":1}"#)).unwrap().unwrap()["a"], 1);
+        let f = row_values(Some("[1]")).unwrap_err();
+        assert_eq!(f.class, ErrorClass::Request);
+    }
+}

@@ -716,6 +716,97 @@ mod tests {
     }
 
     #[test]
+    fn kept_columns_are_read_in_step_with_the_id_across_pages_and_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.parquet");
+        let names = |from: usize, n: usize| -> Vec<Option<&'static str>> {
+            (from..from + n)
+                .map(|i| match i {
+                    4 => None,
+                    i => Some(["Smith, J", "é/?", "x"][i % 3]),
+                })
+                .collect()
+        };
+        test_file::write(
+            &path,
+            "message m { required binary id (UTF8); optional binary name (UTF8); \
+             required int64 n; optional double score; optional int32 u (UINT_32); }",
+            vec![
+                vec![
+                    Col::Str(vec![Some("a"), Some("b"), Some("c"), Some("d"), Some("e")]),
+                    Col::Str(names(0, 5)),
+                    Col::I64(vec![Some(1), Some(2), Some(3), Some(4), Some(5)]),
+                    Col::F64(vec![Some(0.5), Some(f64::NAN), None, Some(-2.0), Some(1e3)]),
+                    Col::I32(vec![Some(-1), Some(1), Some(2), Some(3), Some(4)]),
+                ],
+                vec![
+                    Col::Str(vec![Some("f"), Some("g")]),
+                    Col::Str(names(5, 2)),
+                    Col::I64(vec![Some(6), Some(7)]),
+                    Col::F64(vec![Some(6.0), Some(7.25)]),
+                    Col::I32(vec![Some(6), Some(7)]),
+                ],
+            ],
+            2,
+        );
+        let read = |cursor: Cursor, columns: &[&str]| {
+            let mut r = InputReader::open(&spec(&path, "id"), cursor).unwrap();
+            let columns: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+            r.keep_columns(&columns).unwrap();
+            let mut out = vec![];
+            while let Some(row) = r.next_row().unwrap() {
+                out.push((row.index, row.id, row.values));
+            }
+            out
+        };
+        let rows = read(Cursor::default(), &["name", "n", "u"]);
+        let value =
+            |name: &str, n: u64, u: u64| Some(format!(r#"{{"n":{n},"name":{name:?},"u":{u}}}"#));
+        assert_eq!(
+            rows,
+            vec![
+                (0, Ok("a".into()), value("Smith, J", 1, 4294967295)),
+                (1, Ok("b".into()), value("é/?", 2, 1)),
+                (2, Ok("c".into()), value("x", 3, 2)),
+                (3, Ok("d".into()), value("Smith, J", 4, 3)),
+                (4, Err("column \"name\" is null".into()), None),
+                (5, Ok("f".into()), value("x", 6, 6)),
+                (6, Ok("g".into()), value("Smith, J", 7, 7)),
+            ]
+        );
+        // Started at any row, every column starts there.
+        for start in 0..7 {
+            let cursor = Cursor {
+                row: start,
+                ..Cursor::default()
+            };
+            assert_eq!(
+                read(cursor, &["name", "n", "u"]),
+                rows[start as usize..],
+                "from row {start}"
+            );
+        }
+        // A double JSON cannot write (NaN) and a null are bad rows.
+        let scores: Vec<_> = read(Cursor::default(), &["score"])
+            .into_iter()
+            .map(|(_, id, v)| match v {
+                Some(v) => Ok(v),
+                None => Err(id.unwrap_err()),
+            })
+            .collect();
+        assert_eq!(scores[0], Ok(r#"{"score":0.5}"#.into()));
+        assert!(
+            scores[1].as_ref().unwrap_err().contains("NaN"),
+            "{scores:?}"
+        );
+        assert_eq!(scores[2], Err("column \"score\" is null".into()));
+        assert_eq!(scores[6], Ok(r#"{"score":7.25}"#.into()));
+        let mut r = InputReader::open(&spec(&path, "id"), Cursor::default()).unwrap();
+        let err = r.keep_columns(&["nope".into()]).unwrap_err().to_string();
+        assert!(err.contains("no column \"nope\""), "{err}");
+    }
+
+    #[test]
     fn integer_ids_become_decimal_text() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ids.parquet");

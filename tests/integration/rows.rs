@@ -98,10 +98,14 @@ fn check_requests(h: &Harness, rows: &[Company]) -> usize {
 }
 
 fn run_args<'a>(state: &'a str, input: &'a str, url: &'a str, body: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["run", "--state", state, "--concurrency", "16"];
+    args.extend(job_args(input, url, body));
+    args
+}
+
+/// The flags that create a job of the companies' rows.
+fn job_args<'a>(input: &'a str, url: &'a str, body: &'a str) -> Vec<&'a str> {
     let mut args = vec![
-        "run",
-        "--state",
-        state,
         "--input",
         input,
         "--id-column",
@@ -114,8 +118,6 @@ fn run_args<'a>(state: &'a str, input: &'a str, url: &'a str, body: &'a str) -> 
         body,
         "--bucket-size",
         "100",
-        "--concurrency",
-        "16",
         "--max-attempts",
         "3",
     ];
@@ -368,4 +370,79 @@ fn jsonl_fields_go_in_as_json_and_exec_arguments_take_columns() {
     let export = h.export(&state);
     assert_eq!(export[0]["body"], "k1|a b");
     assert_eq!(export[1]["body"], "k2|é/?");
+}
+
+/// A fleet's workers have no input: a worker that joins without it sends each row's values
+/// from the database, and the export from the database carries them.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_fleet_worker_without_the_input_sends_each_rows_values() {
+    use crate::postgres::pg_cluster;
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(4),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let db = pg_cluster::fresh_db();
+    let (input, rows) = companies(&h, 3_000);
+    let url = format!(
+        "http://{}/items?name={{name}}&domain={{domain}}",
+        h.api.addr()
+    );
+    let pg = [
+        "--state",
+        db.url.as_str(),
+        "--job",
+        "rows",
+        "--lease-ttl",
+        "2s",
+    ];
+    let mut first = vec!["run", "--concurrency", "2"];
+    first.extend(pg);
+    first.extend(job_args(p(&input), &url, BODY));
+    let mut creator = h.spawn(&first);
+    assert!(
+        h.wait_for_calls(&mut creator, 200),
+        "the first worker started"
+    );
+    let mut join = vec!["run", "--concurrency", "2", "--progress-interval", "0"];
+    join.extend(pg);
+    let joined = finish(h.spawn(&join));
+    finish(creator).expect_code(0);
+    joined.expect_code(0);
+    let did = joined
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("this run: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("the joined worker's summary");
+    assert!(
+        did > 0,
+        "the worker without the input called IDs: {}",
+        joined.stderr
+    );
+    check_requests(&h, &rows);
+    let out = h.run(&[
+        "export",
+        "--state",
+        &db.url,
+        "--job",
+        "rows",
+        "--columns",
+        "domain",
+    ]);
+    out.expect_code(0);
+    let by_id: HashMap<&str, &Company> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut n = 0;
+    for line in out.stdout.lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            record["domain"],
+            by_id[record["id"].as_str().unwrap()].domain.as_str()
+        );
+        n += 1;
+    }
+    assert_eq!(n, rows.len());
 }

@@ -285,3 +285,37 @@ impl SledStore {
         Ok((first, run))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_lists_carry_values_only_when_kept_and_old_lists_read_as_before() {
+        let items = [(3, "a".to_string()), (9, "é/b".to_string())];
+        let plain = encode_ids(&items, &[]);
+        // The entries as every format wrote them: row, length, ID.
+        let mut old = Vec::new();
+        for (row, id) in &items {
+            old.extend_from_slice(&row.to_le_bytes());
+            old.extend_from_slice(&(id.len() as u32).to_le_bytes());
+            old.extend_from_slice(id.as_bytes());
+        }
+        assert_eq!(plain, old, "a list without values is written as before");
+        let back = decode_ids(&old).unwrap();
+        assert_eq!(
+            back,
+            vec![(3, "a".to_string(), None), (9, "é/b".to_string(), None)]
+        );
+        let values = [r#"{"n":"x"}"#.to_string(), r#"{"n":"é"}"#.to_string()];
+        let with = encode_ids(&items, &values);
+        assert_eq!(
+            decode_ids(&with).unwrap(),
+            vec![
+                (3, "a".to_string(), Some(values[0].as_str().into())),
+                (9, "é/b".to_string(), Some(values[1].as_str().into())),
+            ]
+        );
+        assert!(decode_ids(&with[..with.len() - 1]).is_none(), "a cut entry");
+    }
+}
