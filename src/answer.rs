@@ -20,6 +20,9 @@
 //! neither `false` nor `null`. A program that errors on an answer (indexing a string, say)
 //! fails that ID for good, class `invalid`, with jq's message: never the run.
 //!
+//! A batch answer (several IDs per request, [`Splitter`]) is first split into each ID's
+//! value; the checks then judge each value as if it were that ID's own answer.
+//!
 //! The programs see only the answer: `env` and `$ENV` are left out, so a program cannot copy
 //! a secret from the environment into a result, and `halt` fails the one ID like any other
 //! error of a program (it never stops the process).
@@ -322,6 +325,25 @@ impl Answer {
             status.map_or(Val::Null, |s| Val::from(s as isize)),
             headers_val(headers()),
         ];
+        self.judge_input(input, &vars, status, body)
+    }
+
+    /// The checks and the extract on an answer read as `input` (`body` as it came, for
+    /// messages and to store).
+    fn judge_input(
+        &self,
+        input: Val,
+        vars: &[Val; 2],
+        status: Option<u16>,
+        body: Vec<u8>,
+    ) -> Result<Box<RawValue>, Failure> {
+        let text = body.trim_ascii();
+        let refuse = |class, next, message: String| Failure {
+            next,
+            class,
+            status,
+            message,
+        };
         let failed = |name: &str, program: &Program, error: String| {
             refuse(
                 ErrorClass::Invalid,
@@ -334,7 +356,7 @@ impl Answer {
             ("retry-if", &self.retry_if, Next::Retry { after: None }),
         ] {
             let Some(program) = program else { continue };
-            match program.run(input.clone(), &vars, truthy) {
+            match program.run(input.clone(), vars, truthy) {
                 Run::Error(e) => return Err(failed(name, program, e)),
                 Run::Values(values) if values.iter().any(truthy) => {
                     return Err(refuse(
@@ -349,7 +371,7 @@ impl Answer {
         let Some(program) = &self.extract else {
             return Ok(body_as_json(body));
         };
-        let value = match program.run(input, &vars, |_| false) {
+        let value = match program.run(input, vars, |_| false) {
             Run::Error(e) => return Err(failed("extract", program, e)),
             Run::Values(mut values) if values.len() == 1 => values.pop().expect("one value"),
             Run::Values(values) => {
@@ -382,6 +404,101 @@ impl Answer {
             "raw": &*raw,
         }))
         .expect("raw values serialize"))
+    }
+}
+
+/// A batch answer's split: a jq program whose outputs are `{key, value}` objects, one per
+/// ID the answer holds (`key` the ID, a string or a number; `value` that ID's answer).
+#[derive(Debug)]
+pub struct Splitter(Program);
+
+impl Splitter {
+    pub fn compile(source: &str) -> Result<Splitter, AnswerError> {
+        Program::compile(Setting::Split, source).map(Splitter)
+    }
+}
+
+/// Each ID's part of a batch answer: its result, or why its attempt failed.
+pub type Parts = Vec<(String, Result<Box<RawValue>, Failure>)>;
+
+impl Answer {
+    /// Split a batch's 2xx answer with `splitter` and judge each ID's value with the checks
+    /// ([`Answer::judge`]'s order, the value in place of the body). An answer that is not
+    /// JSON is a retryable failure of the whole batch (class `body`); a split that errors or
+    /// gives something other than `{key, value}` objects fails the whole batch for good
+    /// (class `invalid`). IDs the answer does not mention are not in the parts.
+    pub fn split<'h, H>(
+        &self,
+        splitter: &Splitter,
+        status: Option<u16>,
+        headers: impl FnOnce() -> H,
+        body: &[u8],
+    ) -> Result<Parts, Failure>
+    where
+        H: Iterator<Item = (&'h str, &'h [u8])>,
+    {
+        let text = body.trim_ascii();
+        let refuse = |class, next, message: String| Failure {
+            next,
+            class,
+            status,
+            message,
+        };
+        let input = jaq_json::read::parse_single(text).map_err(|e| {
+            refuse(
+                ErrorClass::Body,
+                Next::Retry { after: None },
+                format!("a batch answer must be JSON ({e}): {}", snippet(text)),
+            )
+        })?;
+        let vars = [
+            status.map_or(Val::Null, |s| Val::from(s as isize)),
+            headers_val(headers()),
+        ];
+        let program = &splitter.0;
+        let invalid = |why: String| {
+            refuse(
+                ErrorClass::Invalid,
+                Next::Permanent,
+                format!("{} {:?} {why}", Setting::Split, program.source),
+            )
+        };
+        let values = match program.run(input, &vars, |_| false) {
+            Run::Error(e) => return Err(invalid(format!("failed on the answer: {e}"))),
+            Run::Values(values) => values,
+        };
+        let key = Val::from("key".to_string());
+        let value_key = Val::from("value".to_string());
+        let mut parts = Vec::with_capacity(values.len());
+        for v in values {
+            let Val::Obj(object) = &v else {
+                return Err(invalid(format!(
+                    "gave {}, not a {{key, value}} object",
+                    snippet(v.to_string().as_bytes())
+                )));
+            };
+            let id = match object.get(&key) {
+                Some(k @ (Val::TStr(_) | Val::BStr(_))) => {
+                    String::from_utf8_lossy(&val_text(k)).into_owned()
+                }
+                Some(k @ Val::Num(_)) => k.to_string(),
+                _ => {
+                    return Err(invalid(format!(
+                        "gave {}, whose key is not a string or a number",
+                        snippet(v.to_string().as_bytes())
+                    )))
+                }
+            };
+            let value = object.get(&value_key).cloned().unwrap_or(Val::Null);
+            let value_text = value.to_string();
+            let result = if self.has_programs() {
+                self.judge_input(value, &vars, status, value_text.into_bytes())
+            } else {
+                Ok(body_as_json(value_text.into_bytes()))
+            };
+            parts.push((id, result));
+        }
+        Ok(parts)
     }
 }
 

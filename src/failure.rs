@@ -53,11 +53,13 @@ pub enum ErrorClass {
     Exit,
     /// A failure reported by a handler of the library's user, without a class of its own.
     Handler,
+    /// A batch endpoint's answers never mentioned the ID, even asked alone.
+    Missing,
 }
 
 impl ErrorClass {
     /// Every class, in a fixed order (for counting, and for `--class`).
-    pub const ALL: [ErrorClass; 9] = [
+    pub const ALL: [ErrorClass; 10] = [
         ErrorClass::Http,
         ErrorClass::Timeout,
         ErrorClass::Connect,
@@ -67,6 +69,7 @@ impl ErrorClass {
         ErrorClass::Invalid,
         ErrorClass::Exit,
         ErrorClass::Handler,
+        ErrorClass::Missing,
     ];
 
     /// The class's name, as stored and as `--class` takes it.
@@ -81,6 +84,7 @@ impl ErrorClass {
             ErrorClass::Invalid => "invalid",
             ErrorClass::Exit => "exit",
             ErrorClass::Handler => "handler",
+            ErrorClass::Missing => "missing",
         }
     }
 }

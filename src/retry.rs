@@ -15,11 +15,12 @@ use crate::failure::{AttemptNote, Failure, Next, MAX_RENEWED_RETRIES};
 use crate::handler::Output;
 use crate::spec::RetryPolicy;
 
-/// How an item ended. `errors` lists every failed attempt's error, oldest first.
+/// How an item (or a batch of items, with the batch's parts as `T`) ended. `errors` lists
+/// every failed attempt's error, oldest first.
 #[derive(Debug)]
-pub enum ItemOutcome {
+pub enum ItemOutcome<T = Output> {
     Ok {
-        output: Output,
+        output: T,
         attempts: u32,
         errors: Vec<AttemptNote>,
     },
@@ -58,10 +59,10 @@ pub enum Charge {
 /// [`MAX_RENEWED_RETRIES`] times in a row (then the refusal is the ID's: it fails). `stopping` resolves when the run is
 /// shutting down: the loop then gives up instead of waiting for a backoff to pass, and the
 /// item is [`ItemOutcome::Abandoned`].
-pub async fn run<F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome
+pub async fn run<T, F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome<T>
 where
     F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Option<(Result<Output, Failure>, Charge, Duration)>>,
+    Fut: Future<Output = Option<(Result<T, Failure>, Charge, Duration)>>,
     S: Future<Output = ()>,
 {
     tokio::pin!(stopping);
@@ -175,7 +176,7 @@ mod tests {
 
     #[tokio::test]
     async fn retries_until_success() {
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(5),
             |n| async move {
                 let r = if n < 3 { Err(http(503)) } else { Ok(ok()) };
@@ -192,7 +193,7 @@ mod tests {
     async fn waits_at_the_gates_use_no_retry_time() {
         // Each attempt first waits an hour for a spent quota window, then its call takes
         // 20 ms: a retry time of a minute is never used up.
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(5),
             |n| async move {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -210,7 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn permanent_is_not_retried() {
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(5),
             |_| async { Some((Err(http(404)), Charge::Counted, Duration::ZERO)) },
             std::future::pending(),
@@ -221,7 +222,7 @@ mod tests {
 
     #[tokio::test]
     async fn out_of_attempts_keeps_the_last_error() {
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(3),
             |n| async move {
                 Some((
@@ -253,7 +254,7 @@ mod tests {
         p.initial = Duration::from_secs(3600);
         p.max_interval = Duration::from_secs(3600);
         let started = std::time::Instant::now();
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &p,
             |n| async move {
                 let r = if n == 1 {
@@ -272,7 +273,7 @@ mod tests {
 
     #[tokio::test]
     async fn free_attempts_do_not_use_up_the_item() {
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(2),
             |n| async move {
                 Some(match n {
@@ -298,7 +299,7 @@ mod tests {
     #[tokio::test]
     async fn refusals_use_no_attempt_but_use_up_retry_time() {
         // Nine 429s, then an answer, with 3 attempts: the refusals cost none of them.
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &policy(3),
             |n| async move {
                 Some(if n <= 9 {
@@ -323,7 +324,7 @@ mod tests {
         // however many attempts it has left.
         let mut p = policy(3);
         p.max_elapsed = Duration::from_millis(200);
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &p,
             |_| async { Some((Err(http(429)), Charge::Refused, Duration::ZERO)) },
             std::future::pending(),
@@ -347,7 +348,7 @@ mod tests {
         p.initial = Duration::from_secs(3600);
         p.max_elapsed = Duration::from_millis(1);
         // Two renewals then an answer, with one attempt and no retry time: both free.
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &p,
             |n| async move {
                 Some((
@@ -369,7 +370,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Refused whatever the credential: the ID fails after a few renewals.
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &p,
             |_| async move { Some((renewed(), Charge::Counted, Duration::ZERO)) },
             std::future::pending(),
@@ -389,7 +390,7 @@ mod tests {
         p.initial = Duration::from_secs(3600);
         p.max_interval = Duration::from_secs(3600);
         p.max_elapsed = Duration::from_secs(100_000);
-        let outcome = run(
+        let outcome: ItemOutcome = run(
             &p,
             |_| async { Some((Err(http(503)), Charge::Counted, Duration::ZERO)) },
             async {},

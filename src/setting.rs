@@ -39,6 +39,10 @@ pub enum Setting {
     Extract,
     /// Keep the whole body beside what is extracted.
     KeepBody,
+    /// IDs per request of a batch endpoint.
+    BatchSize,
+    /// The jq program splitting a batch answer into each ID's value.
+    Split,
     /// The limit of permanently failed IDs in a run.
     MaxFailures,
     /// How long the API may stay unreachable before the run stops.
@@ -94,6 +98,8 @@ impl Setting {
             Setting::RetryIf => "retry_if",
             Setting::Extract => "extract",
             Setting::KeepBody => "keep_body",
+            Setting::BatchSize => "batch_size",
+            Setting::Split => "split",
             Setting::MaxFailures => "max_failures",
             Setting::MaxOutage => "max_outage",
             Setting::Rate => "rate",

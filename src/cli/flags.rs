@@ -27,6 +27,8 @@ fn flag(setting: &Setting) -> Option<String> {
         Setting::RetryIf => "--retry-if",
         Setting::Extract => "--extract",
         Setting::KeepBody => "--keep-body",
+        Setting::BatchSize => "--batch-size",
+        Setting::Split => "--split",
         Setting::MaxFailures => "--max-failures",
         Setting::MaxOutage => "--max-outage",
         Setting::Rate => "--rate",

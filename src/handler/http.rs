@@ -39,7 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
@@ -47,7 +47,8 @@ use super::credentials::Credentials;
 use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
 
-use crate::answer::Answer;
+use super::batch::{splitter, BatchParts, BatchSpec};
+use crate::answer::{Answer, Splitter};
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
 use crate::quota::pacer::AnnouncedLimits;
@@ -89,6 +90,8 @@ pub struct HttpHandler {
     limits: Arc<AnnouncedLimits>,
     /// The job's credentials, read for each request.
     credentials: Credentials,
+    /// The job's batch endpoint, if it has one.
+    batch: Option<Box<Batch>>,
 }
 
 impl fmt::Debug for HttpHandler {
@@ -164,6 +167,7 @@ impl HttpHandler {
             answer: Answer::default(),
             limits: Arc::new(AnnouncedLimits::new()),
             credentials,
+            batch: None,
         })
     }
 
@@ -174,34 +178,125 @@ impl HttpHandler {
         self
     }
 
+    /// Call the job's batch endpoint: up to `spec.size` IDs per request, answers split by
+    /// `spec.split` ([`crate::handler::batch`]).
+    pub fn with_batch(mut self, spec: &BatchSpec) -> Result<HttpHandler, HandlerError> {
+        let splitter = splitter(&spec.split)?;
+        check_batch_templates(&self.request)?;
+        self.batch = Some(Box::new(Batch {
+            separator: spec.separator.clone(),
+            splitter,
+            source: spec.split.clone(),
+        }));
+        Ok(self)
+    }
+
     /// One attempt for `id`.
     pub async fn attempt(&self, id: &str) -> Result<Output, Failure> {
         self.attempt_row(id, None).await
     }
 
     /// One attempt for `id`, with its input row's kept columns (`{column}` in the templates).
+    /// A batch job's one ID is a batch of one.
     pub async fn attempt_row(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
+        if self.batch.is_some() {
+            return self.alone(id, row).await;
+        }
         let r = &self.request;
         let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
         let row = row_values(row)?;
-        let row = row.as_ref();
         if r.id_is_path_segment && (id == "." || id == "..") {
             return Err(unusable(format!(
                 "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
             )));
         }
+        let (status, headers, bytes) = self.exchange(Fill::One(id, row.as_ref())).await?;
+        let result = self.answer.judge(
+            Some(status),
+            || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+            bytes,
+        )?;
+        Ok(Output {
+            result,
+            status: Some(status),
+        })
+    }
+
+    /// One request for a batch of IDs (each with its row's kept columns), its answer split
+    /// into each ID's result ([`Answer::split`]); IDs the answer does not mention are not in
+    /// it. A failure is the whole request's (a status outside 2xx, no answer, an answer that
+    /// cannot be split).
+    pub async fn attempt_batch(
+        &self,
+        items: &[(&str, Option<&str>)],
+    ) -> Result<BatchParts, Failure> {
+        let Some(batch) = &self.batch else {
+            return Err(
+                Failure::permanent("this job has no batch endpoint").class(ErrorClass::Request)
+            );
+        };
+        let rows = items
+            .iter()
+            .map(|(_, row)| row_values(*row))
+            .collect::<Result<Vec<_>, _>>()?;
+        let filled: Vec<(&str, Option<&RowValues>)> = items
+            .iter()
+            .zip(&rows)
+            .map(|((id, _), row)| (*id, row.as_ref()))
+            .collect();
+        let (status, headers, bytes) = self
+            .exchange(Fill::Batch(&filled, &batch.separator))
+            .await?;
+        let parts = self.answer.split(
+            &batch.splitter,
+            Some(status),
+            || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+            &bytes,
+        )?;
+        Ok(parts
+            .into_iter()
+            .map(|(id, result)| {
+                let output = result.map(|result| Output {
+                    result,
+                    status: Some(status),
+                });
+                (id, output)
+            })
+            .collect())
+    }
+
+    /// A batch job's request for one ID: its part of the answer, or a retryable failure of
+    /// class `missing` when the answer does not mention it.
+    async fn alone(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
+        let parts = self.attempt_batch(&[(id, row)]).await?;
+        let mine = parts.into_iter().find(|(key, _)| key == id);
+        match mine {
+            Some((_, result)) => result,
+            None => Err(Failure::retry(format!(
+                "the batch answer does not mention the ID (asked alone; {} {:?})",
+                Setting::Split,
+                self.batch.as_ref().map_or("", |b| b.source.as_str())
+            ))
+            .class(ErrorClass::Missing)),
+        }
+    }
+
+    /// Send the request the templates make of `fill` and read its answer: the status, the
+    /// headers and the body of a 2xx answer, or why there is none.
+    async fn exchange(&self, fill: Fill<'_>) -> Result<(u16, HeaderMap, Vec<u8>), Failure> {
+        let r = &self.request;
+        let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
         let used = self.credentials.values().await?;
         let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
         let url = r
             .url
-            .url(id, row, &values)
+            .url(&fill.render(&r.url.template, &values))
             .map_err(|e| unusable(format!("the ID makes an invalid URL ({e})")))?;
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
-            let mut value =
-                HeaderValue::from_str(&value.render_row(id, row, &values)).map_err(|_| {
-                    unusable(format!("the ID makes an invalid value for header {name}"))
-                })?;
+            let mut value = HeaderValue::from_str(&fill.render(value, &values)).map_err(|_| {
+                unusable(format!("the ID makes an invalid value for header {name}"))
+            })?;
             if !used.is_empty() {
                 value.set_sensitive(true);
             }
@@ -211,7 +306,7 @@ impl HttpHandler {
             if r.json_body {
                 request = request.header(CONTENT_TYPE, "application/json");
             }
-            request = request.body(body.render_row(id, row, &values));
+            request = request.body(fill.render(body, &values));
         }
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
@@ -270,17 +365,37 @@ impl HttpHandler {
             return Err(failure);
         }
         self.credentials.accepted(&used);
-        let headers = response.headers();
-        let result = self.answer.judge(
-            Some(status.as_u16()),
-            || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+        Ok((
+            status.as_u16(),
+            std::mem::take(response.headers_mut()),
             bytes,
-        )?;
-        Ok(Output {
-            result,
-            status: Some(status.as_u16()),
-        })
+        ))
     }
+}
+
+/// What a request's templates are filled in with.
+enum Fill<'a> {
+    /// One ID and its row's kept columns.
+    One(&'a str, Option<&'a RowValues>),
+    /// A batch's IDs with their rows, and the separator of `{ids}`.
+    Batch(&'a [(&'a str, Option<&'a RowValues>)], &'a str),
+}
+
+impl Fill<'_> {
+    fn render(&self, template: &Template, credentials: &[&str]) -> String {
+        match self {
+            Fill::One(id, row) => template.render_row(id, *row, credentials),
+            Fill::Batch(items, separator) => template.render_batch(items, separator, credentials),
+        }
+    }
+}
+
+/// A job's batch endpoint, compiled.
+struct Batch {
+    separator: String,
+    splitter: Splitter,
+    /// The split program as written, for messages.
+    source: String,
 }
 
 /// Whether the environment names a proxy for reqwest's system proxy (the variables it reads
@@ -367,17 +482,10 @@ impl UrlTemplate {
         UrlTemplate { template, base }
     }
 
-    /// The URL for `id` with these credential values; an error says why the rendered text
-    /// is not a URL.
-    fn url(
-        &self,
-        id: &str,
-        row: Option<&RowValues>,
-        credentials: &[&str],
-    ) -> Result<reqwest::Url, String> {
-        let full = self.template.render_row(id, row, credentials);
+    /// The URL of a rendered template; an error says why the text is not a URL.
+    fn url(&self, full: &str) -> Result<reqwest::Url, String> {
         let Some((base, len)) = &self.base else {
-            return reqwest::Url::parse(&full).map_err(|e| e.to_string());
+            return reqwest::Url::parse(full).map_err(|e| e.to_string());
         };
         let rest = &full[*len..];
         let (rest, fragment) = match rest.split_once('#') {
@@ -512,6 +620,50 @@ impl Compiled {
 /// what must hold before a job is stored. `credentials`: the names of the job's credentials.
 pub fn check_templates(spec: &RequestSpec, credentials: &[&str]) -> Result<(), HandlerError> {
     Compiled::new(spec, &|_| Some("x".into()), credentials).map(|_| ())
+}
+
+/// A batch job's templates: `{ids}` or `{rows}` somewhere, and no `{id}` or `{column}`,
+/// which stand for one ID.
+fn check_batch_templates(r: &Compiled) -> Result<(), HandlerError> {
+    let templates = std::iter::once((Setting::Url, &r.url.template))
+        .chain(
+            r.headers
+                .iter()
+                .map(|(name, t)| (Setting::Header(Some(name.to_string())), t)),
+        )
+        .chain(r.body.iter().map(|t| (Setting::Body, t)));
+    let mut any = false;
+    for (what, t) in templates {
+        if t.has_single() {
+            return Err(HandlerError::Invalid {
+                what,
+                reason: "{id} and {column} stand for one ID; a batch request writes its IDs \
+                         with {ids} (or {rows} in the body)"
+                    .into(),
+            });
+        }
+        any |= t.has_ids();
+    }
+    if !any {
+        return Err(HandlerError::Invalid {
+            what: Setting::BatchSize,
+            reason: "a batch request needs {ids} in the URL, a header or the body (or {rows} \
+                     in the body)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Check a batch job's request and split program (without the environment).
+pub fn check_batch(
+    spec: &RequestSpec,
+    batch: &BatchSpec,
+    credentials: &[&str],
+) -> Result<(), HandlerError> {
+    let compiled = Compiled::new(spec, &|_| Some("x".into()), credentials)?;
+    splitter(&batch.split)?;
+    check_batch_templates(&compiled)
 }
 
 /// What a request that got no (whole) answer means: a timeout is pushback and outage
@@ -767,7 +919,11 @@ mod tests {
             for id in ids {
                 let whole =
                     reqwest::Url::parse(&url.template.render(id)).map_err(|e| e.to_string());
-                assert_eq!(url.url(id, None, &[]), whole, "template {t:?}, id {id:?}");
+                assert_eq!(
+                    url.url(&url.template.render_with(id, &[])),
+                    whole,
+                    "template {t:?}, id {id:?}"
+                );
             }
         }
     }

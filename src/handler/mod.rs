@@ -40,6 +40,7 @@ use crate::setting::Setting;
 
 pub use crate::failure::{ErrorClass, Failure, Next};
 
+pub mod batch;
 mod credentials;
 pub mod exec;
 pub mod http;

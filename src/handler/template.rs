@@ -15,6 +15,11 @@
 //! (a number, a JSON line's object) as its JSON text. `{name:json}` writes the value as JSON
 //! (a string with its quotes), for a body that wants the value itself. `{{` is a literal `{`.
 //! Any other `{` is text, so JSON bodies need no escaping.
+//!
+//! A batch request (several IDs per call, [`super::batch`]) has `{ids}`: in the URL or a
+//! header the IDs joined by the batch's separator, each encoded for where it stands; in the
+//! body a JSON array of the IDs. `{rows}` in the body is a JSON array of one object per ID:
+//! `{"id": ..., column: value, ...}` with the kept columns of its row.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
@@ -52,6 +57,10 @@ pub(crate) enum Piece {
         name: String,
         json: bool,
     },
+    /// A batch's IDs.
+    Ids,
+    /// A batch's rows, as JSON objects.
+    Rows,
 }
 
 /// A template with `${VAR}` already expanded: text and `{id}` slots.
@@ -90,6 +99,14 @@ impl Template {
                 pieces.push(Piece::Text(std::mem::take(&mut text)));
                 pieces.push(Piece::Id);
                 rest = after;
+            } else if let Some(after) = rest.strip_prefix("{ids}") {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+                pieces.push(Piece::Ids);
+                rest = after;
+            } else if let Some(after) = rest.strip_prefix("{rows}") {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+                pieces.push(Piece::Rows);
+                rest = after;
             } else if let Some(after) = rest.strip_prefix("{{") {
                 text.push('{');
                 rest = after;
@@ -126,6 +143,20 @@ impl Template {
         self.pieces.contains(&Piece::Id)
     }
 
+    /// Whether a batch's `{ids}` or `{rows}` stands in it.
+    pub(crate) fn has_ids(&self) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Ids | Piece::Rows))
+    }
+
+    /// Whether a single ID's `{id}` or `{column}` stands in it.
+    pub(crate) fn has_single(&self) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Id | Piece::Column { .. }))
+    }
+
     /// The input columns its `{column}` slots name, in order of appearance (repeats kept).
     pub(crate) fn columns(&self) -> impl Iterator<Item = &str> {
         self.pieces.iter().filter_map(|p| match p {
@@ -147,11 +178,7 @@ impl Template {
         let mut in_path = true;
         for (i, piece) in self.pieces.iter().enumerate() {
             match piece {
-                Piece::Text(t) => {
-                    if t.contains(['?', '#']) {
-                        in_path = false;
-                    }
-                }
+                Piece::Text(t) if t.contains(['?', '#']) => in_path = false,
                 Piece::Id if in_path => {
                     let before = i.checked_sub(1).map(|j| &self.pieces[j]);
                     let after = self.pieces.get(i + 1);
@@ -159,13 +186,13 @@ impl Template {
                     let ends = match after {
                         None => true,
                         Some(Piece::Text(t)) => t.starts_with(['/', '?', '#']),
-                        Some(Piece::Id | Piece::Credential(_) | Piece::Column { .. }) => false,
+                        Some(_) => false,
                     };
                     if starts && ends {
                         return true;
                     }
                 }
-                Piece::Id | Piece::Credential(_) | Piece::Column { .. } => {}
+                _ => {}
             }
         }
         false
@@ -206,6 +233,54 @@ impl Template {
                     }
                     (Some(value), _) => self.write(&mut out, &value.to_string()),
                 },
+                Piece::Ids | Piece::Rows => self.write(&mut out, id),
+            }
+        }
+        out
+    }
+
+    /// The text for a batch of `items` (each ID with its row's kept columns): `{ids}` and
+    /// `{rows}` as the module doc says, IDs in the URL or a header joined by `separator`.
+    pub(crate) fn render_batch(
+        &self,
+        items: &[(&str, Option<&RowValues>)],
+        separator: &str,
+        credentials: &[&str],
+    ) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Credential(i) => out.push_str(credentials.get(*i).unwrap_or(&"credential")),
+                Piece::Ids if self.encoding == IdEncoding::Json => {
+                    let ids: Vec<&str> = items.iter().map(|(id, _)| *id).collect();
+                    out.push_str(&serde_json::to_string(&ids).expect("strings serialize"));
+                }
+                Piece::Ids => {
+                    for (i, (id, _)) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push_str(separator);
+                        }
+                        self.write(&mut out, id);
+                    }
+                }
+                Piece::Rows => {
+                    let rows: Vec<serde_json::Value> = items
+                        .iter()
+                        .map(|(id, row)| {
+                            let mut object = row.cloned().unwrap_or_default();
+                            object.insert("id".into(), (*id).into());
+                            serde_json::Value::Object(object)
+                        })
+                        .collect();
+                    let text = serde_json::to_string(&rows).expect("values serialize");
+                    match self.encoding {
+                        IdEncoding::Json => out.push_str(&text),
+                        _ => self.write(&mut out, &text),
+                    }
+                }
+                // Refused in a batch job's templates before it is created.
+                Piece::Id | Piece::Column { .. } => {}
             }
         }
         out
