@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::stop::Stop;
-use crate::input::InputReader;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::JobSpec;
@@ -83,14 +82,13 @@ pub(super) async fn plan_fleet<S: Fleet>(
         if position.exhausted {
             return Ok(());
         }
-        let reader =
-            match InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len) {
-                Ok(reader) => reader,
-                Err(e) => {
-                    tracing::info!("not planning: the input cannot be read here ({e})");
-                    return Ok(());
-                }
-            };
+        let reader = match spec.input_reader(position.cursor) {
+            Ok(reader) => reader,
+            Err(e) => {
+                tracing::info!("not planning: the input cannot be read here ({e})");
+                return Ok(());
+            }
+        };
         if store.take_planner().await? {
             // From where the last planner left off: read again under the lease.
             let position = store.planner().await?;
@@ -106,7 +104,7 @@ pub(super) async fn plan_fleet<S: Fleet>(
             let reader = if position.cursor == reader.cursor() {
                 reader
             } else {
-                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)?
+                spec.input_reader(position.cursor)?
             };
             let planner = Planner::new(
                 reader,

@@ -15,7 +15,6 @@ use crate::engine::item::{job_work, Item};
 use crate::engine::member::{Alone, Member};
 use crate::engine::planner::plan_ahead;
 use crate::engine::writer::Track;
-use crate::input::InputReader;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
@@ -51,9 +50,9 @@ impl<S: Store + Leases> JobLog<S> {
         let planner = if position.exhausted {
             None
         } else {
-            let reader =
-                InputReader::open_bounded(&spec.input, position.cursor, spec.fingerprint.len)
-                    .map_err(PlanError::from)?;
+            let reader = spec
+                .input_reader(position.cursor)
+                .map_err(PlanError::from)?;
             Some(Planner::new(
                 reader,
                 position,
