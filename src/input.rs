@@ -3,7 +3,7 @@
 //! Owns the four input formats (plain text, CSV, JSONL, Parquet), the rules that turn a line into an
 //! ID or into a bad line, the [`Cursor`] that lets a reader start again at any row boundary
 //! without re-reading what came before, and the input [`Fingerprint`] that detects a changed
-//! file on resume. A folder of files is read as one input ([`folder`]).
+//! file on resume. A folder of files is read as one input (the `folder` module).
 //!
 //! Rows are what buckets are cut from: every data record is a row (a non-blank line of a text
 //! or JSONL file, a CSV record after the header, a row of a Parquet file), including records
@@ -58,7 +58,7 @@ impl fmt::Display for InputFormat {
     }
 }
 
-/// Where the IDs come from: the file (or the folder of files, [`folder`]) and how to read it.
+/// Where the IDs come from: the file (or the folder of files, read as one) and how to read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputSpec {
     pub path: PathBuf,
@@ -330,6 +330,15 @@ impl InputReader {
         match &self.inner {
             Inner::Folder(rows) => rows.path(),
             _ => &self.path,
+        }
+    }
+
+    /// Of a folder input, the name of the file being read (the one of the row read last);
+    /// `None` for a file input.
+    pub fn file_in_folder(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Folder(rows) => rows.path().file_name().and_then(|n| n.to_str()),
+            _ => None,
         }
     }
 

@@ -141,6 +141,10 @@ fn a_bad_line_in_the_second_file_is_named_by_that_file_and_line() {
     assert_eq!(status["stats"]["bad_lines"], 1, "{status}");
     assert_eq!(status["bad_line_examples"][0]["row"], 3, "{status}");
     assert_eq!(status["bad_line_examples"][0]["line"], 3, "{status}");
+    assert_eq!(
+        status["bad_line_examples"][0]["reason"], "b.jsonl: object has no field \"id\"",
+        "{status}"
+    );
 }
 
 #[test]
