@@ -123,10 +123,15 @@ mod tests {
 
     /// A job over a folder of three text files, planned to its end.
     async fn planned_job() -> (tempfile::TempDir, SledStore, PlannerState) {
+        planned_job_ending("d\ne\n").await
+    }
+
+    /// [`planned_job`] with `last` as its last file (two rows).
+    async fn planned_job_ending(last: &str) -> (tempfile::TempDir, SledStore, PlannerState) {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("in");
         std::fs::create_dir(&input).unwrap();
-        for (name, ids) in [("p0", "a\nb\n"), ("p1", "c\n"), ("p2", "d\ne\n")] {
+        for (name, ids) in [("p0", "a\nb\n"), ("p1", "c\n"), ("p2", last)] {
             std::fs::write(input.join(name), ids).unwrap();
         }
         let store = SledStore::open(
@@ -145,11 +150,12 @@ mod tests {
         };
         let spec = open_job(&store, &request).await.unwrap();
         assert_eq!(spec.input_files.len(), 3);
-        assert_eq!(spec.fingerprint.len, 10);
+        let len = 6 + last.len() as u64;
+        assert_eq!(spec.fingerprint.len, len);
         let end = PlannerState {
             next_bucket: 2,
             cursor: Cursor {
-                byte: 10,
+                byte: len,
                 line: 3,
                 row: 5,
             },
@@ -241,5 +247,54 @@ mod tests {
         );
         std::fs::remove_file(input(&dir).join("p10")).unwrap();
         resume(&store).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_last_file_grown_and_new_files_at_once_are_read_on_from_the_cursor() {
+        // The old last line had no newline: the appended part starts with one.
+        let (dir, store, _) = planned_job_ending("d\ne").await;
+        std::fs::write(input(&dir).join("p2"), "d\ne\nf\n").unwrap();
+        std::fs::write(input(&dir).join("p3"), "g\n").unwrap();
+        let spec = resume(&store).await.unwrap();
+        let change = &spec.history[0].changes[0];
+        assert!(
+            change.contains("p2 grew from 3 to 6 bytes") && change.contains("a new file p3"),
+            "{change}"
+        );
+        let planner = store.planner().await.unwrap();
+        let mut reader = spec.input_reader(planner.cursor).unwrap();
+        let mut rows = vec![];
+        while let Some(row) = reader.next_row().unwrap() {
+            rows.push((row.index, row.line, row.id.unwrap()));
+        }
+        assert_eq!(rows, [(5, 3, "f".to_string()), (6, 1, "g".to_string())]);
+    }
+
+    #[tokio::test]
+    async fn a_moved_folder_resumes_and_a_file_in_its_place_is_refused() {
+        let (dir, store, _) = planned_job().await;
+        let moved = dir.path().join("moved");
+        std::fs::rename(input(&dir), &moved).unwrap();
+        let request = |path: std::path::PathBuf| JobRequest {
+            input: Some(InputSpec {
+                path,
+                format: InputFormat::Text,
+            }),
+            ..JobRequest::default()
+        };
+        let spec = open_job(&store, &request(moved.clone())).await.unwrap();
+        assert_eq!(spec.input.path, moved);
+        assert!(
+            spec.history[0].changes[0].contains("input moved"),
+            "{:?}",
+            spec.history
+        );
+        let file = dir.path().join("ids.txt");
+        std::fs::write(&file, "a\n").unwrap();
+        let err = open_job(&store, &request(file))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the job's input is a folder"), "{err}");
     }
 }
