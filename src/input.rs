@@ -22,8 +22,8 @@ mod folder;
 mod parquet;
 pub use folder::{
     fingerprint as folder_fingerprint, fingerprint_files as folder_files,
-    fingerprint_planned as folder_fingerprint_planned, format_of as folder_format, is_data_name,
-    list as folder_list, InputFile,
+    fingerprint_planned as folder_fingerprint_planned, folder_of, format_of as folder_format,
+    is_data_name, is_folder_input, list as folder_list, InputFile,
 };
 #[cfg(test)]
 pub(crate) use parquet::test_file as parquet_test_file;
@@ -226,7 +226,7 @@ impl InputReader {
         cursor: Cursor,
         end: u64,
     ) -> Result<InputReader, InputError> {
-        if folder::is_folder(&spec.path) {
+        if folder::is_folder_input(&spec.path) {
             let rows = folder::FolderRows::open(spec, files, cursor, end)?;
             return Ok(InputReader {
                 path: spec.path.clone(),

@@ -382,10 +382,12 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     check_retry_exit_codes(request, &probe)?;
     check_work(&probe)?;
     crate::answer::Answer::compile(&probe.answer)?;
-    std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
-        path: input.path.clone(),
-        source,
-    })?;
+    if !crate::input::is_folder_input(&input.path) {
+        std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
+            path: input.path.clone(),
+            source,
+        })?;
+    }
     // The input must hold a first row (in its format: a CSV header with the ID column).
     let mut reader = crate::input::InputReader::open(input, crate::input::Cursor::default())?;
     if reader.next_row()?.is_none() {
@@ -435,7 +437,7 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             };
             check_new_job(request)?;
             let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
-            let (input_files, fingerprint) = if input.path.is_dir() {
+            let (input_files, fingerprint) = if crate::input::is_folder_input(&input.path) {
                 folder_input::plan(&input.path)?
             } else {
                 (Vec::new(), Fingerprint::of_file(&input.path)?)
@@ -625,7 +627,7 @@ struct GrownInput {
 /// refused when changed otherwise than by growing.
 fn grown_input(stored: &JobSpec, asked: &JobSpec) -> Result<Option<GrownInput>, JobError> {
     let was_folder = !stored.input_files.is_empty();
-    if was_folder != asked.input.path.is_dir() {
+    if was_folder != crate::input::is_folder_input(&asked.input.path) {
         let (was, is) = if was_folder {
             ("folder", "not a folder")
         } else {

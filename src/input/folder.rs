@@ -1,5 +1,6 @@
 //! Folder input: the data files directly in a folder, read in name order as one input, as
-//! Spark's file source reads a folder of part files.
+//! Spark's file source reads a folder of part files; or the files a glob names (`data/*.csv`,
+//! with a `*` in the last component only: its folder's data files whose names match).
 //!
 //! Owns which files of a folder are data ([`list`]: regular files, not recursive, hidden
 //! names and the names Spark and Hadoop write beside data skipped), the format their
@@ -50,9 +51,53 @@ pub fn is_data_name(name: &str) -> bool {
     !(name.starts_with('.') || name.starts_with('_') || name.ends_with(".crc"))
 }
 
-/// The data files directly in `dir`, by name in byte order (see [`is_data_name`]); not
-/// recursive: folders in it are skipped. A name that is not UTF-8 is refused.
-pub fn list(dir: &Path) -> Result<Vec<String>, InputError> {
+/// The folder holding a folder input's files, and the pattern their names must match when
+/// the input is a glob (`data/part-*.csv`: a `*` in the last component only).
+fn split(input: &Path) -> (&Path, Option<&str>) {
+    match input.file_name().and_then(|n| n.to_str()) {
+        Some(name) if name.contains('*') && !input.exists() => {
+            (input.parent().unwrap_or(Path::new(".")), Some(name))
+        }
+        _ => (input, None),
+    }
+}
+
+/// Whether `input` names a folder input: a folder, or a glob whose last component holds a
+/// `*` (any run of characters).
+pub fn is_folder_input(input: &Path) -> bool {
+    input.is_dir() || split(input).1.is_some()
+}
+
+/// The folder holding a folder input's files (the folder itself, or a glob's folder).
+pub fn folder_of(input: &Path) -> &Path {
+    split(input).0
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
+fn glob_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// The data files of the folder input `input`, by name in byte order: the regular files
+/// directly in the folder (or those a glob matches), not recursive, names that are not data
+/// skipped ([`is_data_name`]). A data file whose name is not UTF-8 is refused.
+pub fn list(input: &Path) -> Result<Vec<String>, InputError> {
+    let (dir, pattern) = split(input);
     let read_err = |source| InputError::Read {
         path: dir.to_owned(),
         source,
@@ -63,6 +108,10 @@ pub fn list(dir: &Path) -> Result<Vec<String>, InputError> {
         source,
     })? {
         let entry = entry.map_err(read_err)?;
+        let lossy = entry.file_name().to_string_lossy().into_owned();
+        if !is_data_name(&lossy) || pattern.is_some_and(|p| !glob_matches(p, &lossy)) {
+            continue;
+        }
         // Through a symbolic link: a link to a data file is a data file.
         let meta = std::fs::metadata(entry.path()).map_err(read_err)?;
         if !meta.is_file() {
@@ -74,17 +123,20 @@ pub fn list(dir: &Path) -> Result<Vec<String>, InputError> {
                 reason: "the file's name is not UTF-8".into(),
             });
         };
-        if is_data_name(&name) {
-            names.push(name);
-        }
+        names.push(name);
     }
     names.sort_unstable();
     if names.is_empty() {
+        let reason = match pattern {
+            Some(_) => "no data file matches the pattern".to_string(),
+            None => "the input folder holds no data files".to_string(),
+        };
         return Err(InputError::Folder {
-            path: dir.to_owned(),
-            reason: "the input folder holds no data files (hidden files and names starting \
-                     with `_` or ending in `.crc` are not data)"
-                .into(),
+            path: input.to_owned(),
+            reason: format!(
+                "{reason} (hidden files and names starting with `_` or ending in `.crc` are \
+                 not data)"
+            ),
         });
     }
     Ok(names)
@@ -117,7 +169,7 @@ pub fn fingerprint_files(dir: &Path) -> Result<Vec<InputFile>, InputError> {
     list(dir)?
         .into_iter()
         .map(|name| {
-            let f = Fingerprint::of_file(&dir.join(&name))?;
+            let f = Fingerprint::of_file(&folder_of(dir).join(&name))?;
             Ok(InputFile {
                 name,
                 len: f.len,
@@ -149,7 +201,7 @@ pub fn fingerprint_planned(dir: &Path, planned: &[InputFile]) -> Result<Fingerpr
     let now = planned
         .iter()
         .map(|f| {
-            let now = Fingerprint::of_file(&dir.join(&f.name))?;
+            let now = Fingerprint::of_file(&folder_of(dir).join(&f.name))?;
             Ok(InputFile {
                 name: f.name.clone(),
                 len: now.len,
@@ -193,7 +245,7 @@ impl FolderRows {
             list(&spec.path)?
                 .into_iter()
                 .map(|name| {
-                    let path = spec.path.join(&name);
+                    let path = folder_of(&spec.path).join(&name);
                     let len = std::fs::metadata(&path)
                         .map_err(|source| InputError::Open { path, source })?
                         .len();
@@ -254,7 +306,7 @@ impl FolderRows {
         } else {
             *len
         };
-        self.path = self.spec.path.join(name);
+        self.path = folder_of(&self.spec.path).join(name);
         // An empty file holds no rows (Spark writes empty part files without a CSV header).
         let empty = end == 0 || std::fs::metadata(&self.path).is_ok_and(|m| m.len() == 0);
         self.reader = if empty {
@@ -320,11 +372,6 @@ impl FolderRows {
             self.open_file(Cursor::default())?;
         }
     }
-}
-
-/// Whether `path` names a folder input.
-pub(super) fn is_folder(path: &Path) -> bool {
-    path.is_dir()
 }
 
 #[cfg(test)]
@@ -393,6 +440,37 @@ mod tests {
         // Byte order: upper case before lower case.
         assert_eq!(names, ["Part-03.csv", "part-02.csv", "part-10.csv"]);
         assert_eq!(format_of(dir.path()).unwrap(), "csv");
+    }
+
+    #[test]
+    fn a_glob_names_the_matching_data_files_of_its_folder() {
+        for (pattern, name, matches) in [
+            ("*.csv", "a.csv", true),
+            ("*.csv", "a.csv.gz", false),
+            ("part-*.csv", "part-1.csv", true),
+            ("part-*.csv", "xpart-1.csv", false),
+            ("p*-*.csv", "part-0001.csv", true),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+            ("*", "anything", true),
+            ("exact", "exact", true),
+            ("exact", "exact2", false),
+        ] {
+            assert_eq!(glob_matches(pattern, name), matches, "{pattern} {name}");
+        }
+        let dir = folder(&[
+            ("part-1.csv", b"x"),
+            ("part-0.csv", b"x"),
+            ("other.csv", b"x"),
+            ("_part-2.csv", b"x"),
+        ]);
+        let glob = dir.path().join("part-*.csv");
+        assert!(is_folder_input(&glob) && is_folder_input(dir.path()));
+        assert!(!is_folder_input(&dir.path().join("other.csv")));
+        assert_eq!(folder_of(&glob), dir.path());
+        assert_eq!(list(&glob).unwrap(), ["part-0.csv", "part-1.csv"]);
+        let err = list(&dir.path().join("*.txt")).unwrap_err().to_string();
+        assert!(err.contains("no data file matches the pattern"), "{err}");
     }
 
     #[test]

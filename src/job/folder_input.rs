@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use crate::input::{folder_fingerprint, folder_list, Fingerprint, InputFile, InputSpec};
+use crate::input::{folder_fingerprint, folder_list, folder_of, Fingerprint, InputFile, InputSpec};
 
 use super::{appended, GrownInput, JobError};
 
@@ -19,8 +19,8 @@ pub(super) fn judge(
     input: &InputSpec,
     planned: &[InputFile],
 ) -> Result<Option<GrownInput>, JobError> {
-    let dir = &input.path;
-    let now = folder_list(dir)?;
+    let now = folder_list(&input.path)?;
+    let dir = folder_of(&input.path);
     for (i, p) in planned.iter().enumerate() {
         match now.get(i) {
             Some(name) if *name == p.name => {}

@@ -75,6 +75,31 @@ fn a_folder_of_three_csv_files_then_a_fourth_added_runs_as_a_grown_input() {
 }
 
 #[test]
+fn a_glob_reads_the_files_it_matches_and_a_new_match_is_a_grown_input() {
+    let h = Harness::new(ApiConfig::fast());
+    let dir = spark_folder(&h, "mixed");
+    csv_part(&dir, "users-1.csv", &some_ids(0, 10));
+    csv_part(&dir, "users-2.csv", &some_ids(10, 10));
+    std::fs::write(dir.join("notes.txt"), "not IDs\n").unwrap();
+    let glob = dir.join("users-*.csv");
+    let state = h.state();
+    h.run_new(
+        &state,
+        &glob,
+        &h.url(),
+        &["--id-column", "id", "--bucket-size", "3"],
+    )
+    .expect_no_panic()
+    .expect_code(0);
+    h.check_export_exactly_once(&h.export(&state), &some_ids(0, 20));
+    csv_part(&dir, "users-3.csv", &some_ids(20, 5));
+    csv_part(&dir, "zzz.csv", &some_ids(100, 5));
+    h.resume(&state, &[]).expect_no_panic().expect_code(0);
+    h.check_export_exactly_once(&h.export(&state), &some_ids(0, 25));
+    assert_eq!(h.api.total_calls(), 25);
+}
+
+#[test]
 fn a_changed_planned_file_or_one_inserted_before_the_last_is_refused_naming_it() {
     let h = Harness::new(ApiConfig::fast());
     let dir = spark_folder(&h, "ids");
