@@ -17,7 +17,10 @@
 //! planned lengths, which never change while the job lasts), so a cursor of a single-file job
 //! and one of a folder are stored alike. A cursor at the end of one file and the start of the
 //! next is read as the start of the next (line 1); the last planned file takes every byte from
-//! its start on, so a cursor at its planned end still addresses it when it has grown.
+//! its start on, so a cursor at its planned end still addresses it when it has grown. A
+//! Parquet file, which seeks by row, takes its row in the file from the cursor's line (the
+//! 1-based row in the file); its byte, only proportional to the row, is kept strictly inside
+//! the file except at its first row and after its last, so that it never reads as a boundary.
 
 use std::path::{Path, PathBuf};
 
@@ -142,10 +145,11 @@ pub fn list(input: &Path) -> Result<Vec<String>, InputError> {
     Ok(names)
 }
 
-/// The format the extensions of `dir`'s data files say (as [`format_from_extension`] says
-/// it of one file): the same for every file, or an error naming two files that differ.
-pub fn format_of(dir: &Path) -> Result<&'static str, InputError> {
-    let names = list(dir)?;
+/// The format the extensions of the folder input `input`'s data files say (as
+/// [`format_from_extension`] says it of one file): the same for every file, or an error
+/// naming two files that differ.
+pub fn format_of(input: &Path) -> Result<&'static str, InputError> {
+    let names = list(input)?;
     let first = &names[0];
     let format = format_from_extension(Path::new(first));
     if let Some(other) = names
@@ -153,7 +157,7 @@ pub fn format_of(dir: &Path) -> Result<&'static str, InputError> {
         .find(|n| format_from_extension(Path::new(n)) != format)
     {
         return Err(InputError::Folder {
-            path: dir.to_owned(),
+            path: input.to_owned(),
             reason: format!(
                 "the input folder mixes formats: {first} is {format} and {other} is {} (one \
                  format for every file; name the format to read them all as one)",
@@ -164,12 +168,12 @@ pub fn format_of(dir: &Path) -> Result<&'static str, InputError> {
     Ok(format)
 }
 
-/// The fingerprint of each data file of `dir` as it is now, in name order.
-pub fn fingerprint_files(dir: &Path) -> Result<Vec<InputFile>, InputError> {
-    list(dir)?
+/// The fingerprint of each data file of the folder input `input` as it is now, in name order.
+pub fn fingerprint_files(input: &Path) -> Result<Vec<InputFile>, InputError> {
+    list(input)?
         .into_iter()
         .map(|name| {
-            let f = Fingerprint::of_file(&folder_of(dir).join(&name))?;
+            let f = Fingerprint::of_file(&folder_of(input).join(&name))?;
             Ok(InputFile {
                 name,
                 len: f.len,
@@ -195,13 +199,13 @@ pub fn fingerprint(files: &[InputFile]) -> Fingerprint {
     }
 }
 
-/// The planned files of `dir` hashed again as they are now: equal to the job's fingerprint
-/// when none changed (files added since are not looked at).
-pub fn fingerprint_planned(dir: &Path, planned: &[InputFile]) -> Result<Fingerprint, InputError> {
+/// The planned files of the folder input `input` hashed again as they are now: equal to the
+/// job's fingerprint when none changed (files added since are not looked at).
+pub fn fingerprint_planned(input: &Path, planned: &[InputFile]) -> Result<Fingerprint, InputError> {
     let now = planned
         .iter()
         .map(|f| {
-            let now = Fingerprint::of_file(&folder_of(dir).join(&f.name))?;
+            let now = Fingerprint::of_file(&folder_of(input).join(&f.name))?;
             Ok(InputFile {
                 name: f.name.clone(),
                 len: now.len,
