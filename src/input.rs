@@ -343,11 +343,13 @@ impl InputReader {
     }
 
     /// How many rows the whole file holds, when its format says so without reading them (a
-    /// Parquet file's footer); `None` for the line formats, which must be read to know.
+    /// Parquet file's footer; of a folder of Parquet files, the sum of their footers'); `None`
+    /// for the line formats, which must be read to know.
     pub fn rows_in_file(&self) -> Option<u64> {
         match &self.inner {
             Inner::Parquet(rows) => Some(rows.rows_in_file()),
-            Inner::Lines { .. } | Inner::Csv { .. } | Inner::Folder(_) => None,
+            Inner::Folder(rows) => rows.rows_in_files(),
+            Inner::Lines { .. } | Inner::Csv { .. } => None,
         }
     }
 

@@ -325,6 +325,25 @@ impl FolderRows {
         Ok(())
     }
 
+    /// How many rows the files hold, when their format says so without reading them (a
+    /// Parquet file's footer): each file's footer is read.
+    pub(super) fn rows_in_files(&self) -> Option<u64> {
+        if !matches!(self.spec.format, InputFormat::Parquet { .. }) {
+            return None;
+        }
+        let mut total = 0;
+        for (name, _) in &self.files {
+            let spec = InputSpec {
+                path: folder_of(&self.spec.path).join(name),
+                ..self.spec.clone()
+            };
+            total += InputReader::open(&spec, Cursor::default())
+                .ok()?
+                .rows_in_file()?;
+        }
+        Some(total)
+    }
+
     /// The file being read, for messages.
     pub(super) fn path(&self) -> &Path {
         &self.path
@@ -587,6 +606,8 @@ mod tests {
         );
         let rows = check_every_cursor_resumes(&spec);
         assert_eq!(rows.len(), 29);
+        let reader = InputReader::open(&spec, Cursor::default()).unwrap();
+        assert_eq!(reader.rows_in_file(), Some(29));
         assert_eq!(rows[19], (19, 20, "p0.parquet".into(), "id19".into()));
         assert_eq!(rows[20], (20, 1, "p2.parquet".into(), "id20".into()));
         assert_eq!(rows[28], (28, 9, "p2.parquet".into(), "id28".into()));
