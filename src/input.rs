@@ -3,7 +3,7 @@
 //! Owns the four input formats (plain text, CSV, JSONL, Parquet), the rules that turn a line into an
 //! ID or into a bad line, the [`Cursor`] that lets a reader start again at any row boundary
 //! without re-reading what came before, and the input [`Fingerprint`] that detects a changed
-//! file on resume.
+//! file on resume. A folder of files is read as one input (the `folder` module).
 //!
 //! Rows are what buckets are cut from: every data record is a row (a non-blank line of a text
 //! or JSONL file, a CSV record after the header, a row of a Parquet file), including records
@@ -18,7 +18,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod folder;
 mod parquet;
+pub use folder::{
+    fingerprint as folder_fingerprint, fingerprint_files as folder_files,
+    fingerprint_planned as folder_fingerprint_planned, folder_of, format_of as folder_format,
+    is_data_name, is_folder_input, list as folder_list, InputFile,
+};
 #[cfg(test)]
 pub(crate) use parquet::test_file as parquet_test_file;
 
@@ -52,7 +58,7 @@ impl fmt::Display for InputFormat {
     }
 }
 
-/// Where the IDs come from: the file and how to read it.
+/// Where the IDs come from: the file (or the folder of files, read as one) and how to read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputSpec {
     pub path: PathBuf,
@@ -76,6 +82,9 @@ pub enum InputError {
     /// fit: no ID column, a column that cannot hold IDs, not a file of the format.
     #[error("{path}: {reason}")]
     Header { path: PathBuf, reason: String },
+    /// A folder input that cannot be read as one: no data files, files of mixed formats.
+    #[error("{path}: {reason}")]
+    Folder { path: PathBuf, reason: String },
 }
 
 /// The position of the next row to read: a row boundary, valid for seeking.
@@ -197,6 +206,7 @@ enum Inner {
         unterminated_len: Option<u64>,
     },
     Parquet(Box<parquet::ParquetRows>),
+    Folder(Box<folder::FolderRows>),
 }
 
 impl InputReader {
@@ -214,6 +224,25 @@ impl InputReader {
         cursor: Cursor,
         end: u64,
     ) -> Result<InputReader, InputError> {
+        Self::open_planned(spec, &[], cursor, end)
+    }
+
+    /// [`InputReader::open_bounded`] of a job's input: a folder input reads the `files` the
+    /// job planned (every data file in it now when empty); a file ignores them.
+    pub fn open_planned(
+        spec: &InputSpec,
+        files: &[InputFile],
+        cursor: Cursor,
+        end: u64,
+    ) -> Result<InputReader, InputError> {
+        if folder::is_folder_input(&spec.path) {
+            let rows = folder::FolderRows::open(spec, files, cursor, end)?;
+            return Ok(InputReader {
+                path: spec.path.clone(),
+                cursor: rows.cursor(),
+                inner: Inner::Folder(Box::new(rows)),
+            });
+        }
         let path = spec.path.clone();
         let open_err = |source| InputError::Open {
             path: path.clone(),
@@ -325,20 +354,35 @@ impl InputReader {
                     .map_err(header)?;
             }
             Inner::Parquet(rows) => rows.keep_columns(columns)?,
+            Inner::Folder(rows) => rows.keep_columns(columns)?,
         }
         Ok(())
     }
 
-    /// The input file's path, for messages.
+    /// The input file's path, for messages (of a folder, the file being read).
     pub fn path(&self) -> &Path {
-        &self.path
+        match &self.inner {
+            Inner::Folder(rows) => rows.path(),
+            _ => &self.path,
+        }
+    }
+
+    /// Of a folder input, the name of the file being read (the one of the row read last);
+    /// `None` for a file input.
+    pub fn file_in_folder(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Folder(rows) => rows.path().file_name().and_then(|n| n.to_str()),
+            _ => None,
+        }
     }
 
     /// How many rows the whole file holds, when its format says so without reading them (a
-    /// Parquet file's footer); `None` for the line formats, which must be read to know.
+    /// Parquet file's footer; of a folder of Parquet files, the sum of their footers'); `None`
+    /// for the line formats, which must be read to know.
     pub fn rows_in_file(&self) -> Option<u64> {
         match &self.inner {
             Inner::Parquet(rows) => Some(rows.rows_in_file()),
+            Inner::Folder(rows) => rows.rows_in_files(),
             Inner::Lines { .. } | Inner::Csv { .. } => None,
         }
     }
@@ -443,6 +487,11 @@ impl InputReader {
                 }))
             }
             Inner::Parquet(rows) => {
+                let row = rows.next_row()?;
+                self.cursor = rows.cursor();
+                Ok(row)
+            }
+            Inner::Folder(rows) => {
                 let row = rows.next_row()?;
                 self.cursor = rows.cursor();
                 Ok(row)

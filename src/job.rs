@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::answer::{AnswerError, AnswerSpec};
 use crate::handler::exec::DEFAULT_RETRY_EXIT_CODES;
-use crate::input::{Fingerprint, InputSpec};
+use crate::input::{Fingerprint, InputFile, InputSpec};
 use crate::setting::Setting;
 use crate::store::{JobView, Store, StoreError};
 
@@ -51,6 +51,12 @@ pub enum JobError {
         what: String,
         then: Fingerprint,
         now: Fingerprint,
+    },
+    /// A folder input whose planned files are not all there, in the same order, any more.
+    #[error("input folder changed since the job was created: {path}: {what}; refusing to resume against it")]
+    FolderChanged {
+        path: std::path::PathBuf,
+        what: String,
     },
     #[error("input {0} holds no IDs (it is empty or only blank lines)")]
     EmptyInput(std::path::PathBuf),
@@ -180,6 +186,7 @@ impl JobRequest {
             job_id: new_job_id(),
             input: input.clone(),
             fingerprint,
+            input_files: Vec::new(),
             bucket_size: self.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE),
             request: RequestSpec {
                 method: self
@@ -393,10 +400,12 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     check_retry_exit_codes(request, &probe)?;
     check_work(&probe)?;
     crate::answer::Answer::compile(&probe.answer)?;
-    std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
-        path: input.path.clone(),
-        source,
-    })?;
+    if !crate::input::is_folder_input(&input.path) {
+        std::fs::File::open(&input.path).map_err(|source| crate::input::InputError::Open {
+            path: input.path.clone(),
+            source,
+        })?;
+    }
     // The input must hold a first row (in its format: a CSV header with the ID column and
     // the columns kept).
     let mut reader = crate::input::InputReader::open(input, crate::input::Cursor::default())?;
@@ -434,7 +443,7 @@ pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
 /// Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
 pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
-    use crate::input::{Cursor, InputReader};
+    use crate::input::Cursor;
     check_request(request)?;
     match stored_job(store).await? {
         None => {
@@ -448,16 +457,19 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             };
             check_new_job(request)?;
             let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
-            let fingerprint = Fingerprint::of_file(&input.path)?;
-            let mut reader = InputReader::open(input, Cursor::default())?;
-            reader.keep_columns(&probe.columns)?;
-            if reader.next_row()?.is_none() {
-                return Err(JobError::EmptyInput(input.path.clone()));
-            }
+            let (input_files, fingerprint) = if crate::input::is_folder_input(&input.path) {
+                folder_input::plan(&input.path)?
+            } else {
+                (Vec::new(), Fingerprint::of_file(&input.path)?)
+            };
             let spec = JobSpec {
                 fingerprint,
+                input_files,
                 ..probe
             };
+            if spec.input_reader(Cursor::default())?.next_row()?.is_none() {
+                return Err(JobError::EmptyInput(input.path.clone()));
+            }
             store.put_job(&spec.to_stored()).await?;
             Ok(spec)
         }
@@ -466,30 +478,28 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
             // The input may have moved (a new --input path) or grown by appending, but
             // what was planned from it never changes.
             let moved = asked.input.path != stored.input.path;
-            let now = Fingerprint::of_file(&asked.input.path)?;
-            if now != stored.fingerprint {
-                let skip =
-                    appended(&asked.input, &stored.fingerprint, now).map_err(|e| match e {
-                        JobError::InputChanged {
-                            path,
-                            what,
-                            then,
-                            now,
-                        } if moved => JobError::InputChanged {
-                            what: format!(
-                                "{what}; the job was created from {}, not from this file",
-                                stored.input.path.display()
-                            ),
-                            path,
-                            then,
-                            now,
-                        },
-                        e => e,
-                    })?;
+            let grown = grown_input(&stored, &asked).map_err(|e| match e {
+                JobError::InputChanged {
+                    path,
+                    what,
+                    then,
+                    now,
+                } if moved => JobError::InputChanged {
+                    what: format!(
+                        "{what}; the job was created from {}, not from this file",
+                        stored.input.path.display()
+                    ),
+                    path,
+                    then,
+                    now,
+                },
+                e => e,
+            })?;
+            if let Some(grown) = grown {
                 let mut planner = store.planner().await?;
                 if planner.cursor.byte == stored.fingerprint.len {
                     // The old last line had no newline: the appended newline still ends it.
-                    planner.cursor.byte += skip;
+                    planner.cursor.byte += grown.skip;
                 }
                 planner.exhausted = false;
                 store.set_planner(&planner).await?;
@@ -497,12 +507,13 @@ pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSp
                     at_ms: now_ms(),
                     command: request.command.clone(),
                     changes: vec![format!(
-                        "input grew from {} to {} bytes (new rows become new buckets from bucket {})",
-                        stored.fingerprint.len, now.len, planner.next_bucket
+                        "{} (new rows become new buckets from bucket {})",
+                        grown.change, planner.next_bucket
                     )],
                     previous_input: Some(stored.fingerprint),
                 });
-                asked.fingerprint = now;
+                asked.fingerprint = grown.fingerprint;
+                asked.input_files = grown.files;
             }
             if moved {
                 // The same content (or the same with rows appended) at a new place: the job is
@@ -646,6 +657,56 @@ pub async fn join_job<S: Store>(
     Ok(Some(asked))
 }
 
+/// An input that grew since it was planned: a file by appending rows, a folder by new files
+/// after the planned ones (and rows appended to the last).
+struct GrownInput {
+    /// A folder's files now to read, in name order: the planned ones (the last maybe longer)
+    /// and the new ones; none for a file.
+    files: Vec<InputFile>,
+    /// The input's fingerprint now.
+    fingerprint: Fingerprint,
+    /// Bytes of newline that start the last planned file's appended part and end its old
+    /// last line, to step over (see [`appended`]).
+    skip: u64,
+    /// What grew, for the job's history.
+    change: String,
+}
+
+/// How the input `asked` names grew since `stored` was planned: `None` when unchanged;
+/// refused when changed otherwise than by growing.
+fn grown_input(stored: &JobSpec, asked: &JobSpec) -> Result<Option<GrownInput>, JobError> {
+    let was_folder = !stored.input_files.is_empty();
+    if was_folder != crate::input::is_folder_input(&asked.input.path) {
+        let (was, is) = if was_folder {
+            ("folder", "not a folder")
+        } else {
+            ("file", "a folder")
+        };
+        return Err(JobError::Usage(format!(
+            "the job's input is a {was} ({}); {} is {is}",
+            stored.input.path.display(),
+            asked.input.path.display()
+        )));
+    }
+    if was_folder {
+        return folder_input::judge(&asked.input, &stored.input_files);
+    }
+    let now = Fingerprint::of_file(&asked.input.path)?;
+    if now == stored.fingerprint {
+        return Ok(None);
+    }
+    let skip = appended(&asked.input, &stored.fingerprint, now)?;
+    Ok(Some(GrownInput {
+        files: Vec::new(),
+        fingerprint: now,
+        skip,
+        change: format!(
+            "input grew from {} to {} bytes",
+            stored.fingerprint.len, now.len
+        ),
+    }))
+}
+
 /// Check that `spec.path` (now `now`) is the input fingerprinted as `then` with rows
 /// appended. Returns how many bytes of newline the appended part starts with that end the
 /// old last line (when the old content did not end with a newline), to step over.
@@ -718,6 +779,7 @@ fn new_job_id() -> String {
 }
 
 mod builder;
+mod folder_input;
 mod reporters;
 mod results;
 

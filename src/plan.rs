@@ -103,6 +103,11 @@ impl Planner {
                     // A row read makes its bucket non-empty: it is pushed below.
                     Ok(id) => read.push((buckets.len(), row.index, id, row.values)),
                     Err(reason) if self.skip_bad_lines => {
+                        // A line number alone does not say which file of a folder.
+                        let reason = match self.reader.file_in_folder() {
+                            Some(file) => format!("{file}: {reason}"),
+                            None => reason,
+                        };
                         bucket.offset.bad_lines += 1;
                         bucket.bad_lines.push(BadLine {
                             row: row.index,

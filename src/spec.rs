@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::answer::AnswerSpec;
 use crate::credential::CredentialSpec;
 use crate::handler::serde_millis;
-use crate::input::{Cursor, Fingerprint, InputError, InputReader, InputSpec};
+use crate::input::{Cursor, Fingerprint, InputError, InputFile, InputReader, InputSpec};
 use crate::setting::Setting;
 use crate::store::{StoreError, StoredJob};
 
@@ -60,8 +60,14 @@ pub struct JobSpec {
     /// Stable job id (random at creation, kept across restarts).
     pub job_id: String,
     pub input: InputSpec,
-    /// Fingerprint of the input file when the job was created.
+    /// Fingerprint of the input file when the job was created (of a folder input, of its
+    /// files: their total length and a hash of each one's name, length and hash), or when
+    /// it last grew.
     pub fingerprint: Fingerprint,
+    /// A folder input's files, in name order, as planned: read as one input, each checked on
+    /// resume (none for a file input, and in specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_files: Vec<InputFile>,
     /// Rows per bucket.
     pub bucket_size: u64,
     /// The request made for each ID (for an exec job, only its `timeout` is used; unused by
@@ -121,14 +127,6 @@ impl std::fmt::Display for SpecChange {
 }
 
 impl JobSpec {
-    /// Open the job's input at `cursor`, as far as its fingerprint covers, reading the kept
-    /// columns beside each ID.
-    pub fn open_input(&self, cursor: Cursor) -> Result<InputReader, InputError> {
-        let mut reader = InputReader::open_bounded(&self.input, cursor, self.fingerprint.len)?;
-        reader.keep_columns(&self.columns)?;
-        Ok(reader)
-    }
-
     /// The columns the request or command names (`{column}`), which [`JobSpec::columns`]
     /// must hold.
     pub fn columns_used(&self) -> Vec<String> {
@@ -137,6 +135,7 @@ impl JobSpec {
         }
         crate::handler::columns_used(&self.request, self.exec.as_ref())
     }
+
     /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
     pub const STORED_VERSION: u32 = 1;
 
@@ -160,6 +159,29 @@ impl JobSpec {
         }
         serde_json::from_slice(&stored.spec)
             .map_err(|e| StoreError::corrupt(format!("undecodable job record: {e}")))
+    }
+
+    /// A reader of the job's input from `cursor` on, reading only what the job's fingerprint
+    /// covers (of a folder, the files planned), and the kept columns beside each ID.
+    pub fn input_reader(&self, cursor: Cursor) -> Result<InputReader, InputError> {
+        let mut reader = InputReader::open_planned(
+            &self.input,
+            &self.input_files,
+            cursor,
+            self.fingerprint.len,
+        )?;
+        reader.keep_columns(&self.columns)?;
+        Ok(reader)
+    }
+
+    /// The fingerprint of the job's input as it is now, to compare with [`JobSpec::fingerprint`]:
+    /// of a folder, of the files planned (files added since are not looked at).
+    pub fn input_fingerprint_now(&self) -> Result<Fingerprint, InputError> {
+        if self.input_files.is_empty() {
+            Fingerprint::of_file(&self.input.path)
+        } else {
+            crate::input::folder_fingerprint_planned(&self.input.path, &self.input_files)
+        }
     }
 
     /// The differences between `self` (stored) and `other` (asked for) that change what the job

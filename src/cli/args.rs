@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::credential::{CredentialKind, CredentialSpec};
-use crate::input::{format_from_extension, InputFormat, InputSpec};
+use crate::input::{folder_format, format_from_extension, is_folder_input, InputFormat, InputSpec};
 use crate::job::{Durability, FailureLimit, JobRequest, RetryOverrides, RunOptions};
 use crate::sink::{self, ExportFormat};
 use crate::throttle::{Rate, ThrottleOptions};
@@ -70,8 +70,9 @@ pub(crate) struct RunArgs {
     /// (its buckets are taken over after that when it dies).
     #[arg(long, default_value = "30s", value_parser = lease_ttl, value_name = "DURATION")]
     pub(crate) lease_ttl: Duration,
-    /// File of IDs (needed to create the job; optional on resume).
-    #[arg(long, value_name = "FILE")]
+    /// File of IDs, or a folder of such files read in name order, or a glob of them
+    /// (`data/part-*.csv`) (needed to create the job; optional on resume).
+    #[arg(long, value_name = "FILE|DIR")]
     pub(crate) input: Option<PathBuf>,
     /// Input format; default from the extension (.csv, .jsonl/.ndjson, .parquet, else text).
     #[arg(long, value_enum)]
@@ -446,6 +447,7 @@ impl RunArgs {
             Some(FormatArg::Csv) => "csv",
             Some(FormatArg::Jsonl) => "jsonl",
             Some(FormatArg::Parquet) => "parquet",
+            None if is_folder_input(&path) => folder_format(&path).map_err(|e| e.to_string())?,
             None => format_from_extension(&path),
         };
         let format = match format {

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::{exit, refused, run_job, RunArgs};
-use crate::input::Fingerprint;
 use crate::job::{join_job, open_job, stored_job, JobRequest, JobSpec};
 use crate::rerun::RerunAsk;
 use crate::say;
@@ -247,7 +246,7 @@ pub(super) async fn rerun(
 /// A joining worker's spec: the stored one. It plans only if the job's input is here,
 /// unchanged; else its input is left unreadable and other workers plan.
 fn joining(mut spec: JobSpec) -> JobSpec {
-    let here = Fingerprint::of_file(&spec.input.path).ok();
+    let here = spec.input_fingerprint_now().ok();
     if here != Some(spec.fingerprint) {
         tracing::info!(
             input = %spec.input.path.display(),

@@ -82,7 +82,7 @@ pub(super) async fn plan_fleet<S: Fleet>(
         if position.exhausted {
             return Ok(());
         }
-        let reader = match spec.open_input(position.cursor) {
+        let reader = match spec.input_reader(position.cursor) {
             Ok(reader) => reader,
             Err(e) => {
                 tracing::info!("not planning: the input cannot be read here ({e})");
@@ -104,7 +104,7 @@ pub(super) async fn plan_fleet<S: Fleet>(
             let reader = if position.cursor == reader.cursor() {
                 reader
             } else {
-                spec.open_input(position.cursor)?
+                spec.input_reader(position.cursor)?
             };
             let planner = Planner::new(
                 reader,

@@ -5,7 +5,8 @@
 //! progress, `live.json`, metrics) are opt-in.
 //!
 //! Resuming: run the same builder again on the same store. A file input must be the file
-//! the job was created from (rows appended are accepted, as on the command line). An
+//! the job was created from (rows appended are accepted, as on the command line; a folder
+//! may also have new files named after its last one). An
 //! iterator of IDs is written to `ids.txt` in the state directory (one ID per line) before
 //! the run, and a resume must give the same IDs in the same order (more may follow, as new
 //! buckets): the file it writes is checked against the fingerprint of the first one, and
@@ -30,7 +31,8 @@ use crate::store::{Leases, Log, Store, StoreError};
 
 /// Where a job's IDs come from.
 pub enum JobInput {
-    /// A file of IDs (text, CSV or JSON lines).
+    /// A file of IDs (text, CSV, JSON lines or Parquet), or a folder of such files read in
+    /// name order as one input.
     File(InputSpec),
     /// IDs from an iterator, stored in the state directory before the run.
     Ids(Box<dyn Iterator<Item = String> + Send>),
@@ -353,7 +355,9 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         })
     }
 
-    /// Read the IDs from a file in any input format.
+    /// Read the IDs from a file in any input format, or from a folder of such files (its
+    /// data files in name order, as one input; files added later after the last name are
+    /// a grown input on resume).
     pub fn input(mut self, spec: InputSpec) -> Self {
         self.input = Some(JobInput::File(spec));
         self

@@ -15,6 +15,7 @@ mod damaged_state;
 mod durability;
 mod examples;
 mod exec;
+mod folders;
 mod inputs;
 mod jobs;
 mod limit_req;

@@ -381,6 +381,65 @@ fn a_fleet_runs_a_parquet_input_with_a_null_id() {
 }
 
 #[test]
+fn a_fleet_runs_a_folder_input_and_a_part_added_later_as_a_grown_input() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let dir = h.path("parts");
+    std::fs::create_dir(&dir).unwrap();
+    let all = ids(1_600);
+    let part = |n: usize, ids: &[String]| {
+        let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
+        std::fs::write(dir.join(format!("part-{n:05}.txt")), text).unwrap();
+    };
+    for (n, chunk) in all[..1_200].chunks(400).enumerate() {
+        part(n, chunk);
+    }
+    let api = h.url();
+    let first_args = [
+        "run",
+        "--state",
+        &url,
+        "--job",
+        JOB,
+        "--input",
+        p(&dir),
+        "--url",
+        &api,
+        "--bucket-size",
+        "30",
+        "--concurrency",
+        "4",
+        "--lease-ttl",
+        "2s",
+        "--progress-interval",
+        "0",
+    ];
+    let mut first = h.spawn(&first_args);
+    assert!(h.wait_for_calls(&mut first, 300), "the first worker calls");
+    let mut workers = vec![join(&h, &url)];
+    // The planner dies in the first file; a joining worker plans on from its cursor.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    workers.push(join(&h, &url));
+    for run in finish_within(workers, 120) {
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    h.check_export_exactly_once(&export(&h, &url), &all[..1_200]);
+    // Another part: a run given the folder plans it after the last bucket.
+    part(3, &all[1_200..]);
+    let calls = h.api.total_calls();
+    let run = finish_within(vec![h.spawn(&first_args)], 120).remove(0);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        h.api.total_calls() - calls,
+        400,
+        "only the new part is called"
+    );
+    h.check_export_exactly_once(&export(&h, &url), &all);
+}
+
+#[test]
 fn a_url_needs_a_job_name_and_a_directory_refuses_one() {
     let h = Harness::new(ApiConfig::fast());
     let input = h.ids_file("ids.txt", &ids(3));

@@ -50,7 +50,9 @@ impl<S: Store + Leases> JobLog<S> {
         let planner = if position.exhausted {
             None
         } else {
-            let reader = spec.open_input(position.cursor).map_err(PlanError::from)?;
+            let reader = spec
+                .input_reader(position.cursor)
+                .map_err(PlanError::from)?;
             Some(Planner::new(
                 reader,
                 position,
