@@ -101,6 +101,9 @@ pub struct JobRequest {
     /// Input columns to keep of each row beside those the templates name (for the export):
     /// fixed at creation.
     pub keep_columns: Option<Vec<String>>,
+    /// The batch endpoint to call instead of one request per ID (`None` keeps the stored
+    /// one, or none).
+    pub batch: Option<crate::handler::batch::BatchSpec>,
     pub connect_timeout: Option<Duration>,
     pub timeout: Option<Duration>,
     pub retry: RetryOverrides,
@@ -208,6 +211,7 @@ impl JobRequest {
             answer: AnswerSpec::default(),
             credentials: self.credentials.clone().unwrap_or_default(),
             columns: Vec::new(),
+            batch: self.batch.clone(),
             retry: RetryPolicy::default(),
             quotas: Vec::new(),
             created_at_ms: now_ms(),
@@ -297,9 +301,16 @@ fn check_work(spec: &JobSpec) -> Result<(), JobError> {
     }
     check_credential_names(spec)?;
     let names: Vec<&str> = spec.credentials.iter().map(|c| c.name.as_str()).collect();
-    match &spec.exec {
-        Some(exec) => crate::handler::exec::check_command(exec, &names)?,
-        None => crate::handler::http::check_templates(&spec.request, &names)?,
+    match (&spec.exec, &spec.batch) {
+        (Some(_), Some(_)) => {
+            return Err(JobError::Usage(format!(
+                "{} goes with a URL: a command is run once per ID",
+                Setting::BatchSize
+            )))
+        }
+        (Some(exec), None) => crate::handler::exec::check_command(exec, &names)?,
+        (None, Some(batch)) => crate::handler::http::check_batch(&spec.request, batch, &names)?,
+        (None, None) => crate::handler::http::check_templates(&spec.request, &names)?,
     }
     Ok(())
 }
@@ -350,10 +361,15 @@ pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
             )?
             .with_answer(answer),
         ),
-        None => JobHandler::Http(
-            crate::handler::http::HttpHandler::with_credentials(&spec.request, credentials, &env)?
-                .with_answer(answer),
-        ),
+        None => {
+            let http =
+                crate::handler::http::HttpHandler::with_credentials(&spec.request, credentials, &env)?
+                    .with_answer(answer);
+            JobHandler::Http(match &spec.batch {
+                Some(batch) => http.with_batch(batch)?,
+                None => http,
+            })
+        }
     })
 }
 
@@ -377,6 +393,18 @@ impl crate::handler::Handler for JobHandler {
         match self {
             JobHandler::Http(h) => h.attempt_row(id, row).await,
             JobHandler::Exec(h) => h.attempt_row(id, row).await,
+        }
+    }
+
+    async fn call_batch(
+        &self,
+        items: &[(&str, Option<&str>)],
+    ) -> Result<crate::handler::batch::BatchAnswer, crate::failure::Failure> {
+        match self {
+            JobHandler::Http(h) => h.attempt_batch(items).await,
+            JobHandler::Exec(_) => Err(crate::failure::Failure::permanent(
+                "a command has no batch endpoint",
+            )),
         }
     }
 
@@ -589,6 +617,9 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     }
     if let Some(credentials) = &request.credentials {
         asked.credentials = credentials.clone();
+    }
+    if request.batch.is_some() {
+        asked.batch = request.batch.clone();
     }
     request.answer.apply(&mut asked.answer);
     crate::answer::Answer::compile(&asked.answer)?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::failure::{ErrorClass, Failure};
-use crate::handler::Output;
+use crate::handler::Answered;
 use crate::quota::pacer::{AnnouncedLimits, PolicyState};
 use crate::quota::QuotaState;
 use crate::setting::Setting;
@@ -110,9 +110,9 @@ impl HttpStats {
     ///
     /// An attempt with an HTTP status counts under its status; a failure without one under
     /// its class; a success without one (an exec or closure handler's) only in the latencies.
-    pub fn observe(&self, result: &Result<Output, Failure>, elapsed: Duration) {
+    pub fn observe<T: Answered>(&self, result: &Result<T, Failure>, elapsed: Duration) {
         let status = match result {
-            Ok(o) => o.status,
+            Ok(o) => o.status(),
             Err(e) => e.status,
         };
         match (status, result) {

@@ -80,6 +80,10 @@ pub struct JobSpec {
     /// [`Job`](crate::job::Job)), which does the work instead of a request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<String>,
+    /// The batch endpoint the request calls: several IDs per request (none in specs stored
+    /// before, and for a job of one ID per request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<crate::handler::batch::BatchSpec>,
     /// The input columns kept of each row, for the templates' `{column}` slots and the
     /// export: fixed at creation (none in specs stored before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -263,6 +267,12 @@ impl JobSpec {
             list.join("; ")
         };
         cmp(&"credentials", credentials(self), credentials(other));
+        let batch = |s: &JobSpec| {
+            s.batch.as_ref().map_or("none".into(), |b| {
+                format!("{} IDs per request, split {:?}, separator {:?}", b.size, b.split, b.separator)
+            })
+        };
+        cmp(&Setting::BatchSize, batch(self), batch(other));
         out
     }
 }

@@ -83,6 +83,17 @@ pub(crate) struct RunArgs {
     /// JSONL field holding the ID.
     #[arg(long, value_name = "NAME")]
     pub(crate) id_field: Option<String>,
+    /// Call a batch endpoint: up to N IDs of a bucket per request, written with {ids} (or
+    /// {rows} in the body); needs --split.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=100_000))]
+    pub(crate) batch_size: Option<u64>,
+    /// With --batch-size: what joins the IDs of {ids} in the URL or a header [default: ,].
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) batch_separator: Option<String>,
+    /// With --batch-size: jq program splitting an answer into {key, value} objects, one per
+    /// ID (key the ID), e.g. '.results[] | {key: .id, value: .}'.
+    #[arg(long, value_name = "JQ")]
+    pub(crate) split: Option<String>,
     /// Input columns (CSV or Parquet) or fields (JSONL) to keep of each row beside those a
     /// {column} of the templates names, for `export --columns`; fixed at creation.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
@@ -514,6 +525,7 @@ impl RunArgs {
             body: self.body.clone(),
             credentials: self.credentials()?,
             keep_columns: (!self.keep_columns.is_empty()).then(|| self.keep_columns.clone()),
+            batch: self.batch()?,
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,
             retry: RetryOverrides {
@@ -533,6 +545,26 @@ impl RunArgs {
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })
+    }
+
+    /// The batch endpoint the flags define: `None` without `--batch-size` (a resume keeps
+    /// the stored one).
+    fn batch(&self) -> Result<Option<crate::handler::batch::BatchSpec>, String> {
+        match (self.batch_size, &self.split) {
+            (None, None) if self.batch_separator.is_none() => Ok(None),
+            (Some(size), Some(split)) => Ok(Some(crate::handler::batch::BatchSpec {
+                size: size as usize,
+                separator: self
+                    .batch_separator
+                    .clone()
+                    .unwrap_or_else(|| crate::handler::batch::DEFAULT_SEPARATOR.into()),
+                split: split.clone(),
+            })),
+            (Some(_), None) => Err("--batch-size needs --split JQ: how the answer is split \
+                into each ID's part (e.g. '.results[] | {key: .id, value: .}')"
+                .into()),
+            _ => Err("--split and --batch-separator go with --batch-size N".into()),
+        }
     }
 
     /// The credentials the flags define: `None` when no credential flag is given (a resume

@@ -78,6 +78,7 @@ use crate::store::{Fleet, FleetKind, FleetVisitor, Leases, Log, Store};
 
 #[cfg(test)]
 pub(crate) mod audit;
+mod batch;
 mod dispatcher;
 mod error;
 #[cfg(test)]

@@ -134,6 +134,22 @@ impl<T> WorkQueue<T> {
         Popped::Empty
     }
 
+    /// Up to `max` more items from the front while `same` holds of them, without waiting
+    /// (a batch of what is queued now).
+    pub(super) fn pop_more(&self, max: usize, same: impl Fn(&T) -> bool) -> Vec<T> {
+        let mut s = self.state();
+        let mut out = Vec::new();
+        while out.len() < max && s.items.front().is_some_and(&same) {
+            out.extend(s.items.pop_front());
+        }
+        let left = s.items.len();
+        drop(s);
+        if !out.is_empty() && left <= self.low {
+            self.room.notify_waiters();
+        }
+        out
+    }
+
     /// No more items will come: workers finish what is queued, then stop.
     pub(super) fn close(&self) {
         self.state().closed = true;

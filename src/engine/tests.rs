@@ -285,10 +285,10 @@ async fn a_panicking_worker_halts_the_run_and_an_aborted_one_counts_its_item_aba
     assert!(!stop.is_stopping());
 
     let counters = Counters::default();
-    let mut finished = Abandon(Some(&counters));
+    let mut finished = Abandon(Some(&counters), 1);
     finished.0 = None;
     drop(finished);
-    drop(Abandon(Some(&counters)));
+    drop(Abandon(Some(&counters), 1));
     assert_eq!(counters.snapshot().abandoned, 1);
 }
 

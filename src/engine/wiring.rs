@@ -118,7 +118,9 @@ where
     });
 
     let workers = opts.concurrency.max(1);
-    let queue = Arc::new(WorkQueue::new(work_queue(workers)));
+    // A batch job's workers each take up to a batch of items at once.
+    let batch_size = spec.batch.as_ref().map_or(1, |b| b.size.max(1));
+    let queue = Arc::new(WorkQueue::new(work_queue(workers * batch_size)));
     let mut pool = JoinSet::new();
     let parked = Arc::new(Parked::for_concurrency(workers));
     for _ in 0..workers {
@@ -136,6 +138,7 @@ where
             quotas: quotas.clone(),
             announced: handler.announced_limits(),
             halt: halt.clone(),
+            batch_size,
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }

@@ -18,7 +18,8 @@ use super::quotas::{QuotaGate, QuotaStop};
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
 use crate::failure::Next;
-use crate::handler::Handler;
+use crate::failure::Failure;
+use crate::handler::{Answered, Handler};
 use crate::progress::{Counters, HaltKind};
 use crate::quota::pacer::AnnouncedLimits;
 use crate::retry::{self, Charge, ItemOutcome};
@@ -62,8 +63,14 @@ pub(super) async fn work<H: Handler>(
             Some(()) = items.next(), if !items.is_empty() => {}
             popped = queue.pop(&task.stop), if may_take => match popped {
                 Some(item) => {
+                    let mut unit = vec![item];
+                    if task.batch_size > 1 {
+                        // A batch: the items queued behind it of the same bucket, at once.
+                        let track = unit[0].track;
+                        unit.extend(queue.pop_more(task.batch_size - 1, |i| i.track == track));
+                    }
                     slots.active.fetch_add(1, Relaxed);
-                    items.push(task.item(item, &slots));
+                    items.push(task.unit(unit, &slots));
                 }
                 None => closed = true,
             },
@@ -98,7 +105,7 @@ impl Parked {
 
 /// One worker's hold on the run's concurrency: the permits every attempt takes, how many of
 /// its items are active (not parked), and the wake-up when one parks.
-struct Slots<'a> {
+pub(super) struct Slots<'a> {
     permits: &'a Semaphore,
     active: AtomicUsize,
     parked: &'a Parked,
@@ -107,12 +114,25 @@ struct Slots<'a> {
 
 /// An item's place in its worker's [`Slots`]: active from its start until it parks to wait
 /// for a retry, active again when the retry starts; neither once dropped.
-struct Slot<'a> {
+pub(super) struct Slot<'a> {
     slots: &'a Slots<'a>,
     parked: std::sync::atomic::AtomicBool,
 }
 
-impl Slot<'_> {
+impl<'a> Slot<'a> {
+    /// An item's (or a batch's) place in `slots`, active from now.
+    pub(super) fn new(slots: &'a Slots<'a>) -> Slot<'a> {
+        Slot {
+            slots,
+            parked: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The run's permits, which every attempt takes.
+    pub(super) fn permits(&self) -> &'a tokio::sync::Semaphore {
+        self.slots.permits
+    }
+
     fn park(&self) {
         if !self.parked.swap(true, Relaxed) {
             self.slots.parked.now.fetch_add(1, Relaxed);
@@ -140,14 +160,14 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Counts an item abandoned if dropped while it holds the counters: its worker was aborted
+/// Counts its items abandoned if dropped while it holds the counters: its worker was aborted
 /// mid-item.
-pub(super) struct Abandon<'a>(pub(super) Option<&'a Counters>);
+pub(super) struct Abandon<'a>(pub(super) Option<&'a Counters>, pub(super) u64);
 
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if let Some(counters) = self.0 {
-            Counters::add(&counters.abandoned, 1);
+            Counters::add(&counters.abandoned, self.1);
         }
     }
 }
@@ -172,15 +192,15 @@ pub(super) struct ItemTask<H> {
     pub(super) announced: Option<Arc<AnnouncedLimits>>,
     /// The run stopping itself: a spent budget, a rejected credential.
     pub(super) halt: Arc<Halt>,
+    /// IDs per request: a batch job's batch size, else 1.
+    pub(super) batch_size: usize,
 }
 
 impl<H: Handler> ItemTask<H> {
-    /// One item, from its first permit to its record handed to the writer.
-    async fn item(&self, item: Item, slots: &Slots<'_>) {
-        let slot = Slot {
-            slots,
-            parked: std::sync::atomic::AtomicBool::new(false),
-        };
+    /// A unit of work (one item, or a batch job's items of one bucket), from its first
+    /// permit to each record handed to the writer.
+    async fn unit(&self, mut items: Vec<Item>, slots: &Slots<'_>) {
+        let slot = Slot::new(slots);
         let permit = tokio::select! {
             permit = slots.permits.acquire() => permit.expect("the semaphore is never closed"),
             // Not started: the item stays pending, like the rest of the queue.
@@ -200,28 +220,28 @@ impl<H: Handler> ItemTask<H> {
         // A lease lost meanwhile (the session expired and was registered anew): its bucket
         // is another worker's, and a result of this one would be fenced out. Not called; its
         // track never completes here, and the lease is not committed.
-        if let Some(lease) = item.lease.as_ref().filter(|l| !self.fleet.holds(l)) {
-            tracing::debug!(id = item.id, ?lease.scope, "not called: its bucket's lease is lost");
-            return;
+        items.retain(|item| match item.lease.as_ref().filter(|l| !self.fleet.holds(l)) {
+            Some(lease) => {
+                tracing::debug!(id = item.id, ?lease.scope, "not called: its bucket's lease is lost");
+                false
+            }
+            None => true,
+        });
+        let mut started = Abandon(Some(&self.counters), items.len() as u64);
+        match items.len() {
+            0 => {}
+            1 => self.process(items.pop().expect("one item"), &slot, permit).await,
+            _ => self.batch(items, &slot, Some(permit)).await,
         }
-        let mut started = Abandon(Some(&self.counters));
-        self.process(item, &slot, permit).await;
         started.0 = None;
     }
 
     /// The item's attempts, each under a permit (the first one given), parking `slot` while
     /// it waits for a retry.
-    async fn process(&self, item: Item, slot: &Slot<'_>, first: SemaphorePermit<'_>) {
+    pub(super) async fn process(&self, item: Item, slot: &Slot<'_>, first: SemaphorePermit<'_>) {
         let first = &std::sync::Mutex::new(Some(first));
         let permits = slot.slots.permits;
         let handler = &*self.handler;
-        let counters = &self.counters;
-        let throttle = &*self.throttle;
-        let stop = &self.stop;
-        let fleet = &*self.fleet;
-        let quotas = self.quotas.as_deref();
-        let announced = self.announced.as_deref();
-        let halt = &*self.halt;
         let id = item.id.as_str();
         let row = item.values.as_deref();
         // When the first and the last attempt started, and how long the last one took (µs).
@@ -234,115 +254,39 @@ impl<H: Handler> ItemTask<H> {
         // inline, the handler's call (5 KB for the HTTP handler), the throttle's waits and the
         // retry loop around them made each worker 22.8 KB, 87 MiB at --concurrency 4000
         // (benches/README.md). Boxed, a call's state exists only while it is in flight.
+        let state = AttemptState {
+            slot,
+            first,
+            permits,
+            history,
+            first_at,
+            last_at,
+            last_latency,
+        };
+        let state = &state;
         let outcome = retry::run(
             &self.spec.retry,
-            |attempt| async move {
-                slot.unpark();
-                let taken = first.lock().unwrap_or_else(PoisonError::into_inner).take();
-                let permit = match taken {
-                    Some(permit) => permit,
-                    None => tokio::select! {
-                        permit = permits.acquire() => permit.expect("the semaphore is never closed"),
-                        _ = stop.stopping() => return None,
-                    },
-                };
-                // Waiting for the rate limit or for the API to come back is given up on a
-                // stop; a request already sent is let finish.
-                let probe = tokio::select! {
-                    probe = Box::pin(throttle.before_attempt()) => probe,
-                    _ = stop.stopping() => return None,
-                };
-                // Paced by what the API announced it has left (a wait, never an attempt).
-                let paced_call = match announced {
-                    None => None,
-                    Some(a) => tokio::select! {
-                        call = Box::pin(a.wait()) => Some(call),
-                        _ = stop.stopping() => return None,
-                    },
-                };
-                // A call of every quota, held until the answer: waiting for a spent window
-                // uses none of the item's attempts; a spent budget leaves the item pending.
-                let quota_call = match quotas {
-                    None => None,
-                    Some(q) => tokio::select! {
-                        taken = Box::pin(q.acquire()) => match taken {
-                            Ok(call) => Some(call),
-                            Err(e) => {
-                                let kind = match e {
-                                    QuotaStop::Spent(_) => HaltKind::BudgetSpent,
-                                    QuotaStop::Store(_) => HaltKind::Internal,
-                                };
-                                halt.halt(kind, e.to_string());
-                                return None;
-                            }
-                        },
-                        _ = stop.stopping() => return None,
-                    },
-                };
-                let at = now_ms();
-                let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
-                last_at.store(at, Relaxed);
-                Counters::add(&counters.attempts, 1);
-                if attempt > 1 {
-                    Counters::add(&counters.retries, 1);
-                }
-                // Counted down when the call ends, or when its task is aborted mid-call
-                // (a stop past --shutdown-timeout).
-                let in_flight = counters.in_flight_guard();
-                let start = Instant::now();
-                let result = Box::pin(handler.call_row(id, row)).await;
-                drop(in_flight);
-                drop(quota_call);
-                drop(paced_call);
-                let latency = start.elapsed();
-                last_latency.store(latency.as_micros() as u64, Relaxed);
-                Counters::add_elapsed(&counters.api_ns, start);
-                counters.http.observe(&result, latency);
-                drop(permit);
-                if let Some(c) = throttle.concurrency() {
-                    c.settle();
-                }
-                let next = result.as_ref().err().map(|f| f.next);
-                if let (Err(f), Some(Next::CredentialRejected)) = (&result, next) {
-                    // Not the ID's doing: it stays pending, and the run stops for the user
-                    // to fix the credential and resume.
-                    halt.halt(HaltKind::CredentialRejected, f.message.clone());
-                    return None;
-                }
-                let observed = Observed::of(&result, latency);
-                if let Some(Some(after)) = next.and_then(Next::retry_after) {
-                    // A Retry-After about the ID it refused holds that ID only.
-                    if throttle.refused_for_the_rate(observed) {
-                        fleet.pause(after);
-                    }
-                }
-                let counts = Box::pin(throttle.charge(observed, probe, history)).await;
-                let charge = match next {
-                    _ if !counts => Charge::Free,
-                    // "Too many requests" is about the client's rate, never the ID: the
-                    // throttle slows down, and the item waits without losing an attempt.
-                    Some(Next::TooMany { .. }) => Charge::Refused,
-                    _ => Charge::Counted,
-                };
-                // It may wait for a retry: its worker takes another item meanwhile, unless
-                // the API refused the rate. Then the worker waits with it: new items would
-                // only meet the same refusals (against nginx's limit_req at ten times its
-                // rate, refusals went from 3% to 11-14% of attempts when workers went on).
-                let the_rates = throttle.refused_for_the_rate(observed);
-                if next.and_then(Next::retry_after).is_some() && !the_rates {
-                    slot.park();
-                }
-                // The item's retry time is its calls' (and their verdicts'), not the waits
-                // at the gates above: a spent quota window or the rate limit are the run's.
-                Some((result, charge, start.elapsed()))
-            },
+            |attempt| self.attempt(state, attempt, || handler.call_row(id, row)),
             self.stop.stopping(),
         )
         .await;
+        let times = Times {
+            first_ms: first_at.load(Relaxed),
+            last_ms: last_at.load(Relaxed),
+            latency_us: last_latency.load(Relaxed),
+        };
+        self.finish(item, outcome, times).await;
+    }
+
+    /// Make `item`'s final record of `outcome` and hand it to the writer (an abandoned item
+    /// stays pending: counted, nothing written).
+    pub(super) async fn finish(&self, item: Item, outcome: ItemOutcome, times: Times) {
+        let counters = &self.counters;
+        let id = item.id.as_str();
         let mut record = ItemRecord::pending(item.row, item.bucket);
         record.finished_at_ms = Some(now_ms());
-        record.first_attempt_ms = Some(first_at.load(Relaxed)).filter(|&t| t > 0);
-        record.last_attempt_ms = Some(last_at.load(Relaxed)).filter(|&t| t > 0);
+        record.first_attempt_ms = Some(times.first_ms).filter(|&t| t > 0);
+        record.last_attempt_ms = Some(times.last_ms).filter(|&t| t > 0);
         match outcome {
             ItemOutcome::Ok {
                 output,
@@ -353,7 +297,7 @@ impl<H: Handler> ItemTask<H> {
                 record.status = ItemStatus::Ok;
                 record.http_status = output.status;
                 record.body = Some(output.result);
-                record.latency_ms = Some(last_latency.load(Relaxed) / 1000);
+                record.latency_ms = Some(times.latency_us / 1000);
                 record.attempts = attempts;
             }
             ItemOutcome::Failed {
@@ -402,6 +346,155 @@ impl<H: Handler> ItemTask<H> {
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
     }
+
+    /// One attempt, from its gates (a permit, the rate limit, the API's announced limits,
+    /// the quotas; the item's slot active while it waits for them) through `call` to what
+    /// follows the answer: the counters, the throttle's verdict and charge, a fleet's pause,
+    /// the slot parked for a retry. `None` when the run stops or halts before an answer.
+    pub(super) async fn attempt<T: Answered, Fut: std::future::Future<Output = Result<T, Failure>>>(
+        &self,
+        state: &AttemptState<'_, '_>,
+        attempt: u32,
+        call: impl FnOnce() -> Fut,
+    ) -> Option<(Result<T, Failure>, Charge, Duration)> {
+        let AttemptState {
+            slot,
+            first,
+            permits,
+            history,
+            first_at,
+            last_at,
+            last_latency,
+        } = *state;
+        let counters = &self.counters;
+        let throttle = &*self.throttle;
+        let stop = &self.stop;
+        let fleet = &*self.fleet;
+        let quotas = self.quotas.as_deref();
+        let announced = self.announced.as_deref();
+        let halt = &*self.halt;
+        slot.unpark();
+        let taken = first.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let permit = match taken {
+            Some(permit) => permit,
+            None => tokio::select! {
+                permit = permits.acquire() => permit.expect("the semaphore is never closed"),
+                _ = stop.stopping() => return None,
+            },
+        };
+        // Waiting for the rate limit or for the API to come back is given up on a
+        // stop; a request already sent is let finish.
+        let probe = tokio::select! {
+            probe = Box::pin(throttle.before_attempt()) => probe,
+            _ = stop.stopping() => return None,
+        };
+        // Paced by what the API announced it has left (a wait, never an attempt).
+        let paced_call = match announced {
+            None => None,
+            Some(a) => tokio::select! {
+                call = Box::pin(a.wait()) => Some(call),
+                _ = stop.stopping() => return None,
+            },
+        };
+        // A call of every quota, held until the answer: waiting for a spent window
+        // uses none of the item's attempts; a spent budget leaves the item pending.
+        let quota_call = match quotas {
+            None => None,
+            Some(q) => tokio::select! {
+                taken = Box::pin(q.acquire()) => match taken {
+                    Ok(call) => Some(call),
+                    Err(e) => {
+                        let kind = match e {
+                            QuotaStop::Spent(_) => HaltKind::BudgetSpent,
+                            QuotaStop::Store(_) => HaltKind::Internal,
+                        };
+                        halt.halt(kind, e.to_string());
+                        return None;
+                    }
+                },
+                _ = stop.stopping() => return None,
+            },
+        };
+        let at = now_ms();
+        let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
+        last_at.store(at, Relaxed);
+        Counters::add(&counters.attempts, 1);
+        if attempt > 1 {
+            Counters::add(&counters.retries, 1);
+        }
+        // Counted down when the call ends, or when its task is aborted mid-call
+        // (a stop past --shutdown-timeout).
+        let in_flight = counters.in_flight_guard();
+        let start = Instant::now();
+        let result = Box::pin(call()).await;
+        drop(in_flight);
+        drop(quota_call);
+        drop(paced_call);
+        let latency = start.elapsed();
+        last_latency.store(latency.as_micros() as u64, Relaxed);
+        Counters::add_elapsed(&counters.api_ns, start);
+        counters.http.observe(&result, latency);
+        drop(permit);
+        if let Some(c) = throttle.concurrency() {
+            c.settle();
+        }
+        let next = result.as_ref().err().map(|f| f.next);
+        if let (Err(f), Some(Next::CredentialRejected)) = (&result, next) {
+            // Not the ID's doing: it stays pending, and the run stops for the user
+            // to fix the credential and resume.
+            halt.halt(HaltKind::CredentialRejected, f.message.clone());
+            return None;
+        }
+        let observed = Observed::of(&result, latency);
+        if let Some(Some(after)) = next.and_then(Next::retry_after) {
+            // A Retry-After about the ID it refused holds that ID only.
+            if throttle.refused_for_the_rate(observed) {
+                fleet.pause(after);
+            }
+        }
+        let counts = Box::pin(throttle.charge(observed, probe, history)).await;
+        let charge = match next {
+            _ if !counts => Charge::Free,
+            // "Too many requests" is about the client's rate, never the ID: the
+            // throttle slows down, and the item waits without losing an attempt.
+            Some(Next::TooMany { .. }) => Charge::Refused,
+            _ => Charge::Counted,
+        };
+        // It may wait for a retry: its worker takes another item meanwhile, unless
+        // the API refused the rate. Then the worker waits with it: new items would
+        // only meet the same refusals (against nginx's limit_req at ten times its
+        // rate, refusals went from 3% to 11-14% of attempts when workers went on).
+        let the_rates = throttle.refused_for_the_rate(observed);
+        if next.and_then(Next::retry_after).is_some() && !the_rates {
+            slot.park();
+        }
+        // The item's retry time is its calls' (and their verdicts'), not the waits
+        // at the gates above: a spent quota window or the rate limit are the run's.
+        Some((result, charge, start.elapsed()))
+    }
+}
+
+/// When an item's first and last attempts started (unix ms, 0: none) and how long the last
+/// took (µs), for its record.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Times {
+    pub(super) first_ms: u64,
+    pub(super) last_ms: u64,
+    pub(super) latency_us: u64,
+}
+
+/// What an item's attempts share: its slot, the permit its first attempt was given, the
+/// run's permits, what the throttle learnt of its failures, when its first and last attempt
+/// started and how long the last took (µs).
+#[derive(Clone, Copy)]
+pub(super) struct AttemptState<'a, 's> {
+    pub(super) slot: &'a Slot<'s>,
+    pub(super) first: &'a std::sync::Mutex<Option<SemaphorePermit<'s>>>,
+    pub(super) permits: &'s Semaphore,
+    pub(super) history: &'a ItemHistory,
+    pub(super) first_at: &'a AtomicU64,
+    pub(super) last_at: &'a AtomicU64,
+    pub(super) last_latency: &'a AtomicU64,
 }
 
 /// The controller task: adapt at every tick; halt the run when the API is out too long.

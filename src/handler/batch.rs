@@ -21,6 +21,13 @@ use crate::setting::Setting;
 /// does not mention are not in it.
 pub type BatchParts = Vec<(String, Result<Output, Failure>)>;
 
+/// A batch request's answer: its status and each ID's part.
+#[derive(Debug)]
+pub struct BatchAnswer {
+    pub status: Option<u16>,
+    pub parts: BatchParts,
+}
+
 /// Compile a batch's split program; a malformed one names `--split`'s setting.
 pub(crate) fn splitter(source: &str) -> Result<Splitter, HandlerError> {
     Splitter::compile(source).map_err(|e| HandlerError::Invalid {

@@ -47,7 +47,7 @@ use super::credentials::Credentials;
 use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
 use super::{serde_millis, Handler, HandlerError, Output};
 
-use super::batch::{splitter, BatchParts, BatchSpec};
+use super::batch::{splitter, BatchAnswer, BatchSpec};
 use crate::answer::{Answer, Splitter};
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
@@ -113,6 +113,13 @@ impl Handler for HttpHandler {
         row: Option<&str>,
     ) -> impl std::future::Future<Output = Result<Output, Failure>> + Send {
         self.attempt_row(id, row)
+    }
+
+    fn call_batch(
+        &self,
+        items: &[(&str, Option<&str>)],
+    ) -> impl std::future::Future<Output = Result<super::batch::BatchAnswer, Failure>> + Send {
+        self.attempt_batch(items)
     }
 
     fn announced_limits(&self) -> Option<Arc<AnnouncedLimits>> {
@@ -229,7 +236,7 @@ impl HttpHandler {
     pub async fn attempt_batch(
         &self,
         items: &[(&str, Option<&str>)],
-    ) -> Result<BatchParts, Failure> {
+    ) -> Result<BatchAnswer, Failure> {
         let Some(batch) = &self.batch else {
             return Err(
                 Failure::permanent("this job has no batch endpoint").class(ErrorClass::Request)
@@ -253,7 +260,7 @@ impl HttpHandler {
             || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
             &bytes,
         )?;
-        Ok(parts
+        let parts = parts
             .into_iter()
             .map(|(id, result)| {
                 let output = result.map(|result| Output {
@@ -262,14 +269,18 @@ impl HttpHandler {
                 });
                 (id, output)
             })
-            .collect())
+            .collect();
+        Ok(BatchAnswer {
+            status: Some(status),
+            parts,
+        })
     }
 
     /// A batch job's request for one ID: its part of the answer, or a retryable failure of
     /// class `missing` when the answer does not mention it.
     async fn alone(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
-        let parts = self.attempt_batch(&[(id, row)]).await?;
-        let mine = parts.into_iter().find(|(key, _)| key == id);
+        let answer = self.attempt_batch(&[(id, row)]).await?;
+        let mine = answer.parts.into_iter().find(|(key, _)| key == id);
         match mine {
             Some((_, result)) => result,
             None => Err(Failure::retry(format!(
@@ -576,9 +587,10 @@ impl Compiled {
             .map(|b| Template::parse_with(b, &Setting::Body, IdEncoding::Json, env, credentials))
             .transpose()?;
         let url = UrlTemplate::new(url);
-        let anywhere = url.template.has_id()
-            || body.as_ref().is_some_and(Template::has_id)
-            || headers.iter().any(|(_, v)| v.has_id());
+        let has = |t: &Template| t.has_id() || t.has_ids();
+        let anywhere = has(&url.template)
+            || body.as_ref().is_some_and(has)
+            || headers.iter().any(|(_, v)| has(v));
         if !anywhere {
             return Err(HandlerError::Invalid {
                 what: Setting::Url,
@@ -619,7 +631,17 @@ impl Compiled {
 /// Check the request templates' syntax (method, URL, headers, body) without the environment:
 /// what must hold before a job is stored. `credentials`: the names of the job's credentials.
 pub fn check_templates(spec: &RequestSpec, credentials: &[&str]) -> Result<(), HandlerError> {
-    Compiled::new(spec, &|_| Some("x".into()), credentials).map(|_| ())
+    let compiled = Compiled::new(spec, &|_| Some("x".into()), credentials)?;
+    let batch = compiled.url.template.has_ids()
+        || compiled.body.as_ref().is_some_and(Template::has_ids)
+        || compiled.headers.iter().any(|(_, t)| t.has_ids());
+    if batch {
+        return Err(HandlerError::Invalid {
+            what: Setting::BatchSize,
+            reason: "{ids} and {rows} write a batch's IDs: give the batch size".into(),
+        });
+    }
+    Ok(())
 }
 
 /// A batch job's templates: `{ids}` or `{rows}` somewhere, and no `{id}` or `{column}`,

@@ -68,6 +68,19 @@ pub trait Handler: Send + Sync + 'static {
         self.call(id)
     }
 
+    /// One request for several IDs (each with its row's kept columns) to a batch endpoint:
+    /// each ID's part of the answer ([`batch`]). By default the handler has none: the
+    /// request fails for good.
+    fn call_batch(
+        &self,
+        items: &[(&str, Option<&str>)],
+    ) -> impl Future<Output = Result<batch::BatchAnswer, Failure>> + Send {
+        let _ = items;
+        std::future::ready(Err(Failure::permanent(
+            "this handler has no batch endpoint",
+        )))
+    }
+
     /// The limits the API announced in its answers, if the handler reads them: every
     /// attempt of the run waits for them ([`AnnouncedLimits::wait`]). None by default.
     fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
@@ -113,6 +126,23 @@ where
     fn call(&self, id: &str) -> impl Future<Output = Result<Output, Failure>> + Send {
         let attempt = self(id.to_owned());
         async move { attempt.await.map(Into::into) }
+    }
+}
+
+/// What an attempt that got an answer made: its HTTP status, for the counters.
+pub trait Answered {
+    fn status(&self) -> Option<u16>;
+}
+
+impl Answered for Output {
+    fn status(&self) -> Option<u16> {
+        self.status
+    }
+}
+
+impl Answered for batch::BatchAnswer {
+    fn status(&self) -> Option<u16> {
+        self.status
     }
 }
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use super::{Rate, Throttle};
 use crate::failure::{ErrorClass, Failure, Next};
-use crate::handler::Output;
 
 /// Failures in a row, with no answer in between, that mean the API is out rather than
 /// failing some items.
@@ -69,7 +68,7 @@ impl Observed {
     /// | refused connection, 502, 504 | no | yes, whatever the ID |
     /// | dropped connection, other 5xx | no | yes, unless the ID fails alone |
     /// | any other failure (4xx, unreadable body, bad request) | no | no |
-    pub fn of(result: &Result<Output, Failure>, latency: Duration) -> Observed {
+    pub fn of<T>(result: &Result<T, Failure>, latency: Duration) -> Observed {
         match result {
             Ok(_) => Observed::Success(latency),
             // The handler decided what happens next; whether the request reached the other

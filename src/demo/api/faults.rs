@@ -53,6 +53,12 @@ pub struct ApiConfig {
     /// How the windows are announced in the answers' headers. [`Announce::None`] in every
     /// constructor.
     pub announce: Announce,
+    /// Of the batch endpoint ([`super::batch`]): per-mille of IDs its answers leave out
+    /// when asked with other IDs (asked alone, they are answered). 0 in every constructor.
+    pub batch_omit_per_mille: u32,
+    /// Of the batch endpoint: per-mille of IDs that make their whole batch answer 400 (alone
+    /// too). 0 in every constructor.
+    pub batch_poison_per_mille: u32,
 }
 
 impl ApiConfig {
@@ -74,6 +80,8 @@ impl ApiConfig {
             refusals_at_once: false,
             windows: Vec::new(),
             announce: Announce::None,
+            batch_omit_per_mille: 0,
+            batch_poison_per_mille: 0,
         }
     }
 
@@ -96,6 +104,8 @@ impl ApiConfig {
             refusals_at_once: false,
             windows: Vec::new(),
             announce: Announce::None,
+            batch_omit_per_mille: 0,
+            batch_poison_per_mille: 0,
         }
     }
 
@@ -118,6 +128,8 @@ impl ApiConfig {
             refusals_at_once: false,
             windows: Vec::new(),
             announce: Announce::None,
+            batch_omit_per_mille: 0,
+            batch_poison_per_mille: 0,
         }
     }
 

@@ -67,6 +67,7 @@
 
 mod answers;
 mod auth;
+mod batch;
 mod calls;
 mod capacity;
 mod faults;
@@ -133,6 +134,8 @@ struct Shared {
     auth: auth::Auth,
     /// The requests kept ([`FakeApi::keep_requests`]).
     seen: seen::Seen,
+    /// Requests to the batch endpoint.
+    batch_requests: AtomicU64,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
@@ -166,6 +169,7 @@ impl FakeApi {
             rejected_429: AtomicU64::new(0),
             auth: auth::Auth::new(),
             seen: seen::Seen::default(),
+            batch_requests: AtomicU64::new(0),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();
@@ -195,6 +199,26 @@ impl FakeApi {
     /// The requests kept for `id`, oldest first.
     pub fn seen(&self, id: &str) -> Vec<SeenRequest> {
         self.shared.seen.of(id)
+    }
+
+    /// Requests to the batch endpoint (`/batch`) so far.
+    pub fn batch_requests(&self) -> u64 {
+        self.shared.batch_requests.load(Ordering::Relaxed)
+    }
+
+    /// The batch endpoint's URL for `{ids}` in the query (`http://127.0.0.1:PORT/batch?ids={ids}`).
+    pub fn batch_url_template(&self) -> String {
+        format!("http://{}/batch?ids={{ids}}", self.addr)
+    }
+
+    /// Whether the batch endpoint leaves `id` out of answers to several IDs.
+    pub fn batch_omits(&self, id: &str) -> bool {
+        batch::omitted(&self.shared.config, id)
+    }
+
+    /// Whether `id` makes its whole batch answer 400.
+    pub fn batch_poison(&self, id: &str) -> bool {
+        batch::poison(&self.shared.config, id)
     }
 
     /// The address the server listens on (`127.0.0.1:PORT`).

@@ -49,6 +49,9 @@ pub(super) async fn handle(
     if let Some(refused) = shared.auth.check(&req) {
         return Ok(refused);
     }
+    if req.uri().path() == "/batch" {
+        return Ok(super::batch::handle(&shared, req).await);
+    }
     let seen = shared.seen.is_on().then(|| SeenRequest {
         method: req.method().to_string(),
         target: req
