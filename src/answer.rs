@@ -585,6 +585,63 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_answer_is_split_by_key_and_each_part_judged() {
+        let split = |a: &Answer, program: &str, body: &str| {
+            let headers: [(&str, &[u8]); 0] = [];
+            a.split(
+                &Splitter::compile(program).unwrap(),
+                Some(200),
+                || headers.iter().copied(),
+                body.as_bytes(),
+            )
+        };
+        let body = r#"{"results":[{"id":"b","v":{"ok":1}},{"id":7,"v":{"error":"x"}},{"id":"c","v":{"status":"pending"}}]}"#;
+        let a = answer(spec());
+        let parts = split(&a, ".results[] | {key: .id, value: .v}", body).unwrap();
+        let ids: Vec<&str> = parts.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(ids, ["b", "7", "c"], "keys as text, numbers in decimal");
+        assert_eq!(parts[0].1.as_ref().unwrap().get(), r#"{"ok":1}"#);
+        let failed = parts[1].1.as_ref().unwrap_err();
+        assert_eq!(
+            (failed.next, failed.class),
+            (Next::Permanent, ErrorClass::Invalid)
+        );
+        assert!(parts[2]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .next
+            .retry_after()
+            .is_some());
+        // Without checks a part is stored as it is.
+        let plain = answer(AnswerSpec::default());
+        let parts = split(&plain, ".results[] | {key: .id, value: .v}", body).unwrap();
+        assert_eq!(parts[1].1.as_ref().unwrap().get(), r#"{"error":"x"}"#);
+        // A split that does not give {key, value} objects, or errors, fails the whole batch
+        // for good; an answer that is not JSON is retried.
+        for program in [
+            ".results[]",
+            ".results[] | {key: .v, value: .}",
+            ".nope.deeper[]",
+        ] {
+            let e = split(&plain, program, body).unwrap_err();
+            assert_eq!(
+                (e.next, e.class),
+                (Next::Permanent, ErrorClass::Invalid),
+                "{program}: {e:?}"
+            );
+            assert!(
+                e.message.contains("--split") || e.message.contains("split"),
+                "{}",
+                e.message
+            );
+        }
+        let e = split(&plain, ".[]", "<html>").unwrap_err();
+        assert_eq!(e.class, ErrorClass::Body);
+        assert!(e.next.retry_after().is_some());
+    }
+
+    #[test]
     fn plain_answers_are_stored_as_they_are() {
         let a = answer(AnswerSpec::default());
         assert_eq!(judge(&a, "<html>").unwrap(), r#""<html>""#);

@@ -362,9 +362,12 @@ pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
             .with_answer(answer),
         ),
         None => {
-            let http =
-                crate::handler::http::HttpHandler::with_credentials(&spec.request, credentials, &env)?
-                    .with_answer(answer);
+            let http = crate::handler::http::HttpHandler::with_credentials(
+                &spec.request,
+                credentials,
+                &env,
+            )?
+            .with_answer(answer);
             JobHandler::Http(match &spec.batch {
                 Some(batch) => http.with_batch(batch)?,
                 None => http,

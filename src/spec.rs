@@ -269,7 +269,10 @@ impl JobSpec {
         cmp(&"credentials", credentials(self), credentials(other));
         let batch = |s: &JobSpec| {
             s.batch.as_ref().map_or("none".into(), |b| {
-                format!("{} IDs per request, split {:?}, separator {:?}", b.size, b.split, b.separator)
+                format!(
+                    "{} IDs per request, split {:?}, separator {:?}",
+                    b.size, b.split, b.separator
+                )
             })
         };
         cmp(&Setting::BatchSize, batch(self), batch(other));

@@ -145,10 +145,7 @@ impl<H: Handler> ItemTask<H> {
                             status = error.status,
                             "a batch refused with a 4xx: asking in halves"
                         );
-                        let halves = [
-                            self.batch(left, slot, None),
-                            self.batch(right, slot, None),
-                        ];
+                        let halves = [self.batch(left, slot, None), self.batch(right, slot, None)];
                         futures_util::future::join_all(halves).await;
                         return;
                     }

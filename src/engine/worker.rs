@@ -17,8 +17,8 @@ use super::queue::WorkQueue;
 use super::quotas::{QuotaGate, QuotaStop};
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
-use crate::failure::Next;
 use crate::failure::Failure;
+use crate::failure::Next;
 use crate::handler::{Answered, Handler};
 use crate::progress::{Counters, HaltKind};
 use crate::quota::pacer::AnnouncedLimits;
@@ -230,7 +230,10 @@ impl<H: Handler> ItemTask<H> {
         let mut started = Abandon(Some(&self.counters), items.len() as u64);
         match items.len() {
             0 => {}
-            1 => self.process(items.pop().expect("one item"), &slot, permit).await,
+            1 => {
+                self.process(items.pop().expect("one item"), &slot, permit)
+                    .await
+            }
             _ => self.batch(items, &slot, Some(permit)).await,
         }
         started.0 = None;
@@ -351,7 +354,10 @@ impl<H: Handler> ItemTask<H> {
     /// the quotas; the item's slot active while it waits for them) through `call` to what
     /// follows the answer: the counters, the throttle's verdict and charge, a fleet's pause,
     /// the slot parked for a retry. `None` when the run stops or halts before an answer.
-    pub(super) async fn attempt<T: Answered, Fut: std::future::Future<Output = Result<T, Failure>>>(
+    pub(super) async fn attempt<
+        T: Answered,
+        Fut: std::future::Future<Output = Result<T, Failure>>,
+    >(
         &self,
         state: &AttemptState<'_, '_>,
         attempt: u32,

@@ -464,6 +464,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_writes_its_ids_for_where_they_stand() {
+        let r = row(r#"{"name":"N, é"}"#);
+        let items = [("a/b", Some(&r)), ("c d", None)];
+        let url = parse("https://x/users?ids={ids}&n=2", IdEncoding::Url);
+        assert!(url.has_ids() && !url.has_single());
+        assert_eq!(
+            url.render_batch(&items, ",", &[]),
+            "https://x/users?ids=a%2Fb,c%20d&n=2"
+        );
+        let header = parse("{ids}", IdEncoding::Raw);
+        assert_eq!(header.render_batch(&items, "|", &[]), "a/b|c d");
+        let body = parse(r#"{"ids":{ids},"rows":{rows}}"#, IdEncoding::Json);
+        let sent: serde_json::Value =
+            serde_json::from_str(&body.render_batch(&items, ",", &[])).unwrap();
+        assert_eq!(
+            sent,
+            serde_json::json!({
+                "ids": ["a/b", "c d"],
+                "rows": [{"id": "a/b", "name": "N, é"}, {"id": "c d"}],
+            })
+        );
+        assert!(parse("{id}", IdEncoding::Raw).has_single());
+        assert!(parse("{name}", IdEncoding::Raw).has_single());
+    }
+
+    #[test]
     fn stored_values_that_are_not_an_object_fail_the_item() {
         assert!(row_values(None).unwrap().is_none());
         assert_eq!(row_values(Some(r#"{"a":1}"#)).unwrap().unwrap()["a"], 1);

@@ -9,6 +9,7 @@ mod scenario;
 
 mod answers;
 mod bad_input;
+mod batches;
 mod crash;
 mod credentials;
 mod damaged_state;

@@ -14,7 +14,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, StatusCode};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::answers::{bad_request, error_response, expected_body, response, too_many_requests, Resp};
+use super::answers::{
+    bad_request, error_response, expected_body, response, too_many_requests, Resp,
+};
 use super::faults::ApiConfig;
 use super::routes::{decode, MAX_BODY};
 use super::seen::SeenRequest;
