@@ -9,7 +9,7 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); [`cli`] is the command line;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! Cargo features: the library alone (`default-features = false`) has none of the command
@@ -33,6 +33,7 @@ pub mod demo;
 pub mod engine;
 pub mod failure;
 pub mod handler;
+pub mod history;
 pub mod input;
 pub mod job;
 pub mod live;

@@ -164,6 +164,11 @@ pub(crate) struct RunArgs {
     /// report at the end (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     pub(crate) progress_interval: Duration,
+    /// How often a sample of the run (counts, answers by class, latency percentiles, the
+    /// rate limit and its cause) goes to the job's history, which `serve` and `report` chart
+    /// (0 = none).
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) history_interval: Duration,
     /// Make results and commit records durable in the background every
     /// --checkpoint-interval instead of before each bucket's commit (a crash then repeats
     /// up to one interval of calls). May be switched on or off between runs.
@@ -607,6 +612,7 @@ impl RunArgs {
             skip_bad_lines: self.skip_bad_lines,
             shutdown_timeout: self.shutdown_timeout,
             progress_interval: self.progress_interval,
+            history_interval: self.history_interval,
             throttle: ThrottleOptions {
                 rate: self.rate,
                 burst: self.burst,

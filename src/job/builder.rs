@@ -137,6 +137,8 @@ impl Reporting {
             bar,
             concurrency: self.options.concurrency,
             configured_rate: self.options.throttle.rate.map(|r| r.per_second()),
+            history_interval: self.options.history_interval,
+            spec: serde_json::to_value(&spec).unwrap_or_default(),
         });
         let reporters = Reporters {
             signals: self.signals,
