@@ -53,8 +53,37 @@ pub(crate) enum Command {
     /// Crash-safe like a run: after a kill, the same command resumes it.
     #[command(after_help = EXIT_CODES, args_override_self = true)]
     Rerun(Box<RerunArgs>),
+    /// Serve the job's dashboard: a read-only web page, live while the job runs.
+    Serve(ServeArgs),
+    /// Write the job's dashboard as one self-contained HTML file.
+    Report(ReportArgs),
     /// Run a complete job against a local fake API with injected faults.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// The address to listen on (another host than 127.0.0.1 shows the job to whoever
+    /// reaches it).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub(crate) addr: std::net::SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// The HTML file to write.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) output: PathBuf,
 }
 
 #[derive(Debug, Args)]
