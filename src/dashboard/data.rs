@@ -103,20 +103,37 @@ fn input_rows(r: &Reading) -> Option<u64> {
     })
 }
 
-/// Items settled per second over the last [`ETA_WINDOW_MS`] of the newest run's samples.
+/// Items settled per second over the last [`ETA_WINDOW_MS`] of the newest run: from its
+/// oldest sample in the window, or from its start (when nothing was settled yet) if that is
+/// in the window.
 fn smoothed_speed(history: &[Record]) -> Option<f64> {
-    let mut samples = history.iter().rev().filter_map(|r| match r {
-        Record::Sample(s) => Some(s),
-        Record::Run(_) => None,
-    });
-    let newest = samples.next()?;
-    let oldest = samples
-        .take_while(|s| s.run_id == newest.run_id)
-        .take_while(|s| newest.at_ms - s.at_ms <= ETA_WINDOW_MS)
-        .last()?;
-    let dt = (newest.at_ms - oldest.at_ms) as f64 / 1e3;
-    let done = (newest.ok + newest.failed).saturating_sub(oldest.ok + oldest.failed);
-    (dt > 0.0).then(|| done as f64 / dt)
+    let mut older = history
+        .iter()
+        .rev()
+        .skip_while(|r| matches!(r, Record::Run(_)));
+    let Some(Record::Sample(newest)) = older.next() else {
+        return None;
+    };
+    let in_window = |at_ms: u64| newest.at_ms.saturating_sub(at_ms) <= ETA_WINDOW_MS;
+    let mut from: Option<(u64, u64)> = None;
+    for r in older {
+        match r {
+            Record::Sample(s) if s.run_id == newest.run_id && in_window(s.at_ms) => {
+                from = Some((s.at_ms, s.ok + s.failed));
+            }
+            Record::Run(run) if run.run_id == newest.run_id => {
+                if from.is_none() && in_window(run.started_ms) {
+                    from = Some((run.started_ms, 0));
+                }
+                break;
+            }
+            _ => break,
+        }
+    }
+    let (at_ms, done) = from?;
+    let dt = newest.at_ms.saturating_sub(at_ms) as f64 / 1e3;
+    let settled = (newest.ok + newest.failed).saturating_sub(done);
+    (dt > 0.0).then(|| settled as f64 / dt)
 }
 
 /// `GET /api/history?points=N`.

@@ -63,7 +63,7 @@ impl Source {
         match self {
             // The store's own open says why not (missing, not a state directory); one a run
             // holds is one.
-            Source::Dir(dir) => match SledStore::open(dir, OpenMode::Existing, CACHE_BYTES) {
+            Source::Dir(dir) => match SledStore::open(dir, OpenMode::Read, CACHE_BYTES) {
                 Ok(_) => Ok(()),
                 Err(e) if matches!(e.root(), StoreError::Busy { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
@@ -159,7 +159,7 @@ async fn read_dir(dir: &Path, wants: &Wants) -> Result<Reading, DashboardError> 
         ..Reading::default()
     };
     let now = crate::store::now_ms();
-    match SledStore::open(dir, OpenMode::Existing, CACHE_BYTES) {
+    match SledStore::open(dir, OpenMode::Read, CACHE_BYTES) {
         Ok(store) => {
             // No run is active (we hold the lock): a snapshot not marked finished is a
             // runner that died.

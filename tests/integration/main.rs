@@ -12,6 +12,7 @@ mod bad_input;
 mod crash;
 mod credentials;
 mod damaged_state;
+mod dashboard;
 mod durability;
 mod examples;
 mod exec;
