@@ -276,3 +276,124 @@ fn serve_and_report_refuse_what_they_cannot_show_with_a_reason() {
     ])
     .expect_refused(1, &["--output", "cannot write the report"]);
 }
+
+/// The headless browser the rendering test drives: `HIGHWATER_CHROMIUM`, else `chromium`
+/// (`.ci/run` installs it when missing).
+fn chromium() -> String {
+    std::env::var("HIGHWATER_CHROMIUM").unwrap_or_else(|_| "chromium".into())
+}
+
+/// The DOM of `url` after its scripts ran (a virtual five seconds), from headless Chromium.
+fn rendered_dom(url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(chromium())
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+            "--window-size=1280,1800",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} cannot be started ({e}): install Chromium (.ci/run does) or set HIGHWATER_CHROMIUM",
+                chromium()
+            )
+        });
+    let mut dom = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let _ = out.read_to_string(&mut dom);
+        dom
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium did not render {url} within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.join().unwrap()
+}
+
+/// `n` as the page writes it (en-US thousands separators).
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The rendered page shows the job's figures, its four charts and the bucket map.
+fn check_rendered(dom: &str, ok: u64, failed: u64, what: &str) {
+    assert!(!dom.contains(TOKEN));
+    // What the page shows: everything before its scripts (its data and code).
+    let shown = &dom[..dom.find("<script").unwrap_or(dom.len())];
+    let charts = shown.matches("class=\"uplot").count();
+    assert_eq!(charts, 4, "{what}: uPlot charts drawn: {charts}\n{shown}");
+    assert!(
+        shown.matches("<canvas").count() >= 5,
+        "{what}: canvases\n{shown}"
+    );
+    for (n, label) in [(ok, "ok"), (failed, "failed")] {
+        let fig = format!("<b>{}</b><span>{label}</span>", thousands(n));
+        assert!(shown.contains(&fig), "{what}: lacks {fig}\n{shown}");
+    }
+    assert!(shown.contains("committed of"), "{what}\n{shown}");
+    assert!(!shown.contains("cannot reach"), "{what}\n{shown}");
+}
+
+#[test]
+fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browser() {
+    let h = Harness::new(ApiConfig {
+        not_found_per_mille: 50,
+        ..ApiConfig::fast()
+    });
+    let input = h.ids_file("ids.txt", &ids(1500));
+    let state = h.state();
+    let url = h.url();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--history-interval",
+        "1s",
+        "--header",
+        "Authorization: Bearer ${HW_DASH_TOKEN}",
+    ]);
+    let run = h.run_env(&args, &[("HW_DASH_TOKEN", TOKEN)], &[]);
+    assert!(run.code == 0 || run.code == 3, "{run:?}");
+    let stats = h.status(&state)["stats"].clone();
+    let (ok, failed) = (
+        stats["ok"].as_u64().unwrap(),
+        stats["failed"].as_u64().unwrap(),
+    );
+    assert!(failed > 0);
+
+    let dash = Dashboard::start(&h, &state);
+    let dom = rendered_dom(&format!("http://{}/", dash.addr));
+    check_rendered(&dom, ok, failed, "the served page");
+    // The failures table is filled from the store.
+    assert!(dom.contains(&format!("{failed} failed item(s) match")));
+
+    let out = h.path("run.html");
+    h.run(&["report", "--state", p(&state), "--output", p(&out)])
+        .expect_code(0);
+    drop(dash);
+    // Opened from the file, with no server: everything it needs is in it.
+    let dom = rendered_dom(&format!("file://{}", out.display()));
+    check_rendered(&dom, ok, failed, "the report");
+    assert!(dom.contains("report made"));
+}
