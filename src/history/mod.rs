@@ -266,7 +266,7 @@ mod tests {
         assert_eq!(percentile_ms(&cumulative, 0.9), Some(10.0));
         let p99 = percentile_ms(&cumulative, 0.99).unwrap();
         assert!(p99 > 10.0 && p99 <= 25.0, "{p99}");
-        assert_eq!(percentile_ms(&vec![0; 13], 0.5), None);
+        assert_eq!(percentile_ms(&[0; 13], 0.5), None);
         // Everything beyond the last bound: the last bound.
         let mut over = vec![0; LATENCY_BUCKETS.len()];
         over.push(5);
