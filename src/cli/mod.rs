@@ -74,7 +74,7 @@ fn dashboard_source(state: &Path, job: Option<&str>) -> Result<crate::dashboard:
         StateArg::Pg { url, job } => Ok(crate::dashboard::Source::Pg { url, job }),
         #[cfg(not(feature = "postgres"))]
         StateArg::Pg { .. } => {
-            say!("error: --state postgres://...: this highwater was built without PostgreSQL support (cargo feature postgres)");
+            crate::say!("error: --state postgres://...: this highwater was built without PostgreSQL support (cargo feature postgres)");
             Err(exit::USAGE)
         }
     }
