@@ -6,7 +6,7 @@
 //! only ever `${VAR}` references) and a [`Sample`] every `--history-interval` (10 s by
 //! default) and at the run's end. Counters in a sample are cumulative over its run, so a
 //! restart is explicit (a new run id) and a lost sample loses nothing but resolution.
-//! [`Sampler`] turns the live counters into samples; [`file`] keeps them in the state
+//! [`Sampler`] turns the live counters into samples; [`file`](mod@file) keeps them in the state
 //! directory; [`series`] turns them into the downsampled columns a chart draws.
 
 use serde::{Deserialize, Serialize};
