@@ -7,6 +7,8 @@
 //! its samples' totals over its time (a time-weighted mean), its p50 the mean and its p90
 //! and p99 the highest of its samples (a peak stays visible), its figures the last.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::{RateCause, Record, Sample};
@@ -14,6 +16,8 @@ use super::{RateCause, Record, Sample};
 /// One point of every series.
 #[derive(Debug, Clone, Copy, Default)]
 struct Point {
+    /// Which run wrote it (an index in the order runs first appear).
+    run: usize,
     /// Unix seconds.
     t: f64,
     /// Seconds covered.
@@ -81,12 +85,19 @@ pub struct HistorySeries {
 }
 
 /// The history `records` as at most `points` points (at least 2).
+///
+/// Runs one after the other (restarts) are merged sample by sample. Runs at the same time
+/// (the workers of a PostgreSQL job each write their own samples) are merged by time slot,
+/// where their counts, rates and calls in flight add up.
 pub fn downsample(records: &[Record], points: usize) -> HistorySeries {
     let points = points.max(2);
     let mut runs = Vec::new();
     let mut raw: Vec<Point> = Vec::new();
-    let mut prev: Option<&Sample> = None;
-    let mut run_start: Option<u64> = None;
+    let mut prev: HashMap<&str, &Sample> = HashMap::new();
+    let mut starts: HashMap<&str, u64> = HashMap::new();
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    let mut last_run: Option<&str> = None;
+    let mut switches = 0;
     for record in records {
         match record {
             Record::Run(r) => {
@@ -96,26 +107,81 @@ pub fn downsample(records: &[Record], points: usize) -> HistorySeries {
                     pid: r.pid,
                     worker: r.worker.clone(),
                 });
-                run_start = Some(r.started_ms);
-                prev = None;
+                starts.insert(&r.run_id, r.started_ms);
             }
             Record::Sample(s) => {
-                let before = prev.filter(|p| p.run_id == s.run_id);
-                raw.push(point(s, before, run_start));
-                prev = Some(s);
+                let before = prev.get(s.run_id.as_str()).copied();
+                let n = ids.len();
+                let run = *ids.entry(&s.run_id).or_insert(n);
+                raw.push(Point {
+                    run,
+                    ..point(s, before, starts.get(s.run_id.as_str()).copied())
+                });
+                prev.insert(&s.run_id, s);
+                if last_run != Some(s.run_id.as_str()) {
+                    switches += 1;
+                    last_run = Some(&s.run_id);
+                }
             }
         }
     }
-    let group = raw.len().div_ceil(points).max(1);
     let mut out = HistorySeries {
         samples: raw.len(),
         runs,
         ..HistorySeries::default()
     };
+    // More switches between runs than runs: some ran at the same time.
+    if switches > ids.len() {
+        raw.sort_by(|a, b| a.t.total_cmp(&b.t));
+        for (width, slot) in slots(&raw, points) {
+            push(&mut out, &merge_concurrent(slot, width));
+        }
+        return out;
+    }
+    let group = raw.len().div_ceil(points).max(1);
     for chunk in raw.chunks(group) {
         push(&mut out, &merge(chunk));
     }
     out
+}
+
+/// Time-ordered points cut into at most `points` slots of one width: the span over
+/// `points`, or the runs' usual time between samples if that is longer (so a slot holds a
+/// sample of every run). Empty slots are left out.
+fn slots(raw: &[Point], points: usize) -> Vec<(f64, &[Point])> {
+    let (Some(first), Some(last)) = (raw.first(), raw.last()) else {
+        return Vec::new();
+    };
+    let mut gaps: Vec<f64> = raw.iter().map(|p| p.dt).filter(|dt| *dt > 0.0).collect();
+    gaps.sort_by(f64::total_cmp);
+    let usual = gaps.get(gaps.len() / 2).copied().unwrap_or(1.0);
+    let width = ((last.t - first.t) / points as f64).max(usual).max(1e-3);
+    let mut out = Vec::new();
+    let mut from = 0;
+    while from < raw.len() {
+        let slot = ((raw[from].t - first.t) / width).floor();
+        let end = slot * width + first.t + width;
+        let to = from + raw[from..].iter().take_while(|p| p.t < end).count().max(1);
+        out.push((width, &raw[from..to]));
+        from = to;
+    }
+    out
+}
+
+/// The points of one time slot of runs at the same time: counts over the slot's width; the
+/// rate limit and the calls in flight of each run's last point, added up.
+fn merge_concurrent(slot: &[Point], width: f64) -> Point {
+    let mut merged = merge(slot);
+    merged.dt = width;
+    let mut last: HashMap<usize, &Point> = HashMap::new();
+    for p in slot {
+        last.insert(p.run, p);
+    }
+    merged.in_flight = last.values().map(|p| p.in_flight).sum();
+    let rates: Vec<f64> = last.values().filter_map(|p| p.rate).collect();
+    merged.rate = (!rates.is_empty()).then(|| rates.iter().sum());
+    merged.done = slot.iter().map(|p| p.done).fold(0.0, f64::max);
+    merged
 }
 
 /// A sample's point: its counts since `before` (the run's previous sample), or since the
@@ -134,6 +200,7 @@ fn point(s: &Sample, before: Option<&Sample>, run_start: Option<u64>) -> Point {
     let b = before.unwrap_or(&zero);
     let d = |now: u64, then: u64| now.saturating_sub(then) as f64;
     Point {
+        run: 0,
         t: s.at_ms as f64 / 1e3,
         dt: d(s.at_ms, b.at_ms) / 1e3,
         items: d(s.ok + s.failed, b.ok + b.failed),
@@ -274,6 +341,24 @@ mod tests {
         assert_eq!(s.done, vec![100.0, 300.0, 350.0]);
         assert_eq!(s.runs.len(), 2);
         assert_eq!(s.runs[1].t, 30.0);
+    }
+
+    #[test]
+    fn the_rates_of_workers_running_at_the_same_time_add_up() {
+        // Two workers, each 10 items/s, sampled every 10 s, interleaved.
+        let mut records = vec![run("a", 0), run("b", 0)];
+        for i in 1..=30u64 {
+            records.push(sample("a", i * 10_000, i * 100, 0));
+            records.push(sample("b", i * 10_000 + 500, i * 100, 0));
+        }
+        let s = downsample(&records, 2000);
+        assert!(s.t.len() <= 31, "{}", s.t.len());
+        // Every slot after the first holds one sample of each: 20 items/s.
+        for r in &s.items_per_s[1..] {
+            assert!((r - 20.0).abs() < 0.01, "{:?}", s.items_per_s);
+        }
+        assert_eq!(s.rate_limit[5], Some(20.0));
+        assert_eq!(s.in_flight[5], 2.0);
     }
 
     #[test]
