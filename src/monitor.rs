@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::console::{self, Bar};
+use futures_util::future::BoxFuture;
+
 use crate::history::{HistoryFile, Record, RunStart, Sampler};
 use crate::input::{Cursor, InputReader, InputSpec};
 use crate::live::{self, LiveSnapshot};
@@ -52,7 +54,13 @@ pub struct MonitorConfig {
     pub history_interval: Duration,
     /// The job's spec as stored, for the history's record of the run's start.
     pub spec: serde_json::Value,
+    /// Where the history goes without a state directory (a PostgreSQL job's store).
+    pub history_sink: Option<HistorySink>,
 }
+
+/// Keeps a record of the job's history (as JSON) somewhere other than a state directory;
+/// the future it returns ends when the record is kept.
+pub type HistorySink = Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What the monitor, the metrics endpoint and the end of the run share.
 pub struct RunView {
@@ -228,63 +236,93 @@ struct State {
 
 /// The history being written by this run.
 struct History {
-    file: HistoryFile,
+    target: Target,
     sampler: Sampler,
     last: Instant,
 }
 
+/// Where this run's history goes.
+enum Target {
+    /// `DIR/history.log`.
+    File(HistoryFile),
+    Sink(HistorySink),
+}
+
+impl Target {
+    /// Keep `record`: at once in the file (an error: it can no longer be written), or the
+    /// sink's future.
+    fn write(&mut self, record: &Record) -> std::io::Result<Option<BoxFuture<'static, ()>>> {
+        match self {
+            Target::File(file) => file.append(record).map(|()| None),
+            Target::Sink(sink) => Ok(Some(sink(
+                serde_json::to_value(record).expect("history records serialize"),
+            ))),
+        }
+    }
+}
+
 impl History {
-    /// Open the history of the state directory and note the run's start; `None` (said in
-    /// the debug log) when the history is off or cannot be written.
+    /// Open the history (the state directory's file, else the sink) and note the run's
+    /// start; `None` (said in the debug log) when the history is off or cannot be written.
     fn start(view: &RunView, config: &MonitorConfig) -> Option<History> {
-        let dir = config.state.as_ref()?;
         if config.history_interval.is_zero() {
             return None;
         }
-        let opened = HistoryFile::open(dir).and_then(|mut file| {
-            file.append(&Record::Run(RunStart {
-                run_id: view.run_id.clone(),
-                started_ms: view.started_ms,
-                pid: std::process::id(),
-                worker: view.worker.clone(),
-                spec: config.spec.clone(),
-            }))?;
-            Ok(file)
+        let target = match (&config.state, &config.history_sink) {
+            (Some(dir), _) => match HistoryFile::open(dir) {
+                Ok(file) => Target::File(file),
+                Err(e) => {
+                    tracing::debug!("cannot write the job's history in {}: {e}", dir.display());
+                    return None;
+                }
+            },
+            (None, Some(sink)) => Target::Sink(sink.clone()),
+            (None, None) => return None,
+        };
+        let mut history = History {
+            target,
+            sampler: Sampler::new(
+                view.run_id.clone(),
+                view.worker.clone(),
+                config.configured_rate,
+            ),
+            last: Instant::now(),
+        };
+        let start = Record::Run(RunStart {
+            run_id: view.run_id.clone(),
+            started_ms: view.started_ms,
+            pid: std::process::id(),
+            worker: view.worker.clone(),
+            spec: config.spec.clone(),
         });
-        match opened {
-            Ok(file) => Some(History {
-                file,
-                sampler: Sampler::new(
-                    view.run_id.clone(),
-                    view.worker.clone(),
-                    config.configured_rate,
-                ),
-                last: Instant::now(),
-            }),
+        match history.target.write(&start) {
+            Ok(keep) => {
+                if let Some(keep) = keep {
+                    tokio::spawn(keep);
+                }
+                Some(history)
+            }
             Err(e) => {
-                tracing::debug!("cannot write the job's history in {}: {e}", dir.display());
+                tracing::debug!("cannot write the job's history: {e}");
                 None
             }
         }
     }
 
-    /// Append a sample of `run`; false if the history can no longer be written.
-    fn sample(&mut self, view: &RunView, run: &CounterSnapshot) -> bool {
+    /// A sample of `run`, and the future that keeps it, if any; an error when the history
+    /// can no longer be written.
+    fn sample(
+        &mut self,
+        view: &RunView,
+        run: &CounterSnapshot,
+    ) -> std::io::Result<Option<BoxFuture<'static, ()>>> {
         self.last = Instant::now();
-        let sample = self.sampler.sample(
-            &view.counters,
-            run,
-            &view.figures(run),
-            view.total_rows(),
-            now_ms(),
-        );
-        match self.file.append(&Record::Sample(sample)) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!("cannot write the job's history: {e}");
-                false
-            }
-        }
+        let sample =
+            self.sampler
+                .sample(&view.counters, run, &view.figures(run), view.total_rows(), now_ms());
+        self.target.write(&Record::Sample(sample)).inspect_err(|e| {
+            tracing::debug!("cannot write the job's history: {e}");
+        })
     }
 }
 
@@ -349,8 +387,10 @@ impl Monitor {
         match self.task.await {
             Ok(mut state) => {
                 state.bar = None;
-                if let Some(h) = &mut state.history {
-                    h.sample(&self.view, &run);
+                if let Some(Ok(Some(keep))) =
+                    state.history.as_mut().map(|h| h.sample(&self.view, &run))
+                {
+                    keep.await;
                 }
                 if !self.config.interval.is_zero() {
                     report(&self.view, &self.config, &mut state, &run, true);
@@ -418,13 +458,12 @@ async fn watch(
             .as_ref()
             // A tick late by a few milliseconds still takes the sample it is due.
             .is_some_and(|h| h.last.elapsed() + tick / 4 >= config.history_interval);
-        if due
-            && !state
-                .history
-                .as_mut()
-                .is_some_and(|h| h.sample(&view, &run))
-        {
-            state.history = None;
+        if due {
+            match state.history.as_mut().map(|h| h.sample(&view, &run)) {
+                Some(Ok(Some(keep))) => drop(tokio::spawn(keep)),
+                Some(Err(_)) => state.history = None,
+                _ => {}
+            }
         }
         let events = config.format == EventFormat::Json || state.bar.is_none();
         if !config.interval.is_zero() && state.last_at.elapsed() >= config.interval {

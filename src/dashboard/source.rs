@@ -3,10 +3,10 @@
 //! Owns [`Source`] (a state directory or a PostgreSQL job) and [`Reading`]: what one look at
 //! the job finds. A state directory's store is locked by the run that holds it, and sled
 //! cannot be opened by a second process: while a run is active the reading holds only what
-//! the run publishes without the lock (`live.json` and the history); once no run holds the
-//! directory, the store is opened for the moment of the reading (spec, counts, the bucket
-//! map) and let go at once. A PostgreSQL job is read through a session-less reader, never
-//! in the way of its workers.
+//! the run publishes without the lock (`live.json` and the history file); once no run holds
+//! the directory, the store is opened as a reader for the moment of the reading (spec,
+//! counts, the bucket map) and let go at once. A PostgreSQL job, its history included, is
+//! read through a session-less reader, never in the way of its workers.
 
 use std::path::{Path, PathBuf};
 
@@ -294,6 +294,12 @@ async fn read_pg(
         ..Reading::default()
     };
     read_store(&store, &mut reading, wants).await?;
+    reading.history = store
+        .history()
+        .await?
+        .into_iter()
+        .filter_map(|r| serde_json::from_value(r).ok())
+        .collect();
     let workers = store.workers().await?;
     let live = workers.iter().any(|w| w.state != "expired");
     reading.runner = Some(if live { Runner::Live } else { Runner::Finished });

@@ -44,6 +44,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "quota_usage",
         sql: include_str!("../../../migrations/0003_quota_usage.sql"),
     },
+    Migration {
+        version: 4,
+        name: "history",
+        sql: include_str!("../../../migrations/0004_history.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").
@@ -176,7 +181,7 @@ mod tests {
     async fn migrations_apply_once_then_find_nothing_to_do() {
         let db = test_db::fresh().await;
         let mut client = db.connect().await;
-        assert_eq!(migrate(&mut client).await.unwrap(), vec![1, 2, 3]);
+        assert_eq!(migrate(&mut client).await.unwrap(), vec![1, 2, 3, 4]);
         let recorded = versions(&client).await;
         let expected: Vec<(i32, String)> =
             MIGRATIONS.iter().map(|m| (m.version, m.sha256())).collect();
@@ -205,8 +210,8 @@ mod tests {
             applied.push(r.await.unwrap().expect("no runner fails"));
         }
         applied.sort();
-        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1, 2, 3]]);
-        assert_eq!(versions(&db.connect().await).await.len(), 3);
+        assert_eq!(applied, vec![vec![], vec![], vec![], vec![1, 2, 3, 4]]);
+        assert_eq!(versions(&db.connect().await).await.len(), 4);
     }
 
     const V1: Migration = Migration {
