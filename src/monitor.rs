@@ -317,9 +317,13 @@ impl History {
         run: &CounterSnapshot,
     ) -> std::io::Result<Option<BoxFuture<'static, ()>>> {
         self.last = Instant::now();
-        let sample =
-            self.sampler
-                .sample(&view.counters, run, &view.figures(run), view.total_rows(), now_ms());
+        let sample = self.sampler.sample(
+            &view.counters,
+            run,
+            &view.figures(run),
+            view.total_rows(),
+            now_ms(),
+        );
         self.target.write(&Record::Sample(sample)).inspect_err(|e| {
             tracing::debug!("cannot write the job's history: {e}");
         })

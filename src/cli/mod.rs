@@ -71,7 +71,7 @@ fn dashboard_source(state: &Path, job: Option<&str>) -> Result<crate::dashboard:
     match state_arg(state, job)? {
         StateArg::Dir => Ok(crate::dashboard::Source::Dir(state.to_path_buf())),
         #[cfg(feature = "postgres")]
-        StateArg::Pg { url, job } => Ok(crate::dashboard::Source::Pg { url, job }),
+        StateArg::Pg { url, job } => Ok(crate::dashboard::Source::pg(url, job)),
         #[cfg(not(feature = "postgres"))]
         StateArg::Pg { .. } => {
             crate::say!("error: --state postgres://...: this highwater was built without PostgreSQL support (cargo feature postgres)");

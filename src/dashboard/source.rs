@@ -18,14 +18,25 @@ use crate::store::sled_store::{OpenMode, SledStore};
 use crate::store::{BucketState, JobView, Store, StoreError, StoreStats};
 
 /// Where the job is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Source {
     /// A state directory.
     Dir(PathBuf),
-    /// A job of a PostgreSQL database (the URL's `${VAR}`s expanded when it is opened).
+    /// A job of a PostgreSQL database (the URL's `${VAR}`s expanded when it is opened):
+    /// made with [`Source::pg`].
     #[cfg(feature = "postgres")]
-    Pg { url: String, job: String },
+    Pg {
+        url: String,
+        job: String,
+        /// The reader, once opened: kept for the readings that follow.
+        opened: PgReader,
+    },
 }
+
+/// A PostgreSQL job's reader, opened by the first reading.
+#[cfg(feature = "postgres")]
+pub type PgReader =
+    std::sync::Arc<tokio::sync::Mutex<Option<std::sync::Arc<crate::store::postgres::PgStore>>>>;
 
 /// Reading a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,13 +55,23 @@ pub enum DashboardError {
 }
 
 impl Source {
+    /// The job `job` of the PostgreSQL database at `url`.
+    #[cfg(feature = "postgres")]
+    pub fn pg(url: String, job: String) -> Source {
+        Source::Pg {
+            url,
+            job,
+            opened: PgReader::default(),
+        }
+    }
+
     /// How the job is named on the page: the directory, or the job and its database
     /// without a password.
     pub fn shown(&self) -> String {
         match self {
             Source::Dir(dir) => dir.display().to_string(),
             #[cfg(feature = "postgres")]
-            Source::Pg { url, job } => format!(
+            Source::Pg { url, job, .. } => format!(
                 "job {job:?} of {}",
                 crate::store::postgres::connect::redact_url(url)
             ),
@@ -78,7 +99,7 @@ impl Source {
         match self {
             Source::Dir(dir) => read_dir(dir, wants).await,
             #[cfg(feature = "postgres")]
-            Source::Pg { url, job } => read_pg(self.shown(), url, job, wants).await,
+            Source::Pg { url, job, opened } => read_pg(self.shown(), url, job, opened, wants).await,
         }
     }
 }
@@ -280,20 +301,32 @@ async fn read_pg(
     shown: String,
     url: &str,
     job: &str,
+    opened: &PgReader,
     wants: &Wants,
 ) -> Result<Reading, DashboardError> {
     use crate::store::postgres::{PgOpen, PgStore, PgTarget};
-    let target = PgTarget::parse(url)?;
-    let open = PgOpen {
-        worker: false,
-        ..PgOpen::new(job)
+    let store = {
+        let mut opened = opened.lock().await;
+        match &*opened {
+            Some(store) => store.clone(),
+            None => {
+                let target = PgTarget::parse(url)?;
+                let open = PgOpen {
+                    worker: false,
+                    ..PgOpen::new(job)
+                };
+                let store = std::sync::Arc::new(PgStore::open(&target, &open).await?);
+                *opened = Some(store.clone());
+                store
+            }
+        }
     };
-    let store = PgStore::open(&target, &open).await?;
+    let store = &*store;
     let mut reading = Reading {
         shown,
         ..Reading::default()
     };
-    read_store(&store, &mut reading, wants).await?;
+    read_store(store, &mut reading, wants).await?;
     reading.history = store
         .history()
         .await?

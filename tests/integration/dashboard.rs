@@ -23,23 +23,34 @@ struct Dashboard {
 
 impl Dashboard {
     fn start(h: &Harness, state: &Path) -> Dashboard {
+        Dashboard::start_with(h, &["--state", p(state)])
+    }
+
+    /// `serve` with `args` (the job) on a free loopback port.
+    fn start_with(h: &Harness, args: &[&str]) -> Dashboard {
+        let mut serve = vec!["serve", "--addr", "127.0.0.1:0"];
+        serve.extend_from_slice(args);
         let mut child = h
-            .cmd(&["serve", "--state", p(state), "--addr", "127.0.0.1:0"])
+            .cmd(&serve)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("serve starts");
-        // Its first line says where it listens.
-        let mut line = String::new();
-        BufReader::new(child.stderr.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or_else(|| panic!("serve did not say where it listens: {line:?}"))
-            .to_string();
+        // It says where it listens (after what it logs while opening the job).
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        let addr = loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap() == 0 {
+                panic!("serve did not say where it listens: {seen}");
+            }
+            seen.push_str(&line);
+            if let Some(rest) = line.split("http://").nth(1) {
+                break rest.split('/').next().unwrap().to_string();
+            }
+        };
+        // The rest of its log is read away, so that it never waits on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
         Dashboard { child, addr }
     }
 
@@ -396,4 +407,97 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
     let dom = rendered_dom(&format!("file://{}", out.display()));
     check_rendered(&dom, ok, failed, "the report");
     assert!(dom.contains("report made"));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_fleets_dashboard_lists_its_workers_and_charts_them_together() {
+    use crate::postgres::pg_cluster;
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(1),
+        latency_max: Duration::from_millis(3),
+        not_found_per_mille: 30,
+        ..ApiConfig::fast()
+    });
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let input = h.ids_file("ids.txt", &ids(2000));
+    let api = h.url();
+    let worker = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--state",
+            &url,
+            "--job",
+            "dash",
+            "--progress-interval",
+            "0",
+            "--history-interval",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        h.spawn(&args)
+    };
+    let first = worker(&[
+        "--input",
+        p(&input),
+        "--url",
+        &api,
+        "--bucket-size",
+        "20",
+        "--rate",
+        "200",
+    ]);
+    // Wait until the job exists (the first worker created it), then a second worker joins.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !h
+        .run(&["status", "--state", &url, "--job", "dash"])
+        .stdout
+        .contains("workers:")
+    {
+        assert!(Instant::now() < deadline, "the job was never created");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dash = Dashboard::start_with(&h, &["--state", &url, "--job", "dash"]);
+    let second = worker(&[]);
+    let workers = dash.wait_for("/api/workers", "two workers", |v| {
+        v["workers"]
+            .as_array()
+            .is_some_and(|w| w.iter().filter(|w| w["state"] == "alive").count() == 2)
+    });
+    assert_eq!(workers["fleet"], true);
+    for w in workers["workers"].as_array().unwrap() {
+        assert!(w["host"].as_str().is_some_and(|h| !h.is_empty()), "{w}");
+    }
+    // Both workers write the job's history.
+    dash.wait_for("/api/history", "both workers' samples", |v| {
+        v["runs"].as_array().is_some_and(|r| r.len() == 2) && samples(v) >= 4
+    });
+    finish(first);
+    finish(second);
+    let summary = dash.wait_for("/api/summary", "the finished job", |v| {
+        v["finished"] == true
+    });
+    assert_eq!(summary["store_read"], true);
+    let stats = &summary["stats"];
+    assert_eq!(
+        stats["ok"].as_u64().unwrap() + stats["failed"].as_u64().unwrap(),
+        2000
+    );
+    let history = dash.json("/api/history");
+    assert!(history["workers"].is_null());
+    let last_done = history["done"].as_array().unwrap().last().unwrap().as_f64();
+    assert!(last_done.is_some_and(|d| d > 0.0));
+    let map = dash.json("/api/buckets?cells=9");
+    let sum = |k: &str| -> u64 {
+        map["cells"][k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(sum("committed") + sum("with_failures"), 100, "{map}");
+    let failures = dash.json("/api/failures?class=http&limit=5000");
+    assert_eq!(failures["matched"], stats["failed"]);
 }
