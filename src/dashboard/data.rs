@@ -104,8 +104,8 @@ fn input_rows(r: &Reading) -> Option<u64> {
 }
 
 /// Items settled per second over the last [`ETA_WINDOW_MS`] of the newest run: from its
-/// oldest sample in the window, or from its start (when nothing was settled yet) if that is
-/// in the window.
+/// oldest sample (or its start) in the window, or from the newest before the window when the
+/// window holds none.
 fn smoothed_speed(history: &[Record]) -> Option<f64> {
     let mut older = history
         .iter()
@@ -115,19 +115,19 @@ fn smoothed_speed(history: &[Record]) -> Option<f64> {
         return None;
     };
     let in_window = |at_ms: u64| newest.at_ms.saturating_sub(at_ms) <= ETA_WINDOW_MS;
+    // The oldest point of the run in the window; the newest before it if there is none.
     let mut from: Option<(u64, u64)> = None;
     for r in older {
-        match r {
-            Record::Sample(s) if s.run_id == newest.run_id && in_window(s.at_ms) => {
-                from = Some((s.at_ms, s.ok + s.failed));
-            }
-            Record::Run(run) if run.run_id == newest.run_id => {
-                if from.is_none() && in_window(run.started_ms) {
-                    from = Some((run.started_ms, 0));
-                }
-                break;
-            }
+        let point = match r {
+            Record::Sample(s) if s.run_id == newest.run_id => (s.at_ms, s.ok + s.failed),
+            Record::Run(run) if run.run_id == newest.run_id => (run.started_ms, 0),
             _ => break,
+        };
+        if in_window(point.0) || from.is_none() {
+            from = Some(point);
+        }
+        if !in_window(point.0) || matches!(r, Record::Run(_)) {
+            break;
         }
     }
     let (at_ms, done) = from?;
@@ -330,6 +330,64 @@ mod tests {
             );
             assert!(map["cells"]["first"].as_array().unwrap().len() <= cells);
         }
+    }
+
+    #[test]
+    fn the_eta_is_smoothed_over_the_newest_runs_last_ten_minutes_and_never_crosses_a_restart() {
+        let run = |id: &str, at: u64| {
+            Record::Run(crate::history::RunStart {
+                run_id: id.into(),
+                started_ms: at,
+                pid: 1,
+                worker: None,
+                spec: json!({"bucket_size": 10}),
+            })
+        };
+        let sample = |id: &str, at: u64, done: u64| {
+            let Record::Sample(mut s) = with_rows(Reading::default(), 10_000).history.remove(0)
+            else {
+                unreachable!()
+            };
+            s.run_id = id.into();
+            s.at_ms = at;
+            s.ok = done;
+            Record::Sample(s)
+        };
+        // An old run at 100/s, then the newest at 10/s: from its start (one sample yet).
+        let mut history = vec![run("a", 0), sample("a", 60_000, 6000), run("b", 100_000)];
+        history.push(sample("b", 110_000, 100));
+        let reading = Reading {
+            stats: Some(StoreStats {
+                rows_read: 10_000,
+                pending: 1000,
+                input_exhausted: true,
+                ..StoreStats::default()
+            }),
+            history,
+            ..Reading::default()
+        };
+        let s = summary(&reading);
+        assert_eq!(s["items_per_second"], 10.0);
+        assert_eq!(s["eta_seconds"], 100);
+        // Later samples: from the oldest within ten minutes (or, with none, the newest
+        // before).
+        let mut later = reading.clone();
+        later.history.push(sample("b", 800_000, 20_000));
+        let s = summary(&later);
+        let expected = (20_000.0 - 100.0) / 690.0;
+        assert!(
+            (s["items_per_second"].as_f64().unwrap() - expected).abs() < 0.01,
+            "{s}"
+        );
+        later.history.push(sample("b", 900_000, 21_000));
+        later.history.push(sample("b", 1_000_000, 23_000));
+        let s = summary(&later);
+        let expected = (23_000.0 - 20_000.0) / 200.0;
+        assert!(
+            (s["items_per_second"].as_f64().unwrap() - expected).abs() < 0.01,
+            "{s}"
+        );
+        assert_eq!(s["runs"].as_array().unwrap().len(), 2);
     }
 
     fn with_rows(mut r: Reading, rows: u64) -> Reading {
