@@ -252,8 +252,10 @@ fn the_dashboard_follows_a_job_across_a_kill_and_a_resume_and_never_shows_its_se
     assert!(!html.contains(TOKEN));
     assert!(html.contains("\"finished\":true") && html.contains("uPlot"));
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
-    // The spec shows the header as its reference.
+    // The spec shows the header as its reference; the history keeps no value either.
     assert!(html.contains("${HW_DASH_TOKEN}"));
+    let history = std::fs::read_to_string(state.join("history.log")).unwrap();
+    assert!(history.contains("${HW_DASH_TOKEN}") && !history.contains(TOKEN));
 }
 
 #[test]
