@@ -2,9 +2,10 @@
 //! else (read-only: every other method is refused).
 //!
 //! Readings are shared between requests for a moment ([`FRESH_LIVE`] while a run is active,
-//! [`FRESH_IDLE`] otherwise), and taken one at a time: a page polling every two seconds
-//! opens a free state directory's store at most once in [`FRESH_IDLE`], each time for
-//! only as long as the reading takes.
+//! [`FRESH_IDLE`] otherwise), and taken one at a time: the page's figures, charts and
+//! bucket map open a free state directory's store at most once in [`FRESH_IDLE`]; a
+//! failures query (a filter changed, or the page's refresh of its table) opens it once more.
+//! Each time only for as long as the reading takes.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
