@@ -9,13 +9,14 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); [`cli`] is the command line;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! Cargo features: the library alone (`default-features = false`) has none of the command
 //! line's crates. `cli` (default) adds [`cli`] and the binary (clap, tracing-subscriber,
-//! jemalloc) and turns on the three below; `progress-bar` the terminal bar of [`monitor`]
-//! (indicatif); `metrics` the Prometheus endpoint (a hyper server); `demo` the fake API;
+//! jemalloc) and turns on the four below; `progress-bar` the terminal bar of [`monitor`]
+//! (indicatif); `metrics` the Prometheus endpoint (a hyper server); `dashboard` the web
+//! page of `serve` and `report` (a hyper server); `demo` the fake API;
 //! `postgres` (default) the PostgreSQL store.
 
 // `pub` is what a library user can reach; an item of a private module says `pub(crate)`.
@@ -28,11 +29,14 @@ pub mod cli;
 mod conformance;
 pub mod console;
 pub mod credential;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
 pub mod failure;
 pub mod handler;
+pub mod history;
 pub mod input;
 pub mod job;
 pub mod live;

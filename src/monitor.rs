@@ -3,9 +3,10 @@
 //! Owns the task that, from [`Counters`] and the store's figures taken once at the start
 //! (never a store scan during the run), drives the terminal bar, the progress events every
 //! `--progress-interval` and at the end (human lines or JSON), the falling-behind warning,
-//! and the live snapshot (`DIR/live.json`) once a second; the live speed and the ETA over
-//! the last minute (beside the run's average); and the background count of the input's rows
-//! that gives the bar its total and the ETA.
+//! the live snapshot (`DIR/live.json`) once a second, and the job's history
+//! (`DIR/history.log`, see [`crate::history`]) every `--history-interval`; the live speed
+//! and the ETA over the last minute (beside the run's average); and the background count of
+//! the input's rows that gives the bar its total and the ETA.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -14,6 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::console::{self, Bar};
+use futures_util::future::BoxFuture;
+
+use crate::history::{HistoryFile, Record, RunStart, Sampler};
 use crate::input::{Cursor, InputReader, InputSpec};
 use crate::live::{self, LiveSnapshot};
 use crate::progress::{
@@ -45,7 +49,18 @@ pub struct MonitorConfig {
     pub concurrency: usize,
     /// `--rate`, if given.
     pub configured_rate: Option<f64>,
+    /// How often a sample of the run goes to the job's history (`DIR/history.log`, beside
+    /// `live.json`; zero: no history).
+    pub history_interval: Duration,
+    /// The job's spec as stored, for the history's record of the run's start.
+    pub spec: serde_json::Value,
+    /// Where the history goes without a state directory (a PostgreSQL job's store).
+    pub history_sink: Option<HistorySink>,
 }
+
+/// Keeps a record of the job's history (as JSON) somewhere other than a state directory;
+/// the future it returns ends when the record is kept.
+pub type HistorySink = Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What the monitor, the metrics endpoint and the end of the run share.
 pub struct RunView {
@@ -215,6 +230,104 @@ struct State {
     window: VecDeque<Sample>,
     /// Intervals in a row below the `--rate` (idle intervals not counted).
     behind: progress::Sustained,
+    /// The job's history, while it can be written.
+    history: Option<History>,
+}
+
+/// The history being written by this run.
+struct History {
+    target: Target,
+    sampler: Sampler,
+    last: Instant,
+}
+
+/// Where this run's history goes.
+enum Target {
+    /// `DIR/history.log`.
+    File(HistoryFile),
+    Sink(HistorySink),
+}
+
+impl Target {
+    /// Keep `record`: at once in the file (an error: it can no longer be written), or the
+    /// sink's future.
+    fn write(&mut self, record: &Record) -> std::io::Result<Option<BoxFuture<'static, ()>>> {
+        match self {
+            Target::File(file) => file.append(record).map(|()| None),
+            Target::Sink(sink) => Ok(Some(sink(
+                serde_json::to_value(record).expect("history records serialize"),
+            ))),
+        }
+    }
+}
+
+impl History {
+    /// Open the history (the state directory's file, else the sink) and note the run's
+    /// start; `None` (said in the debug log) when the history is off or cannot be written.
+    fn start(view: &RunView, config: &MonitorConfig) -> Option<History> {
+        if config.history_interval.is_zero() {
+            return None;
+        }
+        let target = match (&config.state, &config.history_sink) {
+            (Some(dir), _) => match HistoryFile::open(dir) {
+                Ok(file) => Target::File(file),
+                Err(e) => {
+                    tracing::debug!("cannot write the job's history in {}: {e}", dir.display());
+                    return None;
+                }
+            },
+            (None, Some(sink)) => Target::Sink(sink.clone()),
+            (None, None) => return None,
+        };
+        let mut history = History {
+            target,
+            sampler: Sampler::new(
+                view.run_id.clone(),
+                view.worker.clone(),
+                config.configured_rate,
+            ),
+            last: Instant::now(),
+        };
+        let start = Record::Run(RunStart {
+            run_id: view.run_id.clone(),
+            started_ms: view.started_ms,
+            pid: std::process::id(),
+            worker: view.worker.clone(),
+            spec: config.spec.clone(),
+        });
+        match history.target.write(&start) {
+            Ok(keep) => {
+                if let Some(keep) = keep {
+                    tokio::spawn(keep);
+                }
+                Some(history)
+            }
+            Err(e) => {
+                tracing::debug!("cannot write the job's history: {e}");
+                None
+            }
+        }
+    }
+
+    /// A sample of `run`, and the future that keeps it, if any; an error when the history
+    /// can no longer be written.
+    fn sample(
+        &mut self,
+        view: &RunView,
+        run: &CounterSnapshot,
+    ) -> std::io::Result<Option<BoxFuture<'static, ()>>> {
+        self.last = Instant::now();
+        let sample = self.sampler.sample(
+            &view.counters,
+            run,
+            &view.figures(run),
+            view.total_rows(),
+            now_ms(),
+        );
+        self.target.write(&Record::Sample(sample)).inspect_err(|e| {
+            tracing::debug!("cannot write the job's history: {e}");
+        })
+    }
 }
 
 impl State {
@@ -257,6 +370,7 @@ impl Monitor {
             bar: config.bar.then(Bar::show).flatten(),
             window: VecDeque::from([view.start_sample()]),
             behind: progress::Sustained::default(),
+            history: History::start(&view, &config),
         };
         let task = tokio::spawn(watch(view.clone(), config.clone(), state, stop.clone()));
         Monitor {
@@ -277,6 +391,11 @@ impl Monitor {
         match self.task.await {
             Ok(mut state) => {
                 state.bar = None;
+                if let Some(Ok(Some(keep))) =
+                    state.history.as_mut().map(|h| h.sample(&self.view, &run))
+                {
+                    keep.await;
+                }
                 if !self.config.interval.is_zero() {
                     report(&self.view, &self.config, &mut state, &run, true);
                 }
@@ -337,6 +456,18 @@ async fn watch(
         }
         if let Some(bar) = &state.bar {
             draw(&view, bar, &run, state.since());
+        }
+        let due = state
+            .history
+            .as_ref()
+            // A tick late by a few milliseconds still takes the sample it is due.
+            .is_some_and(|h| h.last.elapsed() + tick / 4 >= config.history_interval);
+        if due {
+            match state.history.as_mut().map(|h| h.sample(&view, &run)) {
+                Some(Ok(Some(keep))) => drop(tokio::spawn(keep)),
+                Some(Err(_)) => state.history = None,
+                _ => {}
+            }
         }
         let events = config.format == EventFormat::Json || state.bar.is_none();
         if !config.interval.is_zero() && state.last_at.elapsed() >= config.interval {
@@ -558,6 +689,7 @@ mod tests {
             bar: None,
             window: VecDeque::from([view.start_sample(), at(120), at(61), at(30)]),
             behind: progress::Sustained::default(),
+            history: None,
         };
         state.sample(&view, &run);
         let ages: Vec<u64> = state

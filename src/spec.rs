@@ -291,6 +291,8 @@ pub struct RunOptions {
     pub shutdown_timeout: Duration,
     /// How often a progress line is logged (zero: never).
     pub progress_interval: Duration,
+    /// How often a sample goes to the job's history (zero: never).
+    pub history_interval: Duration,
     /// Rate limit, adaptive control and outage handling.
     pub throttle: crate::throttle::ThrottleOptions,
     /// Stop the run once more IDs than this failed permanently in it.
@@ -370,6 +372,7 @@ impl Default for RunOptions {
             skip_bad_lines: false,
             shutdown_timeout: Duration::from_secs(30),
             progress_interval: Duration::from_secs(30),
+            history_interval: crate::history::DEFAULT_INTERVAL,
             throttle: crate::throttle::ThrottleOptions::default(),
             max_failures: None,
             durability: Durability::Sync,

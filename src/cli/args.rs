@@ -53,8 +53,37 @@ pub(crate) enum Command {
     /// Crash-safe like a run: after a kill, the same command resumes it.
     #[command(after_help = EXIT_CODES, args_override_self = true)]
     Rerun(Box<RerunArgs>),
+    /// Serve the job's dashboard: a read-only web page, live while the job runs.
+    Serve(ServeArgs),
+    /// Write the job's dashboard as one self-contained HTML file.
+    Report(ReportArgs),
     /// Run a complete job against a local fake API with injected faults.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// The address to listen on (another host than 127.0.0.1 shows the job to whoever
+    /// reaches it).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub(crate) addr: std::net::SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    #[arg(long, value_name = "DIR|URL")]
+    pub(crate) state: PathBuf,
+    /// With a PostgreSQL --state: the job's name.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) job: Option<String>,
+    /// The HTML file to write.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) output: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +209,11 @@ pub(crate) struct RunArgs {
     /// report at the end (0 = never).
     #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
     pub(crate) progress_interval: Duration,
+    /// How often a sample of the run (counts, answers by class, latency percentiles, the
+    /// rate limit and its cause) goes to the job's history, which `serve` and `report` chart
+    /// (0 = none).
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    pub(crate) history_interval: Duration,
     /// Make results and commit records durable in the background every
     /// --checkpoint-interval instead of before each bucket's commit (a crash then repeats
     /// up to one interval of calls). May be switched on or off between runs.
@@ -649,6 +683,7 @@ impl RunArgs {
             skip_bad_lines: self.skip_bad_lines,
             shutdown_timeout: self.shutdown_timeout,
             progress_interval: self.progress_interval,
+            history_interval: self.history_interval,
             throttle: ThrottleOptions {
                 rate: self.rate,
                 burst: self.burst,

@@ -27,8 +27,10 @@ mod pg;
 #[cfg(not(feature = "postgres"))]
 #[path = "no_pg.rs"]
 mod pg;
+mod report;
 mod rerun;
 mod run;
+mod serve;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -61,6 +63,20 @@ fn state_arg(state: &Path, job: Option<&str>) -> Result<StateArg, u8> {
             Err(exit::USAGE)
         }
         (false, None) => Ok(StateArg::Dir),
+    }
+}
+
+/// The job `serve` and `report` show: `--state` (and `--job`) read as for every command.
+fn dashboard_source(state: &Path, job: Option<&str>) -> Result<crate::dashboard::Source, u8> {
+    match state_arg(state, job)? {
+        StateArg::Dir => Ok(crate::dashboard::Source::Dir(state.to_path_buf())),
+        #[cfg(feature = "postgres")]
+        StateArg::Pg { url, job } => Ok(crate::dashboard::Source::pg(url, job)),
+        #[cfg(not(feature = "postgres"))]
+        StateArg::Pg { .. } => {
+            crate::say!("error: --state postgres://...: this highwater was built without PostgreSQL support (cargo feature postgres)");
+            Err(exit::USAGE)
+        }
     }
 }
 
@@ -163,6 +179,8 @@ async fn dispatch(command: Command) -> Result<u8> {
         Command::Export(args) => export::export(args).await,
         Command::Failures(args) => failures::failures(args).await,
         Command::Rerun(args) => rerun::rerun(*args).await,
+        Command::Serve(args) => serve::serve(args).await,
+        Command::Report(args) => report::report(args).await,
         Command::Demo(args) => demo_command::run(args.dir, args.ids).await,
     }
 }

@@ -139,6 +139,9 @@ impl Reporting {
             bar,
             concurrency: self.options.concurrency,
             configured_rate: self.options.throttle.rate.map(|r| r.per_second()),
+            history_interval: self.options.history_interval,
+            spec: serde_json::to_value(&spec).unwrap_or_default(),
+            history_sink: None,
         });
         let reporters = Reporters {
             signals: self.signals,

@@ -63,7 +63,20 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
         );
         tokio::spawn(crate::metrics::serve(listener, view.clone()))
     });
-    let monitor = reporters.monitor.map(|config| Monitor::start(view, config));
+    let monitor = reporters.monitor.map(|mut config| {
+        // A store that keeps the job's history (PostgreSQL) takes it when there is no state
+        // directory to keep it in.
+        let store = store.clone();
+        config.history_sink = Some(Arc::new(move |record: serde_json::Value| {
+            let store = store.clone();
+            Box::pin(async move {
+                if let Err(e) = store.append_history(&[record]).await {
+                    tracing::debug!("cannot write the job's history: {e}");
+                }
+            })
+        }));
+        Monitor::start(view, config)
+    });
     // The store's lock is held until the finished snapshot is written: `status` takes a
     // free lock as proof that no runner is active, so the snapshot must be final by then.
     let lock = store.clone();

@@ -151,6 +151,21 @@ pub trait Store: Send + Sync + 'static {
     fn counted_stats(&self) -> impl Future<Output = Result<Option<StoreStats>, StoreError>> + Send {
         async { Ok(None) }
     }
+    /// Append records of the job's history (`crate::history`'s records, as JSON objects),
+    /// durably. A backend that keeps no history of its own ignores them: the sled backend's
+    /// history is a file beside it, written by the run's monitor and read without the
+    /// store's lock.
+    fn append_history(
+        &self,
+        records: &[serde_json::Value],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = records;
+        async { Ok(()) }
+    }
+    /// The job's history as [`Store::append_history`] kept it, oldest first (none: empty).
+    fn history(&self) -> impl Future<Output = Result<Vec<serde_json::Value>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }
 
 /// A fencing token: a lease granted later carries a larger one.

@@ -13,6 +13,7 @@ mod batches;
 mod crash;
 mod credentials;
 mod damaged_state;
+mod dashboard;
 mod durability;
 mod examples;
 mod exec;

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "row_values",
         sql: include_str!("../../../migrations/0004_row_values.sql"),
     },
+    Migration {
+        version: 5,
+        name: "history",
+        sql: include_str!("../../../migrations/0005_history.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").

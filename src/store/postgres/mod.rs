@@ -43,6 +43,7 @@
 pub mod buckets;
 pub mod connect;
 pub mod error;
+pub mod history;
 pub mod job;
 pub mod leases;
 pub mod migrate;

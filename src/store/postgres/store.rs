@@ -636,6 +636,16 @@ impl Store for PgStore {
             super::stats::counted(&*c, i.job).await.map(Some)
         })
     }
+
+    async fn append_history(&self, records: &[serde_json::Value]) -> Result<(), StoreError> {
+        with_client!(self, |c, i| {
+            super::history::append(c, i.job, records).await
+        })
+    }
+
+    async fn history(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+        with_client!(self, |c, i| { super::history::read(&*c, i.job).await })
+    }
 }
 
 /// A page of a log's bucket rows ([`BUCKET_COLUMNS`]).

@@ -43,8 +43,16 @@ pub(super) struct MarkerState {
 /// How long a lock recorded as this process's own is waited for (see [`lock`]).
 const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Take the directory's advisory lock, or say who holds it.
-pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
+/// How long a lock held by a reader ([`OpenMode::Read`]: the dashboard, for the moment of
+/// a reading) is waited for.
+const READER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the lock file says after the pid of a reader.
+const READER_MARK: &str = "reader";
+
+/// Take the directory's advisory lock, or say who holds it. The lock file holds the
+/// holder's pid, followed by [`READER_MARK`] for a `reader`.
+pub(super) fn lock(dir: &Path, reader: bool) -> Result<File, StoreError> {
     let path = dir.join("lock");
     let io = |source| StoreError::at(path.display(), StoreError::Io(source));
     let mut file = OpenOptions::new()
@@ -57,7 +65,8 @@ pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
     // A lock recorded as this process's own, on a store this process let go of, is a
     // child's copy of the descriptor between its fork and its exec (an exec handler's
     // process, spawned by any thread): gone within moments, so it is waited for, briefly.
-    let deadline = std::time::Instant::now() + OWN_LOCK_WAIT;
+    // A reader holds it for a moment only: it is waited for too.
+    let start = std::time::Instant::now();
     loop {
         if crate::os::try_lock_exclusive(&file).map_err(io)? {
             break;
@@ -65,15 +74,27 @@ pub(super) fn lock(dir: &Path) -> Result<File, StoreError> {
         let mut text = String::new();
         file.rewind().map_err(io)?;
         let _ = file.read_to_string(&mut text);
-        let pid: Option<u32> = text.trim().parse().ok();
-        if pid != Some(std::process::id()) || std::time::Instant::now() >= deadline {
+        let mut words = text.split_whitespace();
+        let pid: Option<u32> = words.next().and_then(|w| w.parse().ok());
+        let wait = if words.next() == Some(READER_MARK) {
+            READER_WAIT
+        } else if pid == Some(std::process::id()) {
+            OWN_LOCK_WAIT
+        } else {
+            std::time::Duration::ZERO
+        };
+        if start.elapsed() >= wait {
             return Err(StoreError::at(dir.display(), StoreError::Busy { pid }));
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
-    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    if reader {
+        writeln!(file, "{} {READER_MARK}", std::process::id()).map_err(io)?;
+    } else {
+        writeln!(file, "{}", std::process::id()).map_err(io)?;
+    }
     Ok(file)
 }
 

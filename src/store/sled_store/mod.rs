@@ -158,6 +158,10 @@ pub enum OpenMode {
     Existing,
     /// Create it if it does not exist or is empty; otherwise it must be a state directory.
     CreateIfMissing,
+    /// It must already be a state directory, opened for a moment by a reader (the
+    /// dashboard): a run that finds the lock held by a reader waits for it to let go
+    /// (10 s at most) instead of refusing to start.
+    Read,
 }
 
 impl SledStore {
@@ -176,7 +180,7 @@ impl SledStore {
         let marker_path = path.join(MARKER);
         match fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if mode == OpenMode::Existing {
+                if mode != OpenMode::CreateIfMissing {
                     return Err(not_store("it does not exist"));
                 }
                 fs::create_dir_all(path).map_err(io)?;
@@ -188,7 +192,9 @@ impl SledStore {
         if !marker_path.exists() {
             let empty = fs::read_dir(path).map_err(io)?.next().is_none();
             match (mode, empty) {
-                (OpenMode::Existing, _) => return Err(not_store(&format!("it has no {MARKER}"))),
+                (OpenMode::Existing | OpenMode::Read, _) => {
+                    return Err(not_store(&format!("it has no {MARKER}")))
+                }
                 (OpenMode::CreateIfMissing, false) => {
                     return Err(not_store(&format!(
                         "it already holds other files and no {MARKER}; refusing to write into it"
@@ -227,7 +233,7 @@ impl SledStore {
                 },
             ));
         }
-        let lock = lock(path)?;
+        let lock = lock(path, mode == OpenMode::Read)?;
         let trees = Arc::new(Trees::open(&path.join("sled"), cache_bytes)?);
         let corrupt =
             |reason: String| StoreError::at(path.display(), StoreError::Corrupt { reason });

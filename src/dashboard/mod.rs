@@ -1,0 +1,43 @@
+//! Dashboard: a job seen in a browser, live while it runs and as a report after.
+//!
+//! Owns `serve` and `report`: a read-only web page (progress and a smoothed ETA,
+//! throughput against the rate limit, latency percentiles, answers and failures by class
+//! over the whole job with restarts marked, the bucket map, the failures table, the
+//! workers, the spec and its history) over a state directory or a PostgreSQL job. Where the
+//! data comes from is [`source`] (and why a state directory held by a running job shows
+//! less); what each endpoint answers is [`data`]; the page is [`page`]; the HTTP server is
+//! [`server`]. A report is the same page as one file with the data embedded.
+//!
+//! Nothing here writes to the job: the page has no actions, the server answers GET only,
+//! and the spec shown is the stored one, whose secrets are only `${VAR}` references.
+
+pub mod data;
+pub mod page;
+pub mod server;
+pub mod source;
+
+pub use server::{bind, serve, BindError};
+pub use source::{DashboardError, FailureQuery, Reading, Source, Wants};
+
+/// Failed items a report lists at most (its filters work on those).
+pub const REPORT_FAILURES: usize = 1000;
+
+/// The whole page of `source` with its data embedded: one self-contained HTML file.
+pub async fn report(source: &Source) -> Result<String, DashboardError> {
+    let wants = Wants {
+        buckets: true,
+        failures: Some(FailureQuery {
+            limit: REPORT_FAILURES,
+            ..FailureQuery::default()
+        }),
+    };
+    let r = source.read(&wants).await?;
+    let data = serde_json::json!({
+        "summary": data::summary(&r),
+        "history": data::history(&r, data::DEFAULT_POINTS),
+        "buckets": data::buckets(&r, data::DEFAULT_CELLS),
+        "failures": data::failures(&r),
+        "workers": data::workers(&r),
+    });
+    Ok(page::report(&data))
+}

@@ -1,0 +1,298 @@
+//! The dashboard's HTTP server: `GET /` the page, `GET /api/*` its data as JSON; nothing
+//! else (read-only: every other method is refused).
+//!
+//! Readings are shared between requests for a moment ([`FRESH_LIVE`] while a run is active,
+//! [`FRESH_IDLE`] otherwise), and taken one at a time: the page's figures, charts and
+//! bucket map open a free state directory's store at most once in [`FRESH_IDLE`]; a
+//! failures query (a filter changed, or the page's refresh of its table) opens it once more.
+//! Each time only for as long as the reading takes.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+
+use super::data;
+use super::source::{DashboardError, FailureQuery, Reading, Source, Wants};
+
+/// How long a reading serves requests while a run is active.
+pub const FRESH_LIVE: Duration = Duration::from_secs(1);
+/// How long a reading serves requests while no run is active.
+pub const FRESH_IDLE: Duration = Duration::from_secs(10);
+
+/// Connections served at once; more are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Failed items a failures answer lists at most.
+pub const MAX_FAILURES_LISTED: usize = 5000;
+
+/// Listening on the dashboard's address failed (the CLI puts its flag's name in front).
+#[derive(Debug, thiserror::Error)]
+#[error("{addr}: cannot listen: {error}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    pub error: std::io::Error,
+}
+
+/// Listen on `addr`.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|error| BindError { addr, error })
+}
+
+/// What the server's requests share.
+struct Shared {
+    source: Source,
+    /// The last reading (with the bucket map), and when it was taken.
+    last: Mutex<Option<(Instant, Arc<Reading>)>>,
+}
+
+/// Serve the dashboard of `source` on `listener` until the task is aborted.
+pub async fn serve(listener: TcpListener, source: Source) {
+    let shared = Arc::new(Shared {
+        source,
+        last: Mutex::new(None),
+    });
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors and the like: give other tasks time to free some.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                if conns.len() >= MAX_CONNECTIONS {
+                    drop(stream);
+                    continue;
+                }
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(answer(&req, &shared).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("cache-control", "no-store")
+        .header("x-content-type-options", "nosniff")
+        .body(Full::new(body.into()))
+        .expect("a valid response")
+}
+
+fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    reply(status, "text/plain; charset=utf-8", message + "\n")
+}
+
+async fn answer(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    if req.method() != hyper::Method::GET {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the dashboard is read-only: GET only".into(),
+        );
+    }
+    let query = Query::parse(req.uri().query().unwrap_or(""));
+    let path = req.uri().path();
+    if path == "/" || path == "/index.html" {
+        return reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            super::page::live(),
+        );
+    }
+    let result = match path {
+        "/api/summary" => shared.reading().await.map(|r| data::summary(&r)),
+        "/api/history" => match query.number("points", data::DEFAULT_POINTS) {
+            Ok(points) => shared.reading().await.map(|r| data::history(&r, points)),
+            Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        },
+        "/api/buckets" => match query.number("cells", data::DEFAULT_CELLS) {
+            Ok(cells) => shared.reading().await.map(|r| data::buckets(&r, cells)),
+            Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        },
+        "/api/workers" => shared.reading().await.map(|r| data::workers(&r)),
+        "/api/failures" => match query.failures() {
+            Ok(q) => shared.failures(q).await.map(|r| data::failures(&r)),
+            Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        },
+        _ => return text(StatusCode::NOT_FOUND, format!("{path}: no such page")),
+    };
+    match result {
+        Ok(value) => reply(StatusCode::OK, "application/json", value.to_string()),
+        Err(e) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the job: {e}"),
+        ),
+    }
+}
+
+impl Shared {
+    /// The shared reading, taken again once it is no longer fresh.
+    async fn reading(&self) -> Result<Arc<Reading>, DashboardError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, r)) = &*last {
+            let running = matches!(
+                r.runner,
+                Some(crate::live::Runner::Live | crate::live::Runner::Stale)
+            );
+            let fresh = if running { FRESH_LIVE } else { FRESH_IDLE };
+            if at.elapsed() < fresh {
+                return Ok(r.clone());
+            }
+        }
+        let wants = Wants {
+            buckets: true,
+            failures: None,
+        };
+        let reading = Arc::new(read(&self.source, wants).await?);
+        *last = Some((Instant::now(), reading.clone()));
+        Ok(reading)
+    }
+
+    /// A reading with the failures `q` asks for (taken one at a time with the others).
+    async fn failures(&self, q: FailureQuery) -> Result<Reading, DashboardError> {
+        let _one_at_a_time = self.last.lock().await;
+        let wants = Wants {
+            buckets: false,
+            failures: Some(q),
+        };
+        read(&self.source, wants).await
+    }
+}
+
+/// A reading of `source`. The failures' walk calls back into the reading's task (its future
+/// is not `Send`), so a reading runs on a blocking thread of its own.
+async fn read(source: &Source, wants: Wants) -> Result<Reading, DashboardError> {
+    let source = source.clone();
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || handle.block_on(source.read(&wants)))
+        .await
+        .unwrap_or_else(|e| Err(DashboardError::Aborted(e.to_string())))
+}
+
+/// A request's query string, decoded.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Query {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        Query(
+            query
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => (decode(k), decode(v)),
+                    None => (decode(p), String::new()),
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// A positive count, `default` when absent.
+    fn number(&self, key: &str, default: usize) -> Result<usize, String> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .ok_or_else(|| format!("{key}={v:?}: a count from 1 to 1000000 is expected")),
+        }
+    }
+
+    /// `class`, `bucket` (N or A-B) and `limit` of a failures request.
+    fn failures(&self) -> Result<FailureQuery, String> {
+        let class = self.get("class").map(str::to_string);
+        if let Some(c) = &class {
+            let names = crate::failure::ErrorClass::ALL.map(|c| c.name());
+            if !names.contains(&c.as_str()) {
+                return Err(format!(
+                    "class={c:?} is not an error class (one of: {})",
+                    names.join(", ")
+                ));
+            }
+        }
+        let buckets = match self.get("bucket") {
+            None => None,
+            Some(v) => {
+                let bad = || format!("bucket={v:?}: a bucket number N or a range A-B is expected");
+                let (a, b) = v.split_once('-').unwrap_or((v, v));
+                let a: u64 = a.trim().parse().map_err(|_| bad())?;
+                let b: u64 = b.trim().parse().map_err(|_| bad())?;
+                if b < a {
+                    return Err(bad());
+                }
+                Some((a, b))
+            }
+        };
+        let limit = self.number("limit", 500)?.min(MAX_FAILURES_LISTED);
+        Ok(FailureQuery {
+            class,
+            buckets,
+            limit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Query;
+
+    #[test]
+    fn a_failures_query_reads_class_bucket_or_range_and_refuses_anything_else() {
+        let q = Query::parse("class=timeout&bucket=3-7&limit=10")
+            .failures()
+            .unwrap();
+        assert_eq!(
+            (q.class.as_deref(), q.buckets, q.limit),
+            (Some("timeout"), Some((3, 7)), 10)
+        );
+        let q = Query::parse("bucket=%204").failures().unwrap();
+        assert_eq!(q.buckets, Some((4, 4)));
+        for bad in [
+            "class=nope",
+            "bucket=x",
+            "bucket=5-2",
+            "limit=0",
+            "limit=-1",
+        ] {
+            assert!(Query::parse(bad).failures().is_err(), "{bad}");
+        }
+        assert_eq!(Query::parse("").number("points", 7), Ok(7));
+    }
+}
