@@ -133,6 +133,14 @@ modes:
     --concurrency N   --concurrency of the binary [default: 32]
     --bin PATH        the highwater binary [default: the one cargo built]
 
+  dashboard    does a watching page slow a job? The same job (200 after 1 ms) alone and
+               with `highwater serve` on its state directory polled every second for the
+               page and each data endpoint; items/s (median) and the ratio
+    --ids N           IDs per run [default: 200000]
+    --concurrency N   --concurrency of the binary [default: 16, the CLI's]
+    --repeat K        rounds, alternating the two cases [default: 3]
+    --bin PATH        the highwater binary [default: the one cargo built]
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -155,6 +163,7 @@ pub enum Mode {
     Refusals,
     Windows,
     ParquetInput,
+    Dashboard,
 }
 
 impl Mode {
@@ -172,6 +181,7 @@ impl Mode {
             "refusals" => Mode::Refusals,
             "windows" => Mode::Windows,
             "parquet-input" => Mode::ParquetInput,
+            "dashboard" => Mode::Dashboard,
             _ => return None,
         })
     }
@@ -191,6 +201,7 @@ impl Mode {
             Mode::Refusals => (20_000, 16, 1),
             Mode::Windows => (400, 16, 1),
             Mode::ParquetInput => (1_000_000, 32, 1),
+            Mode::Dashboard => (200_000, 16, 3),
         }
     }
 }
@@ -340,6 +351,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Pg
                         | Mode::Refusals
                         | Mode::ParquetInput
+                        | Mode::Dashboard
                 ) =>
             {
                 args.bin = Some(PathBuf::from(value(name)?))

@@ -12,6 +12,7 @@
 //! cargo bench --bench bench -- pg [--ids N] [--workers N] [--ttls S,S] [--only PARTS]
 //! cargo bench --bench bench -- refusals [--ids N] [--rate R] [--before BIN]
 //! cargo bench --bench bench -- windows [--ids N] [--before BIN]
+//! cargo bench --bench bench -- dashboard [--ids N] [--repeat K]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -55,7 +56,7 @@ use args::{parse_args, Mode, Parsed, USAGE};
 
 // What `client`, `cpu` and `latency` take from here (`super::`).
 use args::Args;
-use child::{binary, Proc};
+use child::{binary, run_args, Proc};
 use loops::reqwest_loop;
 use machine::{loadavg, machine_facts, process_cpu, Baseline};
 use numbers::{kib_mib, median, thousands};
@@ -66,6 +67,7 @@ mod capacity;
 mod child;
 mod client;
 mod cpu;
+mod dashboard;
 mod durability;
 mod external;
 mod in_process;
@@ -150,6 +152,7 @@ fn main() -> ExitCode {
         Mode::Refusals => refusals::refusals(&runtime, &args, &command),
         Mode::Windows => windows::windows(&runtime, &args, &command),
         Mode::ParquetInput => parquet_input::parquet_input(&runtime, &args, &command),
+        Mode::Dashboard => dashboard::dashboard(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));
