@@ -39,6 +39,8 @@ pub mod handler;
 pub mod history;
 pub mod input;
 pub mod job;
+#[cfg(any(feature = "metrics", feature = "dashboard"))]
+mod listen;
 pub mod live;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -7,7 +7,6 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http_body_util::Full;
@@ -24,20 +23,7 @@ use crate::progress::LATENCY_BUCKETS;
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Listening on the metrics address failed (the CLI puts its flag's name in front).
-#[derive(Debug, thiserror::Error)]
-#[error("{addr}: cannot listen: {error}")]
-pub struct BindError {
-    pub addr: SocketAddr,
-    pub error: std::io::Error,
-}
-
-/// Listen on `addr`.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|error| BindError { addr, error })
-}
+pub use crate::listen::{bind, BindError};
 
 /// Connections served at once; more are closed at once (a scraper needs one or two).
 pub const MAX_CONNECTIONS: usize = 32;

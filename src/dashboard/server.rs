@@ -8,7 +8,6 @@
 //! Each time only for as long as the reading takes.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,20 +33,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Failed items a failures answer lists at most.
 pub const MAX_FAILURES_LISTED: usize = 5000;
 
-/// Listening on the dashboard's address failed (the CLI puts its flag's name in front).
-#[derive(Debug, thiserror::Error)]
-#[error("{addr}: cannot listen: {error}")]
-pub struct BindError {
-    pub addr: SocketAddr,
-    pub error: std::io::Error,
-}
-
-/// Listen on `addr`.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|error| BindError { addr, error })
-}
+pub use crate::listen::{bind, BindError};
 
 /// What the server's requests share.
 struct Shared {

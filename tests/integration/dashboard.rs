@@ -296,8 +296,30 @@ fn chromium() -> String {
     std::env::var("HIGHWATER_CHROMIUM").unwrap_or_else(|_| "chromium".into())
 }
 
-/// The DOM of `url` after its scripts ran (a virtual five seconds), from headless Chromium.
-fn rendered_dom(url: &str) -> String {
+/// Headless Chromium's flags that leave it no network: every name fails to resolve and every
+/// request goes to a proxy that is not there.
+const OFFLINE: [&str; 2] = [
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=127.0.0.1:9",
+];
+
+/// The DOM of `url` after its scripts ran (a virtual five seconds), from headless Chromium
+/// (given `extra` flags).
+fn rendered_dom(url: &str, extra: &[&str]) -> String {
+    chromium_run(url, extra, "--dump-dom")
+}
+
+/// A screenshot of `url` after its scripts ran, as PNG bytes.
+fn screenshot(url: &str, extra: &[&str]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("page.png");
+    chromium_run(url, extra, &format!("--screenshot={}", png.display()));
+    std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot of {url}: {e}"))
+}
+
+/// Run headless Chromium on `url` with `extra` flags and `what` (`--dump-dom`, a
+/// `--screenshot`): its standard output.
+fn chromium_run(url: &str, extra: &[&str], what: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(chromium())
         .args([
@@ -308,8 +330,9 @@ fn rendered_dom(url: &str) -> String {
             "--virtual-time-budget=5000",
             "--window-size=1280,1800",
         ])
+        .args(extra)
         .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("--dump-dom")
+        .arg(what)
         .arg(url)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -396,7 +419,16 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
     assert!(failed > 0);
 
     let dash = Dashboard::start(&h, &state);
-    let dom = rendered_dom(&format!("http://{}/", dash.addr));
+    let page = format!("http://{}/", dash.addr);
+    let dom = rendered_dom(&page, &[]);
+    // What a user sees: a screenshot of the page, a PNG of some size (the charts drawn).
+    let png = screenshot(&page, &[]);
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    assert!(
+        png.len() > 20_000,
+        "a page with charts, not a blank one: {} bytes",
+        png.len()
+    );
     check_rendered(&dom, ok, failed, "the served page");
     // The failures table is filled from the store.
     assert!(dom.contains(&format!("{failed} failed item(s) match")));
@@ -405,8 +437,8 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
     h.run(&["report", "--state", p(&state), "--output", p(&out)])
         .expect_code(0);
     drop(dash);
-    // Opened from the file, with no server: everything it needs is in it.
-    let dom = rendered_dom(&format!("file://{}", out.display()));
+    // Opened from the file, with no server and no network: everything it needs is in it.
+    let dom = rendered_dom(&format!("file://{}", out.display()), &OFFLINE);
     check_rendered(&dom, ok, failed, "the report");
     assert!(dom.contains("report made"));
 }
