@@ -9,8 +9,9 @@
 //! - an ID the answer does not mention, or whose part asks for a retry (`retry-if`), is asked
 //!   again alone: a unit of one, through the single item's path, whose answer not mentioning
 //!   it is a retryable failure of class `missing`;
-//! - a request refused with a 4xx that would fail an ID (not a 401, 407 or 429) is split in
-//!   halves, each sent again, until the culprit stands alone and fails by itself;
+//! - a request refused in a way that may be one ID's doing (the handler says:
+//!   [`may_be_one_ids`], a 4xx other than 401, 407 or 429) is split in halves, each sent
+//!   again, until the culprit stands alone and fails by itself;
 //! - any other failure (out of attempts on 503s, an outage past its limit) is every item's.
 //!
 //! Each record is handed to the writer as an item's is: a bucket commits when all its items
@@ -26,8 +27,8 @@ use tokio::sync::SemaphorePermit;
 
 use super::item::Item;
 use super::worker::{AttemptState, ItemTask, Slot, Times};
-use crate::failure::{ErrorClass, Failure, Next};
-use crate::handler::batch::BatchAnswer;
+use crate::failure::Next;
+use crate::handler::batch::{may_be_one_ids, BatchAnswer};
 use crate::handler::Handler;
 use crate::progress::Counters;
 use crate::retry::{self, ItemOutcome};
@@ -137,7 +138,7 @@ impl<H: Handler> ItemTask<H> {
                     attempts,
                     errors,
                 } => {
-                    if refuses_an_id(&error) {
+                    if may_be_one_ids(&error) {
                         let mut left = items;
                         let right = left.split_off(left.len() / 2);
                         tracing::debug!(
@@ -161,13 +162,4 @@ impl<H: Handler> ItemTask<H> {
             }
         })
     }
-}
-
-/// Whether a batch's failure may be one ID's doing: refused for good with a 4xx that is not
-/// about the credential or the rate (401, 407, 429).
-fn refuses_an_id(error: &Failure) -> bool {
-    error.next == Next::Permanent
-        && error.class == ErrorClass::Http
-        && matches!(error.status, Some(400..=499))
-        && !matches!(error.status, Some(401 | 407 | 429))
 }

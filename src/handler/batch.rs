@@ -28,6 +28,16 @@ pub struct BatchAnswer {
     pub parts: BatchParts,
 }
 
+/// Whether a batch request's failure may be one of its IDs' doing, so that the batch is worth
+/// asking again in halves: refused for good with a 4xx that is not about the credential or
+/// the rate (401, 407, 429).
+pub fn may_be_one_ids(error: &Failure) -> bool {
+    error.next == crate::failure::Next::Permanent
+        && error.class == crate::failure::ErrorClass::Http
+        && matches!(error.status, Some(400..=499))
+        && !matches!(error.status, Some(401 | 407 | 429))
+}
+
 /// Compile a batch's split program; a malformed one names `--split`'s setting.
 pub(crate) fn splitter(source: &str) -> Result<Splitter, HandlerError> {
     Splitter::compile(source).map_err(|e| HandlerError::Invalid {
