@@ -3,7 +3,7 @@
 //!
 //! Many APIs take a list of IDs per call (`GET /users?ids=1,2,3`, a JSON array in a POST
 //! body) and count one call against their limits. A batch job's templates write the IDs with
-//! `{ids}` (and `{rows}`, see [`super::template`]); its answer is split by a jq program
+//! `{ids}` (and `{rows}`, see the templates' module); its answer is split by a jq program
 //! (`split`) into `{key, value}` objects, matched to the IDs by key, never by position. What a
 //! batch's answer means for each ID, and what the engine does then, is
 //! [`crate::engine`]'s: an ID the answer does not mention is asked again alone; a batch

@@ -53,7 +53,7 @@ pub struct ApiConfig {
     /// How the windows are announced in the answers' headers. [`Announce::None`] in every
     /// constructor.
     pub announce: Announce,
-    /// Of the batch endpoint ([`super::batch`]): per-mille of IDs its answers leave out
+    /// Of the batch endpoint (`/batch`): per-mille of IDs its answers leave out
     /// when asked with other IDs (asked alone, they are answered). 0 in every constructor.
     pub batch_omit_per_mille: u32,
     /// Of the batch endpoint: per-mille of IDs that make their whole batch answer 400 (alone
