@@ -340,85 +340,6 @@ fn check_credential_names(spec: &JobSpec) -> Result<(), JobError> {
     Ok(())
 }
 
-/// The handler a job's spec describes: its request or its command, with its answer checks
-/// and credentials, `${VAR}` expanded from the process environment.
-pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
-    let answer = crate::answer::Answer::compile(&spec.answer)?;
-    let env = |name: &str| std::env::var(name).ok();
-    let credentials = crate::handler::Credentials::build(
-        &spec.credentials,
-        spec.request.connect_timeout,
-        spec.request.timeout,
-        &env,
-    )?;
-    Ok(match &spec.exec {
-        Some(exec) => JobHandler::Exec(
-            crate::handler::exec::ExecHandler::with_credentials(
-                exec,
-                spec.request.timeout,
-                credentials,
-                &env,
-            )?
-            .with_answer(answer),
-        ),
-        None => {
-            let http = crate::handler::http::HttpHandler::with_credentials(
-                &spec.request,
-                credentials,
-                &env,
-            )?
-            .with_answer(answer);
-            JobHandler::Http(match &spec.batch {
-                Some(batch) => http.with_batch(batch)?,
-                None => http,
-            })
-        }
-    })
-}
-
-/// The handler of a job made from its spec: HTTP or exec.
-#[derive(Debug)]
-pub enum JobHandler {
-    Http(crate::handler::http::HttpHandler),
-    Exec(crate::handler::exec::ExecHandler),
-}
-
-impl crate::handler::Handler for JobHandler {
-    async fn call(&self, id: &str) -> Result<crate::handler::Output, crate::failure::Failure> {
-        self.call_row(id, None).await
-    }
-
-    async fn call_row(
-        &self,
-        id: &str,
-        row: Option<&str>,
-    ) -> Result<crate::handler::Output, crate::failure::Failure> {
-        match self {
-            JobHandler::Http(h) => h.attempt_row(id, row).await,
-            JobHandler::Exec(h) => h.attempt_row(id, row).await,
-        }
-    }
-
-    async fn call_batch(
-        &self,
-        items: &[(&str, Option<&str>)],
-    ) -> Result<crate::handler::batch::BatchAnswer, crate::failure::Failure> {
-        match self {
-            JobHandler::Http(h) => h.attempt_batch(items).await,
-            JobHandler::Exec(_) => Err(crate::failure::Failure::permanent(
-                "a command has no batch endpoint",
-            )),
-        }
-    }
-
-    fn announced_limits(&self) -> Option<std::sync::Arc<crate::quota::pacer::AnnouncedLimits>> {
-        match self {
-            JobHandler::Http(h) => h.announced_limits(),
-            JobHandler::Exec(_) => None,
-        }
-    }
-}
-
 /// What can be checked of a new job before its state directory exists: its request templates,
 /// answer checks and bucket size, and that its input can be opened. [`open_job`] checks the
 /// same.
@@ -814,10 +735,12 @@ fn new_job_id() -> String {
 
 mod builder;
 mod folder_input;
+mod handler;
 mod reporters;
 mod results;
 
 pub use builder::{Job, JobInput, Opened, RunError};
+pub use handler::{job_handler, JobHandler};
 pub use reporters::SecondSignal;
 pub(crate) use reporters::{run_reported, Reporters};
 pub use results::{Record, Results};

@@ -1,0 +1,84 @@
+//! [`JobHandler`]: the handler a job's spec describes (its request, batch endpoint or
+//! command, with its answer checks and credentials), built with `${VAR}` expanded from the
+//! process environment: the work of a job that is not a library program's own handler.
+
+use super::{JobError, JobSpec};
+
+/// The handler a job's spec describes: its request or its command, with its answer checks
+/// and credentials, `${VAR}` expanded from the process environment.
+pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
+    let answer = crate::answer::Answer::compile(&spec.answer)?;
+    let env = |name: &str| std::env::var(name).ok();
+    let credentials = crate::handler::Credentials::build(
+        &spec.credentials,
+        spec.request.connect_timeout,
+        spec.request.timeout,
+        &env,
+    )?;
+    Ok(match &spec.exec {
+        Some(exec) => JobHandler::Exec(
+            crate::handler::exec::ExecHandler::with_credentials(
+                exec,
+                spec.request.timeout,
+                credentials,
+                &env,
+            )?
+            .with_answer(answer),
+        ),
+        None => {
+            let http = crate::handler::http::HttpHandler::with_credentials(
+                &spec.request,
+                credentials,
+                &env,
+            )?
+            .with_answer(answer);
+            JobHandler::Http(match &spec.batch {
+                Some(batch) => http.with_batch(batch)?,
+                None => http,
+            })
+        }
+    })
+}
+
+/// The handler of a job made from its spec: HTTP or exec.
+#[derive(Debug)]
+pub enum JobHandler {
+    Http(crate::handler::http::HttpHandler),
+    Exec(crate::handler::exec::ExecHandler),
+}
+
+impl crate::handler::Handler for JobHandler {
+    async fn call(&self, id: &str) -> Result<crate::handler::Output, crate::failure::Failure> {
+        self.call_row(id, None).await
+    }
+
+    async fn call_row(
+        &self,
+        id: &str,
+        row: Option<&str>,
+    ) -> Result<crate::handler::Output, crate::failure::Failure> {
+        match self {
+            JobHandler::Http(h) => h.attempt_row(id, row).await,
+            JobHandler::Exec(h) => h.attempt_row(id, row).await,
+        }
+    }
+
+    async fn call_batch(
+        &self,
+        items: &[(&str, Option<&str>)],
+    ) -> Result<crate::handler::batch::BatchAnswer, crate::failure::Failure> {
+        match self {
+            JobHandler::Http(h) => h.attempt_batch(items).await,
+            JobHandler::Exec(_) => Err(crate::failure::Failure::permanent(
+                "a command has no batch endpoint",
+            )),
+        }
+    }
+
+    fn announced_limits(&self) -> Option<std::sync::Arc<crate::quota::pacer::AnnouncedLimits>> {
+        match self {
+            JobHandler::Http(h) => h.announced_limits(),
+            JobHandler::Exec(_) => None,
+        }
+    }
+}
