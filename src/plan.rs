@@ -232,18 +232,21 @@ mod tests {
         assert_eq!(buckets.iter().map(|b| b.offset.duplicates).sum::<u64>(), 2);
     }
 
-    #[tokio::test]
-    async fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
-        let content: String = (0..100).map(|i| format!("id{}\n", i % 70)).collect();
-        let (_d1, spec1, store1) = setup(&content);
-        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default()).await;
-        let (_d2, spec2, store2) = setup(&content);
-        let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
+    /// Plan `spec1` in one go and `spec2` (the same input, its own store) first `first_rows`
+    /// rows, written ahead, then the rest from the stored position in small batches: the
+    /// buckets (ranges, items, duplicates, bad lines) are the same. Returns them.
+    async fn same_in_batches_or_resumed(
+        (spec1, store1): (&InputSpec, &SledStore),
+        (spec2, store2): (&InputSpec, &SledStore),
+        first_rows: u64,
+    ) -> Vec<PlannedBucket> {
+        let one_go = cut_all(spec1, store1, 7, 1000, PlannerState::default()).await;
+        let reader = InputReader::open(spec2, Cursor::default()).unwrap();
         let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
-        let first = p.next_batch(&store2, 10).await.unwrap();
+        let first = p.next_batch(store2, first_rows).await.unwrap();
         store2.plan(&first, &p.state()).await.unwrap();
         let mut resumed = first;
-        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()).await);
+        resumed.extend(cut_all(spec2, store2, 7, 3, p.state()).await);
         let key = |b: &PlannedBucket| {
             (
                 b.offset.bucket,
@@ -251,12 +254,22 @@ mod tests {
                 b.offset.end,
                 b.items.clone(),
                 b.offset.duplicates,
+                b.bad_lines.clone(),
             )
         };
         assert_eq!(
             one_go.iter().map(key).collect::<Vec<_>>(),
             resumed.iter().map(key).collect::<Vec<_>>()
         );
+        one_go
+    }
+
+    #[tokio::test]
+    async fn planning_in_batches_or_resumed_cuts_the_same_buckets() {
+        let content: String = (0..100).map(|i| format!("id{}\n", i % 70)).collect();
+        let (_d1, spec1, store1) = setup(&content);
+        let (_d2, spec2, store2) = setup(&content);
+        same_in_batches_or_resumed((&spec1, &store1), (&spec2, &store2), 10).await;
     }
 
     #[tokio::test]
@@ -284,29 +297,9 @@ mod tests {
         };
         let (d1, _, store1) = setup("");
         let spec1 = parquet(&d1);
-        let one_go = cut_all(&spec1, &store1, 7, 1000, PlannerState::default()).await;
         let (d2, _, store2) = setup("");
         let spec2 = parquet(&d2);
-        let reader = InputReader::open(&spec2, Cursor::default()).unwrap();
-        let mut p = Planner::new(reader, PlannerState::default(), 7, true, fp());
-        let first = p.next_batch(&store2, 45).await.unwrap();
-        store2.plan(&first, &p.state()).await.unwrap();
-        let mut resumed = first;
-        resumed.extend(cut_all(&spec2, &store2, 7, 3, p.state()).await);
-        let key = |b: &PlannedBucket| {
-            (
-                b.offset.bucket,
-                b.offset.start,
-                b.offset.end,
-                b.items.clone(),
-                b.offset.duplicates,
-                b.bad_lines.clone(),
-            )
-        };
-        assert_eq!(
-            one_go.iter().map(key).collect::<Vec<_>>(),
-            resumed.iter().map(key).collect::<Vec<_>>()
-        );
+        let one_go = same_in_batches_or_resumed((&spec1, &store1), (&spec2, &store2), 45).await;
         assert_eq!(one_go.len(), 43);
         let bad: Vec<_> = one_go.iter().flat_map(|b| b.bad_lines.clone()).collect();
         assert_eq!(

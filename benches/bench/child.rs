@@ -174,6 +174,27 @@ pub enum State<'a> {
     Pg { url: &'a str, job: &'a str },
 }
 
+/// `run --input FILE --url URL --state DIR --concurrency C --progress-interval 1s`: a run
+/// whose log keeps its progress lines (for the modes that read them back).
+pub fn logged_run_args(input: &Path, url: &str, state: &Path, c: usize) -> Vec<String> {
+    [
+        "run",
+        "--input",
+        &input.display().to_string(),
+        "--url",
+        url,
+        "--state",
+        &state.display().to_string(),
+        "--concurrency",
+        &c.to_string(),
+        "--progress-interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// `run --input FILE --url URL --state DIR --concurrency C --progress-interval 0 -q`;
 /// without `input`, a resume (no `--input`, no `--url`).
 pub fn run_args(input: Option<&Path>, url: &str, state: &Path, c: usize) -> Vec<String> {

@@ -56,7 +56,7 @@ use args::{parse_args, Mode, Parsed, USAGE};
 
 // What `client`, `cpu` and `latency` take from here (`super::`).
 use args::Args;
-use child::{binary, run_args, Proc};
+use child::{binary, logged_run_args, run_args, Proc};
 use loops::reqwest_loop;
 use machine::{loadavg, machine_facts, process_cpu, Baseline};
 use numbers::{kib_mib, median, thousands};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use highwater::demo::api::{ApiConfig, FakeApi, Fault};
 
-use super::{binary, finish_temp, id_of, loadavg, median, temp_dir, Args, Proc};
+use super::{binary, finish_temp, id_of, loadavg, logged_run_args, median, temp_dir, Args, Proc};
 
 /// The cases: per-mille of IDs refused, and the `Retry-After` of their 503s.
 const CASES: [(u32, Option<u64>); 4] = [(30, None), (30, Some(1)), (100, None), (100, Some(1))];
@@ -163,22 +163,7 @@ fn run(
     let api = rt
         .block_on(FakeApi::start(config))
         .context("starting the fake API")?;
-    let mut cmd: Vec<String> = [
-        "run",
-        "--input",
-        &input.display().to_string(),
-        "--url",
-        &api.url_template(),
-        "--state",
-        &state.display().to_string(),
-        "--concurrency",
-        &args.concurrency.to_string(),
-        "--progress-interval",
-        "1s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut cmd = logged_run_args(input, &api.url_template(), state, args.concurrency);
     if let Some(r) = args.job_rate {
         cmd.extend(["--rate".to_string(), r.to_string()]);
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use highwater::demo::api::{Announce, ApiConfig, ApiWindow, FakeApi};
 
-use super::{binary, finish_temp, id_of, loadavg, median, temp_dir, Args, Proc};
+use super::{binary, finish_temp, id_of, loadavg, logged_run_args, median, temp_dir, Args, Proc};
 
 /// What the windows allow over a long run: the stricter of 50/2 s and 200/10 s.
 const ALLOWED_PER_SEC: f64 = 20.0;
@@ -127,22 +127,7 @@ fn run(
     let api = rt
         .block_on(FakeApi::start(config))
         .context("starting the fake API")?;
-    let mut cmd: Vec<String> = [
-        "run",
-        "--input",
-        &input.display().to_string(),
-        "--url",
-        &api.url_template(),
-        "--state",
-        &state.display().to_string(),
-        "--concurrency",
-        &args.concurrency.to_string(),
-        "--progress-interval",
-        "1s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut cmd = logged_run_args(input, &api.url_template(), state, args.concurrency);
     cmd.extend(flags.iter().map(|s| s.to_string()));
     let log = state.with_extension("log");
     let mut proc = Proc::spawn(bin, &cmd, &log)?;
