@@ -1,13 +1,15 @@
-//! Bucket leases (`hw_bucket`): acquire and release. A lease is (bucket, token) held by a
-//! worker session; it is valid while the bucket still carries that owner and token. There is
-//! no rescuer and no time-based rescue of live workers: [`acquire`] takes open buckets and
-//! the buckets of sessions that expired, in the same statement, each with a fresh token.
+//! Bucket leases (`hw_bucket`): acquire and release, one bucket, the next ones, or the whole
+//! job's; and a log's bucket rows read back a page at a time. A lease is (bucket, token) held
+//! by a worker session; it is valid while the bucket still carries that owner and token.
+//! There is no rescuer and no time-based rescue of live workers: [`acquire`] takes open
+//! buckets and the buckets of sessions that expired, in the same statement, each with a
+//! fresh token.
 
-use tokio_postgres::GenericClient;
+use tokio_postgres::{Client, GenericClient, Row};
 
 use super::error::PgError;
-use super::job::to_i64;
-use super::{log_number, JobId, Lease, WorkerId};
+use super::keys::{log_number, JobId, Lease, WorkerId};
+use super::rows::{sql, to_i64, BUCKET_COLUMNS};
 use crate::store::Log;
 
 /// A bucket just leased.
@@ -120,6 +122,132 @@ pub async fn release_all(
         .map_err(PgError::sql("releasing buckets"))
 }
 
+/// Give back every bucket this session holds under the job-wide lease `token`.
+pub(super) async fn release_job(
+    client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+    token: i64,
+) -> Result<u64, PgError> {
+    client
+        .execute(
+            "UPDATE hw_bucket SET state = 'open', owner = NULL
+             WHERE job_id = $1 AND owner = $2::text::uuid AND state = 'leased'
+               AND lease_token = $3",
+            &[&job.0, &me.0, &token],
+        )
+        .await
+        .map_err(PgError::sql("releasing the job's buckets"))
+}
+
+/// Lease every uncommitted bucket of every log under one new token, unless another live
+/// session holds one of them.
+pub(super) async fn acquire_job(
+    c: &mut Client,
+    job: JobId,
+    me: &WorkerId,
+) -> Result<Option<i64>, PgError> {
+    let tx = c
+        .transaction()
+        .await
+        .map_err(PgError::sql("starting a job lease"))?;
+    let live = tx
+        .query_opt(
+            "SELECT nextval('hw_lease_token') FROM hw_worker
+             WHERE job_id = $1 AND worker_id = $2::text::uuid AND expires_at > now()
+               AND NOT draining",
+            &[&job.0, &me.0],
+        )
+        .await
+        .map_err(PgError::sql("taking a token"))?;
+    let Some(token) = live.map(|r| r.get::<_, i64>(0)) else {
+        return Ok(None);
+    };
+    // Rows are locked by the update (others' SKIP LOCKED acquires pass them by); then
+    // anything still held by someone alive refuses the lease.
+    tx.execute(
+        "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid, lease_token = $3,
+             owner_switches = b.owner_switches
+                 + (b.lease_token IS NOT NULL AND b.owner IS DISTINCT FROM $2::text::uuid)::integer
+         WHERE b.job_id = $1 AND b.state <> 'committed'
+           AND (b.state = 'open' OR b.owner = $2::text::uuid OR NOT EXISTS (
+                 SELECT 1 FROM hw_worker w WHERE w.job_id = b.job_id AND w.worker_id = b.owner
+                   AND w.expires_at > now()))",
+        &[&job.0, &me.0, &token],
+    )
+    .await
+    .map_err(PgError::sql("leasing the job's buckets"))?;
+    let others = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM hw_bucket b WHERE b.job_id = $1 AND b.state = 'leased'
+                 AND b.owner <> $2::text::uuid)",
+            &[&job.0, &me.0],
+        )
+        .await
+        .map_err(PgError::sql("checking other workers' buckets"))?;
+    if others.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    tx.commit()
+        .await
+        .map_err(PgError::sql("committing a job lease"))?;
+    Ok(Some(token))
+}
+
+/// Lease one bucket (open, orphaned, or this session's own: a new token supersedes the
+/// old), unless it is committed or another live session holds it.
+pub(super) async fn acquire_one(
+    c: &mut Client,
+    job: JobId,
+    me: &WorkerId,
+    log: Log,
+    bucket: u64,
+) -> Result<Option<i64>, PgError> {
+    let row = c
+        .query_opt(
+            "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid,
+                 lease_token = nextval('hw_lease_token'),
+                 owner_switches = b.owner_switches
+                   + (b.lease_token IS NOT NULL AND b.owner IS DISTINCT FROM $2::text::uuid)::integer
+             WHERE b.job_id = $1 AND b.rerun = $3 AND b.bucket = $4 AND b.state <> 'committed'
+               AND (b.state = 'open' OR b.owner = $2::text::uuid OR NOT EXISTS (
+                     SELECT 1 FROM hw_worker w WHERE w.job_id = b.job_id
+                       AND w.worker_id = b.owner AND w.expires_at > now()))
+               AND EXISTS (SELECT 1 FROM hw_worker w WHERE w.job_id = $1
+                       AND w.worker_id = $2::text::uuid AND w.expires_at > now()
+                       AND NOT w.draining)
+             RETURNING b.lease_token",
+            &[&job.0, &me.0, &log_number(log), &to_i64(bucket)?],
+        )
+        .await
+        .map_err(PgError::sql("leasing a bucket"))?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// A page of a log's bucket rows ([`BUCKET_COLUMNS`]).
+pub(super) async fn bucket_rows(
+    c: &Client,
+    job: JobId,
+    log: Log,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<Row>, PgError> {
+    c.query(
+        &format!(
+            "SELECT {BUCKET_COLUMNS} FROM hw_bucket
+             WHERE job_id = $1 AND rerun = $2 AND bucket >= $3 ORDER BY bucket LIMIT $4"
+        ),
+        &[
+            &job.0,
+            &log_number(log),
+            &to_i64(from)?,
+            &(limit.min(i64::MAX as usize) as i64),
+        ],
+    )
+    .await
+    .map_err(sql("reading buckets"))
+}
+
 /// The distinct logs of `leases`, in first-seen order.
 pub(crate) fn logs(leases: &[Lease]) -> Vec<Log> {
     let mut logs = Vec::new();
@@ -142,165 +270,4 @@ pub(crate) fn lease_arrays<'a>(
         tokens.push(l.token);
     }
     Ok((buckets, tokens))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::postgres::test_db::{add_buckets, expire, with_job, worker};
-
-    fn buckets(acquired: &[Acquired]) -> Vec<u64> {
-        acquired.iter().map(|a| a.lease.bucket).collect()
-    }
-
-    #[tokio::test]
-    async fn acquire_skips_rows_another_transaction_holds() {
-        let (db, client, job) = with_job().await;
-        add_buckets(&client, job, 3).await;
-        let a = worker(&client, job).await;
-        let mut other = db.connect().await;
-        let locker = other.transaction().await.unwrap();
-        locker
-            .execute(
-                "SELECT 1 FROM hw_bucket WHERE job_id = $1 AND bucket = 0 FOR UPDATE",
-                &[&job.0],
-            )
-            .await
-            .unwrap();
-        let got = acquire(&client, job, &a, Log::Job, 10).await.unwrap();
-        assert_eq!(
-            buckets(&got),
-            vec![1, 2],
-            "bucket 0 is locked: skipped, not waited for"
-        );
-        locker.rollback().await.unwrap();
-        let got = acquire(&client, job, &a, Log::Job, 10).await.unwrap();
-        assert_eq!(buckets(&got), vec![0]);
-        assert!(acquire(&client, job, &a, Log::Job, 10)
-            .await
-            .unwrap()
-            .is_empty());
-    }
-
-    #[tokio::test]
-    async fn concurrent_acquirers_never_get_the_same_bucket() {
-        let (db, client, job) = with_job().await;
-        add_buckets(&client, job, 200).await;
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let c = db.connect().await;
-            let me = worker(&c, job).await;
-            tasks.push(tokio::spawn(async move {
-                let mut mine = Vec::new();
-                loop {
-                    let got = acquire(&c, job, &me, Log::Job, 3).await.unwrap();
-                    if got.is_empty() {
-                        return mine;
-                    }
-                    mine.extend(buckets(&got));
-                }
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.unwrap());
-        }
-        all.sort_unstable();
-        assert_eq!(
-            all,
-            (0..200).collect::<Vec<u64>>(),
-            "each bucket exactly once"
-        );
-    }
-
-    #[tokio::test]
-    async fn expired_owners_buckets_are_taken_with_fresh_tokens_and_counted_switches() {
-        let (_db, client, job) = with_job().await;
-        add_buckets(&client, job, 5).await;
-        let a = worker(&client, job).await;
-        let b = worker(&client, job).await;
-        let first = acquire(&client, job, &a, Log::Job, 3).await.unwrap();
-        assert_eq!(buckets(&first), vec![0, 1, 2]);
-        assert!(first.iter().all(|x| !x.taken_over && x.owner_switches == 0));
-        // A live owner's buckets are not taken: B gets only the open ones.
-        let second = acquire(&client, job, &b, Log::Job, 10).await.unwrap();
-        assert_eq!(buckets(&second), vec![3, 4]);
-        assert!(acquire(&client, job, &b, Log::Job, 10)
-            .await
-            .unwrap()
-            .is_empty());
-
-        expire(&client, job, &a).await;
-        let taken = acquire(&client, job, &b, Log::Job, 10).await.unwrap();
-        assert_eq!(buckets(&taken), vec![0, 1, 2]);
-        let newest = first
-            .iter()
-            .chain(&second)
-            .map(|x| x.lease.token)
-            .max()
-            .unwrap();
-        for x in &taken {
-            assert!(x.taken_over);
-            assert_eq!(x.owner_switches, 1);
-            assert!(x.lease.token > newest, "a fresh token from the sequence");
-        }
-        let owners: i64 = client
-            .query_one(
-                "SELECT count(*) FROM hw_bucket WHERE job_id = $1 AND owner = $2::text::uuid",
-                &[&job.0, &b.0],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(owners, 5);
-    }
-
-    #[tokio::test]
-    async fn an_expired_or_draining_session_acquires_nothing() {
-        let (_db, client, job) = with_job().await;
-        add_buckets(&client, job, 2).await;
-        let a = worker(&client, job).await;
-        expire(&client, job, &a).await;
-        assert!(acquire(&client, job, &a, Log::Job, 10)
-            .await
-            .unwrap()
-            .is_empty());
-        let b = worker(&client, job).await;
-        crate::store::postgres::session::drain(&client, job, &b)
-            .await
-            .unwrap();
-        assert!(acquire(&client, job, &b, Log::Job, 10)
-            .await
-            .unwrap()
-            .is_empty());
-    }
-
-    #[tokio::test]
-    async fn released_buckets_are_taken_at_once_and_stale_tokens_release_nothing() {
-        let (_db, client, job) = with_job().await;
-        add_buckets(&client, job, 2).await;
-        let a = worker(&client, job).await;
-        let b = worker(&client, job).await;
-        let held = acquire(&client, job, &a, Log::Job, 2).await.unwrap();
-        let stale = Lease {
-            token: held[0].lease.token - 1,
-            ..held[0].lease
-        };
-        assert_eq!(release(&client, job, &a, &[stale]).await.unwrap(), 0);
-        assert_eq!(
-            release(&client, job, &b, &[held[0].lease]).await.unwrap(),
-            0,
-            "not B's"
-        );
-        assert_eq!(
-            release(&client, job, &a, &[held[0].lease]).await.unwrap(),
-            1
-        );
-        // No TTL to wait for: B takes it now, as a switch of owner.
-        let got = acquire(&client, job, &b, Log::Job, 10).await.unwrap();
-        assert_eq!(buckets(&got), vec![0]);
-        assert_eq!(got[0].owner_switches, 1);
-        assert!(!got[0].taken_over);
-        assert_eq!(release_all(&client, job, &a).await.unwrap(), 1);
-    }
 }

@@ -6,7 +6,7 @@
 use tokio_postgres::Client;
 
 use super::error::PgError;
-use super::JobId;
+use super::keys::JobId;
 
 /// Samples kept at most per job (a fleet's workers each write theirs).
 pub const MAX_SAMPLES: i64 = 20_000;

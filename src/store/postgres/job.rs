@@ -1,9 +1,12 @@
-//! The job's row (`hw_job`): created by the first worker, found by name by every other.
+//! The job's row (`hw_job`): created by the first worker, found by name by every other;
+//! its spec as stored, read and written; removed when its creation is refused.
 
 use tokio_postgres::GenericClient;
 
 use super::error::PgError;
-use super::JobId;
+use super::keys::JobId;
+use super::rows::{spec_from_json, sql, to_i64};
+use crate::store::StoredJob;
 
 /// What a new job row holds. `spec` is the job spec as stored (templates unexpanded).
 #[derive(Debug, Clone)]
@@ -56,7 +59,39 @@ pub async fn find_job(client: &impl GenericClient, name: &str) -> Result<JobId, 
         .ok_or_else(|| PgError::NoSuchJob(name.into()))
 }
 
-/// A count or number as PostgreSQL's bigint.
-pub(crate) fn to_i64(n: u64) -> Result<i64, PgError> {
-    i64::try_from(n).map_err(|_| PgError::Malformed(format!("{n} does not fit a bigint")))
+/// The job's spec as stored (none before a first run stored one).
+pub(super) async fn read_spec(
+    client: &impl GenericClient,
+    job: JobId,
+) -> Result<Option<StoredJob>, PgError> {
+    let row = client
+        .query_one("SELECT spec FROM hw_job WHERE job_id = $1", &[&job.0])
+        .await
+        .map_err(sql("reading the job"))?;
+    spec_from_json(&row.get(0))
+}
+
+/// Store the job's spec (as [`super::rows::spec_json`] makes it).
+pub(super) async fn write_spec(
+    client: &impl GenericClient,
+    job: JobId,
+    spec: &serde_json::Value,
+) -> Result<(), PgError> {
+    client
+        .execute(
+            "UPDATE hw_job SET spec = $2 WHERE job_id = $1",
+            &[&job.0, spec],
+        )
+        .await
+        .map_err(sql("storing the job"))?;
+    Ok(())
+}
+
+/// Remove the job's row (a job this open created, whose creation was refused after all).
+pub(super) async fn delete_job(client: &impl GenericClient, job: JobId) -> Result<(), PgError> {
+    client
+        .execute("DELETE FROM hw_job WHERE job_id = $1", &[&job.0])
+        .await
+        .map_err(PgError::sql("removing the new job"))?;
+    Ok(())
 }

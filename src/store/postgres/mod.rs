@@ -1,9 +1,24 @@
 //! The PostgreSQL store: several workers on several machines share one job
 //! through one database. [`PgStore`] implements the `Store`, `Leases` and `Fleet` seam
-//! ([`store`], [`leases`]) on top of the functions of the other modules here.
+//! on top of the functions of the per-table modules here.
+//!
+//! # Layers (a file uses only the files named before it here, never one after)
+//!
+//! 1. Shared values, no SQL: [`error`], `keys.rs` ([`JobId`], [`WorkerId`], [`Lease`]),
+//!    `rows.rs` (rows as records), `tls.rs`, [`mod@connect`] (targets and connections),
+//!    [`outage`].
+//! 2. SQL, one module per table or concern, each a set of functions taking a client or a
+//!    transaction: [`mod@migrate`] (the schema), [`job`], [`planner`], `items.rs`, [`buckets`],
+//!    [`results`], `reruns.rs`, [`session`], [`rate`], [`quota`], [`stats`], [`history`].
+//! 3. The store's state, no SQL: `state.rs` ([`PgStore`]'s connections and its session
+//!    in memory).
+//! 4. What acts on that state with the SQL modules, no SQL of its own: `heartbeat.rs` (the
+//!    session kept alive), `writes.rs` (the result writer), then `open.rs` ([`PgOpen`], open
+//!    and close), `leases.rs` (`Leases`, `Fleet`) and `store.rs` (`Store`).
+//! 5. Test support on top: `test_db.rs`, and the tests that need a database in `tests/`.
 //!
 //! # Schema (`migrations/0001_init.sql`, `0002_fleet_burst_idle.sql` and
-//! `0003_quota_usage.sql`, applied by [`migrate()`])
+//! `0003_quota_usage.sql`, applied by [`migrate()`](migrate::migrate))
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position
@@ -43,10 +58,14 @@
 pub mod buckets;
 pub mod connect;
 pub mod error;
+mod heartbeat;
 pub mod history;
+mod items;
 pub mod job;
-pub mod leases;
+mod keys;
+mod leases;
 pub mod migrate;
+mod open;
 pub mod outage;
 pub mod planner;
 pub mod quota;
@@ -55,45 +74,20 @@ mod reruns;
 pub mod results;
 mod rows;
 pub mod session;
+mod state;
 pub mod stats;
-pub mod store;
+mod store;
 mod tls;
 mod writes;
 
 #[cfg(test)]
 pub(crate) mod test_db;
+#[cfg(test)]
+mod tests;
 
 pub use connect::{connect, ConnectOptions, PgTarget};
 pub use error::PgError;
+pub use keys::{log_number, JobId, Lease, WorkerId};
 pub use migrate::{migrate, Migration, MIGRATIONS};
-pub use store::{PgOpen, PgStore};
-
-/// A job's row id in `hw_job`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct JobId(pub i64);
-
-/// A worker session: the random UUID of one process start (text form).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct WorkerId(pub String);
-
-impl std::fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A log's number in `hw_bucket.rerun`: 0 for the job's own, n for rerun n.
-pub fn log_number(log: crate::store::Log) -> i32 {
-    match log {
-        crate::store::Log::Job => 0,
-        crate::store::Log::Rerun(n) => i32::try_from(n).unwrap_or(i32::MAX),
-    }
-}
-
-/// One held bucket lease: which bucket of which log, and the token it was granted with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    pub log: crate::store::Log,
-    pub bucket: u64,
-    pub token: i64,
-}
+pub use open::PgOpen;
+pub use state::PgStore;

@@ -5,8 +5,8 @@
 use tokio_postgres::Client;
 
 use super::error::PgError;
+use super::keys::JobId;
 use super::rows::malformed;
-use super::JobId;
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 
 /// Reserve `wants` ([`QuotaLedger::reserve`]) at the database's now, in one transaction.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::error::PgError;
-use super::JobId;
+use super::keys::JobId;
 
 /// Change the job's total rate (none: unlimited) and burst. Every share is reset in the same
 /// transaction (and regrows from the new rate at the next heartbeats), so a lower rate is

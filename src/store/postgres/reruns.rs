@@ -1,14 +1,16 @@
 //! Reruns in the database (`hw_rerun`, its buckets in `hw_bucket` under `rerun` = its
 //! number, their IDs in `hw_rerun_item`): written in one transaction at creation, read back
-//! a page of buckets at a time. [`super::PgStore`]'s `Store` methods for reruns call these.
+//! a page of buckets at a time, and which rerun bucket each ID of a result is in (its
+//! result's fence). [`super::PgStore`]'s `Store` methods for reruns call these.
 
-use tokio_postgres::Client;
+use std::collections::HashMap;
 
+use tokio_postgres::{Client, GenericClient};
+
+use super::buckets::bucket_rows;
 use super::error::PgError;
-use super::job::to_i64;
-use super::rows::{commit_record, item_record, malformed, sql};
-use super::store::bucket_rows;
-use super::{JobId, WorkerId};
+use super::keys::{JobId, WorkerId};
+use super::rows::{commit_record, item_record, malformed, sql, to_i64};
 use crate::store::{ItemRecord, Log, RerunBucket, RerunBucketState, RerunOffset, RerunRecord};
 
 /// Every rerun of the job, oldest first.
@@ -137,4 +139,25 @@ pub(super) async fn rerun_bucket_items(
         .await
         .map_err(sql("reading a rerun bucket's items"))?;
     rows.iter().map(|r| item_record(r, 0)).collect()
+}
+
+/// The bucket of rerun `rerun` each of `ids` is in (IDs not in the rerun are absent).
+pub(super) async fn buckets_of(
+    c: &impl GenericClient,
+    job: JobId,
+    rerun: u32,
+    ids: &[&str],
+) -> Result<HashMap<String, u64>, PgError> {
+    let rows = c
+        .query(
+            "SELECT id, bucket FROM hw_rerun_item
+                     WHERE job_id = $1 AND rerun = $2 AND id = ANY($3)",
+            &[&job.0, &(rerun as i32), &ids],
+        )
+        .await
+        .map_err(PgError::sql("finding rerun buckets"))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+        .collect())
 }

@@ -1,5 +1,6 @@
 //! How `PgStore`'s rows read back as the store's records (and the job's spec is kept):
-//! an item row as its `ItemRecord`, a bucket row's commit record, the spec as exact bytes.
+//! an item row as its `ItemRecord`, a bucket row's commit record, the spec as exact bytes,
+//! a count as a bigint. No SQL of its own: the per-table modules use these.
 
 use serde_json::value::RawValue;
 use tokio_postgres::Row;
@@ -13,6 +14,11 @@ pub(super) fn sql(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> P
 
 pub(super) fn malformed(what: &str, e: impl std::fmt::Display) -> PgError {
     PgError::Malformed(format!("{what}: {e}"))
+}
+
+/// A count or number as PostgreSQL's bigint.
+pub(super) fn to_i64(n: u64) -> Result<i64, PgError> {
+    i64::try_from(n).map_err(|_| PgError::Malformed(format!("{n} does not fit a bigint")))
 }
 
 /// A stored item row (id, row, bucket, status, body text, record text, row values text) as

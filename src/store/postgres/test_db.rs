@@ -10,7 +10,11 @@ mod pg_cluster;
 pub(crate) use pg_cluster::{shared, PgCluster, TestDb};
 use tokio_postgres::Client;
 
-use super::{connect, ConnectOptions, PgTarget};
+use super::connect::{connect, ConnectOptions, PgTarget};
+use super::job::{create_job, NewJob};
+use super::keys::{JobId, WorkerId};
+use super::migrate::migrate;
+use super::session::{register, WorkerInfo};
 
 /// A fresh schema of the shared cluster's test database.
 pub(crate) struct Db {
@@ -30,7 +34,7 @@ pub(crate) async fn fresh() -> Db {
 /// A fresh database with the schema applied.
 pub(crate) async fn migrated() -> Db {
     let db = fresh().await;
-    super::migrate(&mut db.connect().await)
+    migrate(&mut db.connect().await)
         .await
         .expect("migrations apply");
     db
@@ -50,13 +54,13 @@ impl Db {
 }
 
 /// A migrated database with one job ("j", rate 100/s, burst 10) and a connection to it.
-pub(crate) async fn with_job() -> (Db, Client, super::JobId) {
+pub(crate) async fn with_job() -> (Db, Client, JobId) {
     let db = migrated().await;
     let client = db.connect().await;
     let spec = serde_json::json!({"url": "http://127.0.0.1:9/{id}?k=${TOKEN}"});
-    let (job, created) = super::job::create_job(
+    let (job, created) = create_job(
         &client,
-        &super::job::NewJob {
+        &NewJob {
             name: "j",
             spec: &spec,
             input_fingerprint: None,
@@ -72,19 +76,19 @@ pub(crate) async fn with_job() -> (Db, Client, super::JobId) {
 }
 
 /// A new worker session with a 30 s TTL.
-pub(crate) async fn worker(client: &Client, job: super::JobId) -> super::WorkerId {
-    let info = super::session::WorkerInfo {
+pub(crate) async fn worker(client: &Client, job: JobId) -> WorkerId {
+    let info = WorkerInfo {
         host: "test",
         pid: std::process::id(),
         version: "test",
     };
-    super::session::register(client, job, &info, std::time::Duration::from_secs(30))
+    register(client, job, &info, std::time::Duration::from_secs(30))
         .await
         .expect("register a worker")
 }
 
 /// End a session's life now, as if it stopped heartbeating a TTL ago (no sleeping).
-pub(crate) async fn expire(client: &Client, job: super::JobId, worker: &super::WorkerId) {
+pub(crate) async fn expire(client: &Client, job: JobId, worker: &WorkerId) {
     let n = client
         .execute(
             "UPDATE hw_worker SET expires_at = now() - interval '1 second'
@@ -97,7 +101,7 @@ pub(crate) async fn expire(client: &Client, job: super::JobId, worker: &super::W
 }
 
 /// `n` open buckets of the job's log (0..n), each with IDs "b{bucket}-{i}", i < 3.
-pub(crate) async fn add_buckets(client: &Client, job: super::JobId, n: i64) {
+pub(crate) async fn add_buckets(client: &Client, job: JobId, n: i64) {
     client
         .execute(
             "INSERT INTO hw_bucket (job_id, bucket, offset_record, items)

@@ -9,33 +9,23 @@
 //!
 //! Results are taken from the buffer under the writer connection's lock, so two flushes (the
 //! writer's and the planner's sync, a commit) write them in the order they were recorded.
+//!
+//! No SQL here: the statements are [`super::results`]'s (and [`super::reruns`]'s lookup of
+//! a rerun result's bucket).
 
 use std::collections::HashMap;
 
-use tokio_postgres::{Client, GenericClient, Statement};
+use tokio_postgres::{GenericClient, Statement};
 
+use super::connect::connect;
 use super::error::PgError;
-use super::results::{write_results_as, ResultRow, COMMIT_BUCKET, WRITE_RESULTS};
-use super::store::{Inner, Local};
-use super::{connect, log_number, Lease};
+use super::keys::{log_number, Lease};
+use super::reruns;
+use super::results::{
+    write_results_as, ResultRow, COMMITTED_BUCKETS, COMMIT_BUCKET, WRITE_RESULTS,
+};
+use super::state::{Inner, Local, WriterConn};
 use crate::store::{ItemRecord, Log};
-
-/// The writer's connection, with its hot statements prepared on it.
-pub(super) struct WriterConn {
-    pub(super) client: Client,
-    /// [`WRITE_RESULTS`].
-    pub(super) write: Statement,
-    /// [`COMMITTED_BUCKETS`].
-    pub(super) committed: Statement,
-    /// [`COMMIT_BUCKET`].
-    pub(super) commit: Statement,
-}
-
-/// Which of a commit's buckets (`$3`) are committed already, and whether by this session
-/// (`$4`) under this token (`$5`).
-pub(super) const COMMITTED_BUCKETS: &str =
-    "SELECT bucket, owner = $4::text::uuid AND lease_token = $5 FROM hw_bucket
-     WHERE job_id = $1 AND rerun = $2 AND bucket = ANY($3) AND state = 'committed'";
 
 /// Whether `results` are written by one statement: the job's own, no rerun's (whose
 /// buckets are looked up first).
@@ -98,13 +88,6 @@ impl Inner {
         written
     }
 
-    /// Put `results` (taken for a flush that failed) back before those recorded since.
-    pub(super) fn keep_for_later(&self, results: Vec<(String, ItemRecord)>) {
-        let mut local = self.local();
-        let later = std::mem::replace(&mut local.results, results);
-        local.results.extend(later);
-    }
-
     /// Which lease covers a result, and its row as written: the job bucket's lease (or the
     /// job-wide one), or for a rerun's result the rerun bucket's, found in `rerun_buckets`.
     fn result_row(
@@ -162,18 +145,7 @@ impl Inner {
         }
         for (k, ids) in &mut rerun_buckets {
             let wanted: Vec<&str> = ids.keys().map(String::as_str).collect();
-            let rows = tx
-                .query(
-                    "SELECT id, bucket FROM hw_rerun_item
-                     WHERE job_id = $1 AND rerun = $2 AND id = ANY($3)",
-                    &[&self.job.0, &(*k as i32), &wanted],
-                )
-                .await
-                .map_err(PgError::sql("finding rerun buckets"))?;
-            let found: HashMap<String, u64> = rows
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                .collect();
+            let found = reruns::buckets_of(tx, self.job, *k, &wanted).await?;
             *ids = found;
         }
         let (me, mut by_log, mut dropped) = {
