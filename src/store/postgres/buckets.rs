@@ -132,8 +132,8 @@ pub(super) async fn release_job(
     client
         .execute(
             "UPDATE hw_bucket SET state = 'open', owner = NULL
-             WHERE job_id = $1 AND owner = $2::text::uuid AND state = 'leased'
-               AND lease_token = $3",
+                     WHERE job_id = $1 AND owner = $2::text::uuid AND state = 'leased'
+                       AND lease_token = $3",
             &[&job.0, &me.0, &token],
         )
         .await
