@@ -18,7 +18,8 @@ use std::path::PathBuf;
 
 use crate::failure::ErrorClass;
 use crate::input::Fingerprint;
-use crate::job::{now_ms, JobSpec};
+use crate::spec::JobSpec;
+use crate::store::now_ms;
 use crate::store::{
     class_label, ExportError, ItemRecord, ItemStatus, JobBucketShare, JobView, RerunBucket,
     RerunOffset, RerunRecord, RerunSelection, Store, StoreError,

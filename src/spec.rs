@@ -130,7 +130,45 @@ impl std::fmt::Display for SpecChange {
     }
 }
 
+/// Default bucket size (rows per bucket).
+pub const DEFAULT_BUCKET_SIZE: u64 = 1000;
+/// Default whole-request timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl JobSpec {
+    /// A new job of `input` (fingerprinted as `fingerprint`) with every setting at its
+    /// default and no work yet: a GET of an empty URL template, no command, no checks,
+    /// [`DEFAULT_BUCKET_SIZE`] rows per bucket, a fresh random [`JobSpec::job_id`].
+    pub fn new(input: InputSpec, fingerprint: Fingerprint) -> JobSpec {
+        JobSpec {
+            job_id: format!("{:016x}", rand::random::<u64>()),
+            input,
+            fingerprint,
+            input_files: Vec::new(),
+            bucket_size: DEFAULT_BUCKET_SIZE,
+            request: RequestSpec {
+                method: "GET".into(),
+                url: String::new(),
+                headers: Vec::new(),
+                body: None,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                timeout: DEFAULT_TIMEOUT,
+            },
+            exec: None,
+            handler: None,
+            batch: None,
+            columns: Vec::new(),
+            answer: AnswerSpec::default(),
+            credentials: Vec::new(),
+            retry: RetryPolicy::default(),
+            quotas: Vec::new(),
+            created_at_ms: crate::store::now_ms(),
+            history: Vec::new(),
+        }
+    }
+
     /// The columns the request or command names (`{column}`), which [`JobSpec::columns`]
     /// must hold.
     pub fn columns_used(&self) -> Vec<String> {

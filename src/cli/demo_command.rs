@@ -1,5 +1,5 @@
 //! `highwater demo`: start the fake API ([`crate::demo::api`]) in this process, write the
-//! demo's input and run (or resume) its job through [`super::run_job`], as `highwater run`
+//! demo's input and run (or resume) its job through [`super::running::run_job`], as `highwater run`
 //! does.
 
 use std::io::Write;
@@ -89,7 +89,7 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         crate::console::shell_word(&me),
         crate::console::shell_path(&dir)
     );
-    let code = super::run_job(
+    let code = super::running::run_job(
         Arc::new(store),
         spec,
         handler,

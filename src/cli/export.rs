@@ -6,7 +6,8 @@ use std::io;
 use anyhow::{Context, Result};
 
 use super::args::{ExportArgs, StatusArg};
-use super::{exit, open_existing, pg, state_arg, StateArg};
+use super::exit;
+use super::state::{open_existing, state_arg, StateArg};
 use crate::say;
 use crate::sink::{self, ExportFormat, InputColumns};
 use crate::store::{ExportError, ItemStatus, Store};
@@ -23,8 +24,9 @@ pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
     }
     match state_arg(&args.state, args.job.as_deref()) {
         Ok(StateArg::Dir) => {}
+        #[cfg(feature = "postgres")]
         Ok(StateArg::Pg { url, job }) => {
-            let (store, _) = pg::open_reader(&url, &job).await?;
+            let (store, _) = super::state::pg::open_reader(&url, &job).await?;
             return export_of(&store, &args).await;
         }
         Err(code) => return Ok(code),

@@ -5,7 +5,8 @@ use std::io;
 use anyhow::{Context, Result};
 
 use super::args::FailuresArgs;
-use super::{exit, open_existing, pg, state_arg, StateArg};
+use super::exit;
+use super::state::{open_existing, state_arg, StateArg};
 use crate::say;
 use crate::sink;
 use crate::store::{JobView, Store};
@@ -23,8 +24,9 @@ pub(crate) async fn failures(args: FailuresArgs) -> Result<u8> {
     }
     match state_arg(&args.state, args.job.as_deref()) {
         Ok(StateArg::Dir) => {}
+        #[cfg(feature = "postgres")]
         Ok(StateArg::Pg { url, job }) => {
-            let (store, _) = pg::open_reader(&url, &job).await?;
+            let (store, _) = super::state::pg::open_reader(&url, &job).await?;
             return failures_of(&store, &args).await;
         }
         Err(code) => return Ok(code),

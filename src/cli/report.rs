@@ -4,7 +4,8 @@
 use anyhow::{Context, Result};
 
 use super::args::ReportArgs;
-use super::{dashboard_source, exit};
+use super::exit;
+use super::state::dashboard_source;
 use crate::say;
 
 pub(crate) async fn report(args: ReportArgs) -> Result<u8> {

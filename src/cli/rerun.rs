@@ -9,8 +9,9 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::args::RerunArgs;
-use super::run::cli_job;
-use super::{exit, library_job, open_files, pg, refused, state_arg, StateArg};
+use super::exit::{self, library_job, open_files, refused};
+use super::running::cli_job;
+use super::state::{state_arg, StateArg};
 use crate::console::shell_path;
 use crate::job::{open_job, JobRequest, RunOptions};
 use crate::rerun::{Prepared, RerunAsk, RerunError};
@@ -82,8 +83,12 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
             all_items: args.all_items,
         }
     };
-    if let StateArg::Pg { url, job } = at {
-        return pg::rerun(&args.run, &ask, &request, &url, &job, metrics).await;
+    match at {
+        StateArg::Dir => {}
+        #[cfg(feature = "postgres")]
+        StateArg::Pg { url, job } => {
+            return rerun_pg(&args.run, &ask, &request, &url, &job, metrics).await;
+        }
     }
     let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
     store.set_reopen_after(args.run.store_reopen_after);
@@ -105,6 +110,58 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
         &place,
     )
     .await
+}
+
+/// `rerun` on a job of a database, as on a directory: this process is the rerun's one
+/// worker (a session of its own, ended when the rerun stops).
+#[cfg(feature = "postgres")]
+async fn rerun_pg(
+    args: &super::args::RunArgs,
+    ask: &RerunAsk,
+    request: &JobRequest,
+    url: &str,
+    job: &str,
+    metrics: Option<tokio::net::TcpListener>,
+) -> Result<u8> {
+    use super::state::pg;
+    use crate::job::JobPlace;
+    use crate::store::StoreError;
+    let place = match pg::place(url, job, args.lease_ttl) {
+        Ok(place) => place,
+        Err(code) => return Ok(code),
+    };
+    let store = match place.open(false).await {
+        Ok((store, _)) => Arc::new(store),
+        Err(e) if matches!(e.root(), StoreError::NotAStore { .. }) => {
+            say!("error: there is no {} to rerun", pg::shown(url, job));
+            return Ok(exit::USAGE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if crate::job::stored_job(&*store).await?.is_none() {
+        say!(
+            "error: the {} has no spec yet (its first run stopped before creating it): nothing to rerun",
+            pg::shown(url, job)
+        );
+        pg::close(store).await;
+        return Ok(exit::USAGE);
+    }
+    let named = Place {
+        job: format!("the {}", pg::shown(url, job)),
+        state: pg::state_flags(url, job),
+        live: None,
+    };
+    let code = rerun_in(
+        store.clone(),
+        ask,
+        request,
+        &args.options(),
+        metrics,
+        &named,
+    )
+    .await;
+    pg::close(store).await;
+    code
 }
 
 /// Rerun what `ask` selects of the job in `store`, opened for it.
@@ -173,7 +230,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
         let resume = format!("highwater rerun {} {selection}", place.state);
         if let Some(halted) = &summary.halted {
             say!("stopped: {halted}\nresume with: {resume}");
-            return Ok(super::halt_code(halted.kind));
+            return Ok(exit::halt_code(halted.kind));
         }
         say!("resume with: {resume}");
         return Ok(if summary.interrupted {

@@ -1,5 +1,13 @@
-//! `highwater run` on a state directory: check a new job before creating anything, open
-//! or create it, and run it with the command line's reporters.
+//! `highwater run`: create a job or resume it, in a state directory or in a PostgreSQL
+//! database, through the library's one way to open a job ([`open_at`]), then run it with
+//! the command line's reporters.
+//!
+//! On a database, the first `run` with `--input` creates the job; any later `run --state
+//! URL --job NAME` (on any machine, no input needed) joins it as one more worker: it
+//! registers a session, leases buckets as it goes, and exits by itself (0 or 3) once the
+//! input is planned and every bucket committed. A stop (SIGINT/SIGTERM) finishes or abandons
+//! the items in flight within `--shutdown-timeout`, then ends the session, which releases
+//! every lease at once.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -7,13 +15,14 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::args::RunArgs;
-use super::{exit, halt_code, library_job, open_files, pg, refused, state_arg, StateArg};
+use super::exit::{self, library_job, open_files, refused};
+use super::rerun::flags;
+use super::running::run_job;
+use super::state::{state_arg, StateArg};
 use crate::console::shell_path;
-use crate::job::{open_job, Job, JobHandler, JobSpec, Opened, RunOptions};
-use crate::monitor::EventFormat;
+use crate::job::{open_at, JobError, JobPlace, JobRequest, StateDirPlace};
 use crate::say;
-use crate::store::sled_store::{OpenMode, SledStore};
-use crate::store::{JobView, Leases, Store};
+use crate::store::{JobView, Leases, Store, StoreError};
 
 pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let request = match args.request() {
@@ -36,65 +45,124 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         None => None,
     };
     match state_arg(&args.state, args.job.as_deref()) {
-        Ok(StateArg::Dir) => {}
-        Ok(StateArg::Pg { url, job }) => return pg::run(&args, request, url, job, metrics).await,
-        Err(code) => return Ok(code),
-    }
-    // A new job needs --input and --url (or --exec): say so before creating anything.
-    let fresh = std::fs::read_dir(&args.state).map_or(true, |mut d| d.next().is_none());
-    if fresh && request.input.is_some() && request.url.is_none() && request.exec.is_none() {
-        say!(
-            "error: {} holds no job: give --input FILE and --url TEMPLATE (or --exec COMMAND) to create one",
-            args.state.display()
-        );
-        return Ok(exit::USAGE);
-    }
-    // A new job's templates and input are checked before its state directory is created, so
-    // a mistyped flag leaves nothing behind.
-    if fresh {
-        if let Err(e) = crate::job::check_new_job(&request)
-            .and_then(|()| crate::job::check_new_job_environment(&request))
-        {
-            return refused(e);
+        Ok(StateArg::Dir) => {
+            let place = StateDirPlace {
+                dir: args.state.clone(),
+                cache_bytes: args.store_cache_mb << 20,
+                reopen_after: args.store_reopen_after,
+            };
+            let named = Named {
+                job: format!("the job in {}", args.state.display()),
+                no_job: format!("{} holds no job", args.state.display()),
+                state: format!("--state {}", shell_path(&args.state)),
+                live: Some(&args.state),
+            };
+            let (store, spec) = match open(&place, &request, &named, |_| None).await? {
+                Ok(opened) => opened,
+                Err(code) => return Ok(code),
+            };
+            let store = Arc::new(store);
+            run_opened(&args, store, spec, &named, metrics).await
         }
+        #[cfg(feature = "postgres")]
+        Ok(StateArg::Pg { url, job }) => {
+            use super::state::pg;
+            let place = match pg::place(&url, &job, args.lease_ttl) {
+                Ok(place) => place,
+                Err(code) => return Ok(code),
+            };
+            let named = Named {
+                job: format!("the {}", pg::shown(&url, &job)),
+                no_job: format!("the {} has no spec yet", pg::shown(&url, &job)),
+                state: pg::state_flags(&url, &job),
+                live: None,
+            };
+            let missing = |e: &StoreError| {
+                matches!(e.root(), StoreError::NotAStore { .. }).then(|| {
+                    format!(
+                        "there is no {}: create it with --input FILE --url TEMPLATE",
+                        pg::shown(&url, &job)
+                    )
+                })
+            };
+            let (store, spec) = match open(&place, &request, &named, missing).await? {
+                Ok(opened) => opened,
+                Err(code) => return Ok(code),
+            };
+            let store = Arc::new(store);
+            let code = run_opened(&args, store.clone(), spec, &named, metrics).await;
+            pg::close(store).await;
+            code
+        }
+        Err(code) => Ok(code),
     }
-    let mode = if request.input.is_some() {
-        OpenMode::CreateIfMissing
-    } else {
-        OpenMode::Existing
-    };
-    let existed = args.state.exists();
-    let store = SledStore::open(&args.state, mode, args.store_cache_mb << 20)?;
-    store.set_reopen_after(args.store_reopen_after);
-    let spec = match open_job(&store, &request).await {
-        Ok(spec) => spec,
-        Err(e) => {
-            // Whatever the checks above could not foresee (the input changing under us, a
-            // read error), a refused creation leaves nothing behind either.
-            if fresh {
-                drop(store);
-                undo_creation(&args.state, existed);
+}
+
+/// How the messages name the job a run opened.
+struct Named<'a> {
+    /// The job, in a sentence: `the job in DIR`.
+    job: String,
+    /// The place, when it holds no job: `DIR holds no job`.
+    no_job: String,
+    /// `--state ...` (with `--job ...` for a database) as a command that resumes it takes them.
+    state: String,
+    /// The state directory `live.json` goes to, if any.
+    live: Option<&'a Path>,
+}
+
+/// Open the job at `place` as `request` asks ([`open_at`]), or the exit code of its refusal,
+/// said (`missing`: the words for a store that is not there, if that is the user's to fix).
+async fn open<P: JobPlace>(
+    place: &P,
+    request: &JobRequest,
+    named: &Named<'_>,
+    missing: impl Fn(&StoreError) -> Option<String>,
+) -> Result<Result<(P::Store, crate::job::JobSpec), u8>> {
+    match open_at(place, request).await {
+        Ok(opened) => Ok(Ok(opened)),
+        Err(JobError::NoJob) => {
+            say!(
+                "error: {}: give --input FILE and --url TEMPLATE (or --exec COMMAND) to create one",
+                named.no_job
+            );
+            Ok(Err(exit::USAGE))
+        }
+        Err(JobError::Store(e)) => match missing(&e) {
+            Some(words) => {
+                say!("error: {words}");
+                Ok(Err(exit::USAGE))
             }
-            return refused(e);
-        }
-    };
-    if let Some(code) = library_job(&spec, &format!("the job in {}", args.state.display())) {
+            None => Err(e.into()),
+        },
+        Err(e) => refused(e).map(Err),
+    }
+}
+
+/// Run a job `open` opened, unless it is a library program's or already finished.
+async fn run_opened<S: Store + Leases>(
+    args: &RunArgs,
+    store: Arc<S>,
+    spec: crate::job::JobSpec,
+    named: &Named<'_>,
+    metrics: Option<tokio::net::TcpListener>,
+) -> Result<u8> {
+    if let Some(code) = library_job(&spec, &named.job) {
         return Ok(code);
     }
-    if let Some(open) = crate::rerun::unfinished(&store).await? {
+    if let Some(open) = crate::rerun::unfinished(&*store).await? {
         say!(
-            "note: rerun {} ({}) is not finished; resume it with: highwater rerun --state {} {}",
+            "note: rerun {} ({}) is not finished; resume it with: highwater rerun {} {}",
             open.number,
-            super::rerun::flags(&open.selection),
-            shell_path(&args.state),
-            super::rerun::flags(&open.selection)
+            flags(&open.selection),
+            named.state,
+            flags(&open.selection)
         );
     }
     let done = store.stats().await?;
     if done.finished() {
         say!(
-            "the job in {} is already finished: {} ok, {} failed",
-            args.state.display(),
+            "{} is already finished: {} ok, {} failed",
+            named.job,
             done.ok,
             done.failed
         );
@@ -105,119 +173,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         });
     }
     let handler = crate::job::job_handler(&spec)?;
-    let resume = format!("highwater run --state {}", shell_path(&args.state));
+    let resume = format!("highwater run {}", named.state);
     run_job(
-        Arc::new(store),
+        store,
         spec,
         handler,
         &args.options(),
-        Some(&args.state),
+        named.live,
         metrics,
         &resume,
     )
     .await
-}
-
-/// entries if it was empty. Best effort: the refusal is the error to report.
-fn undo_creation(state: &Path, existed: bool) {
-    if !existed {
-        let _ = std::fs::remove_dir_all(state);
-        return;
-    }
-    if let Ok(entries) = std::fs::read_dir(state) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let _ = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-        }
-    }
-}
-
-/// Run a job the command line opened through the library's [`Job`], print the summary, and
-/// return the exit code. `live`: the state directory `live.json` goes to (none for a job of
-/// a database); `resume` is the command that resumes it, suggested if it stops unfinished.
-pub(crate) async fn run_job<S: Store + Leases>(
-    store: Arc<S>,
-    spec: JobSpec,
-    handler: JobHandler,
-    options: &RunOptions,
-    live: Option<&Path>,
-    metrics: Option<tokio::net::TcpListener>,
-    resume: &str,
-) -> Result<u8> {
-    tracing::info!(
-        job = %spec.job_id,
-        input = %spec.input.path.display(),
-        work = %work(&spec),
-        bucket_size = spec.bucket_size,
-        concurrency = options.concurrency,
-        "running"
-    );
-    let summary = cli_job(store, spec, handler, options, live, metrics)
-        .run()
-        .await?;
-    say!("{}", summary.render());
-    if let Some(halted) = &summary.halted {
-        if !summary.job.finished() {
-            say!("stopped: {halted}\nresume with: {resume}");
-            return Ok(halt_code(halted.kind));
-        }
-    }
-    if summary.interrupted && !summary.job.finished() {
-        say!("resume with: {resume}");
-        return Ok(exit::SIGNAL);
-    }
-    Ok(if summary.job.failed > 0 {
-        exit::FAILURES
-    } else {
-        exit::OK
-    })
-}
-
-/// What a job does for each ID, for logs: its URL or its command (as written, `${VAR}`
-/// unexpanded).
-fn work(spec: &JobSpec) -> &str {
-    spec.exec
-        .as_ref()
-        .map_or(spec.request.url.as_str(), |e| e.command.as_str())
-}
-
-/// The library's [`Job`] for a job (or a rerun, with [`Job::rerun`]) the command line
-/// opened, with the command line's reporters: a second signal exits 130, progress events as
-/// text or JSON lines (`--log-format`), the bar on a terminal, `live.json` in `live`, and
-/// the metrics endpoint.
-pub(crate) fn cli_job<S: Store + Leases>(
-    store: Arc<S>,
-    spec: JobSpec,
-    handler: JobHandler,
-    options: &RunOptions,
-    live: Option<&Path>,
-    metrics: Option<tokio::net::TcpListener>,
-) -> Job<JobHandler, Opened<S>> {
-    let format = if crate::console::json() {
-        EventFormat::Json
-    } else {
-        EventFormat::Text
-    };
-    let mut job = Job::opened(store, spec, handler)
-        .options(options.clone())
-        .stop_on_signals_then(Box::new(|| {
-            say!("stopped at once; the state is consistent, resume with the same command");
-            std::process::exit(i32::from(exit::SIGNAL));
-        }))
-        .progress(options.progress_interval, format);
-    // No bar in JSON mode: every line on standard error is a JSON object.
-    if crate::console::stderr_is_terminal() && !crate::console::quiet() && !crate::console::json() {
-        job = job.progress_bar();
-    }
-    if let Some(dir) = live {
-        job = job.live_dir(dir);
-    }
-    if let Some(listener) = metrics {
-        job = job.metrics(listener);
-    }
-    job
 }

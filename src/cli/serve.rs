@@ -3,7 +3,8 @@
 use anyhow::Result;
 
 use super::args::ServeArgs;
-use super::{dashboard_source, exit};
+use super::exit;
+use super::state::dashboard_source;
 use crate::dashboard;
 use crate::say;
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::args::StatusArgs;
-use super::{exit, open_existing, pg, state_arg, StateArg};
+use super::exit;
+use super::state::{open_existing, state_arg, StateArg};
 use crate::console::shell_path;
 use crate::job::JobSpec;
 use crate::sink;
@@ -47,7 +48,8 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
     use crate::live;
     match state_arg(&args.state, args.job.as_deref()) {
         Ok(StateArg::Dir) => {}
-        Ok(StateArg::Pg { url, job }) => return pg::status(&url, &job, args.json).await,
+        #[cfg(feature = "postgres")]
+        Ok(StateArg::Pg { url, job }) => return status_pg(&url, &job, args.json).await,
         Err(_) => anyhow::bail!("--state and --job do not go together"),
     }
     let now = crate::job::now_ms();
@@ -270,6 +272,82 @@ fn render_status(
     }
     for c in &spec.credentials {
         text.push_str(&format!("credential: {c}\n"));
+    }
+    text
+}
+
+/// `status` of a job of a database, with its workers.
+#[cfg(feature = "postgres")]
+async fn status_pg(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
+    use crate::store::postgres::connect::redact_url;
+    let (store, spec) = super::state::pg::open_reader(url, job).await?;
+    let workers = store.workers().await?;
+    let planning = store.planning().await?;
+    let live = workers.iter().any(|w| w.state != "expired");
+    let runner = if live { "running" } else { "none" };
+    let rendered = (
+        serde_json::json!(workers),
+        format!("{}{}", render_planning(&planning), render_workers(&workers)),
+    );
+    let mut text = describe(
+        &store,
+        &spec,
+        Path::new(&redact_url(url)),
+        json,
+        runner,
+        None,
+        Some(rendered),
+    )
+    .await?;
+    if json {
+        // Where planning stands, beside the workers.
+        let mut value: serde_json::Value = serde_json::from_str(&text)?;
+        value["planner"] = serde_json::json!(planning);
+        text = format!("{value}\n");
+    }
+    Ok((text, false))
+}
+
+/// Where planning stands, one line of `status`.
+#[cfg(feature = "postgres")]
+fn render_planning(p: &crate::store::postgres::stats::Planning) -> String {
+    let who = p.planner.as_deref().map_or(String::new(), |w| {
+        format!(" (worker {})", &w[..8.min(w.len())])
+    });
+    match p.state {
+        "done" => "planner:    the input is planned to its end\n".into(),
+        "planning" => format!("planner:    planning{who}\n"),
+        _ => "planner:    the job waits for a worker with the input to plan the rest \
+              (start one with --input FILE)\n"
+            .into(),
+    }
+}
+
+/// The worker table of `status`.
+#[cfg(feature = "postgres")]
+fn render_workers(workers: &[crate::store::postgres::session::WorkerRow]) -> String {
+    let mut text = format!("workers:    {}\n", workers.len());
+    for w in workers {
+        let share = w
+            .rate_share
+            .map_or("-".to_string(), |r| format!("{r:.1}/s"));
+        let rate = w
+            .stats
+            .get("items_per_s")
+            .and_then(serde_json::Value::as_f64)
+            .map_or("-".to_string(), |r| format!("{r:.1}"));
+        text.push_str(&format!(
+            "  {} {}:{} started {}, heartbeat {:.1}s ago, {}, {} buckets held, rate share {}, {} items/s\n",
+            &w.worker[..8.min(w.worker.len())],
+            w.host,
+            w.pid,
+            crate::live::format_ms(w.started_ms),
+            w.heartbeat_age_s,
+            w.state,
+            w.buckets_held,
+            share,
+            rate,
+        ));
     }
     text
 }

@@ -11,9 +11,8 @@ use crate::engine::planner::PLANNER_POLL;
 use crate::engine::source::leased::POLL_MAX;
 use crate::engine::{max_unsynced_items, run, stop_pair};
 use crate::handler::http::HttpHandler;
-use crate::input::{InputFormat, InputSpec};
-use crate::job::{open_job, JobRequest, JobSpec, RunOptions};
 use crate::progress::{Counters, RunSummary};
+use crate::spec::{JobSpec, RunOptions};
 use crate::store::mem::{MemWorker, SharedMem};
 use crate::store::{Fleet, ItemStatus, JobView, LeaseScope, Log, Store};
 
@@ -185,16 +184,8 @@ async fn fleet_of<D: SharedJob>(
     let api = FakeApi::start(api).await.unwrap();
     let db = D::new().await;
     let first = db.worker().await;
-    let request = JobRequest {
-        input: Some(InputSpec {
-            path: input,
-            format: InputFormat::Text,
-        }),
-        url: Some(api.url_template()),
-        bucket_size: Some(bucket_size),
-        ..JobRequest::default()
-    };
-    let spec = Arc::new(open_job(&*first, &request).await.unwrap());
+    let spec =
+        Arc::new(super::tests::url_job(&*first, input, api.url_template(), bucket_size).await);
     FleetJob {
         _dir: dir,
         db,

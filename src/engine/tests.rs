@@ -11,12 +11,11 @@ use super::worker::Abandon;
 use super::*;
 use crate::demo::api::{ApiConfig, FakeApi, Fault};
 use crate::handler::http::HttpHandler;
-use crate::input::{InputFormat, InputReader, InputSpec};
-use crate::job::{open_job, JobRequest};
+use crate::input::{Fingerprint, InputFormat, InputReader, InputSpec};
 use crate::plan::Planner;
 use crate::spec::Durability;
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
-use crate::store::{ItemRecord, ItemStatus, JobView};
+use crate::store::{ItemRecord, ItemStatus, JobView, Store};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -36,22 +35,35 @@ async fn setup(ids: &[String], bucket_size: u64, config: ApiConfig) -> Setup {
         DEFAULT_CACHE_BYTES,
     )
     .unwrap();
-    let request = JobRequest {
-        input: Some(InputSpec {
-            path: input,
-            format: InputFormat::Text,
-        }),
-        url: Some(api.url_template()),
-        bucket_size: Some(bucket_size),
-        ..JobRequest::default()
-    };
-    let spec = open_job(&store, &request).await.unwrap();
+    let spec = url_job(&store, input, api.url_template(), bucket_size).await;
     Setup {
         _dir: dir,
         store: Arc::new(store),
         spec: Arc::new(spec),
         api,
     }
+}
+
+/// Store a new job that asks `url` for each ID of the text file `input`, as a creation with
+/// these flags would (the engine runs what the job layer created; it does not create).
+pub(super) async fn url_job<S: Store>(
+    store: &S,
+    input: std::path::PathBuf,
+    url: String,
+    bucket_size: u64,
+) -> JobSpec {
+    let fingerprint = Fingerprint::of_file(&input).unwrap();
+    let mut spec = JobSpec::new(
+        InputSpec {
+            path: input,
+            format: InputFormat::Text,
+        },
+        fingerprint,
+    );
+    spec.request.url = url;
+    spec.bucket_size = bucket_size;
+    store.put_job(&spec.to_stored()).await.unwrap();
+    spec
 }
 
 async fn run_once(s: &Setup, stop: Stop) -> RunSummary {

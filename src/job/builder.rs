@@ -21,13 +21,16 @@ use std::time::Duration;
 use crate::engine::{stop_pair, EngineError, Stop, StopHandle};
 use crate::handler::Handler;
 use crate::input::{InputFormat, InputSpec};
-use crate::job::{
-    open_job, JobError, JobRequest, JobSpec, Reporters, RetryOverrides, RetryPolicy, RunOptions,
-};
 use crate::monitor::{EventFormat, MonitorConfig};
 use crate::progress::RunSummary;
+use crate::spec::{JobSpec, RetryPolicy, RunOptions};
 use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use crate::store::{Leases, Log, Store, StoreError};
+
+use super::error::JobError;
+use super::open::open_job;
+use super::reporters::{Reporters, SecondSignal};
+use super::request::{JobRequest, RetryOverrides};
 
 /// Where a job's IDs come from.
 pub enum JobInput {
@@ -95,7 +98,7 @@ pub struct Opened<S> {
 /// reporters.
 struct Reporting {
     options: RunOptions,
-    signals: Option<crate::job::SecondSignal>,
+    signals: Option<SecondSignal>,
     progress: Option<(Duration, EventFormat, bool)>,
     #[cfg(feature = "metrics")]
     metrics: Option<tokio::net::TcpListener>,
@@ -149,7 +152,7 @@ impl Reporting {
             #[cfg(feature = "metrics")]
             metrics: self.metrics,
         };
-        let summary = super::run_reported(
+        let summary = super::reporters::run_reported(
             store,
             spec,
             Arc::new(handler),
@@ -304,7 +307,7 @@ impl<H: Handler, P> Job<H, P> {
 
     /// Stop gracefully on SIGINT/SIGTERM; a second signal calls `second` (which typically
     /// says so and exits the process).
-    pub fn stop_on_signals_then(mut self, second: crate::job::SecondSignal) -> Self {
+    pub fn stop_on_signals_then(mut self, second: SecondSignal) -> Self {
         self.reporting.signals = Some(second);
         self
     }
@@ -377,7 +380,7 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         self
     }
 
-    /// Rows per bucket (the default is [`crate::job::DEFAULT_BUCKET_SIZE`]); fixed at creation.
+    /// Rows per bucket (the default is [`crate::spec::DEFAULT_BUCKET_SIZE`]); fixed at creation.
     pub fn bucket_size(mut self, rows: u64) -> Self {
         self.bucket_size = Some(rows);
         self
@@ -438,7 +441,7 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         let spec = open_job(&*store, &request).await.map_err(|e| match e {
             JobError::InputChanged { what, .. } if from_ids => RunError::IdsChanged { what },
             JobError::MeaningChanged(lines) => RunError::JobChanged(lines),
-            JobError::Usage(_) if request.input.is_none() => RunError::NoJob,
+            JobError::NoJob => RunError::NoJob,
             e => RunError::Job(e),
         });
         if let Some(previous) = previous {
@@ -648,7 +651,7 @@ mod tests {
         // The fault is fixed: any ID is accepted now.
         let lenient = |id: String| async move { Ok::<_, Failure>(serde_json::json!(id.len())) };
         let job = Job::opened(store.clone(), spec, lenient).rerun(rerun.number);
-        assert_eq!(job.spec().bucket_size, crate::job::DEFAULT_BUCKET_SIZE);
+        assert_eq!(job.spec().bucket_size, crate::spec::DEFAULT_BUCKET_SIZE);
         job.run().await.unwrap();
         let r = store.rerun_stats(rerun.number).await.unwrap();
         assert!(r.finished() && (r.ok, r.failed) == (1, 0), "{r:?}");

@@ -11,7 +11,8 @@ use std::path::Path;
 
 use crate::input::{folder_fingerprint, folder_list, folder_of, Fingerprint, InputFile, InputSpec};
 
-use super::{appended, GrownInput, JobError};
+use super::error::JobError;
+use super::grown::{appended, GrownInput};
 
 /// Judge the folder `input` names against the files `planned` (see the module doc): `None`
 /// when it is as planned (files added since only if the names sort after them are new).

@@ -2,7 +2,8 @@
 //! command, with its answer checks and credentials), built with `${VAR}` expanded from the
 //! process environment: the work of a job that is not a library program's own handler.
 
-use super::{JobError, JobSpec};
+use super::error::JobError;
+use crate::spec::JobSpec;
 
 /// The handler a job's spec describes: its request or its command, with its answer checks
 /// and credentials, `${VAR}` expanded from the process environment.

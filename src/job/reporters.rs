@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use crate::engine::{self, EngineError, Stop, StopHandle};
 use crate::handler::Handler;
-use crate::job::{JobSpec, RunOptions};
 use crate::monitor::{Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
+use crate::spec::{JobSpec, RunOptions};
 use crate::store::{worker_label, JobView, Leases, Log, Store};
 
 /// What a second stop signal does (the first one stops the run gracefully): typically say

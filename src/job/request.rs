@@ -1,0 +1,142 @@
+//! [`JobRequest`]: what a caller asks for (a new job, or a resume with changed operational
+//! settings), before it is checked against the stored job; and the defaults of a new job.
+
+use std::time::Duration;
+
+use crate::answer::AnswerSpec;
+use crate::handler::exec::{ExecSpec, DEFAULT_RETRY_EXIT_CODES};
+use crate::input::{Fingerprint, InputSpec};
+use crate::spec::{JobSpec, DEFAULT_BUCKET_SIZE};
+
+/// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
+#[derive(Debug, Clone, Default)]
+pub struct RetryOverrides {
+    pub max_attempts: Option<u32>,
+    pub initial: Option<Duration>,
+    pub max_interval: Option<Duration>,
+    pub max_elapsed: Option<Duration>,
+}
+
+/// What a `run` asks for: a new job, or a resume with possibly changed operational settings.
+/// Unset fields keep the stored values (resume) or take the defaults (creation).
+#[derive(Debug, Clone, Default)]
+pub struct JobRequest {
+    pub input: Option<InputSpec>,
+    pub bucket_size: Option<u64>,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    /// The command of an exec job (in place of `url`).
+    pub exec: Option<String>,
+    /// Exit codes of an exec job's command that are retried.
+    pub retry_exit_codes: Option<Vec<i32>>,
+    /// A library handler's name, in place of `url` (see [`JobSpec::handler`]).
+    pub handler: Option<String>,
+    pub headers: Option<Vec<String>>,
+    pub body: Option<String>,
+    /// The credentials the request or command uses (`None` keeps the stored ones).
+    pub credentials: Option<Vec<crate::credential::CredentialSpec>>,
+    /// Input columns to keep of each row beside those the templates name (for the export):
+    /// fixed at creation.
+    pub keep_columns: Option<Vec<String>>,
+    /// The batch endpoint to call instead of one request per ID (`None` keeps the stored
+    /// one, or none).
+    pub batch: Option<crate::handler::batch::BatchSpec>,
+    pub connect_timeout: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub retry: RetryOverrides,
+    /// Answer checks asked for; unset fields keep the stored ones.
+    pub answer: AnswerRequest,
+    /// The quotas to keep, replacing the stored ones (a change is recorded in the spec
+    /// history); `None` keeps the stored ones.
+    pub quotas: Option<Vec<crate::quota::Quota>>,
+    /// Accept a changed URL, command, method, body or answer check (recorded in the spec history).
+    pub allow_spec_change: bool,
+    /// The command asking ("run", "rerun"), for the spec history.
+    pub command: String,
+}
+
+/// Answer checks asked for on the command line: `None` keeps the stored (or no) check, an
+/// empty program removes it.
+#[derive(Debug, Clone, Default)]
+pub struct AnswerRequest {
+    pub expect_json: Option<bool>,
+    pub fail_if: Option<String>,
+    pub retry_if: Option<String>,
+    pub extract: Option<String>,
+    pub keep_body: Option<bool>,
+}
+
+impl AnswerRequest {
+    pub(super) fn apply(&self, spec: &mut AnswerSpec) {
+        let program = |asked: &Option<String>, stored: &mut Option<String>| {
+            if let Some(p) = asked {
+                *stored = Some(p.clone()).filter(|p| !p.trim().is_empty());
+            }
+        };
+        if let Some(json) = self.expect_json {
+            spec.expect_json = json;
+        }
+        program(&self.fail_if, &mut spec.fail_if);
+        program(&self.retry_if, &mut spec.retry_if);
+        program(&self.extract, &mut spec.extract);
+        if let Some(keep) = self.keep_body {
+            spec.keep_body = keep;
+        }
+    }
+}
+
+impl JobRequest {
+    pub(super) fn apply_operational(&self, spec: &mut JobSpec) {
+        if let Some(h) = &self.headers {
+            spec.request.headers = h.clone();
+        }
+        if let Some(t) = self.connect_timeout {
+            spec.request.connect_timeout = t;
+        }
+        if let Some(t) = self.timeout {
+            spec.request.timeout = t;
+        }
+        if let (Some(codes), Some(exec)) = (&self.retry_exit_codes, &mut spec.exec) {
+            exec.retry_exit_codes = codes.clone();
+        }
+        if let Some(q) = &self.quotas {
+            spec.quotas = q.clone();
+        }
+        let r = &self.retry;
+        spec.retry.max_attempts = r.max_attempts.unwrap_or(spec.retry.max_attempts);
+        spec.retry.initial = r.initial.unwrap_or(spec.retry.initial);
+        spec.retry.max_interval = r.max_interval.unwrap_or(spec.retry.max_interval);
+        spec.retry.max_elapsed = r.max_elapsed.unwrap_or(spec.retry.max_elapsed);
+    }
+
+    /// Whether the request says what to do for each ID (needed to create a job).
+    pub(super) fn has_work(&self) -> bool {
+        self.url.is_some() || self.exec.is_some() || self.handler.is_some()
+    }
+
+    pub(super) fn new_spec(&self, input: &InputSpec, fingerprint: Fingerprint) -> JobSpec {
+        let mut spec = JobSpec::new(input.clone(), fingerprint);
+        spec.bucket_size = self.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE);
+        if let Some(method) = &self.method {
+            spec.request.method = method.to_ascii_uppercase();
+        }
+        spec.request.url = self.url.clone().unwrap_or_default();
+        spec.request.body = self.body.clone();
+        spec.exec = self.exec.as_ref().map(|command| ExecSpec {
+            command: command.clone(),
+            retry_exit_codes: DEFAULT_RETRY_EXIT_CODES.to_vec(),
+        });
+        spec.handler = self.handler.clone();
+        spec.credentials = self.credentials.clone().unwrap_or_default();
+        spec.batch = self.batch.clone();
+        self.answer.apply(&mut spec.answer);
+        self.apply_operational(&mut spec);
+        spec.columns = spec.columns_used();
+        for c in self.keep_columns.iter().flatten() {
+            if !spec.columns.contains(c) {
+                spec.columns.push(c.clone());
+            }
+        }
+        spec
+    }
+}
