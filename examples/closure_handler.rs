@@ -1,8 +1,7 @@
 //! A job whose work is a closure: square 1,000 numbers, keep the results in a state
 //! directory, then read them back as typed records.
 
-use highwater::failure::Failure;
-use highwater::job::{Job, Results};
+use highwater::{Failure, Job, Results};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]

@@ -4,9 +4,7 @@
 
 use std::process::Command;
 
-use highwater::failure::Failure;
-use highwater::handler::Output;
-use highwater::job::{Job, Results};
+use highwater::{Failure, Job, Output, Results};
 
 /// Triples a number; refuses multiples of 7 (exit 3) and says why on standard error.
 const SCRIPT: &str = r#"

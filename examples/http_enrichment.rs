@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use highwater::demo::api::{ApiConfig, FakeApi, Fault};
 use highwater::handler::http::{HttpHandler, RequestSpec};
-use highwater::job::{Job, Results, RetryPolicy};
+use highwater::{Job, Results, RetryPolicy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

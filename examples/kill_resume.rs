@@ -6,8 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use highwater::failure::Failure;
-use highwater::job::Job;
+use highwater::{Failure, Job};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

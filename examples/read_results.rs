@@ -2,8 +2,7 @@
 //! the command line's or a library program's (`read_results DIR`); without an argument it
 //! first runs a small job of its own to read.
 
-use highwater::failure::Failure;
-use highwater::job::{Job, Results};
+use highwater::{Failure, Job, Results};
 use serde_json::value::RawValue;
 
 #[tokio::main]

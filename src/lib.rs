@@ -9,8 +9,12 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, `live.json` snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
+//!
+//! The front door is at the root: a [`Job`] runs a [`Handler`] (any async closure, or
+//! [`handler::http::HttpHandler`]) over IDs, each attempt ending in an [`Output`] or a
+//! [`Failure`] whose [`Next`] says what happens next; [`Results`] reads the records back.
 //!
 //! Cargo features: the library alone (`default-features = false`) has none of the command
 //! line's crates. `cli` (default) adds [`cli`] and the binary (clap, tracing-subscriber,
@@ -41,7 +45,7 @@ pub mod input;
 pub mod job;
 #[cfg(any(feature = "metrics", feature = "dashboard"))]
 mod listen;
-pub mod live;
+mod live;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod monitor;
@@ -51,8 +55,16 @@ pub mod progress;
 pub mod quota;
 pub mod rerun;
 pub mod retry;
-pub mod setting;
+mod setting;
 pub mod sink;
 pub mod spec;
 pub mod store;
 pub mod throttle;
+
+// The front door: what a library program names to define, run and read back a job.
+pub use failure::{ErrorClass, Failure, Next};
+pub use handler::{Handler, Output};
+pub use job::{Job, JobInput, Record, Results, RunError};
+pub use progress::RunSummary;
+pub use setting::Setting;
+pub use spec::{RetryPolicy, RunOptions};

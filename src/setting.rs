@@ -124,13 +124,13 @@ impl Setting {
 }
 
 /// How a front end spells settings: `None` keeps the library's name.
-pub type Namer = fn(&Setting) -> Option<String>;
+pub(crate) type Namer = fn(&Setting) -> Option<String>;
 
 static NAMER: OnceLock<Namer> = OnceLock::new();
 
 /// Install the front end's names of settings, once per process (later calls are ignored:
 /// messages must not change words half way through a run).
-pub fn name_settings(namer: Namer) {
+pub(crate) fn name_settings(namer: Namer) {
     let _ = NAMER.set(namer);
 }
 
