@@ -51,6 +51,7 @@ pub mod progress;
 pub mod quota;
 pub mod rerun;
 pub mod retry;
+mod serde_millis;
 pub mod setting;
 pub mod sink;
 pub mod spec;

@@ -45,13 +45,14 @@ use serde::{Deserialize, Serialize};
 
 use super::credentials::Credentials;
 use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
-use super::{serde_millis, Handler, HandlerError, Output};
+use super::{Handler, HandlerError, Output};
 
 use super::batch::{splitter, BatchAnswer, BatchSpec};
 use crate::answer::{Answer, Splitter};
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
 use crate::quota::pacer::AnnouncedLimits;
+use crate::serde_millis;
 use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.
