@@ -44,8 +44,10 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
 use super::credentials::Credentials;
+use super::error::HandlerError;
+use super::output::Output;
 use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
-use super::{Handler, HandlerError, Output};
+use super::work::Handler;
 
 use super::batch::{splitter, BatchAnswer, BatchSpec};
 use crate::answer::{Answer, Splitter};
