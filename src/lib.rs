@@ -55,6 +55,7 @@ pub mod progress;
 pub mod quota;
 pub mod rerun;
 pub mod retry;
+mod serde_millis;
 mod setting;
 pub mod sink;
 pub mod spec;

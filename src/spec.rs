@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::answer::AnswerSpec;
 use crate::credential::CredentialSpec;
-use crate::handler::serde_millis;
 use crate::input::{Cursor, Fingerprint, InputError, InputFile, InputReader, InputSpec};
+use crate::serde_millis;
 use crate::setting::Setting;
 use crate::store::{StoreError, StoredJob};
 

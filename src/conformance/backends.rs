@@ -2,9 +2,12 @@
 //! alone, and shared by a fleet), and PostgreSQL (a job in a fresh database of the test
 //! cluster).
 
-use super::*;
+use std::sync::Arc;
+
+use super::backend::Backend;
 use crate::store::mem::{MemStore, MemWorker, SharedMem};
 use crate::store::sled_store::{OpenMode, DEFAULT_CACHE_BYTES};
+use crate::store::*;
 
 /// The sled backend: a state directory in a temp dir.
 pub(crate) struct SledBackend {

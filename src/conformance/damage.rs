@@ -1,6 +1,8 @@
 //! Damage: a damaged result is refused, never read as less data.
 
-use super::*;
+use super::backend::Backend;
+use super::fixtures::{commit_of, finals, lease, planned, planner_at, result};
+use crate::store::*;
 
 pub(super) async fn damage_is_refused_never_read_as_less<B: Backend>(b: &mut B) {
     let s = b.create();

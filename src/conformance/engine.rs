@@ -2,7 +2,10 @@
 //! with every ID exactly once, every write and sync it made logged by
 //! [`crate::engine::audit::Audit`], which checks invariants 1 and 2 on that log.
 
-use super::*;
+use std::sync::Arc;
+
+use super::backend::Backend;
+use super::fixtures::finals;
 use crate::engine::audit::Audit;
 
 pub(super) async fn the_engine_stops_and_resumes_every_id_exactly_once<B: Backend>(b: &mut B) {

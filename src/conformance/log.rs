@@ -2,7 +2,9 @@
 //! replay finds only pending IDs, commits are final and fenced by their lease, and a grown
 //! input plans on without calling old IDs again.
 
-use super::*;
+use super::backend::Backend;
+use super::fixtures::{commit_of, cursor, finals, lease, planned, planner_at, result};
+use crate::store::*;
 
 pub(super) async fn plans_are_durable_once_synced<B: Backend>(b: &mut B) {
     let s = b.create();

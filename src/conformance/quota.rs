@@ -1,8 +1,9 @@
 //! Quota usage: reservations are durable when they return, concurrent ones never grant more
 //! than a limit leaves, and the ledger reads back after a crash.
 
-use super::*;
+use super::backend::Backend;
 use crate::quota::{Quota, QuotaWant};
+use crate::store::*;
 
 pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: Backend>(b: &mut B) {
     let s = b.create();

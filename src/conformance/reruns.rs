@@ -1,6 +1,8 @@
 //! Reruns: a rerun moves the job's counts once, whatever crashes in between.
 
-use super::*;
+use super::backend::Backend;
+use super::fixtures::{commit_of, lease, planned, planner_at, result};
+use crate::store::*;
 
 pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     let s = b.create();

@@ -1,8 +1,12 @@
 //! The suite run against every backend, and the tests that show it can fail.
 
 use super::backends::*;
-use super::*;
+use std::sync::Arc;
+
+use super::backend::Backend;
+use super::suite::run_all;
 use crate::store::mem::MemStore;
+use crate::store::*;
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use super::{CredentialError, Fetched};
+use super::error::CredentialError;
+use super::fetched::Fetched;
 
 /// How much of the end of standard error a message keeps.
 const STDERR_TAIL_BYTES: usize = 1000;

@@ -19,7 +19,8 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde::Deserialize;
 
-use super::{CredentialError, Fetched, REDACTED};
+use super::error::CredentialError;
+use super::fetched::{Fetched, REDACTED};
 
 /// How to ask for tokens.
 #[derive(Clone)]

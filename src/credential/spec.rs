@@ -16,7 +16,7 @@ pub struct CredentialSpec {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        with = "super::serde_opt_millis"
+        with = "crate::serde_millis::option"
     )]
     pub every: Option<Duration>,
     /// Renew on HTTP 403 too, not only on 401.

@@ -4,10 +4,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::command::CommandSource;
 use super::*;
+use crate::failure::Next;
 
 /// A credential whose command prints `tok-N`, N counting its runs in `dir/count`.
 fn counting(dir: &Path, every: Option<Duration>) -> Credential {

@@ -12,7 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{HandlerError, Output};
+use super::error::HandlerError;
+use super::output::Output;
 use crate::answer::Splitter;
 use crate::failure::Failure;
 use crate::setting::Setting;

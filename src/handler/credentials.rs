@@ -13,7 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{expand_env, HandlerError};
+use super::error::HandlerError;
+use super::template::expand_env;
 use crate::credential::command::CommandSource;
 use crate::credential::oauth2::{OAuth2Config, OAuth2Source};
 use crate::credential::{

@@ -46,8 +46,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
 use super::credentials::{Credentials, REFUSED_EXIT_CODE};
+use super::error::HandlerError;
+use super::output::Output;
 use super::template::{row_values, IdEncoding, Template};
-use super::{Handler, HandlerError, Output};
+use super::work::Handler;
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure};
 use crate::setting::Setting;

@@ -44,14 +44,17 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
 use super::credentials::Credentials;
+use super::error::HandlerError;
+use super::output::Output;
 use super::template::{row_values, IdEncoding, Piece, RowValues, Template};
-use super::{serde_millis, Handler, HandlerError, Output};
+use super::work::Handler;
 
 use super::batch::{splitter, BatchAnswer, BatchSpec};
 use crate::answer::{Answer, Splitter};
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
 use crate::quota::pacer::AnnouncedLimits;
+use crate::serde_millis;
 use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.

@@ -23,7 +23,7 @@
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::HandlerError;
+use super::error::HandlerError;
 use crate::failure::{ErrorClass, Failure};
 use crate::setting::Setting;
 

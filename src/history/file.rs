@@ -18,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::Record;
+use super::record::Record;
 
 /// The file's name in the state directory.
 pub const HISTORY_FILE: &str = "history.log";

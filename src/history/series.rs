@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{RateCause, Record, Sample};
+use super::record::{RateCause, Record, Sample};
 
 /// One point of every series.
 #[derive(Debug, Clone, Copy, Default)]

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::spec::{Quota, Window};
+use super::state::QuotaState;
 
 /// The job's quota usage: per window key, the slots that count.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +66,7 @@ impl QuotaLedger {
     }
 
     /// Where `quota` stands at `now_ms`, as stored.
-    pub fn state(&self, quota: &Quota, now_ms: u64) -> super::QuotaState {
+    pub fn state(&self, quota: &Quota, now_ms: u64) -> QuotaState {
         let window = quota.window;
         let slots = self.windows.get(&window.key());
         let first = slots
@@ -75,7 +76,7 @@ impl QuotaLedger {
             .map(|s| s.start_ms)
             .min();
         let used = self.used(&window, now_ms);
-        super::QuotaState {
+        QuotaState {
             quota: quota.to_string(),
             limit: quota.limit,
             used,

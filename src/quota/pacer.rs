@@ -62,7 +62,7 @@ pub struct PolicyState {
     pub remaining: u64,
     pub limit: Option<u64>,
     /// Time until its window resets.
-    #[serde(rename = "reset_in_ms", with = "crate::handler::serde_millis")]
+    #[serde(rename = "reset_in_ms", with = "crate::serde_millis")]
     pub reset_in: Duration,
 }
 

@@ -40,7 +40,9 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::Type;
 use serde_json::value::RawValue;
 
-use super::InputColumns;
+use super::atomic::replace_atomically;
+use super::columns::InputColumns;
+use super::records::for_each;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
 /// Rows per row group at most.
@@ -479,7 +481,7 @@ async fn walk(
     only: Option<ItemStatus>,
     f: &mut dyn FnMut(&str, &ItemRecord) -> io::Result<()>,
 ) -> Result<(), ExportError> {
-    super::for_each(store, only, f).await
+    for_each(store, only, f).await
 }
 
 /// Write the results of `store` (with status `only`) as Parquet to `out`; with `flatten`,
@@ -558,7 +560,7 @@ pub async fn export_to_file(
     columns: &InputColumns,
     path: &Path,
 ) -> Result<u64, ExportError> {
-    super::replace_atomically(path, async |out| {
+    replace_atomically(path, async |out| {
         export(store, only, flatten, columns, out).await
     })
     .await

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::UNLIMITED;
+/// The ceiling of an adaptive rate when no `--rate` is given: no limit in practice.
+pub(crate) const UNLIMITED: f64 = 1e9;
 
 /// A rate in requests per second, parsed from `50`, `50/s`, `3000/min`, `0.5/s`, `100/h`.
 #[derive(Debug, Clone, Copy, PartialEq)]

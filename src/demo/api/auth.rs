@@ -22,8 +22,8 @@ use hyper::header::{HeaderValue, AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
 
 use super::answers::{error_response, response, Resp};
-use super::lock;
-use super::routes::decode;
+use super::lock::lock;
+use super::request::decode;
 
 /// The client ID the token endpoint knows.
 pub const CLIENT_ID: &str = "highwater-test-client";

@@ -18,10 +18,10 @@ use super::answers::{
     bad_request, error_response, expected_body, response, too_many_requests, Resp,
 };
 use super::faults::ApiConfig;
-use super::routes::{decode, MAX_BODY};
+use super::request::{decode, MAX_BODY};
 use super::seen::SeenRequest;
+use super::shared::Shared;
 use super::windows::epoch_ms;
-use super::Shared;
 
 /// Whether `id` is one of those a batch answer leaves out (asked with other IDs).
 pub(super) fn omitted(config: &ApiConfig, id: &str) -> bool {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::lock;
+use super::lock::lock;
 
 /// Number of independently locked shards of the call counter.
 pub(super) const SHARDS: usize = 32;

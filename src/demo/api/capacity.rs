@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::lock;
+use super::lock::lock;
 
 /// The token bucket of [`FakeApi::set_capacity`].
 pub(super) struct Limiter {

@@ -9,7 +9,6 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::CONTENT_LENGTH;
 use hyper::{Method, Request, StatusCode};
-use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -17,12 +16,10 @@ use super::answers::{
     bad_request, error_response, payload_too_large, success, too_many_requests, Resp,
 };
 use super::faults::Fault;
+use super::request::{decode, MAX_BODY};
 use super::seen::SeenRequest;
+use super::shared::Shared;
 use super::windows::epoch_ms;
-use super::Shared;
-
-/// Largest request body accepted (`POST /items`); larger bodies answer 413.
-pub(super) const MAX_BODY: usize = 64 * 1024;
 
 /// The error a handler returns to make hyper close the connection without answering.
 #[derive(Debug, thiserror::Error)]
@@ -175,20 +172,6 @@ pub(super) fn id_from_query(query: &str) -> Option<Option<String>> {
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
         .find(|(key, _)| *key == "id")
         .map(|(_, value)| decode(value, true))
-}
-
-/// Percent-decodes `raw` (with `+` as a space if `plus_is_space`); `None` if the result
-/// is not UTF-8.
-pub(super) fn decode(raw: &str, plus_is_space: bool) -> Option<String> {
-    let raw = if plus_is_space && raw.contains('+') {
-        std::borrow::Cow::Owned(raw.replace('+', " "))
-    } else {
-        std::borrow::Cow::Borrowed(raw)
-    };
-    percent_decode_str(&raw)
-        .decode_utf8()
-        .ok()
-        .map(|s| s.into_owned())
 }
 
 #[derive(Deserialize)]

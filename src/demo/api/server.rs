@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::routes::handle;
-use super::{SetDown, Shared};
+use super::shared::{SetDown, Shared};
 
 /// Backlog of the listener bound again by [`FakeApi::set_down`]`(false)` (tokio's default).
 pub(super) const LISTEN_BACKLOG: u32 = 1024;

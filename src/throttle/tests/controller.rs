@@ -1,7 +1,7 @@
 //! Tests of the control law: the pushback filter, the rate controller's steps and floor.
 
 use super::super::controller::*;
-use super::super::*;
+use std::time::Duration;
 
 /// Ticks of 200 ms with `attempts` each and pushback at a steady `share` (carried over
 /// between ticks, so the counts are whole): how many ticks the filter calls overloaded.

@@ -3,7 +3,7 @@
 use std::num::NonZeroU32;
 
 use super::super::rate::*;
-use super::super::*;
+use std::time::Duration;
 
 #[test]
 fn rates_parse() {

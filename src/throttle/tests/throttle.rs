@@ -7,6 +7,9 @@ use super::super::rate::*;
 use super::super::*;
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::handler::Output;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn run_throttle(ceiling: f64, initial: f64) -> Throttle {
     let options = ThrottleOptions {

@@ -4,13 +4,18 @@
 use super::calls::{max_in_window, CallCounter};
 use super::capacity::Bucket;
 use super::faults::mix64;
-use super::routes::MAX_BODY;
+use super::request::MAX_BODY;
 use super::*;
 use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
+use xxhash_rust::xxh3::xxh3_64;
 
 mod answers;
 mod calls;

@@ -1,0 +1,23 @@
+//! What a source hands over: a fresh secret value ([`Fetched`]), which messages only ever
+//! show as [`REDACTED`].
+
+use std::fmt;
+use std::time::Duration;
+
+/// Text that stands for a secret in messages.
+pub const REDACTED: &str = "<redacted>";
+
+/// A fresh value from a source, and how long it lives if the source said so.
+pub struct Fetched {
+    pub value: String,
+    pub expires_in: Option<Duration>,
+}
+
+impl fmt::Debug for Fetched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fetched")
+            .field("value", &REDACTED)
+            .field("expires_in", &self.expires_in)
+            .finish()
+    }
+}

@@ -1,0 +1,32 @@
+//! Where a credential's values come from ([`CredentialSource`]): a command or an OAuth2
+//! client-credentials grant.
+
+use super::command::CommandSource;
+use super::error::CredentialError;
+use super::fetched::Fetched;
+use super::oauth2::OAuth2Source;
+
+/// Where a credential's values come from.
+pub enum CredentialSource {
+    /// A command whose standard output (trimmed) is the value.
+    Command(CommandSource),
+    /// An OAuth2 client-credentials grant.
+    OAuth2(OAuth2Source),
+}
+
+impl CredentialSource {
+    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+        match self {
+            CredentialSource::Command(c) => c.fetch(name).await,
+            CredentialSource::OAuth2(o) => o.fetch(name).await,
+        }
+    }
+
+    /// Secrets of the source itself (an OAuth2 client secret), to keep out of messages.
+    pub(super) fn secrets(&self) -> Vec<&str> {
+        match self {
+            CredentialSource::Command(_) => Vec::new(),
+            CredentialSource::OAuth2(o) => vec![o.client_secret()],
+        }
+    }
+}

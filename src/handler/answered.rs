@@ -1,0 +1,22 @@
+//! What an attempt that got an answer made ([`Answered`]): a single ID's [`Output`] or a
+//! batch's [`BatchAnswer`], each with its HTTP status.
+
+use super::batch::BatchAnswer;
+use super::output::Output;
+
+/// What an attempt that got an answer made: its HTTP status, for the counters.
+pub trait Answered {
+    fn status(&self) -> Option<u16>;
+}
+
+impl Answered for Output {
+    fn status(&self) -> Option<u16> {
+        self.status
+    }
+}
+
+impl Answered for BatchAnswer {
+    fn status(&self) -> Option<u16> {
+        self.status
+    }
+}
