@@ -9,7 +9,7 @@
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, `live.json` snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
+//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! The front door is at the root: a [`Job`] runs a [`Handler`] (any async closure, or
@@ -45,7 +45,7 @@ pub mod input;
 pub mod job;
 #[cfg(any(feature = "metrics", feature = "dashboard"))]
 mod listen;
-mod live;
+pub mod live;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod monitor;

@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use crate::store::StoreStats;
 
 /// The file's name in the state directory.
-pub(crate) const LIVE_FILE: &str = "live.json";
+pub const LIVE_FILE: &str = "live.json";
 
 /// A snapshot older than this, from a process that no longer updates it, is stale.
-pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// What a running process says about itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -65,17 +65,17 @@ pub struct LiveSnapshot {
     pub announced: Vec<crate::quota::pacer::PolicyState>,
 }
 
-pub(crate) fn path(state: &Path) -> PathBuf {
+pub fn path(state: &Path) -> PathBuf {
     state.join(LIVE_FILE)
 }
 
 /// The temporary file a snapshot is written to before it is renamed over [`LIVE_FILE`].
 /// A fixed name: the only writer is the run holding the store's lock, and a file left by a
 /// crash is simply overwritten by the next run.
-pub(crate) const LIVE_TMP: &str = "live.json.tmp";
+pub const LIVE_TMP: &str = "live.json.tmp";
 
 /// Replace the snapshot atomically.
-pub(crate) fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
+pub fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(snapshot).expect("snapshots serialize");
     let tmp = state.join(LIVE_TMP);
     std::fs::write(&tmp, &bytes)?;
@@ -83,13 +83,13 @@ pub(crate) fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<
 }
 
 /// The last snapshot, if there is a readable one.
-pub(crate) fn read(state: &Path) -> Option<LiveSnapshot> {
+pub fn read(state: &Path) -> Option<LiveSnapshot> {
     let bytes = std::fs::read(path(state)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Whether a process with this pid exists.
-pub(crate) fn pid_alive(pid: u32) -> bool {
+pub fn pid_alive(pid: u32) -> bool {
     // A zombie (dead, not yet reaped by its parent) still answers signal 0.
     crate::os::process_exists(pid) && i32::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
 }
@@ -136,7 +136,7 @@ impl LiveSnapshot {
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time.
-pub(crate) fn format_ms(ms: u64) -> String {
+pub fn format_ms(ms: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 

@@ -130,6 +130,8 @@ static NAMER: OnceLock<Namer> = OnceLock::new();
 
 /// Install the front end's names of settings, once per process (later calls are ignored:
 /// messages must not change words half way through a run).
+// The command line names the settings after its flags.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn name_settings(namer: Namer) {
     let _ = NAMER.set(namer);
 }

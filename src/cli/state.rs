@@ -89,7 +89,7 @@ pub(crate) mod pg {
     use super::exit;
     use crate::job::{JobSpec, PgPlace};
     use crate::say;
-    use crate::store::postgres::{connect::redact_url, PgOpen, PgStore, PgTarget};
+    use crate::store::postgres::{redact_url, PgOpen, PgStore, PgTarget};
 
     /// Parse the URL (its `${VAR}`s expanded); a bad one is a usage error, said.
     pub(crate) fn target(url: &str) -> Result<PgTarget, u8> {

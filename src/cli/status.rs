@@ -279,7 +279,7 @@ fn render_status(
 /// `status` of a job of a database, with its workers.
 #[cfg(feature = "postgres")]
 async fn status_pg(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
-    use crate::store::postgres::connect::redact_url;
+    use crate::store::postgres::redact_url;
     let (store, spec) = super::state::pg::open_reader(url, job).await?;
     let workers = store.workers().await?;
     let planning = store.planning().await?;
@@ -310,7 +310,7 @@ async fn status_pg(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
 
 /// Where planning stands, one line of `status`.
 #[cfg(feature = "postgres")]
-fn render_planning(p: &crate::store::postgres::stats::Planning) -> String {
+fn render_planning(p: &crate::store::postgres::Planning) -> String {
     let who = p.planner.as_deref().map_or(String::new(), |w| {
         format!(" (worker {})", &w[..8.min(w.len())])
     });
@@ -325,7 +325,7 @@ fn render_planning(p: &crate::store::postgres::stats::Planning) -> String {
 
 /// The worker table of `status`.
 #[cfg(feature = "postgres")]
-fn render_workers(workers: &[crate::store::postgres::session::WorkerRow]) -> String {
+fn render_workers(workers: &[crate::store::postgres::WorkerRow]) -> String {
     let mut text = format!("workers:    {}\n", workers.len());
     for w in workers {
         let share = w

@@ -71,10 +71,9 @@ impl Source {
         match self {
             Source::Dir(dir) => dir.display().to_string(),
             #[cfg(feature = "postgres")]
-            Source::Pg { url, job, .. } => format!(
-                "job {job:?} of {}",
-                crate::store::postgres::connect::redact_url(url)
-            ),
+            Source::Pg { url, job, .. } => {
+                format!("job {job:?} of {}", crate::store::postgres::redact_url(url))
+            }
         }
     }
 

@@ -28,7 +28,7 @@ pub struct Acquired {
 /// Lease up to `n` buckets of `log`, lowest first: open ones and those whose owner's session
 /// expired, skipping rows other transactions hold. Nothing if this session is not live or
 /// is draining.
-pub async fn acquire(
+pub(crate) async fn acquire(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -84,7 +84,7 @@ pub async fn acquire(
 
 /// Give leased buckets back (open, no owner) so others take them at once. Only leases this
 /// session still holds under the given tokens are released. Returns how many.
-pub async fn release(
+pub(crate) async fn release(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -107,7 +107,7 @@ pub async fn release(
 }
 
 /// Release every bucket this session holds, in every log (a drain's last step).
-pub async fn release_all(
+pub(crate) async fn release_all(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,

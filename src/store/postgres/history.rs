@@ -9,11 +9,11 @@ use super::error::PgError;
 use super::keys::JobId;
 
 /// Samples kept at most per job (a fleet's workers each write theirs).
-pub const MAX_SAMPLES: i64 = 20_000;
+pub(crate) const MAX_SAMPLES: i64 = 20_000;
 
 /// Append `records` (each a JSON object whose `kind` says whether it is a sample), then
 /// thin the job's samples if they passed the bound.
-pub async fn append(
+pub(crate) async fn append(
     client: &mut Client,
     job: JobId,
     records: &[serde_json::Value],
@@ -54,7 +54,7 @@ pub async fn append(
 }
 
 /// Every record of the job's history, oldest first.
-pub async fn read(client: &Client, job: JobId) -> Result<Vec<serde_json::Value>, PgError> {
+pub(crate) async fn read(client: &Client, job: JobId) -> Result<Vec<serde_json::Value>, PgError> {
     let rows = client
         .query(
             "SELECT record FROM hw_history WHERE job_id = $1 ORDER BY seq",

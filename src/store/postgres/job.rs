@@ -10,7 +10,7 @@ use crate::store::StoredJob;
 
 /// What a new job row holds. `spec` is the job spec as stored (templates unexpanded).
 #[derive(Debug, Clone)]
-pub struct NewJob<'a> {
+pub(crate) struct NewJob<'a> {
     pub name: &'a str,
     pub spec: &'a serde_json::Value,
     pub input_fingerprint: Option<&'a serde_json::Value>,
@@ -22,7 +22,7 @@ pub struct NewJob<'a> {
 
 /// Create the job, or find it if a job of that name exists. Returns its id and whether
 /// this call created it.
-pub async fn create_job(
+pub(crate) async fn create_job(
     client: &impl GenericClient,
     job: &NewJob<'_>,
 ) -> Result<(JobId, bool), PgError> {
@@ -50,7 +50,7 @@ pub async fn create_job(
 }
 
 /// The id of the job named `name`.
-pub async fn find_job(client: &impl GenericClient, name: &str) -> Result<JobId, PgError> {
+pub(crate) async fn find_job(client: &impl GenericClient, name: &str) -> Result<JobId, PgError> {
     client
         .query_opt("SELECT job_id FROM hw_job WHERE name = $1", &[&name])
         .await

@@ -55,27 +55,27 @@
 //!
 //! All times are the database's `now()`; no function here reads the local clock.
 
-pub mod buckets;
-pub mod connect;
-pub mod error;
+pub(crate) mod buckets;
+pub(crate) mod connect;
+pub(crate) mod error;
 mod heartbeat;
-pub mod history;
+pub(crate) mod history;
 mod items;
-pub mod job;
+pub(crate) mod job;
 mod keys;
 mod leases;
-pub mod migrate;
+pub(crate) mod migrate;
 mod open;
-pub mod outage;
-pub mod planner;
-pub mod quota;
-pub mod rate;
+pub(crate) mod outage;
+pub(crate) mod planner;
+pub(crate) mod quota;
+pub(crate) mod rate;
 mod reruns;
-pub mod results;
+pub(crate) mod results;
 mod rows;
-pub mod session;
+pub(crate) mod session;
 mod state;
-pub mod stats;
+pub(crate) mod stats;
 mod store;
 mod tls;
 mod writes;
@@ -85,9 +85,11 @@ pub(crate) mod test_db;
 #[cfg(test)]
 mod tests;
 
-pub use connect::{connect, ConnectOptions, PgTarget};
+pub use connect::{connect, redact_url, ConnectOptions, PgTarget};
 pub use error::PgError;
 pub use keys::{log_number, JobId, Lease, WorkerId};
 pub use migrate::{migrate, Migration, MIGRATIONS};
 pub use open::PgOpen;
+pub use session::WorkerRow;
 pub use state::PgStore;
+pub use stats::Planning;

@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 use super::error::PgError;
 
 /// How long a step waits out a database outage before it fails.
-pub const OUTAGE_LIMIT: Duration = Duration::from_secs(300);
+pub(crate) const OUTAGE_LIMIT: Duration = Duration::from_secs(300);
 
 /// Backoff through a database outage: 100 ms doubling to 5 s, for [`OUTAGE_LIMIT`].
 #[derive(Default)]
-pub struct Outage {
+pub(crate) struct Outage {
     started: Option<Instant>,
     wait: Duration,
 }
 
 impl Outage {
     /// If `e` is an outage and the limit is not reached: wait, then true (try again).
-    pub async fn wait(&mut self, e: &PgError) -> bool {
+    pub(crate) async fn wait(&mut self, e: &PgError) -> bool {
         if !is_outage(e) {
             return false;
         }
@@ -40,7 +40,7 @@ impl Outage {
 
 /// Whether `e` says the database could not be reached or went away (not that it refused a
 /// statement): a lost or refused connection, an I/O error, a server shutting down.
-pub fn is_outage(e: &PgError) -> bool {
+pub(crate) fn is_outage(e: &PgError) -> bool {
     match e {
         PgError::Connect { .. } => true,
         PgError::Sql { cause, .. } => {

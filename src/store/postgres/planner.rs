@@ -16,7 +16,7 @@ use crate::store::{BadLine, PlannerState};
 
 /// Take the planner lease, or keep it if this session holds it. Its token, or none if another
 /// live session holds it or the input is planned to its end.
-pub async fn acquire_planner(
+pub(crate) async fn acquire_planner(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -44,7 +44,7 @@ pub async fn acquire_planner(
 }
 
 /// Give the planner lease up (drain, end of session).
-pub async fn release_planner(
+pub(crate) async fn release_planner(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -94,7 +94,7 @@ pub(super) async fn move_planner(
 
 /// One bucket as the planner cut it: its unique-in-the-input-so-far IDs with their rows.
 #[derive(Debug, Clone)]
-pub struct PlanBucket {
+pub(crate) struct PlanBucket {
     pub bucket: u64,
     /// (row, ID), in input order.
     pub items: Vec<(u64, String)>,
@@ -104,7 +104,7 @@ pub struct PlanBucket {
 
 /// A bucket's counts after the database found the duplicates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketCounts {
+pub(crate) struct BucketCounts {
     pub bucket: u64,
     /// IDs inserted: first occurrences, the bucket's items to call.
     pub items: u64,
@@ -114,7 +114,7 @@ pub struct BucketCounts {
 
 /// A batch of planning: buckets, the bad lines met, and where the planner stands after.
 #[derive(Debug, Clone)]
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     pub buckets: &'a [PlanBucket],
     pub bad_lines: &'a [BadLine],
     pub position: PlannerState,
@@ -125,7 +125,7 @@ pub struct Plan<'a> {
 /// insert the bucket rows and bad lines, and move the planner to the batch's position.
 /// [`PgError::PlannerLeaseLost`] (nothing written) if the lease moved. With `lease`, the
 /// buckets are written leased to `me` under that token (a job-wide lease), not open.
-pub async fn plan(
+pub(crate) async fn plan(
     client: &mut Client,
     job: JobId,
     me: &WorkerId,
@@ -257,7 +257,7 @@ pub async fn plan(
 }
 
 /// Where the planner stands.
-pub async fn planner_state(
+pub(crate) async fn planner_state(
     client: &impl GenericClient,
     job: JobId,
 ) -> Result<PlannerState, PgError> {

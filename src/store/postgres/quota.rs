@@ -10,7 +10,7 @@ use super::rows::malformed;
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 
 /// Reserve `wants` ([`QuotaLedger::reserve`]) at the database's now, in one transaction.
-pub async fn reserve(
+pub(crate) async fn reserve(
     client: &mut Client,
     job: JobId,
     wants: &[QuotaWant],
@@ -44,7 +44,7 @@ pub async fn reserve(
 }
 
 /// The job's quota usage.
-pub async fn read(client: &Client, job: JobId) -> Result<QuotaLedger, PgError> {
+pub(crate) async fn read(client: &Client, job: JobId) -> Result<QuotaLedger, PgError> {
     let row = client
         .query_one(
             "SELECT quota_usage FROM hw_job WHERE job_id = $1",

@@ -11,7 +11,7 @@ use super::keys::JobId;
 /// Change the job's total rate (none: unlimited) and burst. Every share is reset in the same
 /// transaction (and regrows from the new rate at the next heartbeats), so a lower rate is
 /// never exceeded by shares granted under the old one.
-pub async fn set_rate(
+pub(crate) async fn set_rate(
     client: &mut Client,
     job: JobId,
     rate_per_s: Option<f64>,
@@ -47,7 +47,7 @@ pub async fn set_rate(
 /// Make `rate_per_s` the job's total rate and `burst` its burst unless they already are (a
 /// worker started with `--rate`): the shares are reset only by a change, so workers joining
 /// with the same rate do not stall the others. Returns whether anything changed.
-pub async fn ensure_rate(
+pub(crate) async fn ensure_rate(
     client: &mut Client,
     job: JobId,
     rate_per_s: f64,
@@ -73,7 +73,11 @@ pub async fn ensure_rate(
 /// Pause every worker of the job for `pause` from now (database time), unless it is
 /// already paused for longer (a `Retry-After` seen by one worker). Returns how long the
 /// job is paused from now.
-pub async fn pause(client: &Client, job: JobId, pause: Duration) -> Result<Duration, PgError> {
+pub(crate) async fn pause(
+    client: &Client,
+    job: JobId,
+    pause: Duration,
+) -> Result<Duration, PgError> {
     let row = client
         .query_one(
             "UPDATE hw_job

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::{Client, GenericClient, ToStatement};
+use tokio_postgres::{GenericClient, ToStatement};
 
 use super::error::PgError;
 use super::keys::{log_number, JobId, Lease, WorkerId};
@@ -20,7 +20,7 @@ use crate::store::{CommitRecord, ItemStatus, Log};
 
 /// One final result, written under `lease` (a bucket of the job's log or of a rerun's).
 #[derive(Debug, Clone)]
-pub struct ResultRow {
+pub(crate) struct ResultRow {
     pub lease: Lease,
     pub id: String,
     /// The job bucket and input row of the ID (used only if the ID was never planned).
@@ -36,14 +36,14 @@ pub struct ResultRow {
 
 /// What a fenced write did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Written {
+pub(crate) struct Written {
     pub written: u64,
     /// Rows not written: their lease is not held, or a newer token wrote the item.
     pub fenced: u64,
 }
 
 /// The fenced result write of [`write_results`] (one statement: check, share-lock, upsert).
-pub const WRITE_RESULTS: &str = "WITH held AS (
+pub(crate) const WRITE_RESULTS: &str = "WITH held AS (
                  SELECT b.bucket, b.lease_token FROM hw_bucket b
                  WHERE b.job_id = $1 AND b.rerun = $3 AND b.owner = $2::text::uuid
                    AND b.state = 'leased'
@@ -71,7 +71,9 @@ pub const WRITE_RESULTS: &str = "WITH held AS (
 /// Write final results of one log, fenced by their leases (see the module doc). A later row
 /// for the same ID in `rows` wins. One statement: by itself, or inside the transaction that
 /// commits the buckets.
-pub async fn write_results(
+// The tests' way to the statements the writer (`writes.rs`) runs.
+#[cfg(test)]
+pub(crate) async fn write_results(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -82,7 +84,7 @@ pub async fn write_results(
 }
 
 /// [`write_results`] by `statement`: [`WRITE_RESULTS`], or the same prepared.
-pub async fn write_results_as<T: ?Sized + ToStatement + Sync + Send>(
+pub(crate) async fn write_results_as<T: ?Sized + ToStatement + Sync + Send>(
     client: &impl GenericClient,
     statement: &T,
     job: JobId,
@@ -165,7 +167,9 @@ fn status_name(status: ItemStatus) -> &'static str {
 /// Commit a bucket with its commit record's counts and time, for its current owner and
 /// token only. [`PgError::LeaseLost`] if another session leased it since (nothing is
 /// changed).
-pub async fn commit_bucket(
+// The tests' way to the statements the writer (`writes.rs`) runs.
+#[cfg(test)]
+pub(crate) async fn commit_bucket(
     client: &impl GenericClient,
     job: JobId,
     me: &WorkerId,
@@ -176,14 +180,14 @@ pub async fn commit_bucket(
 }
 
 /// The update of [`commit_bucket`].
-pub const COMMIT_BUCKET: &str = "UPDATE hw_bucket
+pub(crate) const COMMIT_BUCKET: &str = "UPDATE hw_bucket
              SET state = 'committed', ok = $6, failed = $7, failed_by_class = $8,
                  committed_at = to_timestamp($9::float8 / 1000)
              WHERE job_id = $1 AND rerun = $3 AND bucket = $4 AND owner = $2::text::uuid
                AND lease_token = $5 AND state = 'leased'";
 
 /// [`commit_bucket`] by `statement`: [`COMMIT_BUCKET`], or the same prepared.
-pub async fn commit_bucket_as<T: ?Sized + ToStatement + Sync + Send>(
+pub(crate) async fn commit_bucket_as<T: ?Sized + ToStatement + Sync + Send>(
     client: &impl GenericClient,
     statement: &T,
     job: JobId,
@@ -222,13 +226,13 @@ pub async fn commit_bucket_as<T: ?Sized + ToStatement + Sync + Send>(
 
 /// Which of a commit's buckets (`$3`) are committed already, and whether by this session
 /// (`$4`) under this token (`$5`).
-pub const COMMITTED_BUCKETS: &str =
+pub(crate) const COMMITTED_BUCKETS: &str =
     "SELECT bucket, owner = $4::text::uuid AND lease_token = $5 FROM hw_bucket
      WHERE job_id = $1 AND rerun = $2 AND bucket = ANY($3) AND state = 'committed'";
 
 /// Which of `buckets` of `log` are committed already (by [`COMMITTED_BUCKETS`], or the same
 /// prepared): each with whether `me` committed it under `token`.
-pub async fn committed_buckets_as<T: ?Sized + ToStatement + Sync + Send>(
+pub(crate) async fn committed_buckets_as<T: ?Sized + ToStatement + Sync + Send>(
     client: &impl GenericClient,
     statement: &T,
     job: JobId,
@@ -249,7 +253,7 @@ pub async fn committed_buckets_as<T: ?Sized + ToStatement + Sync + Send>(
 
 /// Set a committed job bucket's counts to `moved`'s (a rerun's commit moved its items'
 /// outcomes).
-pub async fn move_counts(
+pub(crate) async fn move_counts(
     client: &impl GenericClient,
     job: JobId,
     moved: &CommitRecord,
@@ -274,8 +278,10 @@ pub async fn move_counts(
 }
 
 /// What a group flush did.
+// The tests' way to the statements the writer (`writes.rs`) runs.
+#[cfg(test)]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Flushed {
+pub(crate) struct Flushed {
     pub results: Written,
     /// Buckets committed now.
     pub committed: Vec<Lease>,
@@ -285,8 +291,10 @@ pub struct Flushed {
 
 /// One group flush: the results, then the commits of buckets whose last results these are,
 /// in one transaction. A lost lease costs only its own bucket.
-pub async fn flush(
-    client: &mut Client,
+// The tests' way to the statements the writer (`writes.rs`) runs.
+#[cfg(test)]
+pub(crate) async fn flush(
+    client: &mut tokio_postgres::Client,
     job: JobId,
     me: &WorkerId,
     log: Log,

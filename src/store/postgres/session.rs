@@ -23,7 +23,7 @@ use super::keys::{JobId, WorkerId};
 
 /// Who a worker is, for `status`.
 #[derive(Debug, Clone)]
-pub struct WorkerInfo<'a> {
+pub(crate) struct WorkerInfo<'a> {
     pub host: &'a str,
     pub pid: u32,
     pub version: &'a str,
@@ -44,7 +44,7 @@ pub struct Grant {
 
 /// A heartbeat's outcome.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Heartbeat {
+pub(crate) enum Heartbeat {
     Renewed(Grant),
     /// The session had expired: its leases may be anyone's. Drop them all, register again.
     Expired,
@@ -54,7 +54,7 @@ pub enum Heartbeat {
 const RATE_LOCK: i32 = 0x6877_7261;
 
 /// Register a new session for this process start; it lives `ttl` unless renewed.
-pub async fn register(
+pub(crate) async fn register(
     client: &impl GenericClient,
     job: JobId,
     info: &WorkerInfo<'_>,
@@ -97,7 +97,7 @@ pub(super) async fn register_here(
 
 /// Renew the session for `ttl` (database time), store `stats`, and take this worker's rate
 /// share. [`Heartbeat::Expired`] if the session had already expired (nothing is renewed).
-pub async fn heartbeat(
+pub(crate) async fn heartbeat(
     client: &mut Client,
     job: JobId,
     me: &WorkerId,
@@ -196,7 +196,10 @@ pub struct WorkerRow {
 }
 
 /// Every session of the job, newest first.
-pub async fn workers(client: &impl GenericClient, job: JobId) -> Result<Vec<WorkerRow>, PgError> {
+pub(crate) async fn workers(
+    client: &impl GenericClient,
+    job: JobId,
+) -> Result<Vec<WorkerRow>, PgError> {
     let rows = client
         .query(
             "SELECT w.worker_id::text, w.host, w.pid, w.version,
@@ -232,7 +235,11 @@ pub async fn workers(client: &impl GenericClient, job: JobId) -> Result<Vec<Work
 }
 
 /// Start draining: no new buckets, and the rate share goes back to the others at once.
-pub async fn drain(client: &impl GenericClient, job: JobId, me: &WorkerId) -> Result<(), PgError> {
+pub(crate) async fn drain(
+    client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+) -> Result<(), PgError> {
     client
         .execute(
             "UPDATE hw_worker SET draining = true,
@@ -247,7 +254,7 @@ pub async fn drain(client: &impl GenericClient, job: JobId, me: &WorkerId) -> Re
 
 /// End the session: release every bucket and the planner lease it holds, and delete its
 /// row, in one transaction. Returns how many buckets were released.
-pub async fn end(client: &mut Client, job: JobId, me: &WorkerId) -> Result<u64, PgError> {
+pub(crate) async fn end(client: &mut Client, job: JobId, me: &WorkerId) -> Result<u64, PgError> {
     let tx = client
         .transaction()
         .await

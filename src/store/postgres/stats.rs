@@ -12,7 +12,10 @@ use crate::store::{Log, StoreStats};
 
 /// The job's figures: those of committed buckets from their commit counts, those of the
 /// others from their items (as `JobView::stats` derives them).
-pub async fn counted(client: &impl GenericClient, job: JobId) -> Result<StoreStats, PgError> {
+pub(crate) async fn counted(
+    client: &impl GenericClient,
+    job: JobId,
+) -> Result<StoreStats, PgError> {
     let row = client
         .query_one(
             "SELECT j.planner_exhausted, j.cursor_row, j.cursor_byte,
@@ -60,7 +63,11 @@ pub async fn counted(client: &impl GenericClient, job: JobId) -> Result<StoreSta
 
 /// Whether `log` is finished: the job's planned to its end (a rerun's buckets are all
 /// written at its creation) and none of its buckets uncommitted.
-pub async fn finished(client: &impl GenericClient, job: JobId, log: Log) -> Result<bool, PgError> {
+pub(crate) async fn finished(
+    client: &impl GenericClient,
+    job: JobId,
+    log: Log,
+) -> Result<bool, PgError> {
     let row = client
         .query_one(
             "SELECT ($2 > 0 OR j.planner_exhausted) AND NOT EXISTS (
@@ -85,7 +92,7 @@ pub struct Planning {
 }
 
 /// Where planning stands: done, planned by a live worker, or waiting for one with the input.
-pub async fn planning(client: &impl GenericClient, job: JobId) -> Result<Planning, PgError> {
+pub(crate) async fn planning(client: &impl GenericClient, job: JobId) -> Result<Planning, PgError> {
     let row = client
         .query_one(
             "SELECT j.planner_exhausted, j.planner::text, EXISTS (
