@@ -232,7 +232,7 @@ impl Leases for PgStore {
 }
 
 /// PostgreSQL is a fleet's backend: its workers' sessions, bucket leases, planner lease and
-/// rate shares live in the database (see the module doc and [`super::session`]).
+/// rate shares live in the database (see the module doc and `session.rs`).
 impl Fleet for PgStore {
     async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
         Ok(self

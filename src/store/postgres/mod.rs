@@ -4,12 +4,12 @@
 //!
 //! # Layers (a file uses only the files named before it here, never one after)
 //!
-//! 1. Shared values, no SQL: [`error`], `keys.rs` ([`JobId`], [`WorkerId`], [`Lease`]),
-//!    `rows.rs` (rows as records), `tls.rs`, [`mod@connect`] (targets and connections),
-//!    [`outage`].
+//! 1. Shared values, no SQL: `error`, `keys.rs` ([`JobId`], [`WorkerId`], [`Lease`]),
+//!    `rows.rs` (rows as records), `tls.rs`, `connect` (targets and connections),
+//!    `outage`.
 //! 2. SQL, one module per table or concern, each a set of functions taking a client or a
-//!    transaction: [`mod@migrate`] (the schema), [`job`], [`planner`], `items.rs`, [`buckets`],
-//!    [`results`], `reruns.rs`, [`session`], [`rate`], [`quota`], [`stats`], [`history`].
+//!    transaction: `migrate` (the schema), `job`, `planner`, `items.rs`, `buckets`,
+//!    `results`, `reruns.rs`, `session`, `rate`, `quota`, `stats`, `history`.
 //! 3. The store's state, no SQL: `state.rs` ([`PgStore`]'s connections and its session
 //!    in memory).
 //! 4. What acts on that state with the SQL modules, no SQL of its own: `heartbeat.rs` (the
@@ -18,13 +18,13 @@
 //! 5. Test support on top: `test_db.rs`, and the tests that need a database in `tests/`.
 //!
 //! # Schema (`migrations/0001_init.sql`, `0002_fleet_burst_idle.sql` and
-//! `0003_quota_usage.sql`, applied by [`migrate()`](migrate::migrate))
+//! `0003_quota_usage.sql`, applied by [`migrate()`])
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position
 //!   (`next_bucket`, cursor, `planner_exhausted`) and the **planner lease** (`planner`,
 //!   `planner_token`), the fleet's `rate_per_s` and `burst` (NULL: no `--burst`), and the
-//!   shared `paused_until`, and the fleet's `quota_usage` ([`quota`]).
+//!   shared `paused_until`, and the fleet's `quota_usage` (`quota`).
 //! - `hw_worker`: one row per process start (`worker_id` a random UUID made by the
 //!   database), with host, pid, version, `heartbeat_at` and `expires_at` in **database time**,
 //!   `draining`, `idle` (holds no bucket, found none: takes no rate share), `rate_share` and
@@ -40,17 +40,17 @@
 //!
 //! # Leases and fences
 //!
-//! Liveness is the worker's session, not a timer per bucket: [`session::heartbeat`] renews
+//! Liveness is the worker's session, not a timer per bucket: `session::heartbeat` renews
 //! `expires_at = now() + ttl` and says when the session had already expired (the worker must
 //! then drop everything it holds and register again). A bucket's lease is valid while its
-//! owner's session is: [`buckets::acquire`] takes open buckets and buckets of expired
+//! owner's session is: `buckets::acquire` takes open buckets and buckets of expired
 //! sessions in one `FOR UPDATE SKIP LOCKED` statement, each with a fresh token. Every
-//! result write and every commit carries the token ([`results`]): results are written only
+//! result write and every commit carries the token (`results`): results are written only
 //! under a share lock on a bucket row that still holds the writer's token, never over a row
 //! written under a newer token, and a commit updates the bucket only for its current owner
 //! and token, in the transaction of the bucket's last results. A worker that lost a lease
-//! writes nothing that counts. The planner lease ([`planner`]) is the same idea on the job
-//! row. Rate shares ([`session`]) are granted from free capacity under the job row's lock,
+//! writes nothing that counts. The planner lease (`planner`) is the same idea on the job
+//! row. Rate shares (`session`) are granted from free capacity under the job row's lock,
 //! so they never sum above the job's rate.
 //!
 //! All times are the database's `now()`; no function here reads the local clock.
