@@ -73,7 +73,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
             };
             let named = Named {
                 job: format!("the {}", pg::shown(&url, &job)),
-                no_job: format!("the {} has no spec yet", pg::shown(&url, &job)),
+                no_job: format!("there is no {}", pg::shown(&url, &job)),
                 state: pg::state_flags(&url, &job),
                 live: None,
             };

@@ -742,3 +742,55 @@ fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
         );
     }
 }
+
+/// A first run refused for any reason leaves no job in the database: the same command,
+/// corrected, creates it as new. A worker joining a job that is not there is told how to
+/// create it, and a refused resume keeps the job as it was.
+#[test]
+fn a_refused_creation_leaves_no_job_in_the_database() {
+    let h = Harness::new(ApiConfig::fast());
+    let db = pg_cluster::fresh_db();
+    let url = db.url.clone();
+    let input = h.ids_file("ids.txt", &ids(20));
+    let empty = h.ids_file("empty.txt", &[]);
+    let api = h.url();
+    let jobs = || query(&db, "SELECT count(*) FROM hw_job");
+    let create = |extra: &[&str]| {
+        let mut args = vec!["run", "--state", &url, "--job", JOB];
+        args.extend(extra);
+        h.run(&args)
+    };
+    let unset = format!("{api}?k=${{HW_TEST_NEVER_SET}}");
+    for (extra, code, said) in [
+        (
+            vec!["--input", p(&input), "--url", &unset],
+            2,
+            "HW_TEST_NEVER_SET",
+        ),
+        (
+            vec!["--input", p(&input), "--url", &api, "--fail-if", ".["],
+            2,
+            "fail-if",
+        ),
+        (vec!["--input", p(&input)], 2, "--url"),
+        (vec!["--input", p(&empty), "--url", &api], 1, "holds no IDs"),
+    ] {
+        create(&extra).expect_code(code).expect_stderr(said);
+        assert_eq!(jobs(), "0", "no job left after {extra:?}");
+    }
+    create(&["--input", "/nonexistent/ids.txt", "--url", &api]).expect_code(1);
+    assert_eq!(jobs(), "0", "no job left after a missing input");
+    // No job, no input: a worker cannot join.
+    create(&[])
+        .expect_code(2)
+        .expect_stderr("create it with --input");
+    assert_eq!(jobs(), "0");
+    // Created, then a resume that changes the URL refused: the job is kept.
+    create(&["--input", p(&input), "--url", &api]).expect_code(0);
+    let other = format!("{api}/other");
+    create(&["--url", &other])
+        .expect_code(1)
+        .expect_stderr("--url");
+    assert_eq!(jobs(), "1");
+    h.check_export_exactly_once(&export(&h, &url), &ids(20));
+}
