@@ -6,6 +6,7 @@ use std::path::PathBuf;
 /// Errors that stop reading the input.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
+    /// The input file or folder could not be opened.
     #[error("cannot open input {path}: {source}")]
     Open {
         /// The input.
@@ -13,6 +14,7 @@ pub enum InputError {
         /// The operating system's error.
         source: io::Error,
     },
+    /// Reading the input failed midway.
     #[error("cannot read input {path}: {source}")]
     Read {
         /// The input.

@@ -175,6 +175,7 @@ pub enum RunError {
     /// The bucket size asked for is 0.
     #[error("the bucket size must be at least 1")]
     BucketSize,
+    /// The store holds no job and no input was given to create one.
     #[error("no input given, and the store holds no job to resume")]
     NoJob,
     /// An ID of the iterator given cannot be stored one per line.
@@ -196,6 +197,7 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// A resume gave IDs other than those the job was created with (it may only add IDs at the end).
     #[error("the IDs given are not those the job was created with ({what}): a resume must give the same IDs in the same order (more may follow)")]
     IdsChanged {
         /// What differs.

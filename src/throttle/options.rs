@@ -21,7 +21,9 @@ pub struct ThrottleOptions {
     pub initial_rate: Option<Rate>,
     /// Control-law constants.
     pub kp: f64,
+    /// Integral gain of the control law.
     pub ki: f64,
+    /// Derivative gain of the control law.
     pub kd: f64,
     /// Controller tick.
     pub tick: Duration,

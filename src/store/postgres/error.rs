@@ -10,6 +10,7 @@ pub enum PgError {
     /// `${VAR}` in the database URL could not be expanded.
     #[error(transparent)]
     Env(#[from] HandlerError),
+    /// The database URL does not parse.
     #[error("invalid PostgreSQL URL {url}: {reason}")]
     Url {
         /// The URL, redacted.
@@ -17,6 +18,7 @@ pub enum PgError {
         /// Why it does not parse.
         reason: String,
     },
+    /// TLS could not be set up for the connection.
     #[error("TLS setup for {target}: {reason}")]
     Tls {
         /// The database, redacted.
@@ -24,6 +26,7 @@ pub enum PgError {
         /// Why no TLS configuration could be built (no usable root certificates, a bad option).
         reason: String,
     },
+    /// The database could not be reached, or refused the connection.
     #[error("cannot connect to {target}: {cause}")]
     Connect {
         /// The database, redacted.
@@ -60,7 +63,12 @@ pub enum PgError {
         "the database's highwater schema is version {found}, newer than this highwater's \
          {supported}: upgrade highwater"
     )]
-    SchemaNewer { found: i32, supported: i32 },
+    SchemaNewer {
+        /// The database's schema version.
+        found: i32,
+        /// The newest this build knows.
+        supported: i32,
+    },
     /// A migration failed to apply; its transaction was rolled back.
     #[error("migration {version} ({name}) failed: {cause}")]
     Migration {
@@ -89,7 +97,10 @@ pub enum PgError {
     },
     /// The planner's lease expired or another worker took it; nothing of the planner's write was applied.
     #[error("the planner lease (token {token}) was lost")]
-    PlannerLeaseLost { token: i64 },
+    PlannerLeaseLost {
+        /// The planner lease the write carried.
+        token: i64,
+    },
     /// A row read back does not decode (a JSON column, a value out of range).
     #[error("stored data is malformed: {0}")]
     Malformed(String),

@@ -95,6 +95,7 @@ pub enum LogError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A file holds what a crash cannot leave behind (see the module doc).
     #[error("{path}: {reason}")]
     Damaged {
         /// The damaged file.
