@@ -465,13 +465,14 @@ pub struct ProgressEvent {
     pub rows_read: u64,
     /// Rows in the whole input, once counted in the background.
     pub input_rows: Option<u64>,
-    /// Seconds until every input row is settled; none until `input_rows` is known or while no row settles.
+    /// Seconds until every input row is settled, at the last minute's speed (quota waits
+    /// included); none until `input_rows` is known, or while no row settles.
     pub eta_s: Option<u64>,
     /// Items this run finished ok.
     pub run_ok: u64,
     /// Items this run finished failed.
     pub run_failed: u64,
-    /// Input rows read per second over the interval.
+    /// Input rows the planner read per second over the interval.
     pub input_rows_per_second: f64,
     /// Items finished (ok or failed) per second over the interval.
     pub processed_items_per_second: f64,
@@ -559,7 +560,7 @@ impl ProgressEvent {
 /// What limited a run over an interval.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntervalLoad {
-    /// Length of the interval.
+    /// The interval's length in seconds.
     pub seconds: f64,
     /// Attempts started over the interval.
     pub attempts: u64,

@@ -119,7 +119,7 @@ pub enum Prepared {
     Nothing(RerunSelection),
     /// Run this rerun (`resumed`: it existed, unfinished).
     Ready {
-        /// The rerun.
+        /// The rerun, as stored.
         rerun: RerunRecord,
         /// It existed, unfinished.
         resumed: bool,

@@ -19,11 +19,11 @@ use crate::spec::RetryPolicy;
 /// every failed attempt's error, oldest first.
 #[derive(Debug)]
 pub enum ItemOutcome<T = Output> {
-    /// The attempt succeeded.
+    /// An attempt succeeded: the item is done.
     Ok {
         /// What the handler returned.
         output: T,
-        /// Attempts counted against the item, the last included.
+        /// Attempts made, the last included (free ones too: see [`Charge`]).
         attempts: u32,
         /// Every failed attempt's note, oldest first.
         errors: Vec<AttemptNote>,
@@ -32,7 +32,7 @@ pub enum ItemOutcome<T = Output> {
     Failed {
         /// The last attempt's failure.
         error: Failure,
-        /// Attempts counted against the item.
+        /// Attempts made, free ones included.
         attempts: u32,
         /// Every failed attempt's note, oldest first.
         errors: Vec<AttemptNote>,

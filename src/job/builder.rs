@@ -183,7 +183,7 @@ pub enum RunError {
     BadId {
         /// Its 0-based position in the iterator.
         index: u64,
-        /// The ID.
+        /// The ID as given.
         id: String,
         /// What is wrong: empty, a line break, whitespace around it.
         reason: &'static str,

@@ -93,7 +93,7 @@ impl Drop for PacedCall {
 }
 
 impl AnnouncedLimits {
-    /// No policy known yet.
+    /// Limits with no policy known yet.
     pub fn new() -> AnnouncedLimits {
         AnnouncedLimits::default()
     }

@@ -179,7 +179,7 @@ pub struct ItemRecord {
     /// The final failure's message; none unless failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Attempts made, across reruns; 0 while pending.
+    /// Attempts made (free ones included), summed across reruns; 0 while pending.
     #[serde(default)]
     pub attempts: u32,
     /// Every failed attempt's error class, oldest first.

@@ -19,7 +19,7 @@ pub struct ThrottleOptions {
     pub min_rate: Option<Rate>,
     /// Starting rate (default: the ceiling).
     pub initial_rate: Option<Rate>,
-    /// Control-law constants.
+    /// Proportional gain of the control law (see [`crate::throttle`]).
     pub kp: f64,
     /// Integral gain of the control law.
     pub ki: f64,

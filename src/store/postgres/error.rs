@@ -37,7 +37,7 @@ pub enum PgError {
     /// A statement failed; `what` says which step.
     #[error("PostgreSQL error while {what}: {cause}")]
     Sql {
-        /// The step, e.g. "planning a bucket".
+        /// The step, e.g. "acquiring buckets".
         what: &'static str,
         /// The server's or driver's error.
         cause: PgCause,

@@ -145,7 +145,7 @@ pub struct ResultsLog {
 pub struct Entry {
     /// The input row the record is for.
     pub row: u64,
-    /// The ID.
+    /// The item's ID, as stored with the record.
     pub id: String,
     /// The record's bytes, as the store encoded them.
     pub record: Vec<u8>,
