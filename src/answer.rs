@@ -107,6 +107,7 @@ impl AnswerSpec {
 pub struct AnswerError {
     /// Which of the spec's programs.
     pub what: Setting,
+    /// The program as written.
     pub program: String,
     /// The parser's or compiler's message.
     pub reason: String,
@@ -413,6 +414,7 @@ impl Answer {
 pub struct Splitter(Program);
 
 impl Splitter {
+    /// Compile a split program (`--split`); a program that is not jq is an [`AnswerError`].
     pub fn compile(source: &str) -> Result<Splitter, AnswerError> {
         Program::compile(Setting::Split, source).map(Splitter)
     }

@@ -101,18 +101,30 @@ pub enum Next {
     /// Fail the ID now: another attempt would get the same answer.
     Permanent,
     /// Try again: after `after` if the other side said so, else after the backoff.
-    Retry { after: Option<Duration> },
+    Retry {
+        /// The delay the other side asked for (`Retry-After`), if any.
+        after: Option<Duration>,
+    },
     /// The other side is overloaded (HTTP 503, 529): try again, and slow down, unless such
     /// refusals are shown to repeat on the same IDs while others succeed (see
     /// [`crate::throttle`]): then they are the IDs', not the rate's.
-    Pushback { after: Option<Duration> },
+    Pushback {
+        /// The delay the other side asked for (`Retry-After`), if any.
+        after: Option<Duration>,
+    },
     /// The other side refuses the client's rate (HTTP 429, "too many requests"): try again
     /// and slow down. Never the ID's doing, so it uses none of the ID's attempts, only its
     /// retry time (which bounds an API that refuses for good).
-    TooMany { after: Option<Duration> },
+    TooMany {
+        /// The delay the other side asked for (`Retry-After`), if any.
+        after: Option<Duration>,
+    },
     /// The other side could not be reached (refused or dropped connection, a gateway's
     /// 5xx): try again; evidence that it is out.
-    Unreachable { after: Option<Duration> },
+    Unreachable {
+        /// The delay the other side asked for (`Retry-After`), if any.
+        after: Option<Duration>,
+    },
     /// No answer in time: try again; both pushback and evidence of an outage.
     TimedOut,
     /// The other side refused the job's credential and it was renewed since the attempt
@@ -149,10 +161,13 @@ impl Next {
 /// holds a secret (an expanded URL or header value).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
+    /// What happens after this attempt.
     pub next: Next,
+    /// The kind of error, as counted and shown.
     pub class: ErrorClass,
     /// The HTTP status of the answer, when there was one.
     pub status: Option<u16>,
+    /// What went wrong, for the user; never a secret.
     pub message: String,
 }
 
@@ -231,7 +246,9 @@ impl std::error::Error for Failure {}
 /// One failed attempt, as kept in an item's history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptNote {
+    /// The attempt's error class.
     pub class: ErrorClass,
+    /// The attempt's HTTP status, if it got an answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
     /// The attempt did not count against the item's attempts: it failed during an API

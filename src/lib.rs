@@ -25,6 +25,8 @@
 
 // `pub` is what a library user can reach; an item of a private module says `pub(crate)`.
 #![warn(unreachable_pub)]
+// Every item a library user can reach says what it is for.
+#![warn(missing_docs)]
 
 pub mod answer;
 #[cfg(feature = "cli")]

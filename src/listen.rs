@@ -9,7 +9,9 @@ use tokio::net::TcpListener;
 #[derive(Debug, thiserror::Error)]
 #[error("{addr}: cannot listen: {error}")]
 pub struct BindError {
+    /// The address asked for.
     pub addr: SocketAddr,
+    /// The operating system's error.
     pub error: std::io::Error,
 }
 

@@ -23,14 +23,19 @@ pub const STALE_AFTER: Duration = Duration::from_secs(10);
 /// What a running process says about itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LiveSnapshot {
+    /// The run's process id (tells a live run from a dead one).
     pub pid: u32,
+    /// The job's id, stable across runs.
     pub job_id: String,
+    /// The run's id, new each start.
     pub run_id: String,
     /// Unix milliseconds.
     pub started_ms: u64,
+    /// When the snapshot was last written (Unix milliseconds); older than [`STALE_AFTER`] from a live pid: stale.
     pub updated_ms: u64,
     /// The run ended (cleanly: finished, stopped or halted); `outcome` says how.
     pub finished: bool,
+    /// "finished", "halted", "stopped", "not finished" or "failed"; none while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
     /// Items finished per second over the last minute (less early in the run).
@@ -44,18 +49,27 @@ pub struct LiveSnapshot {
     pub eta_seconds: Option<u64>,
     /// Job-wide figures: the store's at the start plus this run's.
     pub ok: u64,
+    /// IDs failed, job-wide.
     pub failed: u64,
+    /// Planned IDs without a final result, job-wide.
     pub pending: u64,
+    /// Buckets committed, job-wide.
     pub buckets_committed: u64,
+    /// Buckets planned, job-wide.
     pub buckets_planned: u64,
+    /// Input rows read, job-wide (bad and duplicate rows included).
     pub rows_read: u64,
     /// Rows in the whole input, once counted.
     pub input_rows: Option<u64>,
     /// This run's figures.
     pub run_ok: u64,
+    /// Items this run finished failed.
     pub run_failed: u64,
+    /// Retries this run made.
     pub retries: u64,
+    /// Answers 429 this run got.
     pub throttled: u64,
+    /// API calls under way now.
     pub in_flight: u64,
     /// Where the job's quotas stand (none in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -65,6 +79,7 @@ pub struct LiveSnapshot {
     pub announced: Vec<crate::quota::pacer::PolicyState>,
 }
 
+/// The live file of the state directory `state`.
 pub fn path(state: &Path) -> PathBuf {
     state.join(LIVE_FILE)
 }

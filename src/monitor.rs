@@ -38,14 +38,18 @@ pub enum EventFormat {
 
 /// What the monitor of a run is told at the start.
 pub struct MonitorConfig {
+    /// The job's input, whose rows are counted in the background for the total and the ETA.
     pub input: InputSpec,
     /// The directory `live.json` is published in (`status` reads it); `None`: not published.
     pub state: Option<PathBuf>,
+    /// Time between progress events.
     pub interval: Duration,
+    /// How progress events are written.
     pub format: EventFormat,
     /// Show the terminal bar (standard error is a terminal and not `-q`). Built without the
     /// feature `progress-bar`, no bar is shown and progress events are written instead.
     pub bar: bool,
+    /// The run's concurrency cap, for the falling-behind diagnosis.
     pub concurrency: usize,
     /// `--rate`, if given.
     pub configured_rate: Option<f64>,
@@ -64,12 +68,17 @@ pub type HistorySink = Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> +
 
 /// What the monitor, the metrics endpoint and the end of the run share.
 pub struct RunView {
+    /// The run's live counters.
     pub counters: Arc<Counters>,
     /// The store's figures when the run started.
     pub start: StoreStats,
+    /// The job's id, stable across runs.
     pub job_id: String,
+    /// This run's id, new each start.
     pub run_id: String,
+    /// When the run started, for rates and elapsed times.
     pub started: Instant,
+    /// When the run started, in Unix milliseconds.
     pub started_ms: u64,
     /// This worker among the job's (a shared store's session), for the metrics' `worker`
     /// label; `None` for a job with one worker at a time.
@@ -79,6 +88,7 @@ pub struct RunView {
 }
 
 impl RunView {
+    /// The view of a run starting now from `start`, with a new run id; the input's total is known only if `start` read it to its end.
     pub fn new(counters: Arc<Counters>, start: StoreStats, job_id: String) -> RunView {
         let total = if start.input_exhausted {
             start.rows_read
@@ -102,10 +112,12 @@ impl RunView {
         RunView { worker, ..self }
     }
 
+    /// Rows in the whole input, once counted; none before.
     pub fn total_rows(&self) -> Option<u64> {
         Some(self.total_rows.load(Relaxed)).filter(|n| *n != u64::MAX)
     }
 
+    /// Job-wide figures: the store's at the start plus `run`.
     pub fn figures(&self, run: &CounterSnapshot) -> JobFigures {
         JobFigures::new(&self.start, run)
     }
@@ -357,6 +369,7 @@ impl State {
 }
 
 impl Monitor {
+    /// Start the monitor's tasks (events, bar, live snapshot, history) for the run `view` shows.
     pub fn start(view: Arc<RunView>, config: MonitorConfig) -> Monitor {
         let config = Arc::new(config);
         let counting = Arc::new(AtomicBool::new(true));

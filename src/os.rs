@@ -20,8 +20,11 @@ pub const RESERVED_FILES: u64 = 64;
      limits.conf / systemd's LimitNOFILE)"
 )]
 pub struct TooFewFiles {
+    /// Requests asked to be in flight at once.
     pub in_flight: u64,
+    /// Open files they need, with the process's own.
     pub needed: u64,
+    /// The process's hard limit on open files.
     pub limit: u64,
 }
 

@@ -21,8 +21,10 @@ use crate::store::{BadLine, OffsetRecord, PlannedBucket, PlannerState, Store, St
 /// Errors while planning.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
+    /// The input could not be read, or a row holds no usable ID.
     #[error(transparent)]
     Input(#[from] InputError),
+    /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -28,6 +28,7 @@ pub struct Counters {
     /// Items whose final result was written to the store, by outcome: counted when written,
     /// durable at the next sync (sync mode) or the next checkpoint (`--async-progress`).
     pub ok: AtomicU64,
+    /// Items whose final result is a failure (see `ok`).
     pub failed: AtomicU64,
     /// Buckets committed by this run.
     pub buckets_committed: AtomicU64,
@@ -38,6 +39,7 @@ pub struct Counters {
     /// Input rows the planner read and wrote ahead in this run (bad and duplicate rows
     /// included), and the unique IDs among them.
     pub rows_planned: AtomicU64,
+    /// Unique IDs among `rows_planned`.
     pub ids_planned: AtomicU64,
     /// API calls under way now (a gauge: goes up and down).
     pub in_flight: AtomicU64,
@@ -50,10 +52,15 @@ pub struct Counters {
     /// `Store::plan`) and making them durable, calling the API (summed over concurrent
     /// calls), writing results, making them durable, writing commit records.
     pub plan_write_ns: AtomicU64,
+    /// Making offset records durable (ns).
     pub plan_sync_ns: AtomicU64,
+    /// Calling the API, summed over concurrent calls (ns).
     pub api_ns: AtomicU64,
+    /// Writing results (ns).
     pub record_write_ns: AtomicU64,
+    /// Making results durable (ns).
     pub result_sync_ns: AtomicU64,
+    /// Writing commit records (ns).
     pub commit_write_ns: AtomicU64,
     /// Store syncs (planner and writer).
     pub store_syncs: AtomicU64,
@@ -173,16 +180,27 @@ impl HttpStats {
 /// A copy of [`Counters`] at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct CounterSnapshot {
+    /// See [`Counters::attempts`].
     pub attempts: u64,
+    /// See [`Counters::retries`].
     pub retries: u64,
+    /// See [`Counters::ok`].
     pub ok: u64,
+    /// See [`Counters::failed`].
     pub failed: u64,
+    /// See [`Counters::buckets_committed`].
     pub buckets_committed: u64,
+    /// See [`Counters::abandoned`].
     pub abandoned: u64,
+    /// See [`Counters::buckets_planned`].
     pub buckets_planned: u64,
+    /// See [`Counters::rows_planned`].
     pub rows_planned: u64,
+    /// See [`Counters::ids_planned`].
     pub ids_planned: u64,
+    /// See [`Counters::in_flight`] (a gauge).
     pub in_flight: u64,
+    /// See [`Counters::writer_backpressure`].
     pub writer_backpressure: u64,
     /// Answers 429 (from the throttle's count).
     pub throttled: u64,
@@ -190,17 +208,26 @@ pub struct CounterSnapshot {
     pub unavailable: u64,
     /// Refusals taken as their IDs' rather than the rate's (from the throttle's count).
     pub refused_ids: u64,
+    /// See [`Counters::plan_write_ns`].
     pub plan_write_ns: u64,
+    /// See [`Counters::plan_sync_ns`].
     pub plan_sync_ns: u64,
+    /// See [`Counters::api_ns`].
     pub api_ns: u64,
+    /// See [`Counters::record_write_ns`].
     pub record_write_ns: u64,
+    /// See [`Counters::result_sync_ns`].
     pub result_sync_ns: u64,
+    /// See [`Counters::commit_write_ns`].
     pub commit_write_ns: u64,
+    /// See [`Counters::store_syncs`].
     pub store_syncs: u64,
+    /// See [`Counters::checkpoints`].
     pub checkpoints: u64,
 }
 
 impl Counters {
+    /// Read every counter (each load relaxed: the copy is not one atomic moment) and the throttle's answer counts.
     pub fn snapshot(&self) -> CounterSnapshot {
         CounterSnapshot {
             attempts: self.attempts.load(Relaxed),
@@ -228,6 +255,7 @@ impl Counters {
         }
     }
 
+    /// Add `n` to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
@@ -315,12 +343,17 @@ pub fn per_second(n: u64, elapsed: Duration) -> f64 {
 /// so that nothing walks the store while the run goes on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct JobFigures {
+    /// Items with a final ok result, job-wide.
     pub ok: u64,
+    /// Items with a final failed result, job-wide.
     pub failed: u64,
     /// Planned IDs without a final result yet (the input's unread rest not included).
     pub pending: u64,
+    /// Unique IDs planned, job-wide.
     pub ids_planned: u64,
+    /// Buckets planned, job-wide.
     pub buckets_planned: u64,
+    /// Buckets committed, job-wide.
     pub buckets_committed: u64,
     /// Rows read from the input (bad and duplicate rows included).
     pub rows_read: u64,
@@ -329,6 +362,7 @@ pub struct JobFigures {
 }
 
 impl JobFigures {
+    /// The store's figures at the run's start plus this run's counters.
     pub fn new(start: &StoreStats, run: &CounterSnapshot) -> JobFigures {
         let ok = start.ok + run.ok;
         let failed = start.failed + run.failed;
@@ -375,6 +409,7 @@ pub struct Durations {
 }
 
 impl Durations {
+    /// Time spent per step between two snapshots (`last` taken first), in milliseconds.
     pub fn between(now: &CounterSnapshot, last: &CounterSnapshot) -> Durations {
         let ms = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e6;
         Durations {
@@ -412,27 +447,44 @@ pub struct ProgressEvent {
     pub timestamp: String,
     /// The last event of the run.
     pub last: bool,
+    /// Seconds since the run started.
     pub elapsed_s: f64,
+    /// Seconds since the previous event.
     pub interval_s: f64,
+    /// Buckets committed, job-wide.
     pub buckets_committed: u64,
+    /// Buckets planned, job-wide.
     pub buckets_planned: u64,
+    /// Items with a final ok result, job-wide.
     pub ok: u64,
+    /// Items with a final failed result, job-wide.
     pub failed: u64,
+    /// Planned IDs without a final result yet, job-wide.
     pub pending: u64,
+    /// Input rows read, job-wide (bad and duplicate rows included).
     pub rows_read: u64,
     /// Rows in the whole input, once counted in the background.
     pub input_rows: Option<u64>,
+    /// Seconds until every input row is settled, at the last minute's speed (quota waits
+    /// included); none until `input_rows` is known, or while no row settles.
     pub eta_s: Option<u64>,
+    /// Items this run finished ok.
     pub run_ok: u64,
+    /// Items this run finished failed.
     pub run_failed: u64,
+    /// Input rows the planner read per second over the interval.
     pub input_rows_per_second: f64,
+    /// Items finished (ok or failed) per second over the interval.
     pub processed_items_per_second: f64,
+    /// Attempts (first tries and retries) per second over the interval.
     pub attempts_per_second: f64,
     /// The rate limit in force (requests/s); none when unlimited.
     pub effective_rate: Option<f64>,
     /// `--rate`, the ceiling.
     pub configured_rate: Option<f64>,
+    /// API calls under way at the event.
     pub in_flight: u64,
+    /// Retries over the run.
     pub retries: u64,
     /// Answers 429 over the run.
     pub throttled: u64,
@@ -440,9 +492,11 @@ pub struct ProgressEvent {
     pub unavailable: u64,
     /// Times the result writer's queue was full over the run.
     pub writer_backpressure: u64,
+    /// Store syncs over the run.
     pub store_syncs: u64,
     /// Background flushes finished over the run (`--async-progress`; 0 otherwise).
     pub checkpoints: u64,
+    /// Time per step over the interval.
     pub duration_ms: Durations,
     /// Where the job's quotas stand (none without quotas).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -506,6 +560,7 @@ impl ProgressEvent {
 /// What limited a run over an interval.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IntervalLoad {
+    /// The interval's length in seconds.
     pub seconds: f64,
     /// Attempts started over the interval.
     pub attempts: u64,
@@ -517,8 +572,11 @@ pub struct IntervalLoad {
     pub unavailable: u64,
     /// Refusals (503, 529, timeouts) over the interval taken as their IDs', not the rate's.
     pub refused_ids: u64,
+    /// Time per step over the interval.
     pub durations: Durations,
+    /// Times the result writer's queue was full over the interval.
     pub backpressure: u64,
+    /// The run's concurrency cap (API calls at once).
     pub concurrency: usize,
     /// The API is out (the outage gate holds attempts back).
     pub outage: bool,
@@ -628,8 +686,11 @@ impl Sustained {
 /// The end-of-run summary, job-wide figures first, then this run's.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
+    /// Where the job stands at the end, from the store.
     pub job: StoreStats,
+    /// What this run did.
     pub run: CounterSnapshot,
+    /// How long this run took.
     pub elapsed_ms: u64,
     /// The run stopped on a signal before the job finished.
     pub interrupted: bool,
@@ -659,7 +720,9 @@ pub enum HaltKind {
 /// A run's halt: its kind and the message that says why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Halted {
+    /// The kind, which decides the outcome.
     pub kind: HaltKind,
+    /// The message for the user.
     pub reason: String,
 }
 

@@ -31,7 +31,12 @@ pub enum RerunAsk {
     /// Every failed ID.
     Failed,
     /// The failed IDs of these buckets, or all of their IDs.
-    Buckets { buckets: Vec<u64>, all_items: bool },
+    Buckets {
+        /// Job bucket numbers, in any order, repeats allowed.
+        buckets: Vec<u64>,
+        /// Call every ID of them, not only the failed ones.
+        all_items: bool,
+    },
     /// The IDs listed in a file, one per line.
     Ids(PathBuf),
 }
@@ -42,36 +47,57 @@ pub enum RerunError {
     /// The command asks for something that cannot be (a wrong bucket number and the like).
     #[error("{0}")]
     Usage(String),
+    /// A line of the file of IDs names an ID the job has no final result for.
     #[error("{file}:{line}: {id:?} is not an ID of this job (no bucket of the job holds it); nothing was called")]
     UnknownId {
+        /// The file of IDs.
         file: PathBuf,
+        /// The line, from 1.
         line: u64,
+        /// The ID as read (trimmed).
         id: String,
     },
+    /// A line of the file of IDs cannot be read as an ID.
     #[error("{file}:{line}: {reason}")]
     IdsFile {
+        /// The file of IDs.
         file: PathBuf,
+        /// The line, from 1.
         line: u64,
+        /// What is wrong with it.
         reason: String,
     },
     /// A bucket number the job does not have.
     #[error("the job has no bucket {bucket} (its buckets are 0 to {})", .planned.saturating_sub(1))]
-    NoBucket { bucket: u64, planned: u64 },
+    NoBucket {
+        /// The number asked for.
+        bucket: u64,
+        /// Buckets the job has.
+        planned: u64,
+    },
     /// The last rerun, of another selection, is not finished.
     #[error("rerun {number} is not finished; finish it first")]
     Unfinished {
+        /// The unfinished rerun's number.
         number: u32,
+        /// What it selected.
         selection: RerunSelection,
     },
+    /// The job's own run has buckets not committed (their count); a rerun waits for it.
     #[error("the job has {0} bucket(s) not committed yet; finish its run first, then rerun")]
     JobInFlight(u64),
+    /// The file of IDs could not be opened or read.
     #[error("{path}: {source}")]
     Io {
+        /// The file of IDs.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The file of IDs could not be fingerprinted.
     #[error(transparent)]
     Input(#[from] crate::input::InputError),
+    /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -92,7 +118,12 @@ pub enum Prepared {
     /// The selection is empty; nothing to call.
     Nothing(RerunSelection),
     /// Run this rerun (`resumed`: it existed, unfinished).
-    Ready { rerun: RerunRecord, resumed: bool },
+    Ready {
+        /// The rerun, as stored.
+        rerun: RerunRecord,
+        /// It existed, unfinished.
+        resumed: bool,
+    },
 }
 
 /// The unfinished rerun, if any (only the last one can be).
@@ -112,7 +143,9 @@ pub enum Chosen {
     Nothing(RerunSelection),
     /// A new rerun of these IDs (in input order).
     New {
+        /// The selection as stored (buckets sorted and deduplicated, a file canonicalized).
         selection: RerunSelection,
+        /// The IDs it selects, in input order, each once.
         selected: Vec<Selected>,
     },
 }
@@ -121,11 +154,15 @@ pub enum Chosen {
 /// attempt history), which for a rerun of a million failures held 380 MB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selected {
+    /// The ID, as the store keys it.
     pub id: String,
+    /// The 0-based input row of its first occurrence.
     pub row: u64,
     /// Its job bucket.
     pub bucket: u64,
+    /// Its status before the rerun (final).
     pub status: ItemStatus,
+    /// Its error class before the rerun; none unless failed.
     pub class: Option<ErrorClass>,
     /// Its input row's kept columns (a JSON object), when the job keeps any.
     pub values: Option<Box<str>>,

@@ -19,15 +19,22 @@ use crate::spec::RetryPolicy;
 /// every failed attempt's error, oldest first.
 #[derive(Debug)]
 pub enum ItemOutcome<T = Output> {
+    /// An attempt succeeded: the item is done.
     Ok {
+        /// What the handler returned.
         output: T,
+        /// Attempts made, the last included (free ones too: see [`Charge`]).
         attempts: u32,
+        /// Every failed attempt's note, oldest first.
         errors: Vec<AttemptNote>,
     },
     /// Out of attempts or permanently refused: the last error.
     Failed {
+        /// The last attempt's failure.
         error: Failure,
+        /// Attempts made, free ones included.
         attempts: u32,
+        /// Every failed attempt's note, oldest first.
         errors: Vec<AttemptNote>,
     },
     /// Stopped before a final answer (shutdown): the item stays pending and is replayed.
@@ -37,6 +44,7 @@ pub enum ItemOutcome<T = Output> {
 /// Whether an attempt counts against the item's attempts and retry time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
+    /// The attempt uses one of the item's attempts.
     Counted,
     /// The API refused the call to slow the client down (429): not the ID's doing, so it
     /// uses none of the item's attempts. It waits its backoff (or the server's delay) as a

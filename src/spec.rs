@@ -59,6 +59,7 @@ impl Default for RetryPolicy {
 pub struct JobSpec {
     /// Stable job id (random at creation, kept across restarts).
     pub job_id: String,
+    /// Where the IDs come from; fixed at creation.
     pub input: InputSpec,
     /// Fingerprint of the input file when the job was created (of a folder input, of its
     /// files: their total length and a hash of each one's name, length and hash), or when
@@ -95,6 +96,7 @@ pub struct JobSpec {
     /// specs stored before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialSpec>,
+    /// How failed attempts are retried.
     pub retry: RetryPolicy,
     /// The calls the API allows per window, every one kept (none in specs stored before);
     /// their usage is stored with the job ([`crate::quota`]).
@@ -111,6 +113,7 @@ pub struct JobSpec {
 /// `--allow-spec-change`) or a grown input.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecChange {
+    /// When the change was made (ms since the Unix epoch).
     pub at_ms: u64,
     /// The command that made it (`run`, `rerun`).
     pub command: String,
@@ -355,12 +358,16 @@ pub enum Durability {
     /// last result and is durable at the next one. A kill -9 repeats the calls of the results
     /// finished since the start of the last completed flush (about one interval) plus those
     /// in flight.
-    Async { interval: Duration },
+    Async {
+        /// Time between background flushes.
+        interval: Duration,
+    },
 }
 
 /// `--max-failures`: a count, or a share of the IDs finished in the run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FailureLimit {
+    /// At most this many IDs may fail permanently.
     Count(u64),
     /// Percent (0-100) of finished IDs, judged once at least [`FailureLimit::MIN_SAMPLE`] finished.
     Percent(f64),

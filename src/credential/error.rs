@@ -9,11 +9,21 @@ pub enum CredentialError {
     /// The source failed for now (a command exiting non-zero, a token endpoint answering
     /// 5xx or out of reach): try again later.
     #[error("credential {name}: {message}")]
-    Unavailable { name: String, message: String },
+    Unavailable {
+        /// The credential's name.
+        name: String,
+        /// What the source said.
+        message: String,
+    },
     /// The source refused (a token endpoint refusing the client), or the other side refused
     /// a value just renewed: only a fix by the user helps.
     #[error("credential {name} was rejected: {message}")]
-    Rejected { name: String, message: String },
+    Rejected {
+        /// The credential's name.
+        name: String,
+        /// Who refused, and what they said.
+        message: String,
+    },
 }
 
 impl CredentialError {

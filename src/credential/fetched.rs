@@ -9,7 +9,9 @@ pub const REDACTED: &str = "<redacted>";
 
 /// A fresh value from a source, and how long it lives if the source said so.
 pub struct Fetched {
+    /// The secret itself: never logged (its `Debug` shows [`REDACTED`]).
     pub value: String,
+    /// How long the value lives, if the source said (OAuth2's `expires_in`); none: until refused.
     pub expires_in: Option<Duration>,
 }
 

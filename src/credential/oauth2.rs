@@ -25,9 +25,13 @@ use super::fetched::{Fetched, REDACTED};
 /// How to ask for tokens.
 #[derive(Clone)]
 pub struct OAuth2Config {
+    /// The token endpoint's URL.
     pub token_url: String,
+    /// The client ID, expanded.
     pub client_id: String,
+    /// The client secret, expanded: never logged.
     pub client_secret: String,
+    /// The scope asked for, if any.
     pub scope: Option<String>,
 }
 

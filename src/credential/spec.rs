@@ -30,14 +30,21 @@ pub struct CredentialSpec {
 pub enum CredentialKind {
     /// A command printing the value, split like an exec job's command (`${VAR}` expanded
     /// when the run starts).
-    Command { command: String },
+    Command {
+        /// The command line as written.
+        command: String,
+    },
     /// An OAuth2 client-credentials grant. The client ID and secret are templates
     /// (`${CLIENT_SECRET}`), expanded from the environment when the run starts.
     #[serde(rename = "oauth2")]
     OAuth2 {
+        /// The token endpoint's URL.
         token_url: String,
+        /// The client ID (a template).
         client_id: String,
+        /// The client secret (a template: `${VAR}`, never the value).
         client_secret: String,
+        /// The scope asked for, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scope: Option<String>,
     },

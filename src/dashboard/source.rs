@@ -26,7 +26,9 @@ pub enum Source {
     /// made with [`Source::pg`].
     #[cfg(feature = "postgres")]
     Pg {
+        /// The database URL, `${VAR}`s not yet expanded.
         url: String,
+        /// The job's name in the database.
         job: String,
         /// The reader, once opened: kept for the readings that follow.
         opened: PgReader,
@@ -41,14 +43,19 @@ pub type PgReader =
 /// Reading a job failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DashboardError {
+    /// The store could not be opened or read.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The history could not be read.
     #[error(transparent)]
     History(#[from] history::HistoryReadError),
+    /// The reading's task panicked or was cancelled.
     #[error("the reading stopped: {0}")]
     Aborted(String),
+    /// The state directory holds no job yet.
     #[error("{0} holds no job yet (its first run stopped before creating one)")]
     NoJob(String),
+    /// The PostgreSQL job could not be opened or read.
     #[cfg(feature = "postgres")]
     #[error(transparent)]
     Pg(#[from] crate::store::postgres::PgError),
@@ -118,6 +125,7 @@ pub struct Wants {
 /// Which failed items to list.
 #[derive(Debug, Clone, Default)]
 pub struct FailureQuery {
+    /// Only this error class (its name); none: every class.
     pub class: Option<String>,
     /// Only the buckets from the first to the last (both included).
     pub buckets: Option<(u64, u64)>,
@@ -129,20 +137,30 @@ pub struct FailureQuery {
 /// request's secret in it).
 #[derive(Debug, Clone, Serialize)]
 pub struct FailureRow {
+    /// The item's ID.
     pub id: String,
+    /// Its job bucket.
     pub bucket: u64,
+    /// Its 0-based input row.
     pub row: u64,
+    /// Its error class name; none when not recorded.
     pub class: Option<String>,
+    /// The last attempt's HTTP status, if it had one.
     pub http_status: Option<u16>,
+    /// The final error message.
     pub error: Option<String>,
+    /// Attempts made, across reruns.
     pub attempts: u32,
+    /// When it failed (ms since the Unix epoch).
     pub finished_at_ms: Option<u64>,
 }
 
 /// The failures a query matched.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Failures {
+    /// Failed items the query matched, listed or not.
     pub matched: u64,
+    /// The listed ones, at most the query's `limit`.
     pub rows: Vec<FailureRow>,
 }
 
@@ -159,6 +177,7 @@ pub struct Reading {
     pub stats: Option<StoreStats>,
     /// The run's live snapshot and how its runner stands.
     pub live: Option<LiveSnapshot>,
+    /// How the run that wrote `live` stands (alive, stale, died, ended).
     pub runner: Option<Runner>,
     /// The history's records, oldest first.
     pub history: Vec<Record>,
@@ -170,6 +189,7 @@ pub struct Reading {
     pub failed_by_class: Option<std::collections::BTreeMap<String, u64>>,
     /// The job's workers (PostgreSQL), as `status --json` lists them.
     pub workers: Option<serde_json::Value>,
+    /// IDs per bucket, from the spec; none when no spec was found.
     pub bucket_size: Option<u64>,
 }
 

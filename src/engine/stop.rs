@@ -37,6 +37,7 @@ pub fn stop_pair() -> (StopHandle, Stop) {
 }
 
 impl StopHandle {
+    /// Ask the run to stop: it dispatches nothing more and lets calls in flight finish.
     pub fn stop(&self) {
         self.0.stopping.store(true, Ordering::SeqCst);
         self.0.changed.notify_waiters();
@@ -44,6 +45,7 @@ impl StopHandle {
 }
 
 impl Stop {
+    /// Whether a stop was asked for.
     pub fn is_stopping(&self) -> bool {
         self.0.stopping.load(Ordering::SeqCst)
     }

@@ -6,6 +6,7 @@ use super::output::Output;
 
 /// What an attempt that got an answer made: its HTTP status, for the counters.
 pub trait Answered {
+    /// The answer's HTTP status; none for a handler without one (exec, closure).
     fn status(&self) -> Option<u16>;
 }
 

@@ -25,7 +25,9 @@ pub type BatchParts = Vec<(String, Result<Output, Failure>)>;
 /// A batch request's answer: its status and each ID's part.
 #[derive(Debug)]
 pub struct BatchAnswer {
+    /// The batch answer's HTTP status, if it got one.
     pub status: Option<u16>,
+    /// Each ID's part.
     pub parts: BatchParts,
 }
 

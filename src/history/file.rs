@@ -30,7 +30,9 @@ pub const MAX_SAMPLES: usize = 6000;
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: cannot read the job's history: {source}")]
 pub struct HistoryReadError {
+    /// The history file.
     pub path: PathBuf,
+    /// The operating system's error.
     pub source: std::io::Error,
 }
 

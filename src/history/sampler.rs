@@ -20,6 +20,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// A sampler for run `run_id` (of `worker`, in a shared job), whose rate is `configured_rate` when not lowered.
     pub fn new(run_id: String, worker: Option<String>, configured_rate: Option<f64>) -> Sampler {
         Sampler {
             run_id,

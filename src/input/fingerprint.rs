@@ -13,7 +13,9 @@ use super::error::InputError;
 /// A fingerprint of the input's first `len` bytes: detects a changed file on resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fingerprint {
+    /// Bytes fingerprinted: the file's length when the fingerprint was taken.
     pub len: u64,
+    /// XXH3-64 of those bytes.
     pub xxh3: u64,
 }
 

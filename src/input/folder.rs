@@ -37,7 +37,9 @@ use super::spec::{format_from_extension, InputFormat, InputSpec};
 pub struct InputFile {
     /// The file's name in the folder.
     pub name: String,
+    /// The file's length in bytes, as planned.
     pub len: u64,
+    /// XXH3-64 of its content.
     pub xxh3: u64,
 }
 

@@ -14,12 +14,21 @@ pub enum InputFormat {
     /// One ID per line; surrounding whitespace and `\r` trimmed; blank lines skipped.
     Text,
     /// A header row, then records; the ID is in the named column.
-    Csv { column: String },
+    Csv {
+        /// The ID column's name in the header row.
+        column: String,
+    },
     /// One JSON object per line; the ID is the named field (a string or a number).
-    Jsonl { field: String },
+    Jsonl {
+        /// The ID field's name.
+        field: String,
+    },
     /// A Parquet file, read by row group; the ID is the named top-level column (strings,
     /// binary UTF-8 or integers).
-    Parquet { column: String },
+    Parquet {
+        /// The ID column's name.
+        column: String,
+    },
 }
 
 impl fmt::Display for InputFormat {
@@ -36,7 +45,9 @@ impl fmt::Display for InputFormat {
 /// Where the IDs come from: the file (or the folder of files, read as one) and how to read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputSpec {
+    /// The input file, or a folder read as one input.
     pub path: PathBuf,
+    /// How IDs are laid out in it.
     pub format: InputFormat,
 }
 

@@ -169,30 +169,47 @@ impl Reporting {
 /// Errors of [`Job::run`], found before any work unless said otherwise.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// Neither a state directory nor a store was given.
     #[error("no store given: name a state directory or a store")]
     NoStore,
+    /// The bucket size asked for is 0.
     #[error("the bucket size must be at least 1")]
     BucketSize,
+    /// The store holds no job and no input was given to create one.
     #[error("no input given, and the store holds no job to resume")]
     NoJob,
+    /// An ID of the iterator given cannot be stored one per line.
     #[error("ID number {index} ({id:?}) {reason}")]
     BadId {
+        /// Its 0-based position in the iterator.
         index: u64,
+        /// The ID as given.
         id: String,
+        /// What is wrong: empty, a line break, whitespace around it.
         reason: &'static str,
     },
+    /// The IDs could not be written to the state directory's IDs file.
     #[error("cannot store the IDs in {path}: {source}")]
     StoreIds {
+        /// The file, or the directory it goes in.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// A resume gave IDs other than those the job was created with (it may only add IDs at the end).
     #[error("the IDs given are not those the job was created with ({what}): a resume must give the same IDs in the same order (more may follow)")]
-    IdsChanged { what: String },
+    IdsChanged {
+        /// What differs.
+        what: String,
+    },
+    /// The store holds a job of another meaning (input, work or bucket size); one line per difference.
     #[error("the store holds a different job:\n  {}", .0.join("\n  "))]
     JobChanged(Vec<String>),
+    /// The job could not be created or resumed.
     #[error(transparent)]
     Job(JobError),
+    /// The store could not be opened or read.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The run started and stopped on an error.

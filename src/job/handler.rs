@@ -44,7 +44,9 @@ pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
 /// The handler of a job made from its spec: HTTP or exec.
 #[derive(Debug)]
 pub enum JobHandler {
+    /// The job calls a URL for each ID.
     Http(crate::handler::http::HttpHandler),
+    /// The job runs a command for each ID.
     Exec(crate::handler::exec::ExecHandler),
 }
 

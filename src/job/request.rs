@@ -11,9 +11,13 @@ use crate::spec::{JobSpec, DEFAULT_BUCKET_SIZE};
 /// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
 #[derive(Debug, Clone, Default)]
 pub struct RetryOverrides {
+    /// Attempts per item, the first included.
     pub max_attempts: Option<u32>,
+    /// First backoff interval.
     pub initial: Option<Duration>,
+    /// Largest backoff interval.
     pub max_interval: Option<Duration>,
+    /// Give up on an item this long after its first attempt.
     pub max_elapsed: Option<Duration>,
 }
 
@@ -21,9 +25,13 @@ pub struct RetryOverrides {
 /// Unset fields keep the stored values (resume) or take the defaults (creation).
 #[derive(Debug, Clone, Default)]
 pub struct JobRequest {
+    /// Where the IDs come from; fixed at creation, a resume may only point at the same input.
     pub input: Option<InputSpec>,
+    /// Rows per bucket; fixed at creation.
     pub bucket_size: Option<u64>,
+    /// HTTP method, any case (stored upper case; default GET).
     pub method: Option<String>,
+    /// URL template of an HTTP job (see [`RequestSpec::url`](crate::handler::http::RequestSpec::url)).
     pub url: Option<String>,
     /// The command of an exec job (in place of `url`).
     pub exec: Option<String>,
@@ -31,7 +39,9 @@ pub struct JobRequest {
     pub retry_exit_codes: Option<Vec<i32>>,
     /// A library handler's name, in place of `url` (see [`JobSpec::handler`]).
     pub handler: Option<String>,
+    /// Header templates, `Name: value`; given, they replace the stored ones.
     pub headers: Option<Vec<String>>,
+    /// Body template (`{id}` JSON-escaped); given, it replaces the stored one.
     pub body: Option<String>,
     /// The credentials the request or command uses (`None` keeps the stored ones).
     pub credentials: Option<Vec<crate::credential::CredentialSpec>>,
@@ -41,8 +51,11 @@ pub struct JobRequest {
     /// The batch endpoint to call instead of one request per ID (`None` keeps the stored
     /// one, or none).
     pub batch: Option<crate::handler::batch::BatchSpec>,
+    /// TCP connect timeout.
     pub connect_timeout: Option<Duration>,
+    /// Whole-request timeout (an exec job's: the process's).
     pub timeout: Option<Duration>,
+    /// Retry settings asked for.
     pub retry: RetryOverrides,
     /// Answer checks asked for; unset fields keep the stored ones.
     pub answer: AnswerRequest,
@@ -59,10 +72,15 @@ pub struct JobRequest {
 /// empty program removes it.
 #[derive(Debug, Clone, Default)]
 pub struct AnswerRequest {
+    /// A body that is not JSON is a retryable failure.
     pub expect_json: Option<bool>,
+    /// jq program: true fails the ID for good.
     pub fail_if: Option<String>,
+    /// jq program: true retries the attempt.
     pub retry_if: Option<String>,
+    /// jq program: its output is stored instead of the body.
     pub extract: Option<String>,
+    /// With `extract`: store the raw body beside its output.
     pub keep_body: Option<bool>,
 }
 

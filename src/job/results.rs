@@ -18,6 +18,7 @@ use crate::store::{BucketState, ItemRecord, ItemStatus, JobView, Store, StoreErr
 /// One ID's final record.
 #[derive(Debug, Clone)]
 pub struct Record<T = Box<RawValue>> {
+    /// The ID, as read from the input.
     pub id: String,
     /// [`ItemStatus::Ok`] or [`ItemStatus::Failed`].
     pub status: ItemStatus,
@@ -25,6 +26,7 @@ pub struct Record<T = Box<RawValue>> {
     pub result: Option<T>,
     /// Why a failed ID failed.
     pub error: Option<String>,
+    /// The failure's class; none for an ok ID.
     pub class: Option<ErrorClass>,
     /// The HTTP status of the last answer, when there was one.
     pub http_status: Option<u16>,

@@ -18,6 +18,7 @@ use super::state::QuotaState;
 /// The job's quota usage: per window key, the slots that count.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaLedger {
+    /// Per window key, the slots in use (oldest first).
     pub windows: BTreeMap<String, Vec<SlotUse>>,
 }
 
@@ -26,12 +27,14 @@ pub struct QuotaLedger {
 pub struct SlotUse {
     /// The slot's start (Unix ms; 0 for the job window).
     pub start_ms: u64,
+    /// Calls reserved in the slot.
     pub used: u64,
 }
 
 /// What a reservation asks of one quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaWant {
+    /// The quota.
     pub quota: Quota,
     /// Calls wanted in its current slot.
     pub calls: u64,

@@ -57,9 +57,11 @@ struct Policy {
 /// Where one announced policy stands, for progress lines, `live.json` and `status`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyState {
+    /// The policy's name as the API announced it.
     pub policy: String,
     /// Calls this run may still start before the reset.
     pub remaining: u64,
+    /// Calls the window allows, if the API said.
     pub limit: Option<u64>,
     /// Time until its window resets.
     #[serde(rename = "reset_in_ms", with = "crate::serde_millis")]
@@ -91,6 +93,7 @@ impl Drop for PacedCall {
 }
 
 impl AnnouncedLimits {
+    /// Limits with no policy known yet.
     pub fn new() -> AnnouncedLimits {
         AnnouncedLimits::default()
     }

@@ -24,7 +24,9 @@ pub const MIN_WINDOW: Duration = Duration::from_millis(100);
 /// At most `limit` calls per `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
+    /// Calls allowed per window.
     pub limit: u64,
+    /// What the calls are counted over.
     pub window: Window,
 }
 
@@ -32,9 +34,15 @@ pub struct Quota {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Window {
     /// Consecutive windows of `length`, aligned on the Unix epoch.
-    Fixed { length: Duration },
+    Fixed {
+        /// The window's length (at least [`MIN_WINDOW`]).
+        length: Duration,
+    },
     /// The last `length`, at any moment.
-    Rolling { length: Duration },
+    Rolling {
+        /// The window's length (at least [`MIN_WINDOW`]).
+        length: Duration,
+    },
     /// The whole job: a budget that never resets.
     Job,
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 pub struct QuotaState {
     /// The quota as written back (`10000/1h`).
     pub quota: String,
+    /// Calls the window allows.
     pub limit: u64,
     /// Calls counted in its window now, by every run and worker (as of the last
     /// reservation).

@@ -61,10 +61,12 @@ impl InputColumns {
         })
     }
 
+    /// Whether no input column is asked for.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
 
+    /// The input columns asked for, in order.
     pub fn names(&self) -> &[String] {
         &self.names
     }

@@ -33,7 +33,9 @@ pub const COLUMNS: [&str; 10] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ExportFormat {
+    /// One JSON object per line.
     Jsonl,
+    /// CSV with a header row.
     Csv,
     /// Written to a file only (with --output).
     Parquet,

@@ -12,14 +12,18 @@ use crate::store::{ExportError, ItemRecord, JobView, Store};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum FailuresFormat {
+    /// Aligned columns for a terminal.
     Table,
+    /// One JSON object per line.
     Jsonl,
+    /// CSV with a header row.
     Csv,
 }
 
 /// Which failures to list.
 #[derive(Debug, Clone, Default)]
 pub struct FailureFilter {
+    /// Only this bucket's failures.
     pub bucket: Option<u64>,
     /// An error class name (one of [`ErrorClass::ALL`](crate::failure::ErrorClass::ALL)).
     pub class: Option<String>,

@@ -69,9 +69,13 @@ pub const FIXED: [&str; 8] = [
 pub enum Kind {
     /// Only nulls seen so far.
     Null,
+    /// Integers (i64).
     Int,
+    /// Numbers, some not integers (f64).
     Float,
+    /// Booleans.
     Bool,
+    /// Strings, or values of mixed types (as their JSON text).
     Str,
 }
 

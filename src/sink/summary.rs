@@ -12,8 +12,11 @@ const HUMAN_BUCKETS_SHOWN: usize = 20;
 /// `cap`, with the total) and the failed IDs by error class.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct FailureSummary {
+    /// The first buckets committed with failures, in order.
     pub buckets: Vec<u64>,
+    /// Buckets committed with failures, all of them.
     pub buckets_total: u64,
+    /// Failed IDs by error class name.
     pub by_class: std::collections::BTreeMap<String, u64>,
 }
 

@@ -51,14 +51,18 @@ use super::{
 /// A bucket of the job's log with its commit record, if it is committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketState {
+    /// The bucket's write-ahead record.
     pub offset: OffsetRecord,
+    /// Its commit record; none until committed.
     pub commit: Option<CommitRecord>,
 }
 
 /// A rerun bucket with its commit record, if it is committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RerunBucketState {
+    /// The rerun bucket's write-ahead record.
     pub offset: RerunOffset,
+    /// Its commit record; none until committed.
     pub commit: Option<CommitRecord>,
 }
 
@@ -178,13 +182,20 @@ pub enum LeaseScope {
     /// The whole job: every bucket of its log and of its reruns.
     Job,
     /// One bucket of the job's log or of a rerun's.
-    Bucket { log: Log, bucket: u64 },
+    Bucket {
+        /// The job's log or a rerun's.
+        log: Log,
+        /// The bucket's number in that log.
+        bucket: u64,
+    },
 }
 
 /// The right to work on a scope and commit it, until it is released or lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    /// What the lease covers.
     pub scope: LeaseScope,
+    /// Its fencing token, carried by every write under it.
     pub token: LeaseToken,
 }
 
@@ -201,7 +212,9 @@ impl Lease {
 /// Which commit log a run writes to: the job's, or a rerun's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Log {
+    /// The job's own log.
     Job,
+    /// The log of the rerun of this number.
     Rerun(u32),
 }
 
@@ -223,8 +236,11 @@ pub enum Commit<'a> {
     /// Commit records of rerun buckets not committed yet, and the job buckets' commit
     /// records as their counts move ([`super::view::JobView::rerun_moves`]).
     Rerun {
+        /// The rerun's number.
         rerun: u32,
+        /// Commit records of the rerun's buckets.
         buckets: &'a [CommitRecord],
+        /// The job buckets' commit records with their new counts.
         moved: &'a [CommitRecord],
     },
 }
@@ -352,6 +368,7 @@ pub trait FleetKind<S> {
 /// Something done one way with a store that has one holder at a time, another with a
 /// fleet's ([`FleetKind::visit`]).
 pub trait FleetVisitor<S> {
+    /// What the visit yields.
     type Output;
     /// `store`'s [`Leases::Fleet`] is [`NoFleet`].
     fn alone(self, store: Arc<S>) -> Self::Output;

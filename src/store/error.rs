@@ -12,31 +12,58 @@
 pub enum StoreError {
     /// What is there is not a store of this kind: missing, foreign, or not to be written into.
     #[error("not a highwater {kind}: {reason}")]
-    NotAStore { kind: &'static str, reason: String },
+    NotAStore {
+        /// What was expected, e.g. "state directory".
+        kind: &'static str,
+        /// What was found instead.
+        reason: String,
+    },
     /// Another process holds the store.
     #[error("in use by another highwater process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
-    Busy { pid: Option<u32> },
+    Busy {
+        /// The holder's process id, when the store records it.
+        pid: Option<u32>,
+    },
     /// The store was written in a format this build does not read.
     #[error("holds store format version {found}; this highwater reads version {supported}")]
-    Version { found: u32, supported: u32 },
+    Version {
+        /// The store's format version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
     /// The store lost or garbled data it had made durable.
     #[error("the store is corrupt or truncated: {reason}")]
-    Corrupt { reason: String },
+    Corrupt {
+        /// What was found wrong.
+        reason: String,
+    },
     /// A write was fenced off: the lease it carried is not the one the store holds now (another
     /// worker took the bucket over, or the lease expired). Nothing of that write was applied.
     #[error(
         "the lease on {scope} (token {token}) is not held any more: another worker owns it now"
     )]
-    LeaseLost { scope: String, token: u64 },
+    LeaseLost {
+        /// What the lease was on (a bucket, the planner).
+        scope: String,
+        /// The lease the write carried.
+        token: u64,
+    },
+    /// A file system operation failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
     /// Anything else the backend reports.
     #[error("store error: {reason}")]
-    Backend { reason: String },
+    Backend {
+        /// The backend's message.
+        reason: String,
+    },
     /// One of the errors above, said of a place (a state directory, a file, a job).
     #[error("{place}: {source}")]
     At {
+        /// The place, as the backend names it.
         place: String,
+        /// The error said of it.
         source: Box<StoreError>,
     },
 }
@@ -61,12 +88,14 @@ impl StoreError {
         }
     }
 
+    /// A [`StoreError::Corrupt`] for `reason`.
     pub fn corrupt(reason: impl Into<String>) -> StoreError {
         StoreError::Corrupt {
             reason: reason.into(),
         }
     }
 
+    /// A [`StoreError::Backend`] for `reason`.
     pub fn backend(reason: impl Into<String>) -> StoreError {
         StoreError::Backend {
             reason: reason.into(),
@@ -77,8 +106,10 @@ impl StoreError {
 /// Errors while walking the results for an export.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
+    /// The store failed while reading the results.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Writing the export's output failed.
     #[error("writing the export: {0}")]
     Write(#[from] std::io::Error),
     /// Input columns asked for that the export cannot carry: not kept by the job, or named

@@ -37,9 +37,11 @@ pub const FORMAT_VERSION: u32 = 4;
 /// tell its job from another (the sled backend checks it at open).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredJob {
+    /// The job's id, stable across runs.
     pub id: String,
     /// The encoding's version.
     pub version: u32,
+    /// The encoded spec.
     pub spec: Vec<u8>,
 }
 
@@ -54,6 +56,7 @@ pub fn now_ms() -> u64 {
 /// The write-ahead record of one bucket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffsetRecord {
+    /// The bucket's number, from 0 in input order.
     pub bucket: u64,
     /// Where the bucket's first row starts (row index, line, byte).
     pub start: Cursor,
@@ -67,6 +70,7 @@ pub struct OffsetRecord {
     pub bad_lines: u64,
     /// The input the bucket was cut from.
     pub input: Fingerprint,
+    /// When the record was written (ms since the Unix epoch).
     pub planned_at_ms: u64,
 }
 
@@ -74,9 +78,13 @@ pub struct OffsetRecord {
 /// counts failures is "committed with failures".
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitRecord {
+    /// The bucket's number.
     pub bucket: u64,
+    /// IDs of the bucket whose final result is ok.
     pub ok: u64,
+    /// IDs of the bucket whose final result is a failure.
     pub failed: u64,
+    /// When the bucket was committed (ms since the Unix epoch).
     pub committed_at_ms: u64,
     /// The failed IDs by error class (absent in records written before it existed: then
     /// its sum is not `failed`, and readers count from the items).
@@ -85,6 +93,7 @@ pub struct CommitRecord {
 }
 
 impl CommitRecord {
+    /// The commit record of `bucket` with `tally`'s counts, stamped now.
     pub fn new(bucket: u64, tally: Tally) -> CommitRecord {
         CommitRecord {
             bucket,
@@ -104,8 +113,11 @@ impl CommitRecord {
 /// Counts of final results, as a commit record keeps them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
+    /// Records with status ok.
     pub ok: u64,
+    /// Records with status failed.
     pub failed: u64,
+    /// The failed records by error class name ([`class_name`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
 }
@@ -138,8 +150,11 @@ pub fn class_label(class: Option<ErrorClass>) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ItemStatus {
+    /// Planned, no final result yet.
     Pending,
+    /// Final: the work succeeded.
     Ok,
+    /// Final: the work failed permanently or ran out of attempts.
     Failed,
 }
 
@@ -148,23 +163,32 @@ pub enum ItemStatus {
 pub struct ItemRecord {
     /// The row of the ID's first occurrence.
     pub row: u64,
+    /// The bucket the ID belongs to.
     pub bucket: u64,
+    /// Pending until the item's final result is written.
     pub status: ItemStatus,
+    /// The last attempt's HTTP status; none for a handler without one (exec, closure) or a failure before any answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
+    /// The handler's result (JSON) when ok; none when failed or pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<Box<RawValue>>,
+    /// The final failure's class; none unless failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<ErrorClass>,
+    /// The final failure's message; none unless failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Attempts made (free ones included), summed across reruns; 0 while pending.
     #[serde(default)]
     pub attempts: u32,
     /// Every failed attempt's error class, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempt_errors: Vec<crate::failure::AttemptNote>,
+    /// The last attempt's latency (ms); set only when ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
+    /// When the final result was made (ms since the Unix epoch); none while pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
     /// When the item's first attempt started (across reruns: the very first).
@@ -183,6 +207,7 @@ pub struct ItemRecord {
 }
 
 impl ItemRecord {
+    /// The record of an ID planned but not yet done.
     pub fn pending(row: u64, bucket: u64) -> ItemRecord {
         ItemRecord {
             row,
@@ -203,6 +228,7 @@ impl ItemRecord {
         }
     }
 
+    /// Whether the item has a final result (ok or failed).
     pub fn is_final(&self) -> bool {
         self.status != ItemStatus::Pending
     }
@@ -225,20 +251,25 @@ impl ItemRecord {
 /// An input line that held no usable ID, recorded with `--skip-bad-lines`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BadLine {
+    /// The row's 0-based index.
     pub row: u64,
+    /// The row's 1-based line in the file.
     pub line: u64,
+    /// Why the line held no usable ID.
     pub reason: String,
 }
 
 /// One bucket as the planner cut it, ready to be written ahead of its work.
 #[derive(Debug, Clone)]
 pub struct PlannedBucket {
+    /// The bucket's write-ahead record.
     pub offset: OffsetRecord,
     /// Unique IDs with their rows, in input order.
     pub items: Vec<(u64, String)>,
     /// The kept columns of each item's row, one JSON object per item in `items`' order;
     /// empty when the job keeps no columns.
     pub values: Vec<String>,
+    /// The lines skipped in the bucket's rows.
     pub bad_lines: Vec<BadLine>,
 }
 
@@ -260,10 +291,17 @@ pub enum RerunSelection {
     /// Every failed ID of the job.
     Failed,
     /// The failed IDs of these buckets, or all their IDs.
-    Buckets { buckets: Vec<u64>, all_items: bool },
+    Buckets {
+        /// Job bucket numbers.
+        buckets: Vec<u64>,
+        /// Call every ID of them, not only the failed ones.
+        all_items: bool,
+    },
     /// Exactly the IDs of a file, one per line.
     Ids {
+        /// The file's canonical path.
         file: PathBuf,
+        /// The file's fingerprint when the rerun was created.
         fingerprint: Fingerprint,
     },
 }
@@ -273,19 +311,26 @@ pub enum RerunSelection {
 pub struct RerunRecord {
     /// 1, 2, ... in creation order.
     pub number: u32,
+    /// Which IDs it calls again.
     pub selection: RerunSelection,
     /// Rerun buckets and IDs in the selection.
     pub buckets: u64,
+    /// IDs in the selection.
     pub ids: u64,
+    /// When the rerun was created (ms since the Unix epoch).
     pub created_at_ms: u64,
 }
 
 /// How many IDs of one job bucket a rerun bucket holds, by their status before the rerun.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobBucketShare {
+    /// The job bucket.
     pub bucket: u64,
+    /// Of its IDs in the rerun bucket, those ok before the rerun.
     pub ok: u64,
+    /// Of its IDs in the rerun bucket, those failed before the rerun.
     pub failed: u64,
+    /// The failed ones by error class name ([`class_name`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
 }
@@ -293,18 +338,22 @@ pub struct JobBucketShare {
 /// The write-ahead record of one rerun bucket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RerunOffset {
+    /// The rerun's number.
     pub rerun: u32,
+    /// The rerun bucket's number, from 0 within the rerun.
     pub bucket: u64,
     /// IDs in the rerun bucket.
     pub items: u64,
     /// Its IDs per job bucket, by status before the rerun: what its commit moves.
     pub before: Vec<JobBucketShare>,
+    /// When the record was written (ms since the Unix epoch).
     pub planned_at_ms: u64,
 }
 
 /// One rerun bucket, written ahead of its work.
 #[derive(Debug, Clone)]
 pub struct RerunBucket {
+    /// The rerun bucket's write-ahead record.
     pub offset: RerunOffset,
     /// The IDs with their input rows, in input order.
     pub items: Vec<(u64, String)>,
@@ -315,17 +364,24 @@ pub struct RerunBucket {
 /// Where a rerun stands.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RerunStats {
+    /// The rerun's number.
     pub number: u32,
+    /// Rerun buckets in the selection.
     pub buckets: u64,
+    /// Rerun buckets committed.
     pub buckets_committed: u64,
+    /// IDs in the selection.
     pub ids: u64,
     /// IDs with a result written by this rerun, by outcome.
     pub ok: u64,
+    /// IDs this rerun finished failed (see `ok`).
     pub failed: u64,
+    /// IDs of the selection without a result from this rerun yet.
     pub pending: u64,
 }
 
 impl RerunStats {
+    /// Whether every rerun bucket is committed.
     pub fn finished(&self) -> bool {
         self.buckets_committed == self.buckets
     }
@@ -334,17 +390,25 @@ impl RerunStats {
 /// Figures derived from the store's records.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StoreStats {
+    /// Buckets with an offset record.
     pub buckets_planned: u64,
+    /// Buckets with a commit record.
     pub buckets_committed: u64,
+    /// Buckets planned and not committed.
     pub buckets_in_flight: u64,
     /// Rows read from the input so far (bad and duplicate rows included).
     pub rows_read: u64,
     /// Unique IDs planned so far.
     pub ids_planned: u64,
+    /// IDs whose final result is ok.
     pub ok: u64,
+    /// IDs whose final result is a failure.
     pub failed: u64,
+    /// Planned IDs without a final result.
     pub pending: u64,
+    /// Rows whose ID appeared in an earlier row.
     pub duplicates: u64,
+    /// Rows without a usable ID (skipped with `--skip-bad-lines`).
     pub bad_lines: u64,
     /// The input was read to its end.
     pub input_exhausted: bool,

@@ -333,6 +333,7 @@ pub struct AdaptiveConcurrency {
 }
 
 impl AdaptiveConcurrency {
+    /// Calls allowed at once now.
     pub fn limit(&self) -> u64 {
         self.limit.load(Relaxed)
     }

@@ -19,9 +19,11 @@ pub struct ThrottleOptions {
     pub min_rate: Option<Rate>,
     /// Starting rate (default: the ceiling).
     pub initial_rate: Option<Rate>,
-    /// Control-law constants.
+    /// Proportional gain of the control law (see [`crate::throttle`]).
     pub kp: f64,
+    /// Integral gain of the control law.
     pub ki: f64,
+    /// Derivative gain of the control law.
     pub kd: f64,
     /// Controller tick.
     pub tick: Duration,

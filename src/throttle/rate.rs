@@ -17,10 +17,12 @@ pub(crate) const UNLIMITED: f64 = 1e9;
 pub struct Rate(pub(super) f64);
 
 impl Rate {
+    /// The rate in requests per second.
     pub fn per_second(self) -> f64 {
         self.0
     }
 
+    /// A rate of `per_second`; none unless finite and above 0.
     pub fn new(per_second: f64) -> Option<Rate> {
         (per_second.is_finite() && per_second > 0.0).then_some(Rate(per_second))
     }

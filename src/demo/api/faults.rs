@@ -17,6 +17,7 @@ pub struct ApiConfig {
     /// Uniform per-request latency range added before answering, drawn deterministically
     /// from a hash of (id, attempt). Zero = answer at once.
     pub latency_min: Duration,
+    /// Upper end of the latency range (at least `latency_min`).
     pub latency_max: Duration,
     /// Per-mille of IDs (chosen by a seeded xxh3 hash of the ID) that always answer 404
     /// `{"error":"not found"}`: permanent failures.
@@ -30,7 +31,9 @@ pub struct ApiConfig {
     /// Per-mille of IDs whose first `transient_attempts` attempts answer (successfully)
     /// only after `slow_delay` instead of the usual latency, then heal.
     pub slow_per_mille: u32,
+    /// The delay of a slow ID's answer.
     pub slow_delay: Duration,
+    /// Attempts of a transient fault before the ID heals.
     pub transient_attempts: u32,
     /// Seed for the fault hash, so different tests can pick different faulty IDs.
     pub seed: u64,

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 /// One request as the API received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenRequest {
+    /// The HTTP method, upper case.
     pub method: String,
     /// The path and query as sent (percent-encoded).
     pub target: String,

@@ -28,7 +28,9 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 /// the Unix epoch. A `length` under a millisecond counts as one millisecond.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiWindow {
+    /// Requests allowed per window.
     pub limit: u64,
+    /// The window's length.
     pub length: Duration,
 }
 

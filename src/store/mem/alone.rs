@@ -34,6 +34,7 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// An empty store.
     pub fn new() -> MemStore {
         MemStore::default()
     }

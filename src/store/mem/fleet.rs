@@ -75,6 +75,7 @@ struct Session {
 }
 
 impl SharedMem {
+    /// An empty shared store, no session yet.
     pub fn new() -> SharedMem {
         SharedMem::default()
     }

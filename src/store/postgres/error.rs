@@ -4,42 +4,82 @@
 
 use crate::handler::HandlerError;
 
+/// Errors of the PostgreSQL store.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
     /// `${VAR}` in the database URL could not be expanded.
     #[error(transparent)]
     Env(#[from] HandlerError),
+    /// The database URL does not parse.
     #[error("invalid PostgreSQL URL {url}: {reason}")]
-    Url { url: String, reason: String },
+    Url {
+        /// The URL, redacted.
+        url: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// TLS could not be set up for the connection.
     #[error("TLS setup for {target}: {reason}")]
-    Tls { target: String, reason: String },
+    Tls {
+        /// The database, redacted.
+        target: String,
+        /// Why no TLS configuration could be built (no usable root certificates, a bad option).
+        reason: String,
+    },
+    /// The database could not be reached, or refused the connection.
     #[error("cannot connect to {target}: {cause}")]
-    Connect { target: String, cause: PgCause },
+    Connect {
+        /// The database, redacted.
+        target: String,
+        /// The driver's error.
+        cause: PgCause,
+    },
     /// A statement failed; `what` says which step.
     #[error("PostgreSQL error while {what}: {cause}")]
-    Sql { what: &'static str, cause: PgCause },
+    Sql {
+        /// The step, e.g. "acquiring buckets".
+        what: &'static str,
+        /// The server's or driver's error.
+        cause: PgCause,
+    },
+    /// A migration already applied differs from the one built in.
     #[error(
         "migration {version} ({name}) applied to this database differs from this highwater's \
          (sha256 {applied} in the database, {embedded} here): the schema was changed by hand or \
          by another build; refusing to touch it"
     )]
     ChecksumMismatch {
+        /// The migration's number.
         version: i32,
+        /// The migration's name.
         name: String,
+        /// Its SHA-256 as recorded in the database (hex).
         applied: String,
+        /// Its SHA-256 as built into this binary (hex).
         embedded: String,
     },
+    /// The database's schema is newer than this build knows.
     #[error(
         "the database's highwater schema is version {found}, newer than this highwater's \
          {supported}: upgrade highwater"
     )]
-    SchemaNewer { found: i32, supported: i32 },
+    SchemaNewer {
+        /// The database's schema version.
+        found: i32,
+        /// The newest this build knows.
+        supported: i32,
+    },
+    /// A migration failed to apply; its transaction was rolled back.
     #[error("migration {version} ({name}) failed: {cause}")]
     Migration {
+        /// The migration's number.
         version: i32,
+        /// The migration's name.
         name: String,
+        /// The server's error.
         cause: PgCause,
     },
+    /// The database holds no job of this name.
     #[error("no job named {0:?} in this database")]
     NoSuchJob(String),
     /// The worker's session expired (or was never registered): it holds nothing any more.
@@ -47,9 +87,21 @@ pub enum PgError {
     SessionExpired(String),
     /// A fenced write found the bucket under another token or owner.
     #[error("lease lost on bucket {bucket} of log {log} (token {token}): another worker holds it")]
-    LeaseLost { log: i32, bucket: u64, token: i64 },
+    LeaseLost {
+        /// The log: 0 for the job's own, a rerun's number otherwise.
+        log: i32,
+        /// The bucket in that log.
+        bucket: u64,
+        /// The lease the write carried.
+        token: i64,
+    },
+    /// The planner's lease expired or another worker took it; nothing of the planner's write was applied.
     #[error("the planner lease (token {token}) was lost")]
-    PlannerLeaseLost { token: i64 },
+    PlannerLeaseLost {
+        /// The planner lease the write carried.
+        token: i64,
+    },
+    /// A row read back does not decode (a JSON column, a value out of range).
     #[error("stored data is malformed: {0}")]
     Malformed(String),
 }

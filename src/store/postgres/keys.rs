@@ -27,7 +27,10 @@ pub fn log_number(log: crate::store::Log) -> i32 {
 /// One held bucket lease: which bucket of which log, and the token it was granted with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
+    /// The job's log or a rerun's.
     pub log: crate::store::Log,
+    /// The bucket's number in that log.
     pub bucket: u64,
+    /// The fencing token the lease was granted with.
     pub token: i64,
 }

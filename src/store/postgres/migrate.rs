@@ -12,8 +12,11 @@ use super::error::PgError;
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
+    /// The migration's number: migrations apply in this order.
     pub version: i32,
+    /// Its name, for messages.
     pub name: &'static str,
+    /// The SQL it runs.
     pub sql: &'static str,
 }
 

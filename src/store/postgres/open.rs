@@ -31,10 +31,12 @@ pub struct PgOpen {
     /// Register a worker session (a run). Without one (status, export) the store only
     /// reads, and takes no lease.
     pub worker: bool,
+    /// Per-connection settings (timeouts).
     pub connect: ConnectOptions,
 }
 
 impl PgOpen {
+    /// Open `job` as a worker with a 30 s session, without creating it.
     pub fn new(job: impl Into<String>) -> PgOpen {
         PgOpen {
             job: job.into(),

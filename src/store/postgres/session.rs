@@ -179,19 +179,27 @@ fn share_of_burst(burst: Option<i32>, share: Option<f64>, rate: Option<f64>) -> 
 /// One worker session as `status` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WorkerRow {
+    /// The session's id (a UUID).
     pub worker: String,
+    /// The host the worker runs on.
     pub host: String,
+    /// The worker's process id on that host.
     pub pid: i32,
+    /// The highwater version the worker runs.
     pub version: String,
     /// Milliseconds since the epoch (database time).
     pub started_ms: u64,
+    /// The last heartbeat, in milliseconds since the epoch (database time).
     pub heartbeat_ms: u64,
     /// Seconds since the last heartbeat (database time).
     pub heartbeat_age_s: f64,
     /// alive, expired or draining.
     pub state: String,
+    /// Buckets the worker holds a lease on now.
     pub buckets_held: i64,
+    /// Calls per second granted at the last heartbeat; none when the job has no rate limit.
     pub rate_share: Option<f64>,
+    /// The figures the worker sent with its last heartbeat (JSON).
     pub stats: serde_json::Value,
 }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 
+/// The file that marks a state directory: its format, store version and last checkpoint.
 pub const MARKER: &str = "highwater.json";
 
 pub(super) const MARKER_FORMAT: &str = "highwater-state";

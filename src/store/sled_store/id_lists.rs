@@ -23,6 +23,7 @@ use std::sync::Mutex;
 
 use super::results_log::{read_at_most, LogError};
 
+/// The ID lists' file name in the state directory.
 pub const FILE: &str = "ids.log";
 
 const HEADER: u64 = 8;
@@ -30,13 +31,17 @@ const HEADER: u64 = 8;
 /// Where one list is: what the offset log keeps for a segment (12 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListRef {
+    /// Where the entry starts in the file (bytes).
     pub at: u64,
+    /// The list's length (bytes, header excluded).
     pub len: u32,
 }
 
 impl ListRef {
+    /// Bytes of [`ListRef::to_bytes`].
     pub const SIZE: usize = 12;
 
+    /// `at` (u64) then `len` (u32), big-endian.
     pub fn to_bytes(self) -> [u8; 12] {
         let mut out = [0; 12];
         out[..8].copy_from_slice(&self.at.to_be_bytes());

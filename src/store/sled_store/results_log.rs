@@ -31,7 +31,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// The results log's file name in the state directory.
 pub const LOG_FILE: &str = "results.log";
+/// The positions file's name in the state directory.
 pub const POSITIONS_FILE: &str = "positions";
 
 /// How often (at most) a sync also makes the positions durable and moves
@@ -59,6 +61,7 @@ pub struct Durable {
 }
 
 impl Durable {
+    /// The 24 bytes the store keeps: `covers`, `synced`, `positions`, each u64 big-endian.
     pub fn to_bytes(self) -> [u8; 24] {
         let mut out = [0; 24];
         out[..8].copy_from_slice(&self.covers.to_be_bytes());
@@ -67,6 +70,7 @@ impl Durable {
         out
     }
 
+    /// Read [`Durable::to_bytes`]'s 24 bytes, or the 16 of older stores (`positions` 0); none for any other length.
     pub fn from_bytes(bytes: &[u8]) -> Option<Durable> {
         let word = |i: usize| Some(u64::from_be_bytes(bytes.get(i..i + 8)?.try_into().ok()?));
         match bytes.len() {
@@ -83,13 +87,22 @@ impl Durable {
 /// Errors of the results log; the store says which directory.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
+    /// A file operation on the log or the positions file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// A file holds what a crash cannot leave behind (see the module doc).
     #[error("{path}: {reason}")]
-    Damaged { path: PathBuf, reason: String },
+    Damaged {
+        /// The damaged file.
+        path: PathBuf,
+        /// What is wrong: a bad entry before the durable length, a positions file shorter than recorded.
+        reason: String,
+    },
 }
 
 /// A row's position not yet written to the positions file.
@@ -130,8 +143,11 @@ pub struct ResultsLog {
 /// One record read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The input row the record is for.
     pub row: u64,
+    /// The item's ID, as stored with the record.
     pub id: String,
+    /// The record's bytes, as the store encoded them.
     pub record: Vec<u8>,
 }
 
@@ -557,6 +573,7 @@ impl ResultsLog {
             .len
     }
 
+    /// Whether nothing was ever appended.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
