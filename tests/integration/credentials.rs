@@ -343,7 +343,7 @@ fn fleet_worker(h: &Harness, name: &str, url: &str, extra: &[String]) -> std::pr
 #[cfg(feature = "postgres")]
 #[test]
 fn each_worker_of_a_postgres_fleet_renews_its_own_token_through_a_30_second_job() {
-    use crate::postgres::pg_cluster;
+    use crate::pg_cluster;
 
     let h = api();
     let db = pg_cluster::fresh_db();

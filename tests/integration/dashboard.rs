@@ -446,7 +446,7 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
 #[cfg(feature = "postgres")]
 #[test]
 fn a_fleets_dashboard_lists_its_workers_and_charts_them_together() {
-    use crate::postgres::pg_cluster;
+    use crate::pg_cluster;
     let h = Harness::new(ApiConfig {
         latency_min: Duration::from_millis(1),
         latency_max: Duration::from_millis(3),

@@ -2,9 +2,15 @@
 //!
 //! One test binary; each module tells one part of the users' story. [`harness`] starts the
 //! fake API with chosen faults, runs the binary, kills and resumes it, and reads the export;
-//! [`scenario`] tells such a story in one chain.
+//! [`scenario`] tells such a story in one chain, and `fleet` (with the `postgres` feature)
+//! the story of a job many workers share in a database of a throwaway cluster (`pg_cluster`).
 
+#[cfg(feature = "postgres")]
+mod fleet;
 mod harness;
+#[cfg(feature = "postgres")]
+#[path = "../support/pg_cluster.rs"]
+mod pg_cluster;
 mod scenario;
 
 mod answers;

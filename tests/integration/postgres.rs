@@ -8,117 +8,33 @@ use highwater::demo::api::{ApiConfig, Fault};
 use highwater::engine::max_unsynced_items;
 use rand::Rng;
 
-#[path = "../support/pg_cluster.rs"]
-pub(crate) mod pg_cluster;
-
+use crate::fleet::{finish_within, Fleet};
 use crate::harness::*;
+use crate::pg_cluster;
 
-pub(crate) const JOB: &str = "crash";
+const JOB: &str = "crash";
 
-/// `export --state URL --job JOB`, parsed.
-pub(crate) fn export(h: &Harness, url: &str) -> Vec<serde_json::Value> {
-    let out = h.run(&["export", "--state", url, "--job", JOB]);
-    out.expect_code(0);
-    out.stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("export lines are JSON"))
-        .collect()
-}
+/// The flags of a worker joining the job (no input).
+const JOINER: [&str; 8] = [
+    "--concurrency",
+    "8",
+    "--lease-ttl",
+    "2s",
+    "--shutdown-timeout",
+    "2s",
+    "--progress-interval",
+    "0",
+];
 
-/// A worker joining the job (no input), with `extra` flags.
-pub(crate) fn join_with(h: &Harness, url: &str, extra: &[&str]) -> Child {
-    let mut args = vec![
-        "run",
-        "--state",
-        url,
-        "--job",
-        JOB,
-        "--concurrency",
-        "8",
-        "--lease-ttl",
-        "2s",
-        "--shutdown-timeout",
-        "2s",
-        "--progress-interval",
-        "0",
-    ];
-    args.extend(extra);
-    h.spawn(&args)
-}
-
-/// A worker joining the job (no input).
-pub(crate) fn join(h: &Harness, url: &str) -> Child {
-    join_with(h, url, &[])
-}
-
-/// Wait until `calls` more calls were made, or every worker exited.
-pub(crate) fn progress(h: &Harness, workers: &mut [Child], calls: u64) {
-    let target = h.api.total_calls() + calls;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while h.api.total_calls() < target {
-        if workers.iter_mut().all(|w| w.try_wait().unwrap().is_some()) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no progress in 120 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Wait for every worker to exit by itself within `secs`; if one does not, kill them all and
-/// fail with what they logged.
-pub(crate) fn finish_within(workers: Vec<Child>, secs: u64) -> Vec<Run> {
-    let mut workers = workers;
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !workers.iter_mut().all(|w| w.try_wait().unwrap().is_some()) {
-        if Instant::now() > deadline {
-            for w in &mut workers {
-                let _ = w.kill();
-            }
-            let logs: Vec<String> = workers
-                .into_iter()
-                .map(|w| {
-                    let r = finish(w);
-                    let tail: Vec<&str> = r.stderr.lines().rev().take(40).collect();
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                })
-                .collect();
-            panic!(
-                "the workers did not finish in {secs} s; their logs' ends:\n{}",
-                logs.join("\n---\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    workers.into_iter().map(finish).collect()
-}
-
-/// Run `sql` in the test's schema (as the superuser, through the socket); its output.
-pub(crate) fn query(db: &pg_cluster::TestDb, sql: &str) -> String {
-    pg_cluster::shared().psql(
-        &db.name,
-        &format!("SET search_path TO {}; {sql}", db.schema),
-    )
-}
-
-/// Wait until `sql` answers `want` (within `secs`), saying `what` if it never does.
-pub(crate) fn wait_for_sql(db: &pg_cluster::TestDb, sql: &str, want: &str, secs: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let got = query(db, sql);
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {sql} gives {got:?}, not {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// The job `JOB` in a fresh database; its joining workers get [`JOINER`], its first worker
+/// only what each test gives it.
+fn fleet(h: &Harness) -> Fleet<'_> {
+    Fleet::new(h, JOB).join_flags(&JOINER)
 }
 
 /// The calls a clean run makes for `id`: one, plus the failing attempts of a transient fault
 /// (a slow answer times out: `--timeout` is below the fake API's `slow_delay`).
-pub(crate) fn clean_calls(h: &Harness, id: &str) -> u64 {
+fn clean_calls(h: &Harness, id: &str) -> u64 {
     let transient = u64::from(h.api.config().transient_attempts);
     match h.api.fault(id) {
         Fault::None | Fault::NotFound => 1,
@@ -142,57 +58,45 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         slow_delay: Duration::from_secs(2),
         ..ApiConfig::faulty()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(20_000);
     let expected_total: u64 = ids.iter().map(|id| clean_calls(&h, id)).sum();
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
     let concurrency = CRASH_CONCURRENCY.to_string();
     // Adaptive control on (the default): the flaky API's steady ~9% of transient failures
     // (503s, drops, timeouts) once drove the controller to its 1/s floor within 2 s; the
     // pushback filter now learns that share (seen at a load of 17: 180-910 calls/s, 470/s
     // on average, against 750/s with `--adaptive off`; no full second below 180).
     let worker_flags = ["--concurrency", concurrency.as_str()];
-    let mut first = h.spawn(&[
-        "run",
-        "--state",
-        &url,
-        "--job",
-        JOB,
-        "--input",
-        p(&input),
-        "--url",
-        &api,
-        "--bucket-size",
-        "50",
-        "--timeout",
-        "500ms",
-        "--retry-initial",
-        "5ms",
-        "--retry-max",
-        "50ms",
-        "--concurrency",
-        &concurrency,
-        "--lease-ttl",
-        "2s",
-        "--shutdown-timeout",
-        "2s",
-        "--progress-interval",
-        "0",
-    ]);
+    let mut first = fleet.create(
+        &input,
+        &[
+            "--bucket-size",
+            "50",
+            "--timeout",
+            "500ms",
+            "--retry-initial",
+            "5ms",
+            "--retry-max",
+            "50ms",
+            "--concurrency",
+            &concurrency,
+            "--lease-ttl",
+            "2s",
+            "--shutdown-timeout",
+            "2s",
+            "--progress-interval",
+            "0",
+        ],
+    );
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
     // Joining workers find the input where the job says it is: any of them plans on when
     // the planner is killed.
-    let mut workers = vec![
-        first,
-        join_with(&h, &url, &worker_flags),
-        join_with(&h, &url, &worker_flags),
-    ];
+    let mut workers = vec![first, fleet.join(&worker_flags), fleet.join(&worker_flags)];
     let mut rng = rand::rng();
     let mut kills = 0;
     while kills < 10 {
-        progress(&h, &mut workers, 800);
+        fleet.progress(&mut workers, 800);
         let i = rng.random_range(0..workers.len());
         assert!(
             workers[i].try_wait().unwrap().is_none(),
@@ -201,7 +105,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         signal(&workers[i], libc::SIGKILL);
         kills += 1;
         let _ = workers[i].wait();
-        workers[i] = join_with(&h, &url, &worker_flags);
+        workers[i] = fleet.join(&worker_flags);
     }
     let killed_at = started.elapsed();
     // One worker paused past its TTL: its session expires and its buckets are taken over;
@@ -214,7 +118,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
             tries <= 50,
             "no worker held a bucket with pending items in 50 tries"
         );
-        progress(&h, &mut workers, 300);
+        fleet.progress(&mut workers, 300);
         let i = rng.random_range(0..workers.len());
         assert!(
             workers[i].try_wait().unwrap().is_none(),
@@ -222,31 +126,26 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         );
         signal(&workers[i], libc::SIGSTOP);
         let pid = workers[i].id();
-        let pending = query(
-            &db,
-            &format!(
-                "SELECT count(*) FROM hw_item i \
-                 JOIN hw_bucket b ON b.job_id = i.job_id AND b.rerun = 0 AND b.bucket = i.bucket \
-                 JOIN hw_worker w ON w.worker_id = b.owner \
-                 WHERE w.pid = {pid} AND b.state = 'leased' AND i.status = 'pending'"
-            ),
-        );
+        let pending = fleet.query(&format!(
+            "SELECT count(*) FROM hw_item i \
+             JOIN hw_bucket b ON b.job_id = i.job_id AND b.rerun = 0 AND b.bucket = i.bucket \
+             JOIN hw_worker w ON w.worker_id = b.owner \
+             WHERE w.pid = {pid} AND b.state = 'leased' AND i.status = 'pending'"
+        ));
         if pending != "0" {
             break (i, pid);
         }
         signal(&workers[i], libc::SIGCONT);
     };
     let stopped_at = started.elapsed();
-    wait_for_sql(
-        &db,
+    fleet.wait_for_sql(
         &format!("SELECT count(*) FROM hw_worker WHERE pid = {pid} AND expires_at < now()"),
         "1",
         30,
         "the paused worker's session expires",
     );
     let expired_at = started.elapsed();
-    wait_for_sql(
-        &db,
+    fleet.wait_for_sql(
         &format!(
             "SELECT count(*) FROM hw_bucket b JOIN hw_worker w ON w.worker_id = b.owner \
              WHERE w.pid = {pid} AND b.state = 'leased'"
@@ -275,11 +174,9 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
     // That late results are fenced out is the engine's fleet test
     // `a_worker_that_lost_its_buckets_writes_nothing_that_counts`, on this store too;
     // here, the export below holds every ID exactly once whatever the paused worker did.
-    let exported = export(&h, &url);
+    let exported = fleet.export();
     h.check_export_exactly_once(&exported, &ids);
-    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
-    status.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    let status = fleet.status();
     let not_found = ids
         .iter()
         .filter(|id| h.api.fault(id) == Fault::NotFound)
@@ -303,7 +200,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
         repeated <= bound,
         "{repeated} repeated calls after {kills} kills and a pause; bound {bound}"
     );
-    let switches = query(&db, "SELECT sum(owner_switches) FROM hw_bucket");
+    let switches = fleet.query("SELECT sum(owner_switches) FROM hw_bucket");
     eprintln!("calls per second: {:?}", calls_per_second(&h));
     eprintln!(
         "{kills} kills (done at {killed_at:.1?}), a worker paused at {stopped_at:.1?}, \
@@ -315,7 +212,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
 }
 
 /// The API's calls in each second of the run, from its own arrival times.
-pub(crate) fn calls_per_second(h: &Harness) -> Vec<u64> {
+fn calls_per_second(h: &Harness) -> Vec<u64> {
     let times = h.api.call_times();
     let mut per_s: Vec<u64> = Vec::new();
     for t in &times {
@@ -334,47 +231,37 @@ pub(crate) fn calls_per_second(h: &Harness) -> Vec<u64> {
 #[test]
 fn a_fleet_runs_a_parquet_input_with_a_null_id() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let (rows, null_row) = crate::inputs::parquet_rows();
     let input = crate::inputs::parquet_input(&h, "ids.parquet", &rows, 1000);
-    let api = h.url();
-    let mut first = h.spawn(&[
-        "run",
-        "--state",
-        &url,
-        "--job",
-        JOB,
-        "--input",
-        p(&input),
-        "--id-column",
-        "id",
-        "--skip-bad-lines",
-        "--url",
-        &api,
-        "--bucket-size",
-        "50",
-        "--concurrency",
-        "4",
-        "--lease-ttl",
-        "2s",
-        "--progress-interval",
-        "0",
-    ]);
+    let mut first = fleet.create(
+        &input,
+        &[
+            "--id-column",
+            "id",
+            "--skip-bad-lines",
+            "--bucket-size",
+            "50",
+            "--concurrency",
+            "4",
+            "--lease-ttl",
+            "2s",
+            "--progress-interval",
+            "0",
+        ],
+    );
     assert!(h.wait_for_calls(&mut first, 500), "the first worker calls");
-    let mut workers = vec![join(&h, &url), join(&h, &url)];
+    let mut workers = vec![fleet.join(&[]), fleet.join(&[])];
     // The planner dies in the first row group; a joining worker plans on from its cursor.
     first.kill().unwrap();
     first.wait().unwrap();
-    workers.push(join(&h, &url));
+    workers.push(fleet.join(&[]));
     for run in finish_within(workers, 120) {
         assert_eq!(run.code, 0, "{run:?}");
     }
     let ids: Vec<String> = rows.iter().flatten().cloned().collect();
-    h.check_export_exactly_once(&export(&h, &url), &ids);
-    let out = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
-    out.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    h.check_export_exactly_once(&fleet.export(), &ids);
+    let status = fleet.status();
     assert_eq!(status["stats"]["bad_lines"], 1, "{status}");
     assert_eq!(status["stats"]["rows_read"], rows.len(), "{status}");
     assert_eq!(status["bad_line_examples"][0]["row"], null_row, "{status}");
@@ -383,8 +270,7 @@ fn a_fleet_runs_a_parquet_input_with_a_null_id() {
 #[test]
 fn a_fleet_runs_a_folder_input_and_a_part_added_later_as_a_grown_input() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let dir = h.path("parts");
     std::fs::create_dir(&dir).unwrap();
     let all = ids(1_600);
@@ -395,17 +281,7 @@ fn a_fleet_runs_a_folder_input_and_a_part_added_later_as_a_grown_input() {
     for (n, chunk) in all[..1_200].chunks(400).enumerate() {
         part(n, chunk);
     }
-    let api = h.url();
-    let first_args = [
-        "run",
-        "--state",
-        &url,
-        "--job",
-        JOB,
-        "--input",
-        p(&dir),
-        "--url",
-        &api,
+    let first_flags = [
         "--bucket-size",
         "30",
         "--concurrency",
@@ -415,28 +291,28 @@ fn a_fleet_runs_a_folder_input_and_a_part_added_later_as_a_grown_input() {
         "--progress-interval",
         "0",
     ];
-    let mut first = h.spawn(&first_args);
+    let mut first = fleet.create(&dir, &first_flags);
     assert!(h.wait_for_calls(&mut first, 300), "the first worker calls");
-    let mut workers = vec![join(&h, &url)];
+    let mut workers = vec![fleet.join(&[])];
     // The planner dies in the first file; a joining worker plans on from its cursor.
     first.kill().unwrap();
     first.wait().unwrap();
-    workers.push(join(&h, &url));
+    workers.push(fleet.join(&[]));
     for run in finish_within(workers, 120) {
         assert_eq!(run.code, 0, "{run:?}");
     }
-    h.check_export_exactly_once(&export(&h, &url), &all[..1_200]);
+    h.check_export_exactly_once(&fleet.export(), &all[..1_200]);
     // Another part: a run given the folder plans it after the last bucket.
     part(3, &all[1_200..]);
     let calls = h.api.total_calls();
-    let run = finish_within(vec![h.spawn(&first_args)], 120).remove(0);
+    let run = finish_within(vec![fleet.create(&dir, &first_flags)], 120).remove(0);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(
         h.api.total_calls() - calls,
         400,
         "only the new part is called"
     );
-    h.check_export_exactly_once(&export(&h, &url), &all);
+    h.check_export_exactly_once(&fleet.export(), &all);
 }
 
 #[test]
@@ -469,67 +345,48 @@ fn sigterm_drains_a_worker_and_releases_its_buckets_at_once() {
         latency_max: Duration::from_millis(40),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(1_500);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut worker = h.spawn(&[
-        "run",
-        "--state",
-        &url,
-        "--job",
-        JOB,
-        "--input",
-        p(&input),
-        "--url",
-        &api,
-        "--bucket-size",
-        "20",
-        "--concurrency",
-        "4",
-        "--lease-ttl",
-        "30s",
-        "--progress-interval",
-        "0",
-    ]);
+    let mut worker = fleet.create(
+        &input,
+        &[
+            "--bucket-size",
+            "20",
+            "--concurrency",
+            "4",
+            "--lease-ttl",
+            "30s",
+            "--progress-interval",
+            "0",
+        ],
+    );
     assert!(h.wait_for_calls(&mut worker, 50), "the worker calls");
-    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
-    status.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    let status = fleet.status();
     let workers = status["workers"]
         .as_array()
         .expect("status lists the workers");
     assert_eq!(workers.len(), 1, "{status}");
     assert_eq!(workers[0]["state"], "alive", "{status}");
     assert_eq!(workers[0]["pid"], worker.id(), "{status}");
-    let text = h.run(&["status", "--state", &url, "--job", JOB]);
-    text.expect_code(0);
-    assert!(text.stdout.contains("workers:    1"), "{}", text.stdout);
+    let text = fleet.status_text();
+    assert!(text.contains("workers:    1"), "{text}");
     signal(&worker, libc::SIGTERM);
     let run = finish(worker);
     run.expect_code(130).expect_stderr(&format!("--job {JOB}"));
     // No TTL to wait for: nothing is leased, the session is gone.
-    let query = |sql: &str| {
-        pg_cluster::shared().psql(
-            &db.name,
-            &format!("SET search_path TO {}; {sql}", db.schema),
-        )
-    };
     assert_eq!(
-        query("SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
+        fleet.query("SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
         "0"
     );
-    assert_eq!(query("SELECT count(*) FROM hw_worker"), "0");
-    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
-    status.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+    assert_eq!(fleet.query("SELECT count(*) FROM hw_worker"), "0");
+    let status = fleet.status();
     assert_eq!(status["finished"], false);
     assert_eq!(status["workers"].as_array().map(Vec::len), Some(0));
     // A joining worker finishes the job.
-    let rest = finish(join(&h, &url));
+    let rest = finish(fleet.join(&[]));
     assert!(rest.code == 0 || rest.code == 3, "{rest:?}");
-    h.check_export_exactly_once(&export(&h, &url), &ids);
+    h.check_export_exactly_once(&fleet.export(), &ids);
 }
 
 #[test]
@@ -541,33 +398,25 @@ fn a_database_restart_mid_run_loses_and_doubles_nothing() {
     });
     // A cluster of its own: the shared one serves the other tests.
     let cluster = pg_cluster::PgCluster::start();
-    let db = cluster.create_db();
-    let url = db.url.clone();
+    let fleet = Fleet::in_cluster(&h, &cluster, JOB).join_flags(&JOINER);
     let ids = ids(3_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut first = h.spawn(&[
-        "run",
-        "--state",
-        &url,
-        "--job",
-        JOB,
-        "--input",
-        p(&input),
-        "--url",
-        &api,
-        "--bucket-size",
-        "25",
-        "--concurrency",
-        "8",
-        "--lease-ttl",
-        "10s",
-        "--progress-interval",
-        "0",
-    ]);
+    let mut first = fleet.create(
+        &input,
+        &[
+            "--bucket-size",
+            "25",
+            "--concurrency",
+            "8",
+            "--lease-ttl",
+            "10s",
+            "--progress-interval",
+            "0",
+        ],
+    );
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
-    let mut workers = vec![first, join(&h, &url)];
-    progress(&h, &mut workers, 800);
+    let mut workers = vec![first, fleet.join(&[])];
+    fleet.progress(&mut workers, 800);
     cluster.restart();
     let runs: Vec<Run> = workers.into_iter().map(finish).collect();
     for r in &runs {
@@ -578,7 +427,7 @@ fn a_database_restart_mid_run_loses_and_doubles_nothing() {
             .any(|r| r.stderr.contains("the database is unreachable")),
         "the restart was seen: {runs:?}"
     );
-    h.check_export_exactly_once(&export(&h, &url), &ids);
+    h.check_export_exactly_once(&fleet.export(), &ids);
 }
 
 /// The arguments of a fleet worker with `--rate 600` as the job's total.
@@ -593,38 +442,20 @@ const FLEET_RATE: [&str; 8] = [
     "0",
 ];
 
-/// Start a fleet of three workers at `--rate 600` (`extra` for each), the first creating
-/// the job; the others join once it calls.
-fn fleet_of_three(h: &Harness, url: &str, ids: &[String], extra: &[&str]) -> Vec<Child> {
+/// Start a fleet of three workers at `--rate 600` (`extra` for each) on a job of a fresh
+/// database, the first creating the job; the others join once it calls.
+fn fleet_of_three<'h>(h: &'h Harness, ids: &[String], extra: &[&str]) -> (Fleet<'h>, Vec<Child>) {
     let input = h.ids_file("ids.txt", ids);
-    let api = h.url();
-    let mut first = vec![
-        "run",
-        "--state",
-        url,
-        "--job",
-        JOB,
-        "--input",
-        p(&input),
-        "--url",
-        &api,
-        "--bucket-size",
-        "50",
-    ];
-    first.extend(FLEET_RATE);
-    first.extend(extra);
-    let mut workers = vec![h.spawn(&first)];
+    let fleet = Fleet::new(h, JOB).flags(&FLEET_RATE).flags(extra);
+    let mut workers = vec![fleet.create(&input, &["--bucket-size", "50"])];
     assert!(
         h.wait_for_calls(&mut workers[0], 20),
         "the first worker calls"
     );
     for _ in 0..2 {
-        let mut args = vec!["run", "--state", url, "--job", JOB];
-        args.extend(FLEET_RATE);
-        args.extend(extra);
-        workers.push(h.spawn(&args));
+        workers.push(fleet.join(&[]));
     }
-    workers
+    (fleet, workers)
 }
 
 /// Wait for every worker; each must exit 0.
@@ -636,11 +467,8 @@ fn all_exit_0(workers: Vec<Child>) {
 }
 
 /// The rate shares of the live workers, as `status --json` lists them.
-fn live_shares(h: &Harness, url: &str) -> Vec<f64> {
-    let out = h.run(&["status", "--state", url, "--job", JOB, "--json"]);
-    out.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    status["workers"]
+fn live_shares(fleet: &Fleet) -> Vec<f64> {
+    fleet.status()["workers"]
         .as_array()
         .map(|ws| {
             ws.iter()
@@ -656,13 +484,12 @@ fn live_shares(h: &Harness, url: &str) -> Vec<f64> {
 #[test]
 fn three_workers_share_one_rate_limit() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
     let ids = ids(4_000);
     // Without adaptive control: on a loaded machine the controllers take scheduling delays
     // for a latency rise and cut their shares (seen with it: 250-387/s over the middle of
     // the run, 476-498 calls in the best second, no 429; against a 25 ms API, 311-498/s and
     // 497-585). The shares and their use are what this tests.
-    let mut workers = fleet_of_three(&h, &db.url, &ids, &["--adaptive", "off"]);
+    let (fleet, mut workers) = fleet_of_three(&h, &ids, &["--adaptive", "off"]);
     // The shares converge to fair: 200 each, all of the 600 in use.
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut shares: Vec<f64> = Vec::new();
@@ -672,11 +499,11 @@ fn three_workers_share_one_rate_limit() {
                 && workers.iter_mut().all(|w| w.try_wait().unwrap().is_none()),
             "the shares did not converge to 200 each while the workers ran: {shares:?}"
         );
-        shares = live_shares(&h, &db.url);
+        shares = live_shares(&fleet);
         assert!(shares.iter().sum::<f64>() <= 600.0 + 1e-6, "{shares:?}");
     }
     all_exit_0(workers);
-    h.check_export_exactly_once(&export(&h, &db.url), &ids);
+    h.check_export_exactly_once(&fleet.export(), &ids);
     assert_eq!(h.api.total_calls(), 4_000);
     // The bound with room for a loaded machine (arrivals bunched by scheduling, a share
     // handed over a heartbeat apart); a rate per worker would send 1800/s.
@@ -719,15 +546,15 @@ fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
         seed: 17,
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
     let ids = ids(2_000);
     let throttled: Vec<&String> = ids
         .iter()
         .filter(|id| h.api.fault(id) == Fault::Throttled)
         .collect();
     assert!(!throttled.is_empty(), "the seed throttles some IDs");
-    all_exit_0(fleet_of_three(&h, &db.url, &ids, &[]));
-    h.check_export_exactly_once(&export(&h, &db.url), &ids);
+    let (fleet, workers) = fleet_of_three(&h, &ids, &[]);
+    all_exit_0(workers);
+    h.check_export_exactly_once(&fleet.export(), &ids);
     let times = h.api.call_times();
     for id in throttled {
         let first = h.api.calls_per_id_times(id)[0];
@@ -749,17 +576,13 @@ fn a_retry_after_seen_by_one_worker_pauses_the_fleet() {
 #[test]
 fn a_refused_creation_leaves_no_job_in_the_database() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    // No flags but each attempt's own: what is refused is the point.
+    let fleet = Fleet::new(&h, JOB);
     let input = h.ids_file("ids.txt", &ids(20));
     let empty = h.ids_file("empty.txt", &[]);
     let api = h.url();
-    let jobs = || query(&db, "SELECT count(*) FROM hw_job");
-    let create = |extra: &[&str]| {
-        let mut args = vec!["run", "--state", &url, "--job", JOB];
-        args.extend(extra);
-        h.run(&args)
-    };
+    let jobs = || fleet.query("SELECT count(*) FROM hw_job");
+    let create = |extra: &[&str]| fleet.run("run", extra);
     let unset = format!("{api}?k=${{HW_TEST_NEVER_SET}}");
     for (extra, code, said) in [
         (
@@ -792,5 +615,5 @@ fn a_refused_creation_leaves_no_job_in_the_database() {
         .expect_code(1)
         .expect_stderr("--url");
     assert_eq!(jobs(), "1");
-    h.check_export_exactly_once(&export(&h, &url), &ids(20));
+    h.check_export_exactly_once(&fleet.export(), &ids(20));
 }

@@ -13,8 +13,28 @@ use highwater::engine::max_unsynced_items;
 use tokio::net::{TcpListener, UnixStream};
 use tokio::task::AbortHandle;
 
+use crate::fleet::Fleet;
 use crate::harness::*;
-use crate::postgres::{export, join_with, pg_cluster, progress, query, JOB};
+use crate::pg_cluster;
+
+const JOB: &str = "crash";
+
+/// The job `JOB` in a fresh database: every worker at `--concurrency 8` with a 2 s TTL, the
+/// first (the one given the input) planning buckets of 50.
+fn fleet(h: &Harness) -> Fleet<'_> {
+    Fleet::new(h, JOB)
+        .flags(&[
+            "--concurrency",
+            "8",
+            "--lease-ttl",
+            "2s",
+            "--shutdown-timeout",
+            "2s",
+            "--progress-interval",
+            "0",
+        ])
+        .create_flags(&["--bucket-size", "50"])
+}
 
 /// A TCP proxy on 127.0.0.1 in front of the test cluster's unix socket: a worker given
 /// [`PgProxy::url`] reaches the database only through it, and the test can cut every
@@ -112,31 +132,6 @@ fn all_finish(workers: Vec<Child>) -> Vec<Run> {
     runs
 }
 
-/// The first worker's arguments: it creates the job from `input` against the fake API.
-fn create_args<'a>(url: &'a str, input: &'a std::path::Path, api: &'a str) -> Vec<&'a str> {
-    vec![
-        "run",
-        "--state",
-        url,
-        "--job",
-        JOB,
-        "--input",
-        p(input),
-        "--url",
-        api,
-        "--bucket-size",
-        "50",
-        "--concurrency",
-        "8",
-        "--lease-ttl",
-        "2s",
-        "--shutdown-timeout",
-        "2s",
-        "--progress-interval",
-        "0",
-    ]
-}
-
 /// One worker's connections cut twice mid-run: once, and once with new connections refused
 /// for longer than its TTL (its session expires; its buckets go to the others). It
 /// reconnects and goes on; nothing is lost or doubled, and the job finishes.
@@ -148,33 +143,31 @@ fn a_worker_whose_database_connections_are_cut_reconnects_and_nothing_is_lost() 
         latency_max: Duration::from_millis(5),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let proxy = PgProxy::start(&db);
-    let proxied_url = proxy.url(&db);
+    let fleet = fleet(&h);
+    let proxy = PgProxy::start(fleet.db());
+    let proxied_url = proxy.url(fleet.db());
     let ids = ids(8_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
     // The proxied worker creates the job (and plans it) through the proxy.
-    let mut proxied = h.spawn(&create_args(&proxied_url, &input, &api));
+    let mut proxied = fleet.create_through(&proxied_url, &input, &[]);
     assert!(
         h.wait_for_calls(&mut proxied, 1),
         "the proxied worker calls"
     );
-    let mut workers = vec![proxied, join_with(&h, &db.url, &[])];
-    progress(&h, &mut workers, 1_500);
+    let mut workers = vec![proxied, fleet.join(&[])];
+    fleet.progress(&mut workers, 1_500);
     let cut = proxy.cut();
     assert!(
         cut >= 2,
         "the proxied worker had its connections open: {cut}"
     );
-    progress(&h, &mut workers, 1_500);
+    fleet.progress(&mut workers, 1_500);
     // Cut again, and refuse new connections until the proxied worker's session expired.
     let pid = workers[0].id();
     proxy.refuse(true);
     proxy.cut();
     let carried_before = proxy.carried();
-    crate::postgres::wait_for_sql(
-        &db,
+    fleet.wait_for_sql(
         &format!("SELECT count(*) FROM hw_worker WHERE pid = {pid} AND expires_at < now()"),
         "1",
         30,
@@ -195,7 +188,7 @@ fn a_worker_whose_database_connections_are_cut_reconnects_and_nothing_is_lost() 
         cut_off.contains("session expired"),
         "the proxied worker learned its session expired: {cut_off}"
     );
-    h.check_export_exactly_once(&export(&h, &db.url), &ids);
+    h.check_export_exactly_once(&fleet.export(), &ids);
     // Repeated calls: what the cut-off worker had in flight or unflushed when its session
     // expired (a cut alone repeats no call: its writes wait in memory and go through).
     let repeated = h.api.total_calls() - ids.len() as u64;
@@ -224,24 +217,17 @@ fn an_api_outage_longer_than_the_ttl_steals_no_bucket_and_loses_nothing() {
         latency_max: Duration::from_millis(3),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
+    let fleet = fleet(&h);
     let ids = ids(4_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut args = create_args(&db.url, &input, &api);
-    args.extend(["--timeout", "1s", "--max-attempts", "3"]);
-    let mut first = h.spawn(&args);
+    let mut first = fleet.create(&input, &["--timeout", "1s", "--max-attempts", "3"]);
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
-    let mut workers = vec![
-        first,
-        join_with(&h, &db.url, &[]),
-        join_with(&h, &db.url, &[]),
-    ];
-    progress(&h, &mut workers, 1_500);
+    let mut workers = vec![first, fleet.join(&[]), fleet.join(&[])];
+    fleet.progress(&mut workers, 1_500);
     let live = "SELECT count(*) FROM hw_worker WHERE expires_at > now()";
     let held = "SELECT count(DISTINCT owner) FROM hw_bucket WHERE state = 'leased'";
     let switches = "SELECT coalesce(sum(owner_switches), 0) FROM hw_bucket";
-    assert_eq!(query(&db, live), "3");
+    assert_eq!(fleet.query(live), "3");
     h.block_on(h.api.set_down(true));
     let down_at = h.api.total_calls();
     // Down for 6 s (3 TTLs): all along, three live sessions and no bucket taken over.
@@ -249,15 +235,15 @@ fn an_api_outage_longer_than_the_ttl_steals_no_bucket_and_loses_nothing() {
     let mut checks = 0;
     while Instant::now() < until {
         assert_eq!(
-            query(&db, live),
+            fleet.query(live),
             "3",
             "a session expired during the API outage"
         );
-        assert_eq!(query(&db, switches), "0", "a bucket changed owner");
+        assert_eq!(fleet.query(switches), "0", "a bucket changed owner");
         checks += 1;
         std::thread::sleep(Duration::from_millis(200));
     }
-    let holders = query(&db, held);
+    let holders = fleet.query(held);
     h.block_on(h.api.set_down(false));
     let up_at = started.elapsed();
     let runs = all_finish(workers);
@@ -265,8 +251,8 @@ fn an_api_outage_longer_than_the_ttl_steals_no_bucket_and_loses_nothing() {
         assert_eq!(r.code, 0, "{r:?}");
         assert!(!r.stderr.contains("session expired"), "{}", r.stderr);
     }
-    assert_eq!(query(&db, switches), "0", "a bucket changed owner");
-    let exported = export(&h, &db.url);
+    assert_eq!(fleet.query(switches), "0", "a bucket changed owner");
+    let exported = fleet.export();
     h.check_export_exactly_once(&exported, &ids);
     assert!(exported.iter().all(|r| r["status"] == "ok"));
     let repeated = h.api.total_calls() - ids.len() as u64;
@@ -308,15 +294,13 @@ fn three_workers_above_a_hidden_capacity_reach_most_of_it_with_few_429s() {
         ..ApiConfig::fast()
     });
     h.api.set_capacity(Some(C));
-    let db = pg_cluster::fresh_db();
+    let fleet = fleet(&h);
     let ids = ids(6_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let fleet = ["--rate", "600", "--concurrency", "32", "--lease-ttl", "3s"];
-    let mut args = create_args(&db.url, &input, &api);
-    args.extend(fleet);
+    let limits = ["--rate", "600", "--concurrency", "32", "--lease-ttl", "3s"];
+    let mut first_flags = limits.to_vec();
     // Realistic retry waits: the controllers see the pushback before IDs run out of attempts.
-    args.extend([
+    first_flags.extend([
         "--max-attempts",
         "10",
         "--retry-initial",
@@ -324,13 +308,9 @@ fn three_workers_above_a_hidden_capacity_reach_most_of_it_with_few_429s() {
         "--retry-max",
         "1s",
     ]);
-    let mut first = h.spawn(&args);
+    let mut first = fleet.create(&input, &first_flags);
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
-    let mut workers = vec![
-        first,
-        join_with(&h, &db.url, &fleet),
-        join_with(&h, &db.url, &fleet),
-    ];
+    let mut workers = vec![first, fleet.join(&limits), fleet.join(&limits)];
     let mut samples = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(180);
     while !workers.iter_mut().all(|w| w.try_wait().unwrap().is_some()) {
@@ -348,7 +328,7 @@ fn three_workers_above_a_hidden_capacity_reach_most_of_it_with_few_429s() {
     for r in all_finish(workers) {
         assert_eq!(r.code, 0, "{r:?}");
     }
-    let exported = export(&h, &db.url);
+    let exported = fleet.export();
     h.check_export_exactly_once(&exported, &ids);
     let n = ids.len() as f64;
     let at = |share: f64| {

@@ -11,41 +11,17 @@ use std::time::{Duration, Instant};
 
 use highwater::demo::api::{ApiConfig, Fault};
 
-use crate::postgres::pg_cluster;
-
+use crate::fleet::Fleet;
 use crate::harness::*;
 
 const JOB: &str = "fleet";
 
-/// `status --state URL --job JOB --json`, parsed.
-fn status(h: &Harness, url: &str) -> serde_json::Value {
-    let out = h.run(&["status", "--state", url, "--job", JOB, "--json"]);
-    out.expect_code(0);
-    serde_json::from_str(out.stdout.trim()).expect("status --json is JSON")
-}
+/// The flags every worker of these tests gets.
+const WORKER: [&str; 4] = ["--lease-ttl", "2s", "--progress-interval", "0"];
 
-/// `status --state URL --job JOB` as text.
-fn status_text(h: &Harness, url: &str) -> String {
-    let out = h.run(&["status", "--state", url, "--job", JOB]);
-    out.expect_code(0);
-    out.stdout
-}
-
-/// `run --state URL --job JOB` with `extra`, started.
-fn worker(h: &Harness, url: &str, extra: &[&str]) -> Child {
-    let mut args = vec![
-        "run",
-        "--state",
-        url,
-        "--job",
-        JOB,
-        "--lease-ttl",
-        "2s",
-        "--progress-interval",
-        "0",
-    ];
-    args.extend_from_slice(extra);
-    h.spawn(&args)
+/// The job `JOB` in a fresh database, each worker started with [`WORKER`].
+fn fleet(h: &Harness) -> Fleet<'_> {
+    Fleet::new(h, JOB).flags(&WORKER)
 }
 
 /// Wait (with a deadline) until `ready` says yes.
@@ -57,24 +33,10 @@ fn until(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
-/// SQL in the test's schema.
-fn query(db: &pg_cluster::TestDb, sql: &str) -> String {
-    pg_cluster::shared().psql(
-        &db.name,
-        &format!("SET search_path TO {}; {sql}", db.schema),
-    )
-}
-
-/// A finished job of `ids`, created by a first worker.
-fn finished_job(h: &Harness, url: &str, ids: &[String]) -> std::path::PathBuf {
-    let input = h.ids_file("ids.txt", ids);
-    let api = h.url();
-    let first = worker(
-        h,
-        url,
-        &["--input", p(&input), "--url", &api, "--bucket-size", "10"],
-    );
-    finish(first).expect_code(0);
+/// A finished job of `ids`, created by a first worker; its input.
+fn finished_job(fleet: &Fleet, ids: &[String]) -> std::path::PathBuf {
+    let input = fleet.harness().ids_file("ids.txt", ids);
+    finish(fleet.create(&input, &["--bucket-size", "10"])).expect_code(0);
     input
 }
 
@@ -85,19 +47,12 @@ fn a_stopping_worker_shows_as_draining_while_it_finishes_what_it_holds() {
         latency_max: Duration::from_millis(2500),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(400);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut w = worker(
-        &h,
-        &url,
+    let mut w = fleet.create(
+        &input,
         &[
-            "--input",
-            p(&input),
-            "--url",
-            &api,
             "--bucket-size",
             "10",
             "--concurrency",
@@ -107,18 +62,18 @@ fn a_stopping_worker_shows_as_draining_while_it_finishes_what_it_holds() {
         ],
     );
     assert!(h.wait_for_calls(&mut w, 4), "the worker calls");
-    assert_eq!(status(&h, &url)["workers"][0]["state"], "alive");
+    assert_eq!(fleet.status()["workers"][0]["state"], "alive");
     signal(&w, libc::SIGTERM);
     // Its calls in flight take seconds: it drains, and says so, meanwhile.
     until("status shows the worker draining", || {
-        status(&h, &url)["workers"][0]["state"] == "draining"
+        fleet.status()["workers"][0]["state"] == "draining"
     });
-    assert!(status_text(&h, &url).contains(", draining, "));
+    assert!(fleet.status_text().contains(", draining, "));
     let run = finish(w);
     run.expect_code(130);
-    assert_eq!(query(&db, "SELECT count(*) FROM hw_worker"), "0");
+    assert_eq!(fleet.query("SELECT count(*) FROM hw_worker"), "0");
     assert_eq!(
-        query(&db, "SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
+        fleet.query("SELECT count(*) FROM hw_bucket WHERE state = 'leased'"),
         "0"
     );
 }
@@ -126,36 +81,34 @@ fn a_stopping_worker_shows_as_draining_while_it_finishes_what_it_holds() {
 #[test]
 fn a_job_whose_planner_is_gone_waits_for_a_worker_with_the_input_and_says_so() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(300);
-    let input = finished_job(&h, &url, &ids);
+    let input = finished_job(&fleet, &ids);
     // The planner died before it recorded the input's end: the lease is a gone session's.
-    query(
-        &db,
-        "UPDATE hw_job SET planner_exhausted = false, planner = gen_random_uuid()",
-    );
-    let s = status(&h, &url);
+    fleet.query("UPDATE hw_job SET planner_exhausted = false, planner = gen_random_uuid()");
+    let s = fleet.status();
     assert_eq!(s["planner"]["state"], "waiting", "{s}");
     assert_eq!(s["finished"], false, "{s}");
     assert!(
-        status_text(&h, &url).contains("waits for a worker with the input"),
+        fleet
+            .status_text()
+            .contains("waits for a worker with the input"),
         "{}",
-        status_text(&h, &url)
+        fleet.status_text()
     );
     // A worker without the input (on another machine: here, the file moved away) cannot
     // plan: it waits, it does not exit.
     let moved = h.path("elsewhere.txt");
     std::fs::rename(&input, &moved).unwrap();
-    let mut b = worker(&h, &url, &[]);
+    let mut b = fleet.join(&[]);
     until("the worker's session is alive", || {
-        status(&h, &url)["workers"][0]["state"] == "alive"
+        fleet.status()["workers"][0]["state"] == "alive"
     });
     std::thread::sleep(Duration::from_secs(3));
     assert!(b.try_wait().unwrap().is_none(), "the worker waits");
-    assert_eq!(status(&h, &url)["planner"]["state"], "waiting");
+    assert_eq!(fleet.status()["planner"]["state"], "waiting");
     // A worker with the input takes planning over; both finish.
-    let c = worker(&h, &url, &["--input", p(&moved)]);
+    let c = fleet.join(&["--input", p(&moved)]);
     finish(c).expect_code(0);
     let deadline = Instant::now() + Duration::from_secs(60);
     while b.try_wait().unwrap().is_none() {
@@ -163,7 +116,7 @@ fn a_job_whose_planner_is_gone_waits_for_a_worker_with_the_input_and_says_so() {
         std::thread::sleep(Duration::from_millis(50));
     }
     finish(b).expect_code(0);
-    let s = status(&h, &url);
+    let s = fleet.status();
     assert_eq!(
         (&s["planner"]["state"], &s["finished"]),
         (&"done".into(), &true.into())
@@ -174,25 +127,24 @@ fn a_job_whose_planner_is_gone_waits_for_a_worker_with_the_input_and_says_so() {
 #[test]
 fn a_joining_worker_may_not_change_what_the_job_means() {
     let h = Harness::new(ApiConfig::fast());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(50);
-    finished_job(&h, &url, &ids);
-    let spec = || query(&db, "SELECT spec::text FROM hw_job");
+    finished_job(&fleet, &ids);
+    let spec = || fleet.query("SELECT spec::text FROM hw_job");
     let before = spec();
     let other = format!("{}?v=2", h.url());
-    let refused = finish(worker(&h, &url, &["--url", &other]));
+    let refused = finish(fleet.join(&["--url", &other]));
     refused.expect_refused(1, &["--allow-spec-change"]);
-    let refused = finish(worker(&h, &url, &["--bucket-size", "5"]));
+    let refused = finish(fleet.join(&["--bucket-size", "5"]));
     refused.expect_refused(1, &["bucket"]);
     assert_eq!(spec(), before, "nothing changed");
     // Operational flags are a worker's own business.
-    finish(worker(&h, &url, &["--concurrency", "3", "--timeout", "7s"]))
+    finish(fleet.join(&["--concurrency", "3", "--timeout", "7s"]))
         .expect_code(0)
         .expect_stderr("already finished");
     // A meaning change asked for is accepted and recorded, as on a directory.
-    finish(worker(&h, &url, &["--url", &other, "--allow-spec-change"])).expect_code(0);
-    let history = status(&h, &url)["spec_history"].to_string();
+    finish(fleet.join(&["--url", &other, "--allow-spec-change"])).expect_code(0);
+    let history = fleet.status()["spec_history"].to_string();
     assert!(history.contains("v=2"), "{history}");
 }
 
@@ -203,19 +155,12 @@ fn a_workers_metrics_carry_its_name() {
         latency_max: Duration::from_millis(400),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(2_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut w = worker(
-        &h,
-        &url,
+    let mut w = fleet.create(
+        &input,
         &[
-            "--input",
-            p(&input),
-            "--url",
-            &api,
             "--concurrency",
             "2",
             "--metrics-addr",
@@ -226,7 +171,7 @@ fn a_workers_metrics_carry_its_name() {
     );
     let addr = metrics_addr(&mut w);
     assert!(h.wait_for_calls(&mut w, 2), "the worker calls");
-    let name = status(&h, &url)["workers"][0]["worker"]
+    let name = fleet.status()["workers"][0]["worker"]
         .as_str()
         .expect("the worker's name")
         .to_string();
@@ -267,8 +212,6 @@ fn the_jobs_burst_is_split_across_its_workers() {
         seed: 17,
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
     let ids = ids(3_000);
     let pauses = ids
         .iter()
@@ -276,32 +219,22 @@ fn the_jobs_burst_is_split_across_its_workers() {
         .count();
     assert!(pauses > 0, "the seed throttles some IDs");
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
     let (rate, burst) = (R.to_string(), B.to_string());
-    let fleet = [
+    let fleet = fleet(&h).flags(&[
         "--rate",
         rate.as_str(),
         "--burst",
         burst.as_str(),
         "--concurrency",
         "32",
-    ];
-    let mut first_args = vec!["--input", p(&input), "--url", &api, "--bucket-size", "50"];
-    first_args.extend(fleet);
-    let mut first = worker(&h, &url, &first_args);
+    ]);
+    let mut first = fleet.create(&input, &["--bucket-size", "50"]);
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
-    let workers = vec![first, worker(&h, &url, &fleet), worker(&h, &url, &fleet)];
+    let workers = vec![first, fleet.join(&[]), fleet.join(&[])];
     for w in workers {
         finish(w).expect_code(0);
     }
-    let out = h.run(&["export", "--state", &url, "--job", JOB]);
-    out.expect_code(0);
-    let exported: Vec<serde_json::Value> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("export lines are JSON"))
-        .collect();
-    h.check_export_exactly_once(&exported, &ids);
+    h.check_export_exactly_once(&fleet.export(), &ids);
     let windows = [50u64, 100, 250, 500, 1000, 2000];
     let most: Vec<usize> = windows
         .iter()
@@ -367,32 +300,25 @@ fn a_joining_worker_gets_its_rate_share_within_seconds_not_a_third_of_the_ttl() 
         latency_max: Duration::from_millis(40),
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
     let ids = ids(20_000);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let fleet = ["--lease-ttl", "60s", "--rate", "100", "--concurrency", "8"];
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--state",
-            &url,
-            "--job",
-            JOB,
-            "--progress-interval",
-            "0",
-        ];
-        args.extend_from_slice(&fleet);
-        args.extend_from_slice(extra);
-        h.spawn(&args)
-    };
-    let mut first = run(&["--input", p(&input), "--url", &api, "--bucket-size", "10"]);
+    // A TTL of a minute: not the module's 2 s.
+    let fleet = Fleet::new(&h, JOB).flags(&[
+        "--progress-interval",
+        "0",
+        "--lease-ttl",
+        "60s",
+        "--rate",
+        "100",
+        "--concurrency",
+        "8",
+    ]);
+    let mut first = fleet.create(&input, &["--bucket-size", "10"]);
     assert!(h.wait_for_calls(&mut first, 1), "the first worker calls");
     until("the first worker holds the whole rate", || {
-        status(&h, &url)["workers"][0]["rate_share"].as_f64() == Some(100.0)
+        fleet.status()["workers"][0]["rate_share"].as_f64() == Some(100.0)
     });
-    let second = run(&[]);
+    let second = fleet.join(&[]);
     // From the moment the second worker is registered (status lists it) to its first share.
     let joined_alive = |s: &serde_json::Value| {
         s["workers"]
@@ -400,11 +326,11 @@ fn a_joining_worker_gets_its_rate_share_within_seconds_not_a_third_of_the_ttl() 
             .is_some_and(|ws| ws.len() == 2 && ws.iter().all(|w| w["state"] == "alive"))
     };
     until("the second worker registers", || {
-        joined_alive(&status(&h, &url))
+        joined_alive(&fleet.status())
     });
     let registered = Instant::now();
     until("both workers have a share", || {
-        let s = status(&h, &url);
+        let s = fleet.status();
         joined_alive(&s)
             && s["workers"]
                 .as_array()
@@ -436,35 +362,20 @@ fn two_workers_share_one_quota_window() {
         }],
         ..ApiConfig::fast()
     });
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = fleet(&h);
     let ids = ids(150);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let mut first = worker(
-        &h,
-        &url,
-        &[
-            "--input",
-            p(&input),
-            "--url",
-            &api,
-            "--bucket-size",
-            "5",
-            "--quota",
-            "30/2s",
-        ],
-    );
+    let mut first = fleet.create(&input, &["--bucket-size", "5", "--quota", "30/2s"]);
     // The second joins the job the first created, with its stored quota.
     assert!(h.wait_for_calls(&mut first, 1));
-    let second = worker(&h, &url, &["--input", p(&input)]);
+    let second = fleet.join(&["--input", p(&input)]);
     finish(first).expect_code(0);
     finish(second).expect_code(0);
     assert_eq!(h.api.window_refusals(), 0, "the fleet exceeded the window");
     assert!(h.api.window_peaks()[0] <= 30);
     assert_eq!(h.api.total_calls(), 150);
     assert_eq!(
-        query(&db, "SELECT count(*) FROM hw_item WHERE status = 'ok'"),
+        fleet.query("SELECT count(*) FROM hw_item WHERE status = 'ok'"),
         "150"
     );
 }

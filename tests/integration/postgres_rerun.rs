@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 
 use highwater::demo::api::ApiConfig;
 
+use crate::fleet::Fleet;
 use crate::harness::*;
-// The cluster support of `postgres.rs`: one throwaway cluster for the test binary.
-use crate::postgres::pg_cluster;
 
 const JOB: &str = "rerun";
 
@@ -23,53 +22,35 @@ fn healing() -> ApiConfig {
     }
 }
 
-/// `export --state URL --job JOB` with `extra`, parsed.
-fn export(h: &Harness, url: &str, extra: &[&str]) -> Vec<serde_json::Value> {
-    let mut args = vec!["export", "--state", url, "--job", JOB];
-    args.extend_from_slice(extra);
-    let out = h.run(&args);
-    out.expect_code(0);
-    out.stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("export lines are JSON"))
-        .collect()
-}
+/// Two attempts, so that the healing IDs fail a run; given to each run and rerun.
+const TWO_ATTEMPTS: [&str; 6] = [
+    "--max-attempts",
+    "2",
+    "--adaptive",
+    "off",
+    "--progress-interval",
+    "0",
+];
 
 #[test]
 fn rerun_failed_on_a_database_job_calls_each_failed_id_once_and_heals_the_export() {
     let h = Harness::new(healing());
-    let db = pg_cluster::fresh_db();
-    let url = db.url.clone();
+    let fleet = Fleet::new(&h, JOB).flags(&TWO_ATTEMPTS);
     let ids = ids(400);
     let input = h.ids_file("ids.txt", &ids);
-    let api = h.url();
-    let pg = ["--state", url.as_str(), "--job", JOB];
-    let quick = [
-        "--max-attempts",
-        "2",
-        "--adaptive",
-        "off",
-        "--progress-interval",
-        "0",
-    ];
 
-    let mut args = vec!["run"];
-    args.extend_from_slice(&pg);
-    args.extend_from_slice(&["--input", p(&input), "--url", &api, "--bucket-size", "50"]);
-    args.extend_from_slice(&quick);
-    h.run(&args).expect_code(3);
-    let failed: Vec<String> = export(&h, &url, &["--status", "failed"])
+    finish(fleet.create(&input, &["--bucket-size", "50"])).expect_code(3);
+    let failed: Vec<String> = fleet
+        .export_with(&["--status", "failed"])
         .iter()
         .map(|r| r["id"].as_str().unwrap().to_owned())
         .collect();
     assert!(!failed.is_empty(), "the first run leaves failures");
 
     let before = h.api.calls_snapshot();
-    let mut rerun = vec!["rerun"];
-    rerun.extend_from_slice(&pg);
-    rerun.push("--failed");
-    rerun.extend_from_slice(&quick);
-    h.run(&rerun)
+    let rerun = [&["--failed"][..], &TWO_ATTEMPTS].concat();
+    fleet
+        .run("rerun", &rerun)
         .expect_code(0)
         .expect_stderr("starting rerun 1 (--failed)")
         .expect_stderr(&format!(
@@ -85,25 +66,22 @@ fn rerun_failed_on_a_database_job_calls_each_failed_id_once_and_heals_the_export
     let want: BTreeMap<&str, u64> = failed.iter().map(|id| (id.as_str(), 1)).collect();
     assert_eq!(called, want, "exactly the failed IDs, once each");
 
-    let exported = export(&h, &url, &[]);
+    let exported = fleet.export();
     h.check_export_exactly_once(&exported, &ids);
     assert!(exported.iter().all(|r| r["status"] == "ok"));
-    let status = h.run(&["status", "--state", &url, "--job", JOB, "--json"]);
-    status.expect_code(0);
-    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    let status = fleet.status();
     assert_eq!(status["stats"]["failed"], 0, "{status}");
     assert_eq!(status["reruns"][0]["selection"], "--failed", "{status}");
     assert_eq!(status["reruns"][0]["finished"], true, "{status}");
 
     // Nothing failed any more: a second rerun calls nothing; an unknown bucket is refused.
     let calls = h.api.total_calls();
-    h.run(&rerun)
+    fleet
+        .run("rerun", &rerun)
         .expect_code(0)
         .expect_stderr("nothing to rerun");
-    let mut buckets = vec!["rerun"];
-    buckets.extend_from_slice(&pg);
-    buckets.extend_from_slice(&["--buckets", "99"]);
-    h.run(&buckets)
+    fleet
+        .run("rerun", &["--buckets", "99"])
         .expect_code(2)
         .expect_stderr("--buckets: the job has no bucket 99 (its buckets are 0 to 7)");
     assert_eq!(h.api.total_calls(), calls);

@@ -377,7 +377,7 @@ fn jsonl_fields_go_in_as_json_and_exec_arguments_take_columns() {
 #[cfg(feature = "postgres")]
 #[test]
 fn a_fleet_worker_without_the_input_sends_each_rows_values() {
-    use crate::postgres::pg_cluster;
+    use crate::pg_cluster;
     let h = Harness::new(ApiConfig {
         latency_min: Duration::from_millis(2),
         latency_max: Duration::from_millis(4),
