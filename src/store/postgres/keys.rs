@@ -4,7 +4,7 @@
 
 /// A job's row id in `hw_job`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct JobId(pub i64);
+pub(crate) struct JobId(pub i64);
 
 /// A worker session: the random UUID of one process start (text form).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -17,7 +17,7 @@ impl std::fmt::Display for WorkerId {
 }
 
 /// A log's number in `hw_bucket.rerun`: 0 for the job's own, n for rerun n.
-pub fn log_number(log: crate::store::Log) -> i32 {
+pub(super) fn log_number(log: crate::store::Log) -> i32 {
     match log {
         crate::store::Log::Job => 0,
         crate::store::Log::Rerun(n) => i32::try_from(n).unwrap_or(i32::MAX),

@@ -11,7 +11,7 @@ use super::error::PgError;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
-pub struct Migration {
+pub(crate) struct Migration {
     /// The migration's number: migrations apply in this order.
     pub version: i32,
     /// Its name, for messages.
@@ -22,7 +22,7 @@ pub struct Migration {
 
 impl Migration {
     /// The file's sha256, lowercase hex.
-    pub fn sha256(&self) -> String {
+    pub(crate) fn sha256(&self) -> String {
         Sha256::digest(self.sql.as_bytes())
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -31,7 +31,7 @@ impl Migration {
 }
 
 /// This build's migrations, in version order (one per file in `migrations/`).
-pub const MIGRATIONS: &[Migration] = &[
+pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
@@ -64,7 +64,7 @@ const LOCK_KEY: i64 = 0x6877_5f73_6368_656d;
 
 /// Bring the database's schema to this build's [`MIGRATIONS`]. Returns the versions applied
 /// now (empty: it was up to date).
-pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
+pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
     migrate_with(client, MIGRATIONS).await
 }
 

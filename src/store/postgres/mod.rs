@@ -4,7 +4,7 @@
 //!
 //! # Layers (a file uses only the files named before it here, never one after)
 //!
-//! 1. Shared values, no SQL: `error`, `keys.rs` ([`JobId`], [`WorkerId`], [`Lease`]),
+//! 1. Shared values, no SQL: `error`, `keys.rs` (`JobId`, `WorkerId`, `Lease`),
 //!    `rows.rs` (rows as records), `tls.rs`, `connect` (targets and connections),
 //!    `outage`.
 //! 2. SQL, one module per table or concern, each a set of functions taking a client or a
@@ -18,7 +18,7 @@
 //! 5. Test support on top: `test_db.rs`, and the tests that need a database in `tests/`.
 //!
 //! # Schema (`migrations/0001_init.sql`, `0002_fleet_burst_idle.sql` and
-//! `0003_quota_usage.sql`, applied by [`migrate()`])
+//! `0003_quota_usage.sql`, applied by `migrate()`)
 //!
 //! - `hw_job`: one row per job (`name` unique). The spec as stored (templates as written:
 //!   `${VAR}` never expanded, so no secret), the input fingerprint, the planner's position
@@ -87,8 +87,6 @@ mod tests;
 
 pub use connect::{connect, redact_url, ConnectOptions, PgTarget};
 pub use error::PgError;
-pub use keys::{log_number, JobId, Lease, WorkerId};
-pub use migrate::{migrate, Migration, MIGRATIONS};
 pub use open::PgOpen;
 pub use session::WorkerRow;
 pub use state::PgStore;

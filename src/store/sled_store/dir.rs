@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::*;
 
 /// The file that marks a state directory: its format, store version and last checkpoint.
-pub const MARKER: &str = "highwater.json";
+pub(crate) const MARKER: &str = "highwater.json";
 
 pub(super) const MARKER_FORMAT: &str = "highwater-state";
 
@@ -100,7 +100,7 @@ pub(super) fn lock(dir: &Path, reader: bool) -> Result<File, StoreError> {
 }
 
 /// Write `bytes` to `path` through a temp file and a rename, synced.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;

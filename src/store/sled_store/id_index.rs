@@ -164,7 +164,7 @@ enum Probe {
 }
 
 /// The on-disk ID → first-row index. See the module documentation.
-pub struct IdIndex {
+pub(crate) struct IdIndex {
     path: PathBuf,
     file: File,
     map: Option<Map>,
@@ -187,7 +187,7 @@ impl IdIndex {
     ///
     /// A file that is not a valid index (bad magic, version or checksum, truncated) is an
     /// error of kind [`ErrorKind::InvalidData`] whose message names the file.
-    pub fn open(path: &Path) -> io::Result<IdIndex> {
+    pub(crate) fn open(path: &Path) -> io::Result<IdIndex> {
         IdIndex::open_with(path, INITIAL_SLOTS, MAP_LEN)
     }
 
@@ -242,7 +242,7 @@ impl IdIndex {
     }
 
     /// The row recorded for `id`, if any.
-    pub fn get(&self, id: &str) -> io::Result<Option<u64>> {
+    pub(crate) fn get(&self, id: &str) -> io::Result<Option<u64>> {
         let key = Key::new(id);
         let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         match self.probe(&inner.subs[key.sub], &key)? {
@@ -253,14 +253,14 @@ impl IdIndex {
 
     /// Record `id` at `row` unless it is there already: returns the row already recorded
     /// (unchanged) or None if it was inserted now. Rows must be below 2^40.
-    pub fn insert(&self, id: &str, row: u64) -> io::Result<Option<u64>> {
+    pub(crate) fn insert(&self, id: &str, row: u64) -> io::Result<Option<u64>> {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         self.insert_locked(&mut inner, id, row)
     }
 
     /// Insert many at once (same semantics, one lock); returns for each the existing row or
     /// None. On an error, the items before the failing one are inserted.
-    pub fn insert_all<'a>(
+    pub(crate) fn insert_all<'a>(
         &self,
         items: impl IntoIterator<Item = (u64, &'a str)>,
     ) -> io::Result<Vec<Option<u64>>> {
@@ -275,7 +275,7 @@ impl IdIndex {
 
     /// Make every earlier insert durable: sync the regions, then write the header (into the
     /// older of its two copies), then sync again.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         let mut generation = self
             .generation
             .lock()
@@ -299,7 +299,7 @@ impl IdIndex {
     }
 
     /// Entries counted (a lower bound after a crash).
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.inner
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -307,7 +307,7 @@ impl IdIndex {
     }
 
     /// Whether no entry is counted.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

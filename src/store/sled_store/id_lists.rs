@@ -24,13 +24,13 @@ use std::sync::Mutex;
 use super::results_log::{read_at_most, LogError};
 
 /// The ID lists' file name in the state directory.
-pub const FILE: &str = "ids.log";
+pub(crate) const FILE: &str = "ids.log";
 
 const HEADER: u64 = 8;
 
 /// Where one list is: what the offset log keeps for a segment (12 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListRef {
+pub(crate) struct ListRef {
     /// Where the entry starts in the file (bytes).
     pub at: u64,
     /// The list's length (bytes, header excluded).
@@ -39,10 +39,10 @@ pub struct ListRef {
 
 impl ListRef {
     /// Bytes of [`ListRef::to_bytes`].
-    pub const SIZE: usize = 12;
+    pub(crate) const SIZE: usize = 12;
 
     /// `at` (u64) then `len` (u32), big-endian.
-    pub fn to_bytes(self) -> [u8; 12] {
+    pub(crate) fn to_bytes(self) -> [u8; 12] {
         let mut out = [0; 12];
         out[..8].copy_from_slice(&self.at.to_be_bytes());
         out[8..].copy_from_slice(&self.len.to_be_bytes());
@@ -51,7 +51,7 @@ impl ListRef {
 
     /// A reference, or none if `bytes` is not one (a list stored inline by format 1 or 2,
     /// which is never 12 bytes long: empty, or at least one 13-byte entry).
-    pub fn from_bytes(bytes: &[u8]) -> Option<ListRef> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<ListRef> {
         let bytes: [u8; 12] = bytes.try_into().ok()?;
         Some(ListRef {
             at: u64::from_be_bytes(bytes[..8].try_into().ok()?),
@@ -60,13 +60,13 @@ impl ListRef {
     }
 
     /// Where the entry ends in the file.
-    pub fn end(self) -> u64 {
+    pub(crate) fn end(self) -> u64 {
         self.at + HEADER + self.len as u64
     }
 }
 
 /// The open `ids.log` of a state directory.
-pub struct IdLists {
+pub(crate) struct IdLists {
     path: PathBuf,
     file: File,
     /// The file's length: where the next entry goes.
@@ -76,7 +76,7 @@ pub struct IdLists {
 impl IdLists {
     /// Open (creating if missing) the file in `dir`; `end` is where the last entry the offset
     /// log points at ends (0: none).
-    pub fn open(dir: &Path, end: u64) -> Result<IdLists, LogError> {
+    pub(crate) fn open(dir: &Path, end: u64) -> Result<IdLists, LogError> {
         let path = dir.join(FILE);
         let io = |source| LogError::Io {
             path: path.clone(),
@@ -109,7 +109,7 @@ impl IdLists {
     }
 
     /// Append lists and make them durable; returns where each is.
-    pub fn append(&self, lists: &[Vec<u8>]) -> Result<Vec<ListRef>, LogError> {
+    pub(crate) fn append(&self, lists: &[Vec<u8>]) -> Result<Vec<ListRef>, LogError> {
         let io = |source| LogError::Io {
             path: self.path.clone(),
             source,
@@ -143,7 +143,7 @@ impl IdLists {
     }
 
     /// The list at `at`, checked.
-    pub fn read(&self, at: ListRef) -> Result<Vec<u8>, LogError> {
+    pub(crate) fn read(&self, at: ListRef) -> Result<Vec<u8>, LogError> {
         let mut buf = vec![0u8; HEADER as usize + at.len as usize];
         let got = read_at_most(&self.file, &mut buf, at.at).map_err(|source| LogError::Io {
             path: self.path.clone(),

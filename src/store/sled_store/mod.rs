@@ -68,11 +68,11 @@ mod cache;
 mod codec;
 mod dir;
 mod handle;
-pub mod id_index;
-pub mod id_lists;
+pub(crate) mod id_index;
+pub(crate) mod id_lists;
 mod logs;
 mod reruns;
-pub mod results_log;
+pub(crate) mod results_log;
 mod side_files;
 #[cfg(test)]
 mod tests;
@@ -86,7 +86,7 @@ use logs::*;
 use side_files::*;
 use upgrade::*;
 
-pub use dir::{write_atomically, MARKER};
+pub(crate) use dir::{write_atomically, MARKER};
 pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTES};
 
 use super::*;

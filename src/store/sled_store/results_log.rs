@@ -32,9 +32,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The results log's file name in the state directory.
-pub const LOG_FILE: &str = "results.log";
+pub(crate) const LOG_FILE: &str = "results.log";
 /// The positions file's name in the state directory.
-pub const POSITIONS_FILE: &str = "positions";
+pub(crate) const POSITIONS_FILE: &str = "positions";
 
 /// How often (at most) a sync also makes the positions durable and moves
 /// [`Durable::covers`]: the replay after a crash is bounded by what was appended in that time.
@@ -50,7 +50,7 @@ const READ_AHEAD: usize = 1024;
 
 /// What the caller keeps, durably, for the next open (see the module doc).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Durable {
+pub(crate) struct Durable {
     /// Every record before this log offset has its position durable in the positions file.
     pub covers: u64,
     /// The log was durable up to here.
@@ -62,7 +62,7 @@ pub struct Durable {
 
 impl Durable {
     /// The 24 bytes the store keeps: `covers`, `synced`, `positions`, each u64 big-endian.
-    pub fn to_bytes(self) -> [u8; 24] {
+    pub(crate) fn to_bytes(self) -> [u8; 24] {
         let mut out = [0; 24];
         out[..8].copy_from_slice(&self.covers.to_be_bytes());
         out[8..16].copy_from_slice(&self.synced.to_be_bytes());
@@ -71,7 +71,7 @@ impl Durable {
     }
 
     /// Read [`Durable::to_bytes`]'s 24 bytes, or the 16 of older stores (`positions` 0); none for any other length.
-    pub fn from_bytes(bytes: &[u8]) -> Option<Durable> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<Durable> {
         let word = |i: usize| Some(u64::from_be_bytes(bytes.get(i..i + 8)?.try_into().ok()?));
         match bytes.len() {
             16 | 24 => Some(Durable {
@@ -86,7 +86,7 @@ impl Durable {
 
 /// Errors of the results log; the store says which directory.
 #[derive(Debug, thiserror::Error)]
-pub enum LogError {
+pub(crate) enum LogError {
     /// A file operation on the log or the positions file failed.
     #[error("{path}: {source}")]
     Io {
@@ -130,7 +130,7 @@ struct Synced {
 }
 
 /// The open results log and positions file of one state directory.
-pub struct ResultsLog {
+pub(crate) struct ResultsLog {
     log_path: PathBuf,
     positions_path: PathBuf,
     log: File,
@@ -142,7 +142,7 @@ pub struct ResultsLog {
 
 /// One record read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The input row the record is for.
     pub row: u64,
     /// The item's ID, as stored with the record.
@@ -154,7 +154,7 @@ pub struct Entry {
 impl ResultsLog {
     /// Open (creating if missing) the files in `dir`, given what the store last recorded as
     /// durable, and replay the log from `durable.covers`.
-    pub fn open(dir: &Path, durable: Durable) -> Result<ResultsLog, LogError> {
+    pub(crate) fn open(dir: &Path, durable: Durable) -> Result<ResultsLog, LogError> {
         let log_path = dir.join(LOG_FILE);
         let positions_path = dir.join(POSITIONS_FILE);
         let open = |path: &Path| {
@@ -296,7 +296,7 @@ impl ResultsLog {
 
     /// Append records (row, ID, record bytes) in one write. They are readable at once and
     /// durable after the next [`ResultsLog::sync`].
-    pub fn append<'a>(
+    pub(crate) fn append<'a>(
         &self,
         records: impl IntoIterator<Item = (u64, &'a str, &'a [u8])>,
     ) -> Result<(), LogError> {
@@ -376,12 +376,13 @@ impl ResultsLog {
     }
 
     /// Whether `row` has a record.
-    pub fn contains(&self, row: u64) -> Result<bool, LogError> {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, row: u64) -> Result<bool, LogError> {
         Ok(self.position(row)?.is_some())
     }
 
     /// The current record of `row`, which must be `id`'s.
-    pub fn get(&self, row: u64, id: &str) -> Result<Option<Vec<u8>>, LogError> {
+    pub(crate) fn get(&self, row: u64, id: &str) -> Result<Option<Vec<u8>>, LogError> {
         match self.position(row)? {
             Some(at) => self.entry_of(at, row, id).map(Some),
             None => Ok(None),
@@ -390,7 +391,7 @@ impl ResultsLog {
 
     /// The current records of many rows (each with its ID), in order: one read of the
     /// positions file for their whole row range when they are close together (a bucket).
-    pub fn get_many(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+    pub(crate) fn get_many(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<Vec<u8>>>, LogError> {
         let (Some(lo), Some(hi)) = (
             rows.iter().map(|r| r.0).min(),
             rows.iter().map(|r| r.0).max(),
@@ -470,7 +471,7 @@ impl ResultsLog {
     /// Make every append so far durable, then write their positions. Returns what the store
     /// keeps for the next open. Moves [`Durable::covers`] at most every `COVER_EVERY`, or
     /// now if `force` (a store being closed: the next open then replays nothing).
-    pub fn sync(&self, force: bool) -> Result<Durable, LogError> {
+    pub(crate) fn sync(&self, force: bool) -> Result<Durable, LogError> {
         let mut synced = self
             .synced
             .lock()
@@ -545,41 +546,17 @@ impl ResultsLog {
         Ok(synced.durable)
     }
 
-    /// Every entry of the log from its start, in order (for checks and upgrades).
-    pub fn for_each_entry(
-        &self,
-        f: &mut dyn FnMut(u64, Entry) -> Result<(), LogError>,
-    ) -> Result<(), LogError> {
-        let len = self
-            .appender
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len;
-        let mut at = 0;
-        while at < len {
-            let entry = self.read_entry(at)?;
-            let size = HEADER + 12 + entry.id.len() + entry.record.len();
-            f(at, entry)?;
-            at += size as u64;
-        }
-        Ok(())
-    }
-
     /// The log's length.
-    pub fn len(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> u64 {
         self.appender
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .len
     }
 
-    /// Whether nothing was ever appended.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Empty both files (an upgrade that starts over).
-    pub fn clear(&self) -> Result<(), LogError> {
+    pub(crate) fn clear(&self) -> Result<(), LogError> {
         let mut appender = self
             .appender
             .lock()

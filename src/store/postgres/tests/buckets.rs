@@ -1,6 +1,6 @@
 use crate::store::postgres::buckets::*;
+use crate::store::postgres::keys::Lease;
 use crate::store::postgres::test_db::{add_buckets, expire, with_job, worker};
-use crate::store::postgres::Lease;
 use crate::store::Log;
 
 fn buckets(acquired: &[Acquired]) -> Vec<u64> {

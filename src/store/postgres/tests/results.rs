@@ -1,9 +1,10 @@
 use tokio_postgres::Client;
 
 use crate::store::postgres::buckets::acquire;
+use crate::store::postgres::keys::{JobId, Lease};
 use crate::store::postgres::results::*;
 use crate::store::postgres::test_db::{add_buckets, expire, with_job, worker};
-use crate::store::postgres::{JobId, Lease, PgError};
+use crate::store::postgres::PgError;
 use crate::store::{CommitRecord, ItemStatus, Log};
 
 fn result(lease: Lease, id: &str, body: &str) -> ResultRow {

@@ -2,9 +2,9 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::store::postgres::keys::{JobId, WorkerId};
 use crate::store::postgres::session::*;
 use crate::store::postgres::test_db::{add_buckets, expire, with_job, worker};
-use crate::store::postgres::{JobId, WorkerId};
 use crate::store::Log;
 use rand::{Rng, SeedableRng};
 
