@@ -24,7 +24,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let work = move |id: String| {
         let calls = calls.clone();
         async move {
-            writeln!(calls.lock().unwrap(), "{id}")
+            // One write of the whole line: a kill between an ID and its newline would glue
+            // it to the next run's first line.
+            let line = format!("{id}\n");
+            calls
+                .lock()
+                .unwrap()
+                .write_all(line.as_bytes())
                 .map_err(|e| Failure::permanent(format!("cannot note the call: {e}")))?;
             tokio::time::sleep(Duration::from_millis(1)).await;
             if id.ends_with("999") {
