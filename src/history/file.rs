@@ -117,6 +117,10 @@ impl HistoryFile {
             file.set_len(whole as u64)?;
         }
         file.seek(SeekFrom::End(0))?;
+        if bytes.is_empty() {
+            // Maybe new: its entry is durable with the directory.
+            File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()?;
+        }
         let samples = String::from_utf8_lossy(&bytes[..whole])
             .lines()
             .filter_map(decode)
@@ -130,9 +134,12 @@ impl HistoryFile {
         })
     }
 
-    /// Append one record; thin the file when it holds too many samples.
+    /// Append one record, durably (one `fdatasync`, a record every `--history-interval`:
+    /// a power cut loses at most the record being written); thin the file when it holds too
+    /// many samples.
     pub fn append(&mut self, record: &Record) -> std::io::Result<()> {
         self.file.write_all(encode(record).as_bytes())?;
+        self.file.sync_data()?;
         if matches!(record, Record::Sample(_)) {
             self.samples += 1;
         }
@@ -161,6 +168,7 @@ impl HistoryFile {
         drop(out);
         tmp.as_file().sync_all()?;
         tmp.persist(&self.path).map_err(|e| e.error)?;
+        File::open(dir)?.sync_all()?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
         self.samples = kept
             .iter()

@@ -99,15 +99,35 @@ pub(super) fn lock(dir: &Path, reader: bool) -> Result<File, StoreError> {
     Ok(file)
 }
 
-/// Write `bytes` to `path` through a temp file and a rename, synced.
+/// Write `bytes` to `path` through a temp file and a rename, synced: the file and then its
+/// directory, so the new name survives a power cut.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+    File::open(dir)?.sync_all()
+}
+
+/// `create_dir_all`, then sync the parent of each directory it made, so the new directory
+/// survives a power cut (its own entries are synced by whoever fills it).
+pub(super) fn create_dir_durably(path: &Path) -> std::io::Result<()> {
+    // The directories to be made, deepest first.
+    let missing: Vec<&Path> = path
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .collect();
+    std::fs::create_dir_all(path)?;
+    for made in missing.iter().rev() {
+        let parent = match made.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(parent)?.sync_all()?;
     }
     Ok(())
 }
@@ -183,7 +203,7 @@ impl SledStore {
         let committed = self.written.committed.load(Ordering::Acquire);
         let t = self.t()?;
         self.sync_side_files(&t, planned, force)?;
-        t.db.flush().map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
         self.write_checkpoint(planned, committed, force)
     }
 }

@@ -63,6 +63,8 @@ pub(super) struct Trees {
     pub(super) rerun_offsets: sled::Tree,
     pub(super) rerun_ids: sled::Tree,
     pub(super) rerun_commits: sled::Tree,
+    /// What makes a flush durable (see [`sled_files`]).
+    pub(super) files: Arc<SledFiles>,
 }
 
 impl Trees {
@@ -93,6 +95,8 @@ impl Trees {
             ),
         })?;
         let tree = |name: &str| db.open_tree(name).map_err(|e| backend(path, e));
+        let files =
+            SledFiles::open(path).map_err(|e| StoreError::at(path.display(), StoreError::Io(e)))?;
         Ok(Trees {
             meta: tree("meta")?,
             offsets: tree("offsets")?,
@@ -105,7 +109,19 @@ impl Trees {
             rerun_ids: tree("rerun_ids")?,
             rerun_commits: tree("rerun_commits")?,
             db,
+            files,
         })
+    }
+
+    /// Flush the database and make the flush durable (sled's flush alone is not: see
+    /// [`sled_files`]). Every flush of the store goes through here or [`Trees::flush_async`].
+    pub(super) fn flush(&self) -> sled::Result<()> {
+        sled_files::flush(&self.db, &self.files)
+    }
+
+    /// [`Trees::flush`] for async callers.
+    pub(super) async fn flush_async(&self) -> sled::Result<()> {
+        sled_files::flush_async(&self.db, &self.files).await
     }
 }
 
@@ -241,7 +257,7 @@ impl SledStore {
         }
         // Flush before letting go: if it fails, the store keeps its open handle.
         let open = slot.as_ref().expect("checked above");
-        open.db.flush().map_err(|e| self.err(e))?;
+        open.flush().map_err(|e| self.err(e))?;
         drop(slot.take());
         if let Some(release) = RELEASE_MEMORY.get() {
             release();

@@ -74,6 +74,7 @@ mod logs;
 mod reruns;
 pub(crate) mod results_log;
 mod side_files;
+mod sled_files;
 #[cfg(test)]
 mod tests;
 mod upgrade;
@@ -84,6 +85,7 @@ use dir::*;
 use handle::*;
 use logs::*;
 use side_files::*;
+use sled_files::SledFiles;
 use upgrade::*;
 
 pub(crate) use dir::{write_atomically, MARKER};
@@ -183,7 +185,7 @@ impl SledStore {
                 if mode != OpenMode::CreateIfMissing {
                     return Err(not_store("it does not exist"));
                 }
-                fs::create_dir_all(path).map_err(io)?;
+                create_dir_durably(path).map_err(io)?;
             }
             Err(e) => return Err(io(e)),
             Ok(m) if !m.is_dir() => return Err(not_store("it is not a directory")),
@@ -368,7 +370,7 @@ impl SledStore {
                     .meta
                     .insert("version", &FORMAT_VERSION.to_be_bytes())
                     .map_err(sled_err)?;
-                trees.db.flush().map_err(sled_err)?;
+                trees.flush().map_err(sled_err)?;
             }
             Some(_) if upgrading => store.upgrade()?,
             Some(version) => {
@@ -380,7 +382,7 @@ impl SledStore {
                         .meta
                         .insert("version", &FORMAT_VERSION.to_be_bytes())
                         .map_err(sled_err)?;
-                    trees.db.flush().map_err(sled_err)?;
+                    trees.flush().map_err(sled_err)?;
                 }
             }
         }
@@ -398,6 +400,9 @@ impl SledStore {
             .map_err(io)?;
         }
         drop(trees);
+        // The entries this open created (the files beside sled's) are durable with their
+        // directory: a power cut must not leave the marker without the files it describes.
+        sled_files::sync_dir(path).map_err(io)?;
         Ok(store)
     }
 
@@ -451,7 +456,7 @@ impl Store for SledStore {
         batch.insert("job_version", &job.version.to_be_bytes());
         batch.insert("job_id", job.id.as_bytes());
         t.meta.apply_batch(batch).map_err(|e| self.err(e))?;
-        t.db.flush().map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -479,7 +484,7 @@ impl Store for SledStore {
             })
             .map_err(|e| self.err(e))?;
         let grants = grants?;
-        t.db.flush_async().await.map_err(|e| self.err(e))?;
+        t.flush_async().await.map_err(|e| self.err(e))?;
         Ok(grants)
     }
 
@@ -552,9 +557,11 @@ impl Store for SledStore {
                 })?;
         let t = self.t()?;
         self.note_side_files(&t, planned, durable, indexed)?;
-        let db = t.db.clone();
+        let (db, files) = (t.db.clone(), t.files.clone());
         drop(t);
-        db.flush_async().await.map_err(|e| self.err(e))?;
+        sled_files::flush_async(&db, &files)
+            .await
+            .map_err(|e| self.err(e))?;
         drop(db);
         self.write_checkpoint(planned, committed, false)?;
         let written = self.written_since_open.load(Ordering::Acquire);

@@ -26,7 +26,7 @@ impl SledStore {
             batch.insert(key, &list.to_bytes());
         }
         t.ids.apply_batch(batch).map_err(|e| self.err(e))?;
-        t.db.flush().map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -76,9 +76,9 @@ impl SledStore {
         t.meta
             .insert("version", &FORMAT_VERSION.to_be_bytes())
             .map_err(|e| self.err(e))?;
-        t.db.flush().map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
         t.items.clear().map_err(|e| self.err(e))?;
-        t.db.flush().map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
         tracing::info!(
             path = %self.path.display(),
             results = moved,

@@ -117,7 +117,7 @@ async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning()
             )
             .unwrap();
         t.meta.insert("version", &3u32.to_be_bytes()).unwrap();
-        t.db.flush().unwrap();
+        t.flush().unwrap();
     }
     let marker = dir.path().join(MARKER);
     let text = fs::read_to_string(&marker).unwrap();
