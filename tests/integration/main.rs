@@ -4,10 +4,14 @@
 //! fake API with chosen faults, runs the binary, kills and resumes it, and reads the export;
 //! [`scenario`] tells such a story in one chain, and `fleet` (with the `postgres` feature)
 //! the story of a job many workers share in a database of a throwaway cluster (`pg_cluster`).
+//! `lazyfs` is a FUSE file system that models a power cut (what nobody synced is lost);
+//! `lazyfs_model` tests the model itself.
 
 #[cfg(feature = "postgres")]
 mod fleet;
 mod harness;
+#[path = "../support/lazyfs.rs"]
+mod lazyfs;
 #[cfg(feature = "postgres")]
 #[path = "../support/pg_cluster.rs"]
 mod pg_cluster;
@@ -26,6 +30,7 @@ mod exec;
 mod folders;
 mod inputs;
 mod jobs;
+mod lazyfs_model;
 mod limit_req;
 mod old_formats;
 mod parquet;
