@@ -42,6 +42,7 @@ mod postgres_faults;
 mod postgres_fleet;
 #[cfg(feature = "postgres")]
 mod postgres_rerun;
+mod power_cut;
 mod progress;
 mod quotas;
 mod refused_ids;

@@ -55,9 +55,10 @@ use fuser::{
 };
 
 const PAGE: u64 = 4096;
-/// How long the kernel may cache names and attributes: every change goes through this
-/// mount, so the kernel's copy stays right; short all the same.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache names and attributes: not at all. The backing file system
+/// reuses inode numbers, and a cached size of a replaced file's inode number once made a
+/// new file read longer than it was written.
+const TTL: Duration = Duration::ZERO;
 /// Bound on waiting for a session's thread to end after its mount was detached.
 const END_WAIT: Duration = Duration::from_secs(5);
 
@@ -702,9 +703,16 @@ impl Filesystem for Fs {
             if st.cut {
                 return Err(Errno::EIO);
             }
+            let existed = s.full(&rel).symlink_metadata().is_ok();
             let file = s
                 .open_backing(&s.full(&rel), Some((mode & !umask & 0o7777, flags)))
                 .map_err(|e| errno(&e))?;
+            if !existed {
+                // A new file: the backing file system may have reused the inode number of a
+                // file removed with data still pending, which must not show through.
+                let ino = file.metadata().map_err(|e| errno(&e))?.ino();
+                st.pending.remove(&ino);
+            }
             let attr = s.entry(&mut st, rel)?;
             let fh = s.new_handle(&mut st, file, attr.ino.0);
             Ok((attr, fh))
