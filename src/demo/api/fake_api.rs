@@ -297,6 +297,12 @@ impl FakeApi {
         format!("http://{}/oauth/token", self.addr)
     }
 
+    /// How the token endpoint reads the client's ID and secret (by default: decoded Basic
+    /// auth or the form body).
+    pub fn token_client_auth(&self, how: super::TokenClientAuth) {
+        self.shared.auth.set_client_auth(how);
+    }
+
     /// Refuse the client secret (`true`: 401 `invalid_client`) or accept it again.
     pub fn revoke_client_secret(&self, revoked: bool) {
         self.shared.auth.revoke(revoked);

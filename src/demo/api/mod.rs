@@ -86,7 +86,7 @@ mod tests;
 mod windows;
 
 pub use answers::expected_body;
-pub use auth::{CLIENT_ID, CLIENT_SECRET};
+pub use auth::{TokenClientAuth, CLIENT_ID, CLIENT_SECRET};
 pub use calls::MAX_CALL_TIMES;
 pub use fake_api::FakeApi;
 pub use faults::{ApiConfig, Fault};
