@@ -3,9 +3,11 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":4}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":5}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
-//! DIR/results.log      the items' final records, appended (see [`results_log`])
+//! DIR/results.log      the items' final records, appended (see [`results_log`]; each record
+//!                      binary with its body compressed, see [`item_codec`])
+//! DIR/results.dict     the zstd dictionary of the bodies, once trained (see [`compression`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
 //! DIR/ids.log          the segments' and reruns' ID lists (see [`id_lists`])
@@ -22,8 +24,8 @@
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
 //!     ids      first bucket (u64 BE) → where the segment's list of unique IDs with their
-//!              rows (in input order, bucket after bucket; binary: per ID, row u64 LE, length
-//!              u32 LE, UTF-8) is in DIR/ids.log ([`ListRef`]; formats 1-2 kept the list here)
+//!              rows (in input order, bucket after bucket; binary, see `encode_ids`) is in
+//!              DIR/ids.log ([`ListRef`]; formats 1-2 kept the list here)
 //!     items    (formats 1 and 2 only) ID bytes → ItemRecord JSON; moved to results.log
 //!              when such a store is opened
 //!     bad      row (u64 BE) → BadLine JSON
@@ -66,10 +68,12 @@
 
 mod cache;
 mod codec;
+mod compression;
 mod dir;
 mod handle;
 pub(crate) mod id_index;
 pub(crate) mod id_lists;
+mod item_codec;
 mod logs;
 mod reruns;
 pub(crate) mod results_log;
@@ -78,6 +82,7 @@ mod sled_files;
 #[cfg(test)]
 mod tests;
 mod upgrade;
+mod varint;
 
 use cache::*;
 use codec::*;
@@ -94,6 +99,7 @@ pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTE
 use super::*;
 use crate::input::{Cursor, Fingerprint};
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use compression::Compression;
 use id_index::IdIndex;
 use id_lists::{IdLists, ListRef};
 use results_log::{Durable, LogError, ResultsLog};
@@ -140,6 +146,8 @@ pub struct SledStore {
     index: Arc<IdIndex>,
     /// The items' final records.
     results: Arc<ResultsLog>,
+    /// The bodies' compression (and its dictionary).
+    bodies: Arc<Compression>,
     /// The segments' ID lists.
     id_lists: IdLists,
     /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
@@ -305,6 +313,9 @@ impl SledStore {
             }
         }
         let id_lists = IdLists::open(path, lists_end).map_err(|e| log_error(path, e))?;
+        let bodies = Compression::open(path).map_err(|e| {
+            StoreError::at(e.path.display(), StoreError::Corrupt { reason: e.reason })
+        })?;
         let index_path = path.join(INDEX_FILE);
         let index_io = |source| StoreError::at(index_path.display(), StoreError::Io(source));
         let index = match IdIndex::open(&index_path) {
@@ -341,6 +352,7 @@ impl SledStore {
             }),
             index: Arc::new(index),
             results: Arc::new(results),
+            bodies,
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
@@ -376,8 +388,9 @@ impl SledStore {
             Some(version) => {
                 store.index_again()?;
                 if version < FORMAT_VERSION {
-                    // Format 3: nothing to move (its reruns' inline lists are read where
-                    // they are); from now on an older build must refuse the store.
+                    // Formats 3 and 4: nothing to move (format 3's reruns' inline lists and
+                    // format 4's JSON records are read where they are); from now on an older
+                    // build must refuse the store.
                     trees
                         .meta
                         .insert("version", &FORMAT_VERSION.to_be_bytes())
@@ -525,7 +538,7 @@ impl Store for SledStore {
         let mut encoded = Vec::with_capacity(results.len() * 256);
         let mut ends = Vec::with_capacity(results.len());
         for (_, r) in results {
-            serde_json::to_writer(&mut encoded, r).expect("store records always serialize");
+            item_codec::encode(r, &self.bodies, &mut encoded);
             ends.push(encoded.len());
         }
         let starts = std::iter::once(0).chain(ends.iter().copied());

@@ -1,0 +1,369 @@
+//! The item record's bytes in `results.log`: a binary envelope around the compressed body
+//! (format 5), and the JSON every earlier format wrote, which is still read.
+//!
+//! A binary record starts with its flags, whose status bits are never 3; a JSON record starts
+//! with `{` (0x7b), whose low two bits are 3. Binary layout (varints are LEB128, `zz` a
+//! zigzag varint):
+//!
+//! ```text
+//! flags u8       bits 0-1 status (0 pending, 1 ok, 2 failed), 2 HTTP status other than
+//!                200, 3 body, 4 extras, 5 latency, 6 rerun, 7 times
+//! bucket varint, attempts varint
+//! [HTTP status: varint if bit 2, else 200 if the body's codec byte says so (below)]
+//! [times: finished zz (ms from EPOCH_MS), then first attempt and last attempt, each
+//!         0 = none or 1 + zz (ms before finished)]
+//! [latency varint (ms)] [rerun varint]
+//! [extras: length varint, JSON {class, error, attempt_errors}: rare (failures, retries)]
+//! [body: codec u8 (compression::Codec; + 0x80: the HTTP status was 200), raw length varint,
+//!  the stored bytes to the end]
+//! [without a body: a last byte 0x80 if the HTTP status was 200]
+//! ```
+//!
+//! About 12 bytes around the body where the JSON envelope took about 220. The row and the
+//! ID are the results log's entry around it (a JSON record repeats the row), and the kept columns are read from the plan.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::compression::{Codec, Compression};
+use super::varint::{self, put as varint, unzigzag, zigzag};
+use crate::failure::{AttemptNote, ErrorClass};
+use crate::store::{ItemRecord, ItemStatus};
+
+/// A JSON record's first byte; a binary record's (its flags) never has both low bits set.
+const JSON: u8 = b'{';
+/// Added to the codec byte (or the last byte without a body): the HTTP status was 200.
+const HTTP_200: u8 = 0x80;
+/// Timestamps are kept from here (2023-11-14): five bytes until 2031.
+const EPOCH_MS: i64 = 1_700_000_000_000;
+
+const HTTP: u8 = 1 << 2;
+const BODY: u8 = 1 << 3;
+const EXTRAS: u8 = 1 << 4;
+const LATENCY: u8 = 1 << 5;
+const RERUN: u8 = 1 << 6;
+const TIMES: u8 = 1 << 7;
+
+/// What a record rarely has, kept as JSON.
+#[derive(Serialize, Deserialize, Default)]
+struct Extras {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    class: Option<ErrorClass>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    attempt_errors: Vec<AttemptNote>,
+}
+
+/// Append `record`'s bytes to `out`, its body compressed by `bodies`.
+pub(super) fn encode(record: &ItemRecord, bodies: &std::sync::Arc<Compression>, out: &mut Vec<u8>) {
+    let status = match record.status {
+        ItemStatus::Pending => 0,
+        ItemStatus::Ok => 1,
+        ItemStatus::Failed => 2,
+    };
+    let extras =
+        record.class.is_some() || record.error.is_some() || !record.attempt_errors.is_empty();
+    let finished = record.finished_at_ms;
+    let ok_200 = record.http_status == Some(200);
+    let flags = status
+        | flag(record.http_status.is_some() && !ok_200, HTTP)
+        | flag(record.body.is_some(), BODY)
+        | flag(extras, EXTRAS)
+        | flag(record.latency_ms.is_some(), LATENCY)
+        | flag(record.rerun.is_some(), RERUN)
+        | flag(finished.is_some(), TIMES);
+    out.push(flags);
+    varint(out, record.bucket);
+    varint(out, u64::from(record.attempts));
+    if let Some(http) = record.http_status.filter(|_| !ok_200) {
+        varint(out, u64::from(http));
+    }
+    if let Some(finished) = finished {
+        let finished = finished as i64;
+        varint(out, zigzag(finished - EPOCH_MS));
+        for at in [record.first_attempt_ms, record.last_attempt_ms] {
+            varint(out, at.map_or(0, |at| 1 + zigzag(finished - at as i64)));
+        }
+    }
+    if let Some(latency) = record.latency_ms {
+        varint(out, latency);
+    }
+    if let Some(rerun) = record.rerun {
+        varint(out, u64::from(rerun));
+    }
+    if extras {
+        let json = serde_json::to_vec(&Extras {
+            class: record.class,
+            error: record.error.clone(),
+            attempt_errors: record.attempt_errors.clone(),
+        })
+        .expect("extras serialize");
+        varint(out, json.len() as u64);
+        out.extend_from_slice(&json);
+    }
+    if let Some(body) = &record.body {
+        let body = body.get().as_bytes();
+        let at = out.len();
+        out.push(0);
+        varint(out, body.len() as u64);
+        out[at] = bodies.compress(body, out) as u8 | flag(ok_200, HTTP_200);
+    } else if ok_200 {
+        out.push(HTTP_200);
+    }
+}
+
+/// The record in `bytes` (binary or JSON) of the results log's entry for `row`; the error
+/// says what is wrong.
+pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<ItemRecord, String> {
+    if bytes.first() == Some(&JSON) {
+        return serde_json::from_slice(bytes).map_err(|e| e.to_string());
+    }
+    let mut r = Reader { bytes, at: 0 };
+    let flags = r.byte()?;
+    let mut record = ItemRecord::pending(row, 0);
+    record.status = match flags & 3 {
+        0 => ItemStatus::Pending,
+        1 => ItemStatus::Ok,
+        2 => ItemStatus::Failed,
+        _ => return Err("its status is unknown".into()),
+    };
+    record.bucket = r.varint()?;
+    record.attempts = u32::try_from(r.varint()?).map_err(|_| "its attempts overflow")?;
+    if flags & HTTP != 0 {
+        record.http_status =
+            Some(u16::try_from(r.varint()?).map_err(|_| "its HTTP status overflows")?);
+    }
+    if flags & TIMES != 0 {
+        let finished = unzigzag(r.varint()?) + EPOCH_MS;
+        record.finished_at_ms = Some(finished as u64);
+        let mut before = || -> Result<Option<u64>, String> {
+            Ok(match r.varint()? {
+                0 => None,
+                v => Some((finished - unzigzag(v - 1)) as u64),
+            })
+        };
+        record.first_attempt_ms = before()?;
+        record.last_attempt_ms = before()?;
+    }
+    if flags & LATENCY != 0 {
+        record.latency_ms = Some(r.varint()?);
+    }
+    if flags & RERUN != 0 {
+        record.rerun = Some(u32::try_from(r.varint()?).map_err(|_| "its rerun overflows")?);
+    }
+    if flags & EXTRAS != 0 {
+        let len = r.varint()? as usize;
+        let extras: Extras =
+            serde_json::from_slice(r.take(len)?).map_err(|e| format!("its extras: {e}"))?;
+        record.class = extras.class;
+        record.error = extras.error;
+        record.attempt_errors = extras.attempt_errors;
+    }
+    let last = if flags & BODY != 0 {
+        let byte = r.byte()?;
+        let codec = Codec::from_byte(byte & !HTTP_200).ok_or("its body's codec is unknown")?;
+        let raw_len = r.varint()? as usize;
+        let body = bodies.decompress(codec, &bytes[r.at..], raw_len)?;
+        let body = String::from_utf8(body).map_err(|_| "its body is not UTF-8")?;
+        record.body =
+            Some(RawValue::from_string(body).map_err(|e| format!("its body is not JSON: {e}"))?);
+        byte
+    } else {
+        let byte = bytes.get(r.at).copied();
+        if r.at + usize::from(byte.is_some()) != bytes.len() || byte.is_some_and(|b| b != HTTP_200)
+        {
+            return Err("it has bytes after its end".into());
+        }
+        byte.unwrap_or(0)
+    };
+    if last & HTTP_200 != 0 {
+        if record.http_status.is_some() {
+            return Err("it has two HTTP statuses".into());
+        }
+        record.http_status = Some(200);
+    }
+    Ok(record)
+}
+
+fn flag(on: bool, bit: u8) -> u8 {
+    if on {
+        bit
+    } else {
+        0
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self.bytes.get(self.at).ok_or("it is cut short")?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end = end.ok_or("it is cut short")?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let (v, rest) = varint::get(&self.bytes[self.at..]).ok_or("it is cut short")?;
+        self.at = self.bytes.len() - rest.len();
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compression::TRAIN_SAMPLES;
+    use super::*;
+
+    fn full() -> ItemRecord {
+        let mut r = ItemRecord::pending(7, 3);
+        r.status = ItemStatus::Ok;
+        r.http_status = Some(200);
+        r.body = Some(
+            RawValue::from_string(r#"{"a":[1,2,{"b":"ccccccccccccccccccccccccccc"}]}"#.into())
+                .unwrap(),
+        );
+        r.attempts = 3;
+        r.attempt_errors = vec![AttemptNote {
+            class: ErrorClass::Http,
+            http_status: Some(503),
+            free: true,
+        }];
+        r.latency_ms = Some(12);
+        r.finished_at_ms = Some(1_764_800_000_123);
+        r.first_attempt_ms = Some(1_764_799_990_000);
+        r.last_attempt_ms = Some(1_764_800_000_100);
+        r.rerun = Some(2);
+        r
+    }
+
+    fn same(a: &ItemRecord, b: &ItemRecord) {
+        assert_eq!(
+            serde_json::to_string(a).unwrap(),
+            serde_json::to_string(b).unwrap()
+        );
+    }
+
+    #[test]
+    fn records_round_trip_in_binary_and_json_records_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path()).unwrap();
+        let mut failed = ItemRecord::pending(9, 4);
+        failed.status = ItemStatus::Failed;
+        failed.class = Some(ErrorClass::Timeout);
+        failed.error = Some("timed out after 30s".into());
+        failed.attempts = 5;
+        failed.finished_at_ms = Some(1_600_000_000_000); // before EPOCH_MS
+        let mut odd_times = full();
+        odd_times.first_attempt_ms = Some(odd_times.finished_at_ms.unwrap() + 5); // clock stepped back
+        odd_times.last_attempt_ms = None;
+        let mut no_body = full();
+        no_body.body = None;
+        let mut teapot = full();
+        teapot.http_status = Some(418);
+        for record in [
+            full(),
+            failed,
+            ItemRecord::pending(1, 0),
+            odd_times,
+            no_body,
+            teapot,
+        ] {
+            let mut bytes = Vec::new();
+            encode(&record, &bodies, &mut bytes);
+            assert_ne!(bytes[0], JSON);
+            same(&decode(&bytes, record.row, &bodies).unwrap(), &record);
+            let json = serde_json::to_vec(&record).unwrap();
+            same(&decode(&json, record.row, &bodies).unwrap(), &record);
+            for cut in 1..bytes.len() {
+                let _ = decode(&bytes[..cut], record.row, &bodies); // never panics
+            }
+        }
+        // A plain ok record's envelope (no retries, no body) is a few bytes, not ~200.
+        let mut plain = full();
+        plain.attempt_errors.clear();
+        plain.attempts = 1;
+        plain.body = None;
+        let mut bytes = Vec::new();
+        encode(&plain, &bodies, &mut bytes);
+        let json = serde_json::to_vec(&plain).unwrap();
+        assert!(
+            bytes.len() <= 20,
+            "{} bytes (JSON: {})",
+            bytes.len(),
+            json.len()
+        );
+    }
+
+    #[cfg(feature = "demo")]
+    #[test]
+    fn bodies_compress_and_a_trained_dictionary_is_used_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path()).unwrap();
+        let answer = |i: usize| {
+            let v = crate::demo::api::profile_body(&format!("id-{i}"));
+            let mut r = full();
+            r.body = Some(RawValue::from_string(v.to_string()).unwrap());
+            r
+        };
+        let mut before = Vec::new();
+        encode(&answer(0), &bodies, &mut before);
+        let raw = answer(0).body.unwrap().get().len();
+        assert!(before.len() < raw * 3 / 4, "{} of {raw}", before.len());
+        let mut stored = vec![before];
+        for i in 1..=TRAIN_SAMPLES + 50 {
+            let mut b = Vec::new();
+            encode(&answer(i), &bodies, &mut b);
+            stored.push(b);
+            if bodies.trained() {
+                break;
+            }
+            if i == TRAIN_SAMPLES {
+                // Training runs on its own thread: wait for it (bounded).
+                for _ in 0..600 {
+                    if bodies.trained() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
+        assert!(bodies.trained(), "a dictionary was trained");
+        assert!(dir
+            .path()
+            .join(super::super::compression::DICT_FILE)
+            .exists());
+        let mut with = Vec::new();
+        encode(&answer(99_999), &bodies, &mut with);
+        assert!(
+            with.len() < raw / 3,
+            "{} of {raw} with the dictionary",
+            with.len()
+        );
+        stored.push(with);
+        // A new open reads every record: before, during and after the dictionary.
+        drop(bodies);
+        let again = Compression::open(dir.path()).unwrap();
+        assert!(again.trained());
+        for b in &stored {
+            let r = decode(b, 7, &again).unwrap();
+            assert_eq!(r.status, ItemStatus::Ok);
+        }
+        // Without its dictionary, a record that needs it is an error, not a panic.
+        std::fs::remove_file(dir.path().join(super::super::compression::DICT_FILE)).unwrap();
+        let lost = Compression::open(dir.path()).unwrap();
+        let err = decode(stored.last().unwrap(), 7, &lost).unwrap_err();
+        assert!(err.contains("results.dict"), "{err}");
+    }
+}
