@@ -15,15 +15,26 @@
 //! 1. Until it exists, bodies are compressed without one (or kept raw when that is not
 //!    smaller), and copies of the first [`TRAIN_SAMPLES`] bodies are kept in memory.
 //! 2. Then a background thread trains a dictionary of [`DICT_BYTES`] from them and writes it
-//!    to `results.dict` (`[magic "HWDICT01"][CRC-32 of the dictionary u32 LE][dictionary]`),
-//!    atomically and durably; only then is it used. So a record that names the dictionary
-//!    never reaches the disk before the dictionary does.
-//! 3. An open loads it. One job has at most one dictionary: a store that has one never trains
-//!    again. If training fails (too few or too uniform samples), the job goes on without one.
+//!    to `results.dict` (`[magic "HWDICT01"][CRC-32 of the dictionary u32 LE][dictionary]`):
+//!    a new file, never in place of an existing one, synced with its directory.
+//! 3. The store records it ([`DictRecord`]: its zstd ID and the file's CRC-32 and length) in
+//!    sled's `meta` under [`DICT_META_KEY`] and flushes that durably; only then is it
+//!    installed ([`Compression::install`]). So no record compressed with a dictionary reaches
+//!    the disk before both the dictionary and the store's record of it do.
+//! 4. An open loads the dictionary the store recorded, and refuses the directory
+//!    ([`DictError`], a corrupt store) if `results.dict` is missing or is not that file: the
+//!    records need it, and a new one would decode them wrongly. A store that has one never
+//!    trains again. A `results.dict` the store has no record of (a crash between steps 2 and
+//!    3) is recorded then, at the open. If training fails (too few or too uniform samples),
+//!    the job goes on without one.
+//!
+//! Frames name their dictionary (zstd's dictionary ID), so a frame given another dictionary
+//! (or none) fails to decompress instead of decoding to wrong bytes.
 //!
 //! A record's body says how it is stored ([`Codec`]), so records written before the
 //! dictionary, by older builds (raw JSON) and with it are all read.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -31,6 +42,8 @@ use zstd::bulk::{Compressor, Decompressor};
 
 /// The dictionary's file name in the state directory.
 pub(crate) const DICT_FILE: &str = "results.dict";
+/// The key in sled's `meta` tree of the store's [`DictRecord`].
+pub(crate) const DICT_META_KEY: &str = "dict";
 
 const MAGIC: &[u8; 8] = b"HWDICT01";
 /// zstd's level for the results: as fast as level 1 with a dictionary, and smaller.
@@ -67,17 +80,69 @@ impl Codec {
     }
 }
 
+/// The store's durable record of its dictionary (sled `meta`, [`DICT_META_KEY`]): which
+/// `results.dict` its records need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DictRecord {
+    /// The dictionary's zstd ID (frames carry it).
+    pub(crate) id: u32,
+    /// CRC-32 of the whole `results.dict` file.
+    pub(crate) file_crc: u32,
+    /// Its length in bytes.
+    pub(crate) file_len: u64,
+}
+
+impl DictRecord {
+    /// `[id u32 BE][file CRC-32 u32 BE][file length u64 BE]`.
+    pub(crate) fn to_bytes(self) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..4].copy_from_slice(&self.id.to_be_bytes());
+        out[4..8].copy_from_slice(&self.file_crc.to_be_bytes());
+        out[8..].copy_from_slice(&self.file_len.to_be_bytes());
+        out
+    }
+
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<DictRecord> {
+        let bytes: &[u8; 16] = bytes.try_into().ok()?;
+        Some(DictRecord {
+            id: u32::from_be_bytes(bytes[..4].try_into().ok()?),
+            file_crc: u32::from_be_bytes(bytes[4..8].try_into().ok()?),
+            file_len: u64::from_be_bytes(bytes[8..].try_into().ok()?),
+        })
+    }
+
+    /// The record of a `results.dict` holding `file`, if it is whole.
+    fn of_file(file: &[u8]) -> Option<(DictRecord, Vec<u8>)> {
+        let dict = parse(file)?;
+        let id = zstd::zstd_safe::get_dict_id_from_dict(&dict)?.get();
+        let record = DictRecord {
+            id,
+            file_crc: crc32fast::hash(file),
+            file_len: file.len() as u64,
+        };
+        Some((record, dict))
+    }
+}
+
+/// A dictionary written (or found) that the store has yet to record before it is used.
+pub(crate) struct Unrecorded {
+    pub(crate) record: DictRecord,
+    pub(crate) dict: Vec<u8>,
+}
+
 /// The compressor and decompressor of one state directory's bodies (see the module doc).
 pub(crate) struct Compression {
     path: PathBuf,
     /// The compressor in use, and what its frames are: with the dictionary once it is
-    /// durable.
+    /// recorded.
     compressor: Mutex<(Compressor<'static>, Codec)>,
     plain: Mutex<Decompressor<'static>>,
     /// The dictionary's decompressor, once there is one.
     with_dict: RwLock<Option<Arc<Mutex<Decompressor<'static>>>>>,
     /// Samples for training; `None` once a dictionary exists or training has started.
     samples: Mutex<Option<Samples>>,
+    /// A dictionary in `results.dict` that the store has not recorded yet (see the module doc).
+    unrecorded: Mutex<Option<Unrecorded>>,
 }
 
 #[derive(Default)]
@@ -86,7 +151,7 @@ struct Samples {
     sizes: Vec<usize>,
 }
 
-/// A dictionary file that cannot be read.
+/// A dictionary file that cannot be read, or is not the one the store recorded.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
 pub(crate) struct DictError {
@@ -95,34 +160,81 @@ pub(crate) struct DictError {
 }
 
 impl Compression {
-    /// Open the compression of the state directory `dir`: with its dictionary if it has one.
-    pub(crate) fn open(dir: &Path) -> Result<Arc<Compression>, DictError> {
+    /// Open the compression of the state directory `dir`, whose store recorded the
+    /// dictionary `recorded` (see the module doc).
+    pub(crate) fn open(
+        dir: &Path,
+        recorded: Option<DictRecord>,
+    ) -> Result<Arc<Compression>, DictError> {
         let path = dir.join(DICT_FILE);
         let err = |reason: String| DictError {
             path: path.clone(),
             reason,
         };
         let zstd_err = |e: std::io::Error| err(format!("zstd: {e}"));
-        let dict = match std::fs::read(&path) {
-            Ok(bytes) => Some(parse(&bytes).ok_or_else(|| err("damaged (checksum)".into()))?),
+        let file = match std::fs::read(&path) {
+            Ok(bytes) => Some(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(err(e.to_string())),
         };
+        let found = match &file {
+            Some(bytes) => Some(DictRecord::of_file(bytes).ok_or_else(|| {
+                err(
+                    "damaged (checksum, or not a zstd dictionary); it travels with \
+                     results.log: restore both from the same copy"
+                        .into(),
+                )
+            })?),
+            None => None,
+        };
+        let (installed, unrecorded) = match (recorded, found) {
+            (None, None) => (None, None),
+            (Some(want), None) => {
+                return Err(err(format!(
+                    "missing: the store's records are compressed with dictionary {} from this \
+                     file (results.dict travels with results.log); restore it from the copy \
+                     results.log came from",
+                    want.id
+                )))
+            }
+            (Some(want), Some((found, _))) if found != want => {
+                return Err(err(format!(
+                    "not the dictionary the store's records are compressed with (the store \
+                     recorded dictionary {} of {} bytes, CRC-32 {:08x}; this file holds \
+                     dictionary {} of {} bytes, CRC-32 {:08x}); restore the results.dict that \
+                     travels with this results.log",
+                    want.id, want.file_len, want.file_crc, found.id, found.file_len, found.file_crc
+                )))
+            }
+            (Some(_), Some((_, dict))) => (Some(dict), None),
+            (None, Some((record, dict))) => (None, Some(Unrecorded { record, dict })),
+        };
+        let trains = installed.is_none() && unrecorded.is_none();
         let compression = Compression {
             path: path.clone(),
             compressor: Mutex::new((compressor(None).map_err(zstd_err)?, Codec::Zstd)),
             plain: Mutex::new(Decompressor::new().map_err(zstd_err)?),
             with_dict: RwLock::new(None),
-            samples: Mutex::new(dict.is_none().then(Samples::default)),
+            samples: Mutex::new(trains.then(Samples::default)),
+            unrecorded: Mutex::new(unrecorded),
         };
-        if let Some(dict) = dict {
+        if let Some(dict) = installed {
             compression.install(&dict).map_err(zstd_err)?;
         }
         Ok(Arc::new(compression))
     }
 
-    /// Use `dict` from now on.
-    fn install(&self, dict: &[u8]) -> std::io::Result<()> {
+    /// The dictionary in `results.dict` the store must record (durably) before it calls
+    /// [`Compression::install`], if there is one; at most once.
+    pub(crate) fn take_unrecorded(&self) -> Option<Unrecorded> {
+        self.unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Use `dict` from now on: only once the store recorded it durably (see the module doc).
+    pub(crate) fn install(&self, dict: &[u8]) -> std::io::Result<()> {
         let c = compressor(Some(dict))?;
         let d = Decompressor::with_dictionary(dict)?;
         *self
@@ -195,34 +307,15 @@ impl Compression {
         Ok(out)
     }
 
-    /// The dictionary's decompressor. A reader opened before the job's writer trained the
-    /// dictionary loads it now.
+    /// The dictionary's decompressor, if the store has one.
     fn dict_decompressor(&self) -> Result<Arc<Mutex<Decompressor<'static>>>, String> {
-        if let Some(d) = self
-            .with_dict
+        self.with_dict
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-        {
-            return Ok(d);
-        }
-        let dict = match std::fs::read(&self.path) {
-            Ok(bytes) => {
-                parse(&bytes).ok_or_else(|| format!("{DICT_FILE} is damaged (checksum)"))?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(format!("it needs {DICT_FILE}, which is missing"))
-            }
-            Err(e) => return Err(format!("{DICT_FILE}: {e}")),
-        };
-        let d = Arc::new(Mutex::new(
-            Decompressor::with_dictionary(&dict).map_err(|e| format!("{DICT_FILE}: {e}"))?,
-        ));
-        *self
-            .with_dict
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(d.clone());
-        Ok(d)
+            .ok_or_else(|| {
+                format!("its body needs the job's dictionary ({DICT_FILE}), and the store has none")
+            })
     }
 
     /// Keep a copy of `body` for training; start training once there are enough.
@@ -249,7 +342,8 @@ impl Compression {
         }
     }
 
-    /// Train, write `results.dict` durably, then use it (see the module doc).
+    /// Train and write `results.dict` durably; the store records it, then uses it (see the
+    /// module doc).
     fn train(&self, samples: Samples) {
         let started = std::time::Instant::now();
         let dict = match zstd::dict::from_continuous(&samples.bytes, &samples.sizes, DICT_BYTES) {
@@ -263,19 +357,22 @@ impl Compression {
         file.extend_from_slice(MAGIC);
         file.extend_from_slice(&crc32fast::hash(&dict).to_le_bytes());
         file.extend_from_slice(&dict);
-        if let Err(e) = super::write_atomically(&self.path, &file) {
+        let Some((record, dict)) = DictRecord::of_file(&file) else {
+            tracing::debug!("no dictionary for the results (training made one without an ID)");
+            return;
+        };
+        if let Err(e) = write_new(&self.path, &file) {
             tracing::warn!(path = %self.path.display(), "could not write the results' dictionary ({e}); the job goes on without it");
             return;
         }
-        if let Err(e) = self.install(&dict) {
-            tracing::warn!(
-                "could not load the results' dictionary ({e}); the job goes on without it"
-            );
-            return;
-        }
+        *self
+            .unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Unrecorded { record, dict });
         tracing::debug!(
             samples = samples.sizes.len(),
-            bytes = dict.len(),
+            bytes = file.len(),
+            id = record.id,
             ms = started.elapsed().as_millis() as u64,
             "trained the results' dictionary"
         );
@@ -297,11 +394,12 @@ fn compressor(dict: Option<&[u8]>) -> std::io::Result<Compressor<'static>> {
         Some(d) => Compressor::with_dictionary(LEVEL, d)?,
         None => Compressor::new(LEVEL)?,
     };
-    // The record keeps the length; the dictionary is the job's only one; the log's CRC covers
-    // the bytes.
+    // The record keeps the length; the log's CRC covers the bytes. The frame names its
+    // dictionary (4 bytes), so a frame given another dictionary fails instead of decoding to
+    // wrong bytes.
     use zstd::stream::raw::CParameter;
     c.set_parameter(CParameter::ContentSizeFlag(false))?;
-    c.set_parameter(CParameter::DictIdFlag(false))?;
+    c.set_parameter(CParameter::DictIdFlag(true))?;
     c.set_parameter(CParameter::ChecksumFlag(false))?;
     Ok(c)
 }
@@ -314,4 +412,18 @@ fn parse(bytes: &[u8]) -> Option<Vec<u8>> {
     }
     let crc = u32::from_le_bytes(head[8..12].try_into().ok()?);
     (crc32fast::hash(dict) == crc).then(|| dict.to_vec())
+}
+
+/// Write `bytes` as the new file `path`, synced with its directory; never in place of an
+/// existing file (an error then).
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist_noclobber(path).map_err(|e| e.error)?;
+    super::sled_files::sync_dir(dir)
 }

@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn records_round_trip_in_binary_and_json_records_still_read() {
         let dir = tempfile::tempdir().unwrap();
-        let bodies = Compression::open(dir.path()).unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
         let mut failed = ItemRecord::pending(9, 4);
         failed.status = ItemStatus::Failed;
         failed.class = Some(ErrorClass::Timeout);
@@ -310,7 +310,7 @@ mod tests {
     #[test]
     fn bodies_compress_and_a_trained_dictionary_is_used_and_reloaded() {
         let dir = tempfile::tempdir().unwrap();
-        let bodies = Compression::open(dir.path()).unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
         let answer = |i: usize| {
             let v = crate::demo::api::profile_body(&format!("id-{i}"));
             let mut r = full();
@@ -322,17 +322,19 @@ mod tests {
         let raw = answer(0).body.unwrap().get().len();
         assert!(before.len() < raw * 3 / 4, "{} of {raw}", before.len());
         let mut stored = vec![before];
+        let mut recorded = None;
         for i in 1..=TRAIN_SAMPLES + 50 {
             let mut b = Vec::new();
             encode(&answer(i), &bodies, &mut b);
             stored.push(b);
-            if bodies.trained() {
-                break;
-            }
             if i == TRAIN_SAMPLES {
                 // Training runs on its own thread: wait for it (bounded).
                 for _ in 0..600 {
-                    if bodies.trained() {
+                    if let Some(new) = bodies.take_unrecorded() {
+                        assert!(!bodies.trained(), "not used before the store records it");
+                        // What the store does once it recorded it.
+                        bodies.install(&new.dict).unwrap();
+                        recorded = Some(new.record);
                         break;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -354,15 +356,29 @@ mod tests {
         stored.push(with);
         // A new open reads every record: before, during and after the dictionary.
         drop(bodies);
-        let again = Compression::open(dir.path()).unwrap();
+        let again = Compression::open(dir.path(), recorded).unwrap();
         assert!(again.trained());
         for b in &stored {
             let r = decode(b, 7, &again).unwrap();
             assert_eq!(r.status, ItemStatus::Ok);
         }
-        // Without its dictionary, a record that needs it is an error, not a panic.
+        // Given another dictionary, a record that needs the job's fails (its frame names the
+        // dictionary): an error, never other bytes.
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = Compression::open(other_dir.path(), None).unwrap();
+        let samples: Vec<Vec<u8>> = (0..TRAIN_SAMPLES)
+            .map(|i| format!(r#"{{"other":{i},"shape":"{}"}}"#, "xy".repeat(i % 40)).into_bytes())
+            .collect();
+        let other_dict = zstd::dict::from_samples(&samples, 4 << 10).unwrap();
+        other.install(&other_dict).unwrap();
+        let err = decode(stored.last().unwrap(), 7, &other).unwrap_err();
+        assert!(err.contains("decompress"), "{err}");
+        // Without its dictionary, a record that needs it is an error, not a panic; and an
+        // open of a store that recorded one refuses a missing file.
         std::fs::remove_file(dir.path().join(super::super::compression::DICT_FILE)).unwrap();
-        let lost = Compression::open(dir.path()).unwrap();
+        let err = Compression::open(dir.path(), recorded).err().unwrap();
+        assert!(err.reason.contains("missing"), "{err}");
+        let lost = Compression::open(dir.path(), None).unwrap();
         let err = decode(stored.last().unwrap(), 7, &lost).unwrap_err();
         assert!(err.contains("results.dict"), "{err}");
     }

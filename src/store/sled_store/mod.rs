@@ -19,7 +19,9 @@
 //!              "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
 //!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx,
-//!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used)
+//!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used),
+//!              "dict" → which results.dict the records need ([`compression::DictRecord`];
+//!              absent: none yet), written durably before any record uses it
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
@@ -99,7 +101,7 @@ pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTE
 use super::*;
 use crate::input::{Cursor, Fingerprint};
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
-use compression::Compression;
+use compression::{Compression, DictRecord, DICT_META_KEY};
 use id_index::IdIndex;
 use id_lists::{IdLists, ListRef};
 use results_log::{Durable, LogError, ResultsLog};
@@ -313,7 +315,13 @@ impl SledStore {
             }
         }
         let id_lists = IdLists::open(path, lists_end).map_err(|e| log_error(path, e))?;
-        let bodies = Compression::open(path).map_err(|e| {
+        let dict = match trees.meta.get(DICT_META_KEY).map_err(sled_err)? {
+            Some(bytes) => Some(DictRecord::from_bytes(&bytes).ok_or_else(|| {
+                corrupt("its record of the results' dictionary is undecodable".into())
+            })?),
+            None => None,
+        };
+        let bodies = Compression::open(path, dict).map_err(|e| {
             StoreError::at(e.path.display(), StoreError::Corrupt { reason: e.reason })
         })?;
         let index_path = path.join(INDEX_FILE);
@@ -412,11 +420,54 @@ impl SledStore {
             )
             .map_err(io)?;
         }
+        // A dictionary written before a crash, and not recorded yet: record it now.
+        store.record_dictionary_blocking()?;
         drop(trees);
         // The entries this open created (the files beside sled's) are durable with their
         // directory: a power cut must not leave the marker without the files it describes.
         sled_files::sync_dir(path).map_err(io)?;
         Ok(store)
+    }
+
+    /// Record a newly written results' dictionary in `meta`, durably, then use it: no record
+    /// compressed with it reaches the disk before the store's record of it does (see
+    /// [`compression`]).
+    async fn record_dictionary(&self) -> Result<(), StoreError> {
+        let Some(new) = self.bodies.take_unrecorded() else {
+            return Ok(());
+        };
+        let t = self.t()?;
+        t.meta
+            .insert(DICT_META_KEY, &new.record.to_bytes())
+            .map_err(|e| self.err(e))?;
+        let (db, files) = (t.db.clone(), t.files.clone());
+        drop(t);
+        sled_files::flush_async(&db, &files)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.use_dictionary(&new.dict)
+    }
+
+    /// [`SledStore::record_dictionary`], blocking (at open).
+    fn record_dictionary_blocking(&self) -> Result<(), StoreError> {
+        let Some(new) = self.bodies.take_unrecorded() else {
+            return Ok(());
+        };
+        let t = self.t()?;
+        t.meta
+            .insert(DICT_META_KEY, &new.record.to_bytes())
+            .map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
+        self.use_dictionary(&new.dict)
+    }
+
+    fn use_dictionary(&self, dict: &[u8]) -> Result<(), StoreError> {
+        self.bodies.install(dict).map_err(|e| {
+            self.corrupt(format!(
+                "{}: zstd refuses the dictionary: {e}",
+                compression::DICT_FILE
+            ))
+        })
     }
 
     /// The state directory.
@@ -534,6 +585,7 @@ impl Store for SledStore {
     }
 
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        self.record_dictionary().await?;
         // The group's records encoded into one buffer: no allocation per record.
         let mut encoded = Vec::with_capacity(results.len() * 256);
         let mut ends = Vec::with_capacity(results.len());
