@@ -56,6 +56,9 @@ const TRAIN_BYTES: usize = 8 << 20;
 const DICT_BYTES: usize = 32 << 10;
 /// Bodies shorter than this are kept raw: a zstd frame costs more than it saves.
 const MIN_COMPRESS: usize = 24;
+/// The largest body a record may claim (16 times the HTTP handler's largest answer): a
+/// larger length read from the disk is damage, and is never allocated.
+pub(crate) const MAX_BODY: usize = 256 << 20;
 
 /// How a body is stored, the first byte of its part of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,15 +280,26 @@ impl Compression {
         }
     }
 
-    /// The body of `raw_len` bytes stored as `data` with `codec`.
+    /// The body of `raw_len` bytes stored as `data` with `codec`. `raw_len` and `data` come
+    /// from the disk: a length above [`MAX_BODY`] is an error, never an allocation.
     pub(crate) fn decompress(
         &self,
         codec: Codec,
         data: &[u8],
-        raw_len: usize,
+        raw_len: u64,
     ) -> Result<Vec<u8>, String> {
+        let raw_len = usize::try_from(raw_len)
+            .ok()
+            .filter(|&n| n <= MAX_BODY)
+            .ok_or_else(|| format!("its body's length {raw_len} is above {MAX_BODY} bytes"))?;
         let out = match codec {
-            Codec::Raw => return Ok(data.to_vec()),
+            Codec::Raw if data.len() == raw_len => return Ok(data.to_vec()),
+            Codec::Raw => {
+                return Err(format!(
+                    "its body is {} bytes, not the length {raw_len} it records",
+                    data.len()
+                ))
+            }
             Codec::Zstd => self
                 .plain
                 .lock()

@@ -163,7 +163,7 @@ pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<Ite
     let last = if flags & BODY != 0 {
         let byte = r.byte()?;
         let codec = Codec::from_byte(byte & !HTTP_200).ok_or("its body's codec is unknown")?;
-        let raw_len = r.varint()? as usize;
+        let raw_len = r.varint()?;
         let body = bodies.decompress(codec, &bytes[r.at..], raw_len)?;
         let body = String::from_utf8(body).map_err(|_| "its body is not UTF-8")?;
         record.body =
@@ -304,6 +304,95 @@ mod tests {
             bytes.len(),
             json.len()
         );
+    }
+
+    #[test]
+    fn a_huge_or_wrong_body_length_is_an_error_not_an_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
+        let mut record = full();
+        record.attempt_errors.clear();
+        let mut bytes = Vec::new();
+        encode(&record, &bodies, &mut bytes);
+        // The body's part: codec byte, raw length varint, stored bytes. Rewrite the length.
+        let body = record.body.as_ref().unwrap().get().len() as u64;
+        let mut len = Vec::new();
+        varint(&mut len, body);
+        let at = bytes
+            .windows(len.len() + 1)
+            .rposition(|w| w[0] & !HTTP_200 <= 2 && w[1..] == len[..])
+            .expect("the body's length");
+        for huge in [
+            u64::MAX,
+            u64::MAX / 2,
+            1 << 40,
+            super::super::compression::MAX_BODY as u64 + 1,
+        ] {
+            for codec in [Codec::Raw, Codec::Zstd, Codec::ZstdDict] {
+                let mut bad = bytes[..at].to_vec();
+                bad.push(codec as u8 | HTTP_200);
+                varint(&mut bad, huge);
+                bad.extend_from_slice(&bytes[at + 1 + len.len()..]);
+                let err = decode(&bad, 7, &bodies).unwrap_err();
+                assert!(err.contains("length"), "{huge} {codec:?}: {err}");
+            }
+        }
+        // A raw body must be as long as its record says.
+        let mut short = bytes[..at].to_vec();
+        short.push(Codec::Raw as u8 | HTTP_200);
+        varint(&mut short, 5);
+        short.extend_from_slice(b"[1,2,3]");
+        assert!(decode(&short, 7, &bodies).is_err());
+    }
+
+    #[test]
+    fn random_and_mutated_records_decode_to_ok_or_err_never_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
+        let mut valid = Vec::new();
+        for record in [full(), ItemRecord::pending(1, 0)] {
+            let mut bytes = Vec::new();
+            encode(&record, &bodies, &mut bytes);
+            valid.push(bytes);
+        }
+        // xorshift64*: deterministic, seed by seed.
+        for seed in 1..=20_000u64 {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            };
+            let bytes: Vec<u8> = match seed % 4 {
+                // Random bytes, the first not '{' (JSON is serde's to check).
+                0 => (0..next() % 48)
+                    .map(|i| match (i, next() as u8) {
+                        (0, b'{') => 0,
+                        (_, b) => b,
+                    })
+                    .collect(),
+                // A valid record with a few bytes changed.
+                1 | 2 => {
+                    let mut b = valid[(seed % 2) as usize].clone();
+                    for _ in 0..1 + next() % 4 {
+                        let at = (next() % b.len() as u64) as usize;
+                        b[at] = next() as u8;
+                    }
+                    b
+                }
+                // A valid record with ten-byte varints (up to u64::MAX) spliced in.
+                _ => {
+                    let mut b = valid[(seed % 2) as usize].clone();
+                    let at = 1 + (next() % (b.len() as u64 - 1)) as usize;
+                    let mut v = Vec::new();
+                    varint(&mut v, next() | 1 << 63);
+                    b.splice(at..at, v);
+                    b
+                }
+            };
+            let _ = decode(&bytes, 7, &bodies);
+        }
     }
 
     #[cfg(feature = "demo")]
