@@ -135,16 +135,22 @@ pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<Ite
             Some(u16::try_from(r.varint()?).map_err(|_| "its HTTP status overflows")?);
     }
     if flags & TIMES != 0 {
-        let finished = unzigzag(r.varint()?) + EPOCH_MS;
-        record.finished_at_ms = Some(finished as u64);
-        let mut before = || -> Result<Option<u64>, String> {
+        let time = |t: Option<i64>, what: &str| -> Result<u64, String> {
+            t.and_then(|t| u64::try_from(t).ok())
+                .ok_or_else(|| format!("its {what} time is out of range"))
+        };
+        let finished = time(EPOCH_MS.checked_add(unzigzag(r.varint()?)), "finish")?;
+        record.finished_at_ms = Some(finished);
+        // Checked above: it fits in an i64.
+        let finished = finished as i64;
+        let mut before = |what: &str| -> Result<Option<u64>, String> {
             Ok(match r.varint()? {
                 0 => None,
-                v => Some((finished - unzigzag(v - 1)) as u64),
+                v => Some(time(finished.checked_sub(unzigzag(v - 1)), what)?),
             })
         };
-        record.first_attempt_ms = before()?;
-        record.last_attempt_ms = before()?;
+        record.first_attempt_ms = before("first attempt")?;
+        record.last_attempt_ms = before("last attempt")?;
     }
     if flags & LATENCY != 0 {
         record.latency_ms = Some(r.varint()?);
@@ -392,6 +398,30 @@ mod tests {
                 }
             };
             let _ = decode(&bytes, 7, &bodies);
+        }
+    }
+
+    #[test]
+    fn times_from_the_disk_that_overflow_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
+        // flags: ok, times; bucket 0, attempts 1; then finished and the two attempts.
+        let record = |times: [u64; 3]| {
+            let mut bytes = vec![1 | TIMES, 0, 1];
+            for t in times {
+                varint(&mut bytes, t);
+            }
+            bytes
+        };
+        for times in [
+            [zigzag(i64::MAX), 0, 0],         // EPOCH_MS + i64::MAX
+            [zigzag(-EPOCH_MS - 1), 0, 0],    // before 1970
+            [0, 1 + zigzag(i64::MIN + 1), 0], // EPOCH_MS - (i64::MIN + 1)
+            [0, 0, 1 + zigzag(EPOCH_MS + 1)], // an attempt before 1970
+            [u64::MAX, u64::MAX, u64::MAX],
+        ] {
+            let err = decode(&record(times), 0, &bodies).unwrap_err();
+            assert!(err.contains("out of range"), "{times:?}: {err}");
         }
     }
 
