@@ -10,8 +10,9 @@
 //!                200, 3 body, 4 extras, 5 latency, 6 rerun, 7 times
 //! bucket varint, attempts varint
 //! [HTTP status: varint if bit 2, else 200 if the body's codec byte says so (below)]
-//! [times: finished zz (ms from EPOCH_MS), then first attempt and last attempt, each
-//!         0 = none or 1 + zz (ms before finished)]
+//! [times: finished, then first attempt and last attempt, each 0 = none or 1 + zz: finished
+//!         in ms from EPOCH_MS, the attempts in ms before finished (or before EPOCH_MS
+//!         without it); bit 7 is set when any of the three is]
 //! [latency varint (ms)] [rerun varint]
 //! [extras: length varint, JSON {class, error, attempt_errors}: rare (failures, retries)]
 //! [body: codec u8 (compression::Codec; + 0x80: the HTTP status was 200), raw length varint,
@@ -56,7 +57,11 @@ struct Extras {
 }
 
 /// Append `record`'s bytes to `out`, its body compressed by `bodies`.
-pub(super) fn encode(record: &ItemRecord, bodies: &std::sync::Arc<Compression>, out: &mut Vec<u8>) {
+pub(super) fn encode(
+    record: &ItemRecord,
+    bodies: &std::sync::Arc<Compression>,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
     let status = match record.status {
         ItemStatus::Pending => 0,
         ItemStatus::Ok => 1,
@@ -64,7 +69,18 @@ pub(super) fn encode(record: &ItemRecord, bodies: &std::sync::Arc<Compression>, 
     };
     let extras =
         record.class.is_some() || record.error.is_some() || !record.attempt_errors.is_empty();
-    let finished = record.finished_at_ms;
+    let times = [
+        record.finished_at_ms,
+        record.first_attempt_ms,
+        record.last_attempt_ms,
+    ];
+    let times = times.iter().any(Option::is_some);
+    // Checked before anything is written: a time out of range fails the write, whole.
+    let encoded_times = if times {
+        Some(encode_times(record)?)
+    } else {
+        None
+    };
     let ok_200 = record.http_status == Some(200);
     let flags = status
         | flag(record.http_status.is_some() && !ok_200, HTTP)
@@ -72,19 +88,15 @@ pub(super) fn encode(record: &ItemRecord, bodies: &std::sync::Arc<Compression>, 
         | flag(extras, EXTRAS)
         | flag(record.latency_ms.is_some(), LATENCY)
         | flag(record.rerun.is_some(), RERUN)
-        | flag(finished.is_some(), TIMES);
+        | flag(times, TIMES);
     out.push(flags);
     varint(out, record.bucket);
     varint(out, u64::from(record.attempts));
     if let Some(http) = record.http_status.filter(|_| !ok_200) {
         varint(out, u64::from(http));
     }
-    if let Some(finished) = finished {
-        let finished = finished as i64;
-        varint(out, zigzag(finished - EPOCH_MS));
-        for at in [record.first_attempt_ms, record.last_attempt_ms] {
-            varint(out, at.map_or(0, |at| 1 + zigzag(finished - at as i64)));
-        }
+    for v in encoded_times.into_iter().flatten() {
+        varint(out, v);
     }
     if let Some(latency) = record.latency_ms {
         varint(out, latency);
@@ -111,6 +123,34 @@ pub(super) fn encode(record: &ItemRecord, bodies: &std::sync::Arc<Compression>, 
     } else if ok_200 {
         out.push(HTTP_200);
     }
+    Ok(())
+}
+
+/// The three time varints of `record` (see the module doc); an error if a time is too far
+/// from the others (or from `EPOCH_MS`) to be kept.
+fn encode_times(record: &ItemRecord) -> Result<[u64; 3], String> {
+    let ms = |t: u64| i64::try_from(t).map_err(|_| format!("its time {t} ms is out of range"));
+    let from = |base: i64, t: i64, what: &str| {
+        t.checked_sub(base)
+            .and_then(|d| zigzag(d).checked_add(1))
+            .ok_or_else(|| format!("its {what} time {t} ms is out of range"))
+    };
+    let finished = record.finished_at_ms.map(ms).transpose()?;
+    let base = finished.unwrap_or(EPOCH_MS);
+    let mut out = [0; 3];
+    if let Some(f) = finished {
+        out[0] = from(EPOCH_MS, f, "finish")?;
+    }
+    for (slot, (at, what)) in out[1..].iter_mut().zip([
+        (record.first_attempt_ms, "first attempt"),
+        (record.last_attempt_ms, "last attempt"),
+    ]) {
+        if let Some(at) = at {
+            // Kept as ms before `base` (usually a few): base - at.
+            *slot = from(ms(at)?, base, what)?;
+        }
+    }
+    Ok(out)
 }
 
 /// The record in `bytes` (binary or JSON) of the results log's entry for `row`; the error
@@ -139,14 +179,17 @@ pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<Ite
             t.and_then(|t| u64::try_from(t).ok())
                 .ok_or_else(|| format!("its {what} time is out of range"))
         };
-        let finished = time(EPOCH_MS.checked_add(unzigzag(r.varint()?)), "finish")?;
-        record.finished_at_ms = Some(finished);
-        // Checked above: it fits in an i64.
-        let finished = finished as i64;
+        let finished = match r.varint()? {
+            0 => None,
+            v => Some(time(EPOCH_MS.checked_add(unzigzag(v - 1)), "finish")?),
+        };
+        record.finished_at_ms = finished;
+        // Checked above: a finish time fits in an i64.
+        let base = finished.map_or(EPOCH_MS, |f| f as i64);
         let mut before = |what: &str| -> Result<Option<u64>, String> {
             Ok(match r.varint()? {
                 0 => None,
-                v => Some(time(finished.checked_sub(unzigzag(v - 1)), what)?),
+                v => Some(time(base.checked_sub(unzigzag(v - 1)), what)?),
             })
         };
         record.first_attempt_ms = before("first attempt")?;
@@ -287,7 +330,7 @@ mod tests {
             teapot,
         ] {
             let mut bytes = Vec::new();
-            encode(&record, &bodies, &mut bytes);
+            encode(&record, &bodies, &mut bytes).unwrap();
             assert_ne!(bytes[0], JSON);
             same(&decode(&bytes, record.row, &bodies).unwrap(), &record);
             let json = serde_json::to_vec(&record).unwrap();
@@ -302,7 +345,7 @@ mod tests {
         plain.attempts = 1;
         plain.body = None;
         let mut bytes = Vec::new();
-        encode(&plain, &bodies, &mut bytes);
+        encode(&plain, &bodies, &mut bytes).unwrap();
         let json = serde_json::to_vec(&plain).unwrap();
         assert!(
             bytes.len() <= 20,
@@ -319,7 +362,7 @@ mod tests {
         let mut record = full();
         record.attempt_errors.clear();
         let mut bytes = Vec::new();
-        encode(&record, &bodies, &mut bytes);
+        encode(&record, &bodies, &mut bytes).unwrap();
         // The body's part: codec byte, raw length varint, stored bytes. Rewrite the length.
         let body = record.body.as_ref().unwrap().get().len() as u64;
         let mut len = Vec::new();
@@ -358,7 +401,7 @@ mod tests {
         let mut valid = Vec::new();
         for record in [full(), ItemRecord::pending(1, 0)] {
             let mut bytes = Vec::new();
-            encode(&record, &bodies, &mut bytes);
+            encode(&record, &bodies, &mut bytes).unwrap();
             valid.push(bytes);
         }
         // xorshift64*: deterministic, seed by seed.
@@ -414,15 +457,60 @@ mod tests {
             bytes
         };
         for times in [
-            [zigzag(i64::MAX), 0, 0],         // EPOCH_MS + i64::MAX
-            [zigzag(-EPOCH_MS - 1), 0, 0],    // before 1970
-            [0, 1 + zigzag(i64::MIN + 1), 0], // EPOCH_MS - (i64::MIN + 1)
-            [0, 0, 1 + zigzag(EPOCH_MS + 1)], // an attempt before 1970
+            // EPOCH_MS + i64::MAX - 1
+            [1 + zigzag(i64::MAX - 1), 0, 0],
+            // before 1970
+            [1 + zigzag(-EPOCH_MS - 1), 0, 0],
+            // finished at EPOCH_MS, first attempt at EPOCH_MS - (i64::MIN + 1)
+            [1, 1 + zigzag(i64::MIN + 1), 0],
+            // finished at EPOCH_MS, last attempt before 1970
+            [1, 0, 1 + zigzag(EPOCH_MS + 1)],
+            // the same without a finish time
+            [0, 1 + zigzag(i64::MIN + 1), 0],
+            [0, 0, 1 + zigzag(EPOCH_MS + 1)],
             [u64::MAX, u64::MAX, u64::MAX],
         ] {
             let err = decode(&record(times), 0, &bodies).unwrap_err();
             assert!(err.contains("out of range"), "{times:?}: {err}");
         }
+    }
+
+    #[test]
+    fn each_time_round_trips_alone_or_with_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Compression::open(dir.path(), None).unwrap();
+        let values = [
+            Some(1_764_800_000_123), // after EPOCH_MS
+            Some(1_600_000_000_000), // before it
+            Some(0),
+            None,
+        ];
+        for finished in values {
+            for first in values {
+                for last in values {
+                    let mut record = full();
+                    record.finished_at_ms = finished;
+                    record.first_attempt_ms = first;
+                    record.last_attempt_ms = last;
+                    let mut bytes = Vec::new();
+                    encode(&record, &bodies, &mut bytes).unwrap();
+                    let back = decode(&bytes, record.row, &bodies).unwrap();
+                    assert_eq!(
+                        (
+                            back.finished_at_ms,
+                            back.first_attempt_ms,
+                            back.last_attempt_ms
+                        ),
+                        (finished, first, last)
+                    );
+                    same(&back, &record);
+                }
+            }
+        }
+        // A time too far out to keep fails the write instead of wrapping.
+        let mut far = full();
+        far.last_attempt_ms = Some(u64::MAX);
+        assert!(encode(&far, &bodies, &mut Vec::new()).is_err());
     }
 
     #[cfg(feature = "demo")]
@@ -437,14 +525,14 @@ mod tests {
             r
         };
         let mut before = Vec::new();
-        encode(&answer(0), &bodies, &mut before);
+        encode(&answer(0), &bodies, &mut before).unwrap();
         let raw = answer(0).body.unwrap().get().len();
         assert!(before.len() < raw * 3 / 4, "{} of {raw}", before.len());
         let mut stored = vec![before];
         let mut recorded = None;
         for i in 1..=TRAIN_SAMPLES + 50 {
             let mut b = Vec::new();
-            encode(&answer(i), &bodies, &mut b);
+            encode(&answer(i), &bodies, &mut b).unwrap();
             stored.push(b);
             if i == TRAIN_SAMPLES {
                 // Training runs on its own thread: wait for it (bounded).
@@ -466,7 +554,7 @@ mod tests {
             .join(super::super::compression::DICT_FILE)
             .exists());
         let mut with = Vec::new();
-        encode(&answer(99_999), &bodies, &mut with);
+        encode(&answer(99_999), &bodies, &mut with).unwrap();
         assert!(
             with.len() < raw / 3,
             "{} of {raw} with the dictionary",

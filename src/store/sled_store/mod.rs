@@ -589,8 +589,13 @@ impl Store for SledStore {
         // The group's records encoded into one buffer: no allocation per record.
         let mut encoded = Vec::with_capacity(results.len() * 256);
         let mut ends = Vec::with_capacity(results.len());
-        for (_, r) in results {
-            item_codec::encode(r, &self.bodies, &mut encoded);
+        for (id, r) in results {
+            item_codec::encode(r, &self.bodies, &mut encoded).map_err(|e| {
+                StoreError::at(
+                    self.path.display(),
+                    StoreError::backend(format!("cannot store the record of {id}: {e}")),
+                )
+            })?;
             ends.push(encoded.len());
         }
         let starts = std::iter::once(0).chain(ends.iter().copied());
