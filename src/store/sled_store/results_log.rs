@@ -259,6 +259,17 @@ impl ResultsLog {
             let field = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
             let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            // The length comes from the disk: nothing is allocated for an entry that runs
+            // past the end of the file (a torn tail, or damage before the durable mark).
+            if at + (HEADER + len) as u64 > file_len {
+                if at < durable.synced {
+                    return Err(damaged(format!(
+                        "the entry at byte {at} is damaged (its length {len} runs past the \
+                         end of the file)"
+                    )));
+                }
+                break;
+            }
             payload.resize(len, 0);
             let got = read_full(&mut reader, &mut payload).map_err(io)?;
             let valid = got == len
@@ -485,6 +496,11 @@ impl ResultsLog {
         let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
         let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
         if HEADER + len > got {
+            // The length comes from the disk: check it against the file before allocating.
+            let file_len = self.log.metadata().map_err(&io)?.len();
+            if at + (HEADER + len) as u64 > file_len {
+                return Err(bad("cut short (its length runs past the end of the log)"));
+            }
             buf.resize(HEADER + len, 0);
             let more = read_at_most(&self.log, &mut buf[got..], at + got as u64).map_err(&io)?;
             if got + more < HEADER + len {
@@ -889,6 +905,71 @@ mod tests {
         f.set_len(durable.synced - 1).unwrap();
         let err = ResultsLog::open(dir.path(), durable).err().unwrap();
         assert!(err.to_string().contains("durable"), "{err}");
+    }
+
+    /// Run `body` in a child process (this test binary, the test `name` alone) whose address
+    /// space is capped at 1 GiB, so an allocation sized by a huge length from the disk
+    /// aborts it and fails the test.
+    fn under_a_memory_cap(name: &str, body: impl FnOnce()) {
+        if std::env::var_os("HIGHWATER_TEST_MEMORY_CAPPED").is_some() {
+            body();
+            return;
+        }
+        let module = module_path!()
+            .split_once("::")
+            .expect("the crate, then the module")
+            .1;
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"ulimit -v 1048576 && exec "$0" --exact "$1" --test-threads 1"#)
+            .arg(std::env::current_exe().unwrap())
+            .arg(format!("{module}::{name}"))
+            .env("HIGHWATER_TEST_MEMORY_CAPPED", "1")
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "under a 1 GiB cap: {}\n{}{}",
+            status.status,
+            String::from_utf8_lossy(&status.stdout),
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+
+    #[test]
+    fn a_huge_length_from_the_disk_is_a_torn_tail_or_damage_never_an_allocation() {
+        under_a_memory_cap(
+            "a_huge_length_from_the_disk_is_a_torn_tail_or_damage_never_an_allocation",
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+                append(&log, 0..20);
+                let durable = log.sync(true).unwrap();
+                drop(log);
+                // After the durable mark: a torn tail whose length says 2 GiB.
+                let path = dir.path().join(LOG_FILE);
+                let f = OpenOptions::new().write(true).open(&path).unwrap();
+                let huge = (COMPACT | 0x7fff_ffff).to_le_bytes();
+                f.write_all_at(&[&huge[..], &[7; 20]].concat(), durable.synced)
+                    .unwrap();
+                let log = ResultsLog::open(dir.path(), durable).unwrap();
+                check(&log, 0..20);
+                assert_eq!(log.len(), durable.synced, "the torn tail is cut off");
+                // A durable entry's length damaged to 2 GiB: read, it is an error.
+                let at = log.position(19).unwrap().expect("row 19's entry");
+                f.write_all_at(&huge, at).unwrap();
+                let err = log.get(19, "id/19 ü").unwrap_err();
+                assert!(err.to_string().contains("runs past the end"), "{err}");
+                drop(log);
+                // And an open that replays it refuses the log: it was durable.
+                let replay_all = Durable {
+                    covers: 0,
+                    ..durable
+                };
+                let err = ResultsLog::open(dir.path(), replay_all).err().unwrap();
+                assert!(err.to_string().contains("runs past the end"), "{err}");
+            },
+        );
     }
 
     #[test]
