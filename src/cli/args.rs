@@ -416,9 +416,19 @@ pub(crate) struct ExportArgs {
     /// in place of body.
     #[arg(long)]
     pub(crate) flatten: bool,
+    /// With --format parquet: the pages' compression [default: snappy].
+    #[arg(long, value_enum)]
+    pub(crate) compression: Option<CompressionArg>,
     /// Input columns (kept by the job) to carry beside each result, named as in the input.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub(crate) columns: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CompressionArg {
+    Snappy,
+    Zstd,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -136,8 +136,12 @@ impl FakeApi {
         self.shared.config.fault(id)
     }
 
-    /// The exact body a successful answer for `id` carries (see [`expected_body`]).
+    /// The exact body a successful answer for `id` carries (see [`expected_body`], and
+    /// [`super::profile_body`] under [`ApiConfig::profiles`]).
     pub fn expected_body(&self, id: &str) -> serde_json::Value {
+        if self.shared.config.profiles && !id.starts_with(super::answers::TEXT_PREFIX) {
+            return super::profile_body(id);
+        }
         expected_body(id)
     }
 
