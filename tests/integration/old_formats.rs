@@ -92,9 +92,9 @@ fn a_format_5_state_killed_mid_run_opens_and_resumes() {
     opens_and_resumes(Killed {
         fixture: "format5-killed-demo",
         ids: 6000,
-        ok: 2742,
-        failed: 27,
-        pending: 3225,
+        ok: 2869,
+        failed: 28,
+        pending: 3097,
     });
 }
 
