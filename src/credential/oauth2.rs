@@ -94,6 +94,14 @@ impl OAuth2Source {
         &self.config.client_secret
     }
 
+    /// The Basic authorization's credentials as the token endpoint gets them (base64 of
+    /// `id:secret`, each form-encoded first, RFC 6749 2.3.1), to mask where it is echoed.
+    pub(super) fn basic_auth(&self) -> String {
+        let c = &self.config;
+        let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+        base64(format!("{}:{}", encode(&c.client_id), encode(&c.client_secret)).as_bytes())
+    }
+
     pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
         let unavailable = |message: String| CredentialError::Unavailable {
             name: name.to_string(),
@@ -193,4 +201,38 @@ fn transport(e: reqwest::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Standard base64, padded (what a Basic authorization carries).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_pads_as_basic_authorization_does() {
+        assert_eq!(
+            super::base64(b"Aladdin:open sesame"),
+            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        assert_eq!(super::base64(b"ab"), "YWI=");
+        assert_eq!(super::base64(b"abc"), "YWJj");
+        assert_eq!(super::base64(b""), "");
+    }
 }

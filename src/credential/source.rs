@@ -22,11 +22,12 @@ impl CredentialSource {
         }
     }
 
-    /// Secrets of the source itself (an OAuth2 client secret), to keep out of messages.
-    pub(super) fn secrets(&self) -> Vec<&str> {
+    /// Secrets of the source itself (an OAuth2 client secret, and the Basic authorization
+    /// it is sent in), to keep out of messages.
+    pub(super) fn secrets(&self) -> Vec<String> {
         match self {
             CredentialSource::Command(_) => Vec::new(),
-            CredentialSource::OAuth2(o) => vec![o.client_secret()],
+            CredentialSource::OAuth2(o) => vec![o.client_secret().to_string(), o.basic_auth()],
         }
     }
 }

@@ -24,7 +24,8 @@
 //!
 //! Standard output is stored as JSON when it is one JSON document, else as a JSON string,
 //! trailing newlines removed (as `$(...)` does in a shell). A failure's message ends with the
-//! last [`STDERR_TAIL_BYTES`] of standard error.
+//! last [`STDERR_TAIL_BYTES`] of standard error, masked ([`crate::secrets`]) of the `${VAR}`
+//! values the command expanded and of every value its credentials had.
 //!
 //! No process outlives highwater or its attempt: each runs in its own process group, killed
 //! whole at the timeout, when its attempt is abandoned (a stop) and after it exits (its
@@ -52,6 +53,7 @@ use super::template::{row_values, IdEncoding, Template};
 use super::work::Handler;
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure};
+use crate::secrets::Secrets;
 use crate::setting::Setting;
 
 /// The largest standard output kept (as for an HTTP answer body); more fails the ID.
@@ -82,6 +84,8 @@ pub struct ExecHandler {
     answer: Answer,
     /// The job's credentials, in the environment of every process.
     credentials: Credentials,
+    /// What its command expanded and its credentials' values: masked in failures.
+    secrets: Secrets,
 }
 
 impl std::fmt::Debug for ExecHandler {
@@ -176,12 +180,24 @@ impl ExecHandler {
         credentials: Credentials,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ExecHandler, HandlerError> {
-        let argv = parse(&spec.command, env, &credentials.names())?;
+        let secrets = Secrets::new();
+        credentials.secrets().feed(&secrets);
+        let recording = |name: &str| {
+            let value = env(name);
+            if let Some(v) = &value {
+                secrets.add(v);
+            }
+            value
+        };
+        let argv = parse(&spec.command, &recording, &credentials.names())?;
         let program = argv[0].render("");
         if find_program(Path::new(&program)).is_none() {
             return Err(HandlerError::Invalid {
                 what: WHAT.clone(),
-                reason: format!("program {program:?} not found (or not executable)"),
+                reason: format!(
+                    "program {:?} not found (or not executable)",
+                    secrets.mask(&program)
+                ),
             });
         }
         Ok(ExecHandler {
@@ -190,6 +206,7 @@ impl ExecHandler {
             retry_exit_codes: spec.retry_exit_codes.clone(),
             answer: Answer::default(),
             credentials,
+            secrets,
         })
     }
 
@@ -219,7 +236,12 @@ impl ExecHandler {
         id: &'a str,
         row: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<Output, Failure>> + Send + 'a>> {
-        Box::pin(self.run(id, row))
+        Box::pin(async move {
+            self.run(id, row).await.map_err(|f| Failure {
+                message: self.secrets.mask(&f.message),
+                ..f
+            })
+        })
     }
 
     async fn run(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
@@ -271,7 +293,7 @@ impl ExecHandler {
                 )))
             }
         };
-        let tail = |message: String| self.credentials.redact(with_stderr(message, &err));
+        let tail = |message: String| with_stderr(message, &err);
         let status = status.map_err(|e| {
             Failure::retry(format!("cannot wait for the process: {e}")).class(ErrorClass::Exit)
         })?;
