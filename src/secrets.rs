@@ -181,6 +181,27 @@ impl Secrets {
         }
         out
     }
+
+    /// The last `max` bytes of `text` (from a character boundary; further back if a value
+    /// stands across the cut, so that no part of one is left), masked.
+    pub fn mask_suffix(&self, text: &str, max: usize) -> String {
+        let mut start = text.len().saturating_sub(max);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        let inner = self.read();
+        if let Some(matcher) = &inner.matcher {
+            if let Some(m) = matcher
+                .find_iter(text)
+                .take_while(|m| m.start() < start)
+                .find(|m| m.end() > start)
+            {
+                start = m.start();
+            }
+        }
+        drop(inner);
+        self.mask(&text[start..])
+    }
 }
 
 /// The forms of `value` an echo may carry (see the module doc).
@@ -277,6 +298,17 @@ mod tests {
         // Masks shorten the text: what follows the cut does not move into it.
         assert_eq!(s.mask_prefix("0123456789 0123456789", 12), "*** ***");
         assert_eq!(s.mask_prefix("0123456789 012345", 12), "*** 0");
+    }
+
+    #[test]
+    fn a_suffix_never_keeps_part_of_a_value() {
+        let s = Secrets::new();
+        s.add("0123456789");
+        let text = "abc0123456789def";
+        assert_eq!(s.mask_suffix(text, 5), "***def");
+        assert_eq!(s.mask_suffix(text, 3), "def");
+        assert_eq!(s.mask_suffix(text, 100), "abc***def");
+        assert_eq!(s.mask_suffix("éé", 3), "é");
     }
 
     #[test]

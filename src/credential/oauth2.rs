@@ -21,6 +21,7 @@ use serde::Deserialize;
 
 use super::error::CredentialError;
 use super::fetched::{Fetched, REDACTED};
+use crate::secrets::Secrets;
 
 /// How to ask for tokens.
 #[derive(Clone)]
@@ -102,7 +103,11 @@ impl OAuth2Source {
         base64(format!("{}:{}", encode(&c.client_id), encode(&c.client_secret)).as_bytes())
     }
 
-    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+    pub(super) async fn fetch(
+        &self,
+        name: &str,
+        secrets: &Secrets,
+    ) -> Result<Fetched, CredentialError> {
         let unavailable = |message: String| CredentialError::Unavailable {
             name: name.to_string(),
             message,
@@ -131,7 +136,10 @@ impl OAuth2Source {
             .await
             .map_err(|e| unavailable(format!("token endpoint: {}", transport(e))))?;
         if !status.is_success() {
-            let message = format!("token endpoint answered HTTP {status}{}", describe(&body));
+            let message = format!(
+                "token endpoint answered HTTP {status}{}",
+                describe(&body, secrets)
+            );
             return Err(match status.as_u16() {
                 408 | 429 | 500..=599 => unavailable(message),
                 _ => CredentialError::Rejected {
@@ -151,7 +159,7 @@ impl OAuth2Source {
             .ok_or_else(|| {
                 unavailable(format!(
                     "token endpoint answered HTTP {status} without an access_token{}",
-                    describe(&body)
+                    describe(&body, secrets)
                 ))
             })?;
         // A number, or a number in a string (some servers send "3600").
@@ -168,7 +176,7 @@ impl OAuth2Source {
 
 /// What a token endpoint's refusal says: its `error` and `error_description`, or the start
 /// of its body (never a token: a refusal holds none).
-fn describe(body: &[u8]) -> String {
+fn describe(body: &[u8], secrets: &Secrets) -> String {
     if let Ok(e) = serde_json::from_slice::<ErrorAnswer>(body) {
         let parts: Vec<String> = [e.error, e.error_description]
             .into_iter()
@@ -178,7 +186,9 @@ fn describe(body: &[u8]) -> String {
             return format!(": {}", parts.join(": "));
         }
     }
-    let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    // Masked before it is cut, so that no part of a secret is left at the cut.
+    let window = body.len().min(200 + secrets.longest());
+    let text = secrets.mask_prefix(&String::from_utf8_lossy(&body[..window]), 200);
     let text = text.trim();
     if text.is_empty() || text.contains("access_token") {
         String::new()

@@ -249,7 +249,7 @@ impl Credential {
                 }
             }
         }
-        let fetched = self.source.fetch(&self.name).await;
+        let fetched = self.source.fetch(&self.name, &self.secrets).await;
         let mut state = self.state();
         state.tries += 1;
         let fetched = match fetched {

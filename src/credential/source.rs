@@ -5,6 +5,7 @@ use super::command::CommandSource;
 use super::error::CredentialError;
 use super::fetched::Fetched;
 use super::oauth2::OAuth2Source;
+use crate::secrets::Secrets;
 
 /// Where a credential's values come from.
 pub enum CredentialSource {
@@ -15,10 +16,15 @@ pub enum CredentialSource {
 }
 
 impl CredentialSource {
-    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+    /// A fresh value; what an error quotes is cut without leaving part of one of `secrets`.
+    pub(super) async fn fetch(
+        &self,
+        name: &str,
+        secrets: &Secrets,
+    ) -> Result<Fetched, CredentialError> {
         match self {
-            CredentialSource::Command(c) => c.fetch(name).await,
-            CredentialSource::OAuth2(o) => o.fetch(name).await,
+            CredentialSource::Command(c) => c.fetch(name, secrets).await,
+            CredentialSource::OAuth2(o) => o.fetch(name, secrets).await,
         }
     }
 
