@@ -503,7 +503,8 @@ fn secrets_an_api_echoes_in_its_errors_are_masked_in_everything_kept_or_shown() 
         // 150 IDs at 50/s outlive tokens of 1 s: renewed under the job.
         "--rate",
         "50",
-        "-v",
+        // Everything logged: highwater's debug lines and its libraries' traces.
+        "-vv",
     ];
     args.extend(QUICK);
     let run = h.run_env(&args, &[("HW_SECRET_KEY", API_KEY)], &[]);
