@@ -141,6 +141,16 @@ modes:
     --repeat K        rounds, alternating the two cases [default: 3]
     --bin PATH        the highwater binary [default: the one cargo built]
 
+  storage      the state's bytes per ID on realistic answers (company profiles of about
+               1.9 KB of nested JSON): whole answers, the fixed cost (--extract keeping one
+               number), the state against its own `export --format parquet --compression
+               zstd`, CPU per item; a baseline build beside it in every round
+    --ids N           IDs per run [default: 200000]
+    --concurrency N   --concurrency of the binary [default: 32]
+    --repeat K        rounds [default: 1]
+    --bin PATH        the highwater binary [default: the one cargo built]
+    --before PATH     another highwater binary (a baseline build) run in every round too
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -164,6 +174,7 @@ pub enum Mode {
     Windows,
     ParquetInput,
     Dashboard,
+    Storage,
 }
 
 impl Mode {
@@ -182,6 +193,7 @@ impl Mode {
             "windows" => Mode::Windows,
             "parquet-input" => Mode::ParquetInput,
             "dashboard" => Mode::Dashboard,
+            "storage" => Mode::Storage,
             _ => return None,
         })
     }
@@ -202,6 +214,7 @@ impl Mode {
             Mode::Windows => (400, 16, 1),
             Mode::ParquetInput => (1_000_000, 32, 1),
             Mode::Dashboard => (200_000, 16, 3),
+            Mode::Storage => (200_000, 32, 1),
         }
     }
 }
@@ -334,6 +347,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Client
                         | Mode::Pg
                         | Mode::Refusals
+                        | Mode::Storage
                 ) =>
             {
                 args.repeat = number(name, value(name)?)? as usize
@@ -352,6 +366,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Refusals
                         | Mode::ParquetInput
                         | Mode::Dashboard
+                        | Mode::Storage
                 ) =>
             {
                 args.bin = Some(PathBuf::from(value(name)?))
@@ -359,7 +374,12 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             "--before"
                 if matches!(
                     mode,
-                    Mode::Latency | Mode::Cpu | Mode::Pg | Mode::Refusals | Mode::Windows
+                    Mode::Latency
+                        | Mode::Cpu
+                        | Mode::Pg
+                        | Mode::Refusals
+                        | Mode::Windows
+                        | Mode::Storage
                 ) =>
             {
                 args.before = Some(PathBuf::from(value(name)?))

@@ -13,6 +13,7 @@
 //! cargo bench --bench bench -- refusals [--ids N] [--rate R] [--before BIN]
 //! cargo bench --bench bench -- windows [--ids N] [--before BIN]
 //! cargo bench --bench bench -- dashboard [--ids N] [--repeat K]
+//! cargo bench --bench bench -- storage [--ids N] [--repeat K] [--before BIN]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -38,7 +39,8 @@
 //! `refusals` ([`refusals`]) runs it against an API refusing some IDs every time, beside the
 //! same job without them: ok items/s, IDs failed, the rate limit. `windows` ([`windows`])
 //! runs it against an API with quota windows, announced in headers or given as `--quota`:
-//! goodput against what the windows allow, and 429s.
+//! goodput against what the windows allow, and 429s. `storage` ([`storage`]) measures the
+//! state's bytes per ID on realistic answers against its own zstd Parquet export.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 //!
 //! `cargo bench` builds the `highwater` binary too (the modes that run it find it there)
@@ -81,6 +83,7 @@ mod rate;
 mod refusals;
 mod rss;
 mod scratch;
+mod storage;
 mod throughput;
 mod trace;
 mod windows;
@@ -153,6 +156,7 @@ fn main() -> ExitCode {
         Mode::Windows => windows::windows(&runtime, &args, &command),
         Mode::ParquetInput => parquet_input::parquet_input(&runtime, &args, &command),
         Mode::Dashboard => dashboard::dashboard(&runtime, &args, &command),
+        Mode::Storage => storage::storage(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));

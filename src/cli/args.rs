@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::credential::oauth2::ClientAuth;
 use crate::credential::{CredentialKind, CredentialSpec};
 use crate::input::{folder_format, format_from_extension, is_folder_input, InputFormat, InputSpec};
 use crate::job::{Durability, FailureLimit, JobRequest, RetryOverrides, RunOptions};
@@ -169,6 +170,11 @@ pub(crate) struct RunArgs {
     /// With --credential-oauth2: the scope to ask for.
     #[arg(long, value_name = "SCOPE")]
     pub(crate) oauth2_scope: Option<String>,
+    /// With --credential-oauth2: how the client authenticates to the token endpoint: HTTP
+    /// Basic auth (client_secret_basic), or the ID and secret in the form body
+    /// (client_secret_post) [default: basic].
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub(crate) oauth2_client_auth: Option<ClientAuthArg>,
     /// Renew each credential at least this often (an OAuth2 token also before it expires).
     #[arg(long, value_parser = positive_duration, value_name = "DURATION")]
     pub(crate) credential_every: Option<Duration>,
@@ -302,6 +308,15 @@ pub(crate) struct RunArgs {
     pub(crate) keep_body: bool,
 }
 
+/// `--oauth2-client-auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ClientAuthArg {
+    /// HTTP Basic auth (client_secret_basic).
+    Basic,
+    /// The client ID and secret in the form body (client_secret_post).
+    Post,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ExpectArg {
     /// The body must be one JSON document.
@@ -401,9 +416,19 @@ pub(crate) struct ExportArgs {
     /// in place of body.
     #[arg(long)]
     pub(crate) flatten: bool,
+    /// With --format parquet: the pages' compression [default: snappy].
+    #[arg(long, value_enum)]
+    pub(crate) compression: Option<CompressionArg>,
     /// Input columns (kept by the job) to carry beside each result, named as in the input.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub(crate) columns: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CompressionArg {
+    Snappy,
+    Zstd,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -614,11 +639,12 @@ impl RunArgs {
             self.oauth2_client_id.is_some(),
             self.oauth2_client_secret.is_some(),
             self.oauth2_scope.is_some(),
+            self.oauth2_client_auth.is_some(),
         ];
         if self.credential_oauth2.is_empty() && client.contains(&true) {
             return Err(
-                "--oauth2-client-id, --oauth2-client-secret and --oauth2-scope go with \
-                 --credential-oauth2"
+                "--oauth2-client-id, --oauth2-client-secret, --oauth2-scope and \
+                 --oauth2-client-auth go with --credential-oauth2"
                     .into(),
             );
         }
@@ -662,6 +688,10 @@ impl RunArgs {
                     client_id: client_id.clone(),
                     client_secret: client_secret.clone(),
                     scope: self.oauth2_scope.clone(),
+                    client_auth: match self.oauth2_client_auth {
+                        None | Some(ClientAuthArg::Basic) => ClientAuth::Basic,
+                        Some(ClientAuthArg::Post) => ClientAuth::Post,
+                    },
                 },
             ));
         }

@@ -5,7 +5,7 @@ use std::io;
 
 use anyhow::{Context, Result};
 
-use super::args::{ExportArgs, StatusArg};
+use super::args::{CompressionArg, ExportArgs, StatusArg};
 use super::exit;
 use super::state::{open_existing, state_arg, StateArg};
 use crate::say;
@@ -16,6 +16,10 @@ pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
     let parquet = args.format == ExportFormat::Parquet;
     if args.flatten && !parquet {
         say!("error: --flatten goes with --format parquet");
+        return Ok(exit::USAGE);
+    }
+    if args.compression.is_some() && !parquet {
+        say!("error: --compression goes with --format parquet");
         return Ok(exit::USAGE);
     }
     if parquet && args.output.is_none() {
@@ -58,7 +62,15 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
     match &args.output {
         Some(path) => {
             let n = if parquet {
-                sink::parquet::export_to_file(store, only, args.flatten, &columns, path).await
+                let options = sink::parquet::ParquetOptions {
+                    flatten: args.flatten,
+                    compression: match args.compression.unwrap_or(CompressionArg::Snappy) {
+                        CompressionArg::Snappy => sink::parquet::ParquetCompression::Snappy,
+                        CompressionArg::Zstd => sink::parquet::ParquetCompression::Zstd,
+                        CompressionArg::None => sink::parquet::ParquetCompression::None,
+                    },
+                };
+                sink::parquet::export_to_file(store, only, options, &columns, path).await
             } else {
                 sink::export_to_file(store, args.format, only, &columns, path).await
             }

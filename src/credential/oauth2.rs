@@ -1,7 +1,14 @@
 //! A credential from an OAuth2 client-credentials grant (RFC 6749, section 4.4): `POST` to
 //! the token URL with `grant_type=client_credentials` (and `scope` if given), the client ID
-//! and secret as HTTP Basic auth; the answer's `access_token` is the value and its
-//! `expires_in` (seconds) how long it lives.
+//! and secret as HTTP Basic auth (`client_secret_basic`) or in the form body
+//! (`client_secret_post`); the answer's `access_token` is the value and its `expires_in`
+//! (seconds) how long it lives.
+//!
+//! For Basic auth the ID and secret are form-encoded first (RFC 6749 2.3.1 and appendix B),
+//! exactly as the form serializer encodes them: letters, digits and `*-._` unchanged, a
+//! space as `+`, every other byte as `%XX`. Servers are asked to decode them, and many do
+//! not; with that encoding the common IDs (letters, digits, dashes: UUIDs) go out as they
+//! are, so such a server accepts them too.
 //!
 //! | the token endpoint | means |
 //! |---|---|
@@ -15,7 +22,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde::Deserialize;
 
@@ -34,6 +40,32 @@ pub struct OAuth2Config {
     pub client_secret: String,
     /// The scope asked for, if any.
     pub scope: Option<String>,
+    /// How the client authenticates to the token endpoint.
+    pub client_auth: ClientAuth,
+}
+
+/// How an OAuth2 client authenticates to the token endpoint (RFC 6749 2.3.1; the names are
+/// OpenID Connect's `token_endpoint_auth_method`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// HTTP Basic auth (`client_secret_basic`): what every server must accept.
+    #[default]
+    Basic,
+    /// `client_id` and `client_secret` in the form body (`client_secret_post`).
+    Post,
+}
+
+impl ClientAuth {
+    /// The default: left out of a stored spec, so specs stored before it read the same.
+    pub fn is_basic(&self) -> bool {
+        *self == ClientAuth::Basic
+    }
+}
+
+/// `text` form-encoded as the `application/x-www-form-urlencoded` serializer does.
+pub(crate) fn form_encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
 impl fmt::Debug for OAuth2Config {
@@ -43,6 +75,7 @@ impl fmt::Debug for OAuth2Config {
             .field("client_id", &self.client_id)
             .field("client_secret", &REDACTED)
             .field("scope", &self.scope)
+            .field("client_auth", &self.client_auth)
             .finish()
     }
 }
@@ -113,17 +146,29 @@ impl OAuth2Source {
             message,
         };
         let c = &self.config;
-        let mut form = String::from("grant_type=client_credentials");
-        if let Some(scope) = &c.scope {
-            form.push_str("&scope=");
-            form.extend(utf8_percent_encode(scope, NON_ALPHANUMERIC));
-        }
-        // RFC 6749 2.3.1: id and secret form-encoded before Basic auth encodes them.
-        let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-        let answer = self
-            .client
-            .post(&c.token_url)
-            .basic_auth(encode(&c.client_id), Some(encode(&c.client_secret)))
+        // The serializer is not `Send`: it must be gone before the first await.
+        let mut request = self.client.post(&c.token_url);
+        let form = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "client_credentials");
+            if let Some(scope) = &c.scope {
+                form.append_pair("scope", scope);
+            }
+            match c.client_auth {
+                ClientAuth::Basic => {
+                    request = request.basic_auth(
+                        form_encode(&c.client_id),
+                        Some(form_encode(&c.client_secret)),
+                    );
+                }
+                ClientAuth::Post => {
+                    form.append_pair("client_id", &c.client_id);
+                    form.append_pair("client_secret", &c.client_secret);
+                }
+            }
+            form.finish()
+        };
+        let answer = request
             .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
             .header(ACCEPT, "application/json")
             .body(form)

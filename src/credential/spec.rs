@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::oauth2::ClientAuth;
+
 /// One credential of a job, as stored in its spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CredentialSpec {
@@ -47,6 +49,9 @@ pub enum CredentialKind {
         /// The scope asked for, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scope: Option<String>,
+        /// How the client authenticates (absent in a spec stored before it: Basic).
+        #[serde(default, skip_serializing_if = "ClientAuth::is_basic")]
+        client_auth: ClientAuth,
     },
 }
 
@@ -61,11 +66,15 @@ impl std::fmt::Display for CredentialSpec {
                 token_url,
                 client_id,
                 scope,
+                client_auth,
                 ..
             } => {
                 write!(f, "{} from OAuth2 {token_url} as {client_id:?}", self.name)?;
                 if let Some(scope) = scope {
                     write!(f, " scope {scope:?}")?;
+                }
+                if *client_auth == ClientAuth::Post {
+                    f.write_str(" (client_secret_post)")?;
                 }
                 Ok(())
             }

@@ -176,7 +176,7 @@ async fn secrets_are_redacted_and_never_shown_by_debug() {
 #[cfg(feature = "demo")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oauth2_token_is_renewed_and_a_revoked_client_is_rejected() {
-    use super::oauth2::{OAuth2Config, OAuth2Source};
+    use super::oauth2::{ClientAuth, OAuth2Config, OAuth2Source};
     use crate::demo::api::{ApiConfig, FakeApi, CLIENT_ID, CLIENT_SECRET};
 
     let api = FakeApi::start(ApiConfig::fast()).await.unwrap();
@@ -186,6 +186,7 @@ async fn an_oauth2_token_is_renewed_and_a_revoked_client_is_rejected() {
         client_id: CLIENT_ID.into(),
         client_secret: CLIENT_SECRET.into(),
         scope: Some("items:read".into()),
+        client_auth: ClientAuth::Basic,
     };
     assert!(!format!("{config:?}").contains(CLIENT_SECRET));
     let source = OAuth2Source::new(config, Duration::from_secs(5), Duration::from_secs(5));
@@ -205,5 +206,46 @@ async fn an_oauth2_token_is_renewed_and_a_revoked_client_is_rejected() {
     assert_eq!(e.into_failure().next, Next::CredentialRejected);
     api.revoke_client_secret(false);
     assert_eq!(c.refused(&v).await, Ok(Refusal::Renewed));
+    assert_eq!(api.tokens_issued(), 2);
+}
+
+/// A token endpoint that does not decode Basic auth accepts the client as highwater sends it
+/// (an ID with dashes, a secret with `-` and `+`-worthy characters stay readable: the form
+/// serializer's encoding leaves `*-._` alone); one that wants the credentials in the form
+/// body gets them there with `ClientAuth::Post`, and refuses Basic auth.
+#[cfg(feature = "demo")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth2_client_auth_suits_servers_that_do_not_decode_or_want_the_form_body() {
+    use super::oauth2::{form_encode, ClientAuth, OAuth2Config, OAuth2Source};
+    use crate::demo::api::{ApiConfig, FakeApi, TokenClientAuth, CLIENT_ID, CLIENT_SECRET};
+
+    assert_eq!(form_encode("hw-client_1.x*"), "hw-client_1.x*");
+    assert_eq!(form_encode("a b+c/d:é"), "a+b%2Bc%2Fd%3A%C3%A9");
+    let api = FakeApi::start(ApiConfig::fast()).await.unwrap();
+    let fetch = |how: ClientAuth| {
+        let config = OAuth2Config {
+            token_url: api.token_url(),
+            client_id: CLIENT_ID.into(),
+            client_secret: CLIENT_SECRET.into(),
+            scope: None,
+            client_auth: how,
+        };
+        let source = OAuth2Source::new(config, Duration::from_secs(5), Duration::from_secs(5));
+        Credential::new("TOKEN", CredentialSource::OAuth2(source.unwrap()), None)
+    };
+    assert!(CLIENT_ID.contains('-') && CLIENT_SECRET.contains('-'));
+    api.token_client_auth(TokenClientAuth::BasicVerbatim);
+    let v = fetch(ClientAuth::Basic).get().await.unwrap();
+    assert!(v.expose().starts_with("tok-"));
+    assert!(
+        fetch(ClientAuth::Post).get().await.is_err(),
+        "form body refused"
+    );
+    api.token_client_auth(TokenClientAuth::PostOnly);
+    let v = fetch(ClientAuth::Post).get().await.unwrap();
+    assert!(v.expose().starts_with("tok-"));
+    let e = fetch(ClientAuth::Basic).get().await.unwrap_err();
+    assert!(matches!(&e, CredentialError::Rejected { .. }), "{e}");
+    assert!(!e.to_string().contains(CLIENT_SECRET), "{e}");
     assert_eq!(api.tokens_issued(), 2);
 }

@@ -98,6 +98,7 @@ impl Credentials {
                     client_id,
                     client_secret,
                     scope,
+                    client_auth,
                 } => {
                     let token_url = expand_env(token_url, &what, env)?;
                     match reqwest::Url::parse(&token_url) {
@@ -118,6 +119,7 @@ impl Credentials {
                             env,
                         )?,
                         scope: scope.clone(),
+                        client_auth: *client_auth,
                     };
                     let source = OAuth2Source::new(config, connect_timeout, timeout)
                         .map_err(HandlerError::Client)?;

@@ -369,6 +369,7 @@ async fn credentials_are_stored_as_written_and_change_like_the_request() {
                 client_id: "me".into(),
                 client_secret: "${CLIENT_SECRET}".into(),
                 scope: scope.map(Into::into),
+                client_auth: Default::default(),
             },
             every: None,
             renew_on_403: false,

@@ -164,7 +164,7 @@ pub async fn export_to_file(
     path: &Path,
 ) -> Result<u64, ExportError> {
     if format == ExportFormat::Parquet {
-        return parquet::export_to_file(store, only, false, columns, path).await;
+        return parquet::export_to_file(store, only, Default::default(), columns, path).await;
     }
     replace_atomically(path, async |out| {
         export(store, format, only, columns, out).await

@@ -488,29 +488,62 @@ async fn walk(
     for_each(store, only, f).await
 }
 
-/// Write the results of `store` (with status `only`) as Parquet to `out`; with `flatten`,
-/// object results become columns (see the module doc). Returns the number of rows.
+/// How a Parquet export is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParquetOptions {
+    /// Object results become columns (see the module doc).
+    pub flatten: bool,
+    /// The pages' compression.
+    pub compression: ParquetCompression,
+}
+
+/// The compression of a Parquet export's pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ParquetCompression {
+    /// Snappy, Spark's default: fast, and read by everything.
+    #[default]
+    Snappy,
+    /// zstd (level 3): smaller files, a little slower to write.
+    Zstd,
+    /// None.
+    None,
+}
+
+impl ParquetCompression {
+    fn codec(self) -> Compression {
+        match self {
+            ParquetCompression::Snappy => Compression::SNAPPY,
+            ParquetCompression::Zstd => {
+                Compression::ZSTD(parquet::basic::ZstdLevel::try_new(3).expect("3 is a level"))
+            }
+            ParquetCompression::None => Compression::UNCOMPRESSED,
+        }
+    }
+}
+
+/// Write the results of `store` (with status `only`) as Parquet to `out`, as `options` say.
+/// Returns the number of rows.
 pub async fn export<W: Write + Send>(
     store: &impl Store,
     only: Option<ItemStatus>,
-    flatten: bool,
+    options: ParquetOptions,
     columns: &InputColumns,
     out: W,
 ) -> Result<u64, ExportError> {
     let groups = (ROW_GROUP_ROWS, ROW_GROUP_BYTES);
-    export_in_groups(store, only, flatten, columns, out, groups).await
+    export_in_groups(store, only, options, columns, out, groups).await
 }
 
 /// [`export`] with row groups cut at `(rows, bytes)`.
 async fn export_in_groups<W: Write + Send>(
     store: &impl Store,
     only: Option<ItemStatus>,
-    flatten: bool,
+    options: ParquetOptions,
     columns: &InputColumns,
     out: W,
     (max_rows, max_bytes): (usize, usize),
 ) -> Result<u64, ExportError> {
-    let flat = if flatten {
+    let flat = if options.flatten {
         Some(FlatSchema::infer(store, only).await?)
     } else {
         None
@@ -532,7 +565,7 @@ async fn export_in_groups<W: Write + Send>(
         .build()
         .map_err(parquet_io)?;
     let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
+        .set_compression(options.compression.codec())
         .set_created_by(concat!("highwater ", env!("CARGO_PKG_VERSION")).into())
         .build();
     let mut writer =
@@ -560,12 +593,12 @@ async fn export_in_groups<W: Write + Send>(
 pub async fn export_to_file(
     store: &impl Store,
     only: Option<ItemStatus>,
-    flatten: bool,
+    options: ParquetOptions,
     columns: &InputColumns,
     path: &Path,
 ) -> Result<u64, ExportError> {
     replace_atomically(path, async |out| {
-        export(store, only, flatten, columns, out).await
+        export(store, only, options, columns, out).await
     })
     .await
 }
@@ -684,7 +717,10 @@ mod tests {
             export_in_groups(
                 &s,
                 None,
-                true,
+                ParquetOptions {
+                    flatten: true,
+                    compression: ParquetCompression::Zstd,
+                },
                 &InputColumns::none(),
                 &mut out,
                 (3, usize::MAX)
@@ -752,7 +788,7 @@ mod tests {
             export(
                 &s,
                 Some(ItemStatus::Ok),
-                false,
+                ParquetOptions::default(),
                 &InputColumns::none(),
                 &mut out
             )

@@ -1,27 +1,45 @@
 //! State directories written by older builds open and resume.
 
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+
 use crate::harness::*;
 use highwater::demo::api::ApiConfig;
 
-/// A format 4 state directory, killed mid-run by the build before the async store seam
-/// (tests/fixtures/README.md), opens with this build: `status` reads it as it was, and the
-/// demo resumes it to the end with every ID exactly once (the 1175 results made durable
-/// before the kill are kept, not called again).
-#[test]
-fn a_format_4_state_killed_mid_run_opens_and_resumes() {
+/// What a fixture's store held when it was killed (tests/fixtures/README.md).
+struct Killed {
+    /// The fixture's folder under tests/fixtures (`--dir` of the demo that wrote it).
+    fixture: &'static str,
+    /// The demo's `--ids`.
+    ids: u64,
+    ok: u64,
+    failed: u64,
+    pending: u64,
+}
+
+/// `killed` opens with this build: `status` reads it as it was, the demo resumes it to the
+/// end with every ID exactly once, the results made durable before the kill read back after
+/// it as they did before (bodies, statuses, attempts), and the store is marked the current
+/// format.
+fn opens_and_resumes(killed: Killed) {
     let h = Harness::new(ApiConfig::demo());
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format4-killed-demo");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(killed.fixture);
     let dir = h.path("demo");
     copy_dir(&fixture, &dir);
     let state = dir.join("state");
     let before = h.status(&state);
-    assert_eq!(before["stats"]["ok"], 1175, "{before}");
-    assert_eq!(before["stats"]["pending"], 11, "{before}");
+    assert_eq!(before["stats"]["ok"], killed.ok, "{before}");
+    assert_eq!(before["stats"]["failed"], killed.failed, "{before}");
+    assert_eq!(before["stats"]["pending"], killed.pending, "{before}");
     assert_eq!(before["finished"], false);
     let kept = h.export(&state);
-    assert_eq!(kept.len(), 1175 + 13);
-    let resumed = h.run(&["demo", "--dir", p(&dir), "--ids", "1200"]);
+    assert_eq!(kept.len() as u64, killed.ok + killed.failed);
+    let ids = killed.ids.to_string();
+    let resumed = h.run(&["demo", "--dir", p(&dir), "--ids", &ids]);
     resumed.expect_no_panic();
     assert!(
         [0, 3].contains(&resumed.code),
@@ -31,16 +49,56 @@ fn a_format_4_state_killed_mid_run_opens_and_resumes() {
     let after = h.status(&state);
     assert_eq!(after["finished"], true, "{after}");
     assert_eq!(after["stats"]["pending"], 0, "{after}");
-    let ids: Vec<String> = highwater::demo::demo_ids(1200).collect();
-    h.check_export_exactly_once(&h.export(&state), &ids);
-    // Only the 11 pending IDs (and retries of them) were called.
+    let marker = std::fs::read_to_string(state.join("highwater.json")).unwrap();
     assert!(
-        h.api.total_calls() == 0,
-        "the harness's own API is not the demo's"
+        marker.contains(&format!("\"version\":{}", highwater::store::FORMAT_VERSION)),
+        "{marker}"
     );
+    let export = h.export(&state);
+    let all: Vec<String> = highwater::demo::demo_ids(killed.ids).collect();
+    h.check_export_exactly_once(&export, &all);
+    // The old records are read beside the ones the resume wrote, unchanged.
+    let now: HashMap<&str, &Value> = export
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap(), r))
+        .collect();
+    for record in &kept {
+        let id = record["id"].as_str().unwrap();
+        assert_eq!(Some(&record), now.get(id), "{id}'s record was kept");
+    }
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+/// A format 4 state directory (JSON item records, whole-ID log entries and ID lists), killed
+/// mid-run by the build before the async store seam.
+#[test]
+fn a_format_4_state_killed_mid_run_opens_and_resumes() {
+    opens_and_resumes(Killed {
+        fixture: "format4-killed-demo",
+        ids: 1200,
+        ok: 1175,
+        failed: 13,
+        pending: 11,
+    });
+}
+
+/// A format 5 state directory (binary item records, bodies compressed before and with the
+/// trained dictionary, compact log entries and ID lists), killed mid-run after its
+/// dictionary was trained.
+#[test]
+fn a_format_5_state_killed_mid_run_opens_and_resumes() {
+    let dict = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/format5-killed-demo/state/results.dict");
+    assert!(dict.exists(), "the fixture has its dictionary");
+    opens_and_resumes(Killed {
+        fixture: "format5-killed-demo",
+        ids: 6000,
+        ok: 2869,
+        failed: 28,
+        pending: 3097,
+    });
+}
+
+fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

@@ -324,6 +324,10 @@ fn a_cut_rerun_resumes_and_ends_exactly_once() {
         "20ms",
         "--progress-interval",
         "0",
+        // Every ID of the rerun answers 503 at first: without this, adaptive control takes
+        // that for overload and crawls.
+        "--adaptive",
+        "off",
     ]
     .map(String::from)
     .to_vec();

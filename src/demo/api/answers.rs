@@ -103,6 +103,14 @@ pub(super) fn error_response(status: StatusCode, message: &'static str) -> Resp 
     response(status, "application/json", body)
 }
 
+/// 200 with `value` as its JSON body.
+pub(super) fn json_response(value: &serde_json::Value) -> Resp {
+    match serde_json::to_vec(value) {
+        Ok(body) => response(StatusCode::OK, "application/json", Bytes::from(body)),
+        Err(_) => error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
 pub(super) fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Resp {
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;

@@ -30,8 +30,23 @@ pub const CLIENT_ID: &str = "highwater-test-client";
 /// The client secret the token endpoint accepts (unless revoked).
 pub const CLIENT_SECRET: &str = "client-secret-9f2c41";
 
+/// How the token endpoint reads a client's credentials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TokenClientAuth {
+    /// HTTP Basic auth with the ID and secret form-decoded (RFC 6749 2.3.1), or the form
+    /// body's `client_id` and `client_secret`.
+    #[default]
+    Lenient,
+    /// HTTP Basic auth only, compared as sent: a server that does not decode.
+    BasicVerbatim,
+    /// The form body only (`client_secret_post`); Basic auth is refused.
+    PostOnly,
+}
+
 /// The token endpoint's and the token check's state.
 pub(super) struct Auth {
+    /// How client credentials are read.
+    client_auth: Mutex<TokenClientAuth>,
     /// Item requests need a live token.
     required: AtomicBool,
     /// How long a token lives.
@@ -52,6 +67,7 @@ pub(super) struct Auth {
 impl Auth {
     pub(super) fn new() -> Auth {
         Auth {
+            client_auth: Mutex::new(TokenClientAuth::Lenient),
             required: AtomicBool::new(false),
             lifetime: Mutex::new(Duration::from_secs(3600)),
             revoked: AtomicBool::new(false),
@@ -66,6 +82,10 @@ impl Auth {
     pub(super) fn require(&self, lifetime: Duration) {
         *lock(&self.lifetime) = lifetime;
         self.required.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn set_client_auth(&self, how: TokenClientAuth) {
+        *lock(&self.client_auth) = how;
     }
 
     pub(super) fn revoke(&self, revoked: bool) {
@@ -128,6 +148,7 @@ impl Auth {
         if req.method() != Method::POST {
             return error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         }
+        let how = *lock(&self.client_auth);
         let basic = req
             .headers()
             .get(AUTHORIZATION)
@@ -137,7 +158,11 @@ impl Auth {
             .and_then(|b| String::from_utf8(b).ok())
             .and_then(|pair| {
                 let (id, secret) = pair.split_once(':')?;
-                Some((decode(id, true)?, decode(secret, true)?))
+                match how {
+                    TokenClientAuth::Lenient => Some((decode(id, true)?, decode(secret, true)?)),
+                    TokenClientAuth::BasicVerbatim => Some((id.to_string(), secret.to_string())),
+                    TokenClientAuth::PostOnly => None,
+                }
             });
         let body = match Limited::new(req.into_body(), 16 * 1024).collect().await {
             Ok(c) => c.to_bytes(),
@@ -154,6 +179,9 @@ impl Auth {
             return oauth_error(StatusCode::BAD_REQUEST, "unsupported_grant_type");
         }
         let client = basic.or_else(|| {
+            if how == TokenClientAuth::BasicVerbatim {
+                return None;
+            }
             Some((
                 form.get("client_id")?.clone(),
                 form.get("client_secret")?.clone(),

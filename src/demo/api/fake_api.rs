@@ -145,8 +145,12 @@ impl FakeApi {
         self.shared.config.fault(id)
     }
 
-    /// The exact body a successful answer for `id` carries (see [`expected_body`]).
+    /// The exact body a successful answer for `id` carries (see [`expected_body`], and
+    /// [`super::profile_body`] under [`ApiConfig::profiles`]).
     pub fn expected_body(&self, id: &str) -> serde_json::Value {
+        if self.shared.config.profiles && !id.starts_with(super::answers::TEXT_PREFIX) {
+            return super::profile_body(id);
+        }
         expected_body(id)
     }
 
@@ -304,6 +308,12 @@ impl FakeApi {
     /// auth or form fields).
     pub fn token_url(&self) -> String {
         format!("http://{}/oauth/token", self.addr)
+    }
+
+    /// How the token endpoint reads the client's ID and secret (by default: decoded Basic
+    /// auth or the form body).
+    pub fn token_client_auth(&self, how: super::TokenClientAuth) {
+        self.shared.auth.set_client_auth(how);
     }
 
     /// Refuse the client secret (`true`: 401 `invalid_client`) or accept it again.

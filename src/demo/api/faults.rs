@@ -62,6 +62,9 @@ pub struct ApiConfig {
     /// Of the batch endpoint: per-mille of IDs that make their whole batch answer 400 (alone
     /// too). 0 in every constructor.
     pub batch_poison_per_mille: u32,
+    /// Successful answers are company profiles of about 2 KB ([`super::profile_body`]: nested,
+    /// shaped like a real API's) instead of the small item. `false` in every constructor.
+    pub profiles: bool,
 }
 
 impl ApiConfig {
@@ -85,6 +88,7 @@ impl ApiConfig {
             announce: Announce::None,
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
+            profiles: false,
         }
     }
 
@@ -109,6 +113,7 @@ impl ApiConfig {
             announce: Announce::None,
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
+            profiles: false,
         }
     }
 
@@ -133,6 +138,7 @@ impl ApiConfig {
             announce: Announce::None,
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
+            profiles: false,
         }
     }
 

@@ -62,7 +62,7 @@
 //! # Files
 //!
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
-//! answer), `answers` (the bodies), `server` (accepting, the outage switch's listener),
+//! answer), `answers` (the bodies), `profile` (the realistic answer of [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener),
 //! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
 //! `windows` (the quota windows and their headers), `auth` (the token endpoint and the
 //! token check), `seen` (the requests kept for a test to check), `echo` (errors quoting the
@@ -79,6 +79,7 @@ mod echo;
 mod fake_api;
 mod faults;
 mod lock;
+mod profile;
 mod request;
 mod routes;
 mod seen;
@@ -89,9 +90,10 @@ mod tests;
 mod windows;
 
 pub use answers::expected_body;
-pub use auth::{CLIENT_ID, CLIENT_SECRET};
+pub use auth::{TokenClientAuth, CLIENT_ID, CLIENT_SECRET};
 pub use calls::MAX_CALL_TIMES;
 pub use fake_api::FakeApi;
 pub use faults::{ApiConfig, Fault};
+pub use profile::profile_body;
 pub use seen::SeenRequest;
 pub use windows::{Announce, ApiWindow};

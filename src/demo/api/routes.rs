@@ -13,7 +13,7 @@ use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::answers::{
-    bad_request, error_response, payload_too_large, success, too_many_requests, Resp,
+    bad_request, error_response, json_response, payload_too_large, success, too_many_requests, Resp,
 };
 use super::echo::Echo;
 use super::faults::Fault;
@@ -149,6 +149,9 @@ impl Shared {
     /// [`success`], counted by [`FakeApi::accepted`].
     fn success(&self, id: &str, id_hash: u64) -> Resp {
         self.accepted.fetch_add(1, Ordering::Relaxed);
+        if self.config.profiles && !id.starts_with(super::answers::TEXT_PREFIX) {
+            return json_response(&super::profile_body(id));
+        }
         success(id, id_hash)
     }
 }

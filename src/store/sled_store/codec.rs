@@ -144,35 +144,90 @@ pub(super) fn rerun_key(rerun: u32, bucket: u64) -> [u8; 12] {
 /// object) when the job keeps any.
 pub(super) type Listed = (u64, String, Option<Box<str>>);
 
-/// The length field's top bit: the entry's ID is followed by its row's values
-/// (`[length u32 LE][values]`). Lists of jobs that keep no columns never set it: they are
-/// written as before it existed.
-const WITH_VALUES: u32 = 1 << 31;
+/// The second word of a compact list's prefix: where a list of whole entries has its first
+/// ID's length, which is never this.
+const COMPACT_LIST: [u8; 4] = [0xff; 4];
 
-/// An ID list: `[row u64 LE][length u32 LE][ID]`, then the values if the length says so.
-/// `values` is empty (no columns kept) or holds one JSON object per item.
+/// An ID list, compact: `[first row u64 LE][ff ff ff ff]`, then per ID
+/// `[zz(row - (previous row + 1)) varint][(length << 1 | has values) varint][ID]`, then the
+/// values as `[length varint][values]` if it has them (about 2 bytes besides the ID where
+/// whole entries took 12). `values` is empty (no columns kept) or holds one JSON object per
+/// item. Lists of whole entries (`[row u64 LE][length u32 LE, top bit: values][ID]`, then
+/// `[length u32 LE][values]`), as every build before wrote them, are still read.
 pub(super) fn encode_ids<'a>(
     items: impl IntoIterator<Item = &'a (u64, String)> + Clone,
     values: impl IntoIterator<Item = &'a String>,
 ) -> Vec<u8> {
-    let size = items.clone().into_iter().map(|(_, id)| 12 + id.len()).sum();
+    let size = items
+        .clone()
+        .into_iter()
+        .map(|(_, id)| 3 + id.len())
+        .sum::<usize>()
+        + 12;
     let mut out = Vec::with_capacity(size);
     let mut values = values.into_iter();
+    let mut items = items.into_iter().peekable();
+    let Some(&&(first, _)) = items.peek() else {
+        return out;
+    };
+    out.extend_from_slice(&first.to_le_bytes());
+    out.extend_from_slice(&COMPACT_LIST);
+    let mut next = first;
     for (row, id) in items {
         let value = values.next();
-        let flag = if value.is_some() { WITH_VALUES } else { 0 };
-        out.extend_from_slice(&row.to_le_bytes());
-        out.extend_from_slice(&(id.len() as u32 | flag).to_le_bytes());
+        let delta = row.wrapping_sub(next) as i64;
+        super::varint::put(&mut out, super::varint::zigzag(delta));
+        super::varint::put(
+            &mut out,
+            (id.len() as u64) << 1 | u64::from(value.is_some()),
+        );
         out.extend_from_slice(id.as_bytes());
         if let Some(value) = value {
-            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            super::varint::put(&mut out, value.len() as u64);
             out.extend_from_slice(value.as_bytes());
         }
+        next = row.wrapping_add(1);
     }
     out
 }
 
-pub(super) fn decode_ids(mut blob: &[u8]) -> Option<Vec<Listed>> {
+pub(super) fn decode_ids(blob: &[u8]) -> Option<Vec<Listed>> {
+    if blob.get(8..12) == Some(&COMPACT_LIST[..]) {
+        return decode_compact_ids(blob);
+    }
+    decode_whole_ids(blob)
+}
+
+fn decode_compact_ids(blob: &[u8]) -> Option<Vec<Listed>> {
+    let mut next = u64::from_le_bytes(blob.get(..8)?.try_into().ok()?);
+    let mut blob = &blob[12..];
+    let mut out = Vec::new();
+    while !blob.is_empty() {
+        let delta = get_varint(&mut blob)?;
+        let row = next.wrapping_add(super::varint::unzigzag(delta) as u64);
+        let len = get_varint(&mut blob)?;
+        let (len, with_values) = (usize::try_from(len >> 1).ok()?, len & 1 != 0);
+        let id = std::str::from_utf8(blob.get(..len)?).ok()?;
+        blob = &blob[len..];
+        let values = if with_values {
+            let vlen = usize::try_from(get_varint(&mut blob)?).ok()?;
+            let v = std::str::from_utf8(blob.get(..vlen)?).ok()?;
+            blob = &blob[vlen..];
+            Some(v.into())
+        } else {
+            None
+        };
+        out.push((row, id.to_owned(), values));
+        next = row.wrapping_add(1);
+    }
+    Some(out)
+}
+
+/// The length field's top bit in a list of whole entries: the ID is followed by its row's
+/// values.
+const WITH_VALUES: u32 = 1 << 31;
+
+fn decode_whole_ids(mut blob: &[u8]) -> Option<Vec<Listed>> {
     let mut out = Vec::new();
     while !blob.is_empty() {
         let row = u64::from_le_bytes(blob.get(..8)?.try_into().ok()?);
@@ -193,6 +248,12 @@ pub(super) fn decode_ids(mut blob: &[u8]) -> Option<Vec<Listed>> {
     Some(out)
 }
 
+fn get_varint(blob: &mut &[u8]) -> Option<u64> {
+    let (v, rest) = super::varint::get(blob)?;
+    *blob = rest;
+    Some(v)
+}
+
 pub(super) fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("store records always serialize")
 }
@@ -211,6 +272,12 @@ impl SledStore {
                 },
             )
         })
+    }
+
+    /// An item record from `results.log` (binary or JSON, see [`super::item_codec`]).
+    pub(super) fn decode_item(&self, row: u64, bytes: &[u8]) -> Result<ItemRecord, StoreError> {
+        super::item_codec::decode(bytes, row, &self.bodies)
+            .map_err(|reason| self.corrupt(format!("undecodable item record: {reason}")))
     }
 
     pub(super) fn get<T: DeserializeOwned>(
@@ -292,30 +359,60 @@ mod tests {
 
     #[test]
     fn id_lists_carry_values_only_when_kept_and_old_lists_read_as_before() {
-        let items = [(3, "a".to_string()), (9, "é/b".to_string())];
+        let items = [
+            (3, "a".to_string()),
+            (4, "é/b".to_string()),
+            (9, "c".to_string()),
+        ];
         let plain = encode_ids(&items, &[]);
-        // The entries as every format wrote them: row, length, ID.
+        let expected: Vec<Listed> = items.iter().map(|(r, id)| (*r, id.clone(), None)).collect();
+        assert_eq!(decode_ids(&plain).unwrap(), expected);
+        assert_eq!(
+            plain.len(),
+            12 + 3 * 2 + 1 + 4 + 1,
+            "two bytes besides each ID"
+        );
+        // The entries as every earlier build wrote them: row, length (top bit: values), ID.
+        let values = [
+            r#"{"n":"x"}"#.to_string(),
+            r#"{"n":"é"}"#.to_string(),
+            "{}".into(),
+        ];
         let mut old = Vec::new();
-        for (row, id) in &items {
+        for ((row, id), v) in items.iter().zip(&values) {
             old.extend_from_slice(&row.to_le_bytes());
-            old.extend_from_slice(&(id.len() as u32).to_le_bytes());
+            old.extend_from_slice(&(id.len() as u32 | WITH_VALUES).to_le_bytes());
             old.extend_from_slice(id.as_bytes());
+            old.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            old.extend_from_slice(v.as_bytes());
         }
-        assert_eq!(plain, old, "a list without values is written as before");
-        let back = decode_ids(&old).unwrap();
+        let with: Vec<Listed> = items
+            .iter()
+            .zip(&values)
+            .map(|((r, id), v)| (*r, id.clone(), Some(v.as_str().into())))
+            .collect();
+        assert_eq!(decode_ids(&old).unwrap(), with);
+        assert_eq!(decode_ids(&encode_ids(&items, &values)).unwrap(), with);
+        // Rows out of order (never written so, but decoded as written) and a huge row.
+        let odd = [
+            (10, "x".to_string()),
+            (2, "y".to_string()),
+            (u64::MAX - 1, "z".to_string()),
+        ];
+        let back = decode_ids(&encode_ids(&odd, &[])).unwrap();
         assert_eq!(
-            back,
-            vec![(3, "a".to_string(), None), (9, "é/b".to_string(), None)]
+            back.iter().map(|e| e.0).collect::<Vec<_>>(),
+            [10, 2, u64::MAX - 1]
         );
-        let values = [r#"{"n":"x"}"#.to_string(), r#"{"n":"é"}"#.to_string()];
-        let with = encode_ids(&items, &values);
-        assert_eq!(
-            decode_ids(&with).unwrap(),
-            vec![
-                (3, "a".to_string(), Some(values[0].as_str().into())),
-                (9, "é/b".to_string(), Some(values[1].as_str().into())),
-            ]
+        assert!(encode_ids(&[], &[]).is_empty());
+        let compact = encode_ids(&items, &values);
+        for cut in 1..compact.len() {
+            let _ = decode_ids(&compact[..cut]); // never panics
+        }
+        assert!(
+            decode_ids(&compact[..compact.len() - 1]).is_none(),
+            "a cut entry"
         );
-        assert!(decode_ids(&with[..with.len() - 1]).is_none(), "a cut entry");
+        assert!(decode_ids(&old[..old.len() - 1]).is_none(), "a cut entry");
     }
 }

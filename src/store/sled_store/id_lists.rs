@@ -6,7 +6,8 @@
 //! ([`ListRef`]), written only after the entry is durable: an offset record never points at a
 //! list that is not on disk.
 //!
-//! The lists are most of what a plan writes (about 24 bytes per ID); kept in sled they made
+//! The lists are most of what a plan writes (the ID and about 2 bytes; 12 before compact
+//! lists); kept in sled they made
 //! sled hold every list read or written since it was opened in memory (about 25 MB per
 //! million IDs, whatever its cache size), so an export of a 10M-ID store peaked at 310 MB.
 //! Here they are read with `pread`: the page cache holds them, not the process.

@@ -161,7 +161,7 @@ impl SledStore {
         let mut out = Vec::with_capacity(ids.len());
         for ((row, id, values), found) in ids.iter().zip(found) {
             let record = match found {
-                Some(bytes) => self.decode("item", &bytes)?,
+                Some(bytes) => self.decode_item(*row, &bytes)?,
                 None => ItemRecord::pending(*row, offset.bucket),
             };
             let values = values.clone();
@@ -173,7 +173,7 @@ impl SledStore {
     /// The final record of the ID at `row`, if it has one.
     pub(super) fn result(&self, row: u64, id: &str) -> Result<Option<ItemRecord>, StoreError> {
         match self.results.get(row, id).map_err(|e| self.log_err(e))? {
-            Some(bytes) => self.decode("item", &bytes).map(Some),
+            Some(bytes) => self.decode_item(row, &bytes).map(Some),
             None => Ok(None),
         }
     }

@@ -3,9 +3,11 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":4}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":5}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
-//! DIR/results.log      the items' final records, appended (see [`results_log`])
+//! DIR/results.log      the items' final records, appended (see [`results_log`]; each record
+//!                      binary with its body compressed, see [`item_codec`])
+//! DIR/results.dict     the zstd dictionary of the bodies, once trained (see [`compression`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
 //! DIR/ids.log          the segments' and reruns' ID lists (see [`id_lists`])
@@ -17,13 +19,15 @@
 //!              "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
 //!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx,
-//!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used)
+//!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used),
+//!              "dict" → which results.dict the records need ([`compression::DictRecord`];
+//!              absent: none yet), written durably before any record uses it
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
 //!     commits  first bucket (u64 BE) → JSON array of CommitRecords of consecutive buckets
 //!              committed together                   (the commit log, see below)
 //!     ids      first bucket (u64 BE) → where the segment's list of unique IDs with their
-//!              rows (in input order, bucket after bucket; binary: per ID, row u64 LE, length
-//!              u32 LE, UTF-8) is in DIR/ids.log ([`ListRef`]; formats 1-2 kept the list here)
+//!              rows (in input order, bucket after bucket; binary, see `encode_ids`) is in
+//!              DIR/ids.log ([`ListRef`]; formats 1-2 kept the list here)
 //!     items    (formats 1 and 2 only) ID bytes → ItemRecord JSON; moved to results.log
 //!              when such a store is opened
 //!     bad      row (u64 BE) → BadLine JSON
@@ -66,10 +70,12 @@
 
 mod cache;
 mod codec;
+mod compression;
 mod dir;
 mod handle;
 pub(crate) mod id_index;
 pub(crate) mod id_lists;
+mod item_codec;
 mod logs;
 mod reruns;
 pub(crate) mod results_log;
@@ -78,6 +84,7 @@ mod sled_files;
 #[cfg(test)]
 mod tests;
 mod upgrade;
+mod varint;
 
 use cache::*;
 use codec::*;
@@ -94,6 +101,7 @@ pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTE
 use super::*;
 use crate::input::{Cursor, Fingerprint};
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use compression::{Compression, DictRecord, DICT_META_KEY};
 use id_index::IdIndex;
 use id_lists::{IdLists, ListRef};
 use results_log::{Durable, LogError, ResultsLog};
@@ -140,6 +148,8 @@ pub struct SledStore {
     index: Arc<IdIndex>,
     /// The items' final records.
     results: Arc<ResultsLog>,
+    /// The bodies' compression (and its dictionary).
+    bodies: Arc<Compression>,
     /// The segments' ID lists.
     id_lists: IdLists,
     /// When the index was last made durable (see [`INDEX_SYNC_EVERY`]).
@@ -305,6 +315,15 @@ impl SledStore {
             }
         }
         let id_lists = IdLists::open(path, lists_end).map_err(|e| log_error(path, e))?;
+        let dict = match trees.meta.get(DICT_META_KEY).map_err(sled_err)? {
+            Some(bytes) => Some(DictRecord::from_bytes(&bytes).ok_or_else(|| {
+                corrupt("its record of the results' dictionary is undecodable".into())
+            })?),
+            None => None,
+        };
+        let bodies = Compression::open(path, dict).map_err(|e| {
+            StoreError::at(e.path.display(), StoreError::Corrupt { reason: e.reason })
+        })?;
         let index_path = path.join(INDEX_FILE);
         let index_io = |source| StoreError::at(index_path.display(), StoreError::Io(source));
         let index = match IdIndex::open(&index_path) {
@@ -341,6 +360,7 @@ impl SledStore {
             }),
             index: Arc::new(index),
             results: Arc::new(results),
+            bodies,
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
@@ -376,8 +396,9 @@ impl SledStore {
             Some(version) => {
                 store.index_again()?;
                 if version < FORMAT_VERSION {
-                    // Format 3: nothing to move (its reruns' inline lists are read where
-                    // they are); from now on an older build must refuse the store.
+                    // Formats 3 and 4: nothing to move (format 3's reruns' inline lists and
+                    // format 4's JSON records are read where they are); from now on an older
+                    // build must refuse the store.
                     trees
                         .meta
                         .insert("version", &FORMAT_VERSION.to_be_bytes())
@@ -399,11 +420,54 @@ impl SledStore {
             )
             .map_err(io)?;
         }
+        // A dictionary written before a crash, and not recorded yet: record it now.
+        store.record_dictionary_blocking()?;
         drop(trees);
         // The entries this open created (the files beside sled's) are durable with their
         // directory: a power cut must not leave the marker without the files it describes.
         sled_files::sync_dir(path).map_err(io)?;
         Ok(store)
+    }
+
+    /// Record a newly written results' dictionary in `meta`, durably, then use it: no record
+    /// compressed with it reaches the disk before the store's record of it does (see
+    /// [`compression`]).
+    async fn record_dictionary(&self) -> Result<(), StoreError> {
+        let Some(new) = self.bodies.take_unrecorded() else {
+            return Ok(());
+        };
+        let t = self.t()?;
+        t.meta
+            .insert(DICT_META_KEY, &new.record.to_bytes())
+            .map_err(|e| self.err(e))?;
+        let (db, files) = (t.db.clone(), t.files.clone());
+        drop(t);
+        sled_files::flush_async(&db, &files)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.use_dictionary(&new.dict)
+    }
+
+    /// [`SledStore::record_dictionary`], blocking (at open).
+    fn record_dictionary_blocking(&self) -> Result<(), StoreError> {
+        let Some(new) = self.bodies.take_unrecorded() else {
+            return Ok(());
+        };
+        let t = self.t()?;
+        t.meta
+            .insert(DICT_META_KEY, &new.record.to_bytes())
+            .map_err(|e| self.err(e))?;
+        t.flush().map_err(|e| self.err(e))?;
+        self.use_dictionary(&new.dict)
+    }
+
+    fn use_dictionary(&self, dict: &[u8]) -> Result<(), StoreError> {
+        self.bodies.install(dict).map_err(|e| {
+            self.corrupt(format!(
+                "{}: zstd refuses the dictionary: {e}",
+                compression::DICT_FILE
+            ))
+        })
     }
 
     /// The state directory.
@@ -521,11 +585,17 @@ impl Store for SledStore {
     }
 
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        self.record_dictionary().await?;
         // The group's records encoded into one buffer: no allocation per record.
         let mut encoded = Vec::with_capacity(results.len() * 256);
         let mut ends = Vec::with_capacity(results.len());
-        for (_, r) in results {
-            serde_json::to_writer(&mut encoded, r).expect("store records always serialize");
+        for (id, r) in results {
+            item_codec::encode(r, &self.bodies, &mut encoded).map_err(|e| {
+                StoreError::at(
+                    self.path.display(),
+                    StoreError::backend(format!("cannot store the record of {id}: {e}")),
+                )
+            })?;
             ends.push(encoded.len());
         }
         let starts = std::iter::once(0).chain(ends.iter().copied());

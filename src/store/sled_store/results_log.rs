@@ -5,7 +5,9 @@
 //! ```text
 //! DIR/results.log   append-only: one entry per record written, each
 //!                   [payload length u32 LE][CRC-32 of payload u32 LE][payload]
-//!                   payload = [row u64 LE][ID length u32 LE][ID UTF-8][record bytes]
+//!                   payload = [row varint][ID check u32 LE][record bytes] when the length's
+//!                   top bit is set (COMPACT), else [row u64 LE][ID length u32 LE][ID UTF-8]
+//!                   [record bytes] (as every build before it wrote; still read)
 //! DIR/positions     dense array by input row: u64 LE = 1 + the log offset of the row's
 //!                   current record, 0 = none (holes read as none)
 //! ```
@@ -45,6 +47,10 @@ const COVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 const MAX_PENDING: usize = 1 << 18;
 
 const HEADER: usize = 8;
+/// The length field's top bit: a compact entry, which keeps a check of its ID rather than the
+/// ID (the ID lists hold the IDs; the check catches a position pointing at another row's
+/// record, as the whole ID did).
+const COMPACT: u32 = 1 << 31;
 /// Most records are smaller: one read gets header and payload.
 const READ_AHEAD: usize = 1024;
 
@@ -140,13 +146,36 @@ pub(crate) struct ResultsLog {
     synced: Mutex<Synced>,
 }
 
+/// Who an entry's record is for, as the entry keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Who<'a> {
+    /// The ID itself (entries written before compact ones).
+    Id(&'a str),
+    /// A check of the ID ([`id_check`]).
+    Check(u32),
+}
+
+impl Who<'_> {
+    fn is(self, id: &str) -> bool {
+        match self {
+            Who::Id(stored) => stored == id,
+            Who::Check(check) => check == id_check(id),
+        }
+    }
+}
+
+/// The check a compact entry keeps of its ID: 32 bits of its xxh3.
+fn id_check(id: &str) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(id.as_bytes()) as u32
+}
+
 /// One record read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// The input row the record is for.
     pub row: u64,
-    /// The item's ID, as stored with the record.
-    pub id: String,
+    /// Who the record is for, as the entry keeps it (`Who` owned).
+    pub id: StoredWho,
     /// The record's bytes, as the store encoded them.
     pub record: Vec<u8>,
 }
@@ -227,11 +256,25 @@ impl ResultsLog {
                     break;
                 }
             }
-            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+            let field = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+            let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            // The length comes from the disk: nothing is allocated for an entry that runs
+            // past the end of the file (a torn tail, or damage before the durable mark).
+            if at + (HEADER + len) as u64 > file_len {
+                if at < durable.synced {
+                    return Err(damaged(format!(
+                        "the entry at byte {at} is damaged (its length {len} runs past the \
+                         end of the file)"
+                    )));
+                }
+                break;
+            }
             payload.resize(len, 0);
             let got = read_full(&mut reader, &mut payload).map_err(io)?;
-            let valid = got == len && crc32fast::hash(&payload) == crc && parse(&payload).is_some();
+            let valid = got == len
+                && crc32fast::hash(&payload) == crc
+                && parse(&payload, compact).is_some();
             if !valid {
                 if at < durable.synced {
                     return Err(damaged(format!(
@@ -240,7 +283,7 @@ impl ResultsLog {
                 }
                 break;
             }
-            let (row, _, _) = parse(&payload).expect("checked");
+            let (row, _, _) = parse(&payload, compact).expect("checked");
             pending
                 .entry(row)
                 .and_modify(|p: &mut Pending| p.latest = at)
@@ -310,13 +353,15 @@ impl ResultsLog {
         for (row, id, record) in records {
             let start = buf.len();
             buf.extend_from_slice(&[0; HEADER]);
-            buf.extend_from_slice(&row.to_le_bytes());
-            buf.extend_from_slice(&(id.len() as u32).to_le_bytes());
-            buf.extend_from_slice(id.as_bytes());
+            super::varint::put(buf, row);
+            buf.extend_from_slice(&id_check(id).to_le_bytes());
             buf.extend_from_slice(record);
             let payload = &buf[start + HEADER..];
             let (plen, crc) = (payload.len() as u32, crc32fast::hash(payload));
-            buf[start..start + 4].copy_from_slice(&plen.to_le_bytes());
+            if plen & COMPACT != 0 {
+                return Err(self.damaged(format!("a record of {plen} bytes is too large")));
+            }
+            buf[start..start + 4].copy_from_slice(&(plen | COMPACT).to_le_bytes());
             buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
             placed.push((row, *len + start as u64));
         }
@@ -429,9 +474,9 @@ impl ResultsLog {
     /// The record at `at`, which must be `row`'s and `id`'s.
     fn entry_of(&self, at: u64, row: u64, id: &str) -> Result<Vec<u8>, LogError> {
         let entry = self.read_entry(at)?;
-        if entry.row != row || entry.id != id {
+        if entry.row != row || !entry.id.who().is(id) {
             return Err(self.damaged(format!(
-                "row {row} ({id:?}) points at byte {at}, which holds row {} ({:?})",
+                "row {row} ({id:?}) points at byte {at}, which holds row {} ({})",
                 entry.row, entry.id
             )));
         }
@@ -447,9 +492,15 @@ impl ResultsLog {
         if got < HEADER {
             return Err(bad("missing"));
         }
-        let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+        let field = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+        let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
         let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
         if HEADER + len > got {
+            // The length comes from the disk: check it against the file before allocating.
+            let file_len = self.log.metadata().map_err(&io)?.len();
+            if at + (HEADER + len) as u64 > file_len {
+                return Err(bad("cut short (its length runs past the end of the log)"));
+            }
             buf.resize(HEADER + len, 0);
             let more = read_at_most(&self.log, &mut buf[got..], at + got as u64).map_err(&io)?;
             if got + more < HEADER + len {
@@ -460,10 +511,10 @@ impl ResultsLog {
         if crc32fast::hash(payload) != crc {
             return Err(bad("damaged (checksum)"));
         }
-        let (row, id, record) = parse(payload).ok_or_else(|| bad("undecodable"))?;
+        let (row, id, record) = parse(payload, compact).ok_or_else(|| bad("undecodable"))?;
         Ok(Entry {
             row,
-            id: id.to_owned(),
+            id: StoredWho::of(id),
             record: record.to_vec(),
         })
     }
@@ -583,11 +634,51 @@ impl ResultsLog {
     }
 }
 
-fn parse(payload: &[u8]) -> Option<(u64, &str, &[u8])> {
+/// An entry's payload: its row, who it is for and its record bytes.
+fn parse(payload: &[u8], compact: bool) -> Option<(u64, Who<'_>, &[u8])> {
+    if compact {
+        let (row, rest) = super::varint::get(payload)?;
+        let check = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
+        return Some((row, Who::Check(check), &rest[4..]));
+    }
     let row = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
     let len = u32::from_le_bytes(payload.get(8..12)?.try_into().ok()?) as usize;
     let id = std::str::from_utf8(payload.get(12..12 + len)?).ok()?;
-    Some((row, id, &payload[12 + len..]))
+    Some((row, Who::Id(id), &payload[12 + len..]))
+}
+
+/// [`Who`], owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoredWho {
+    /// The ID.
+    Id(String),
+    /// A check of the ID.
+    Check(u32),
+}
+
+impl StoredWho {
+    fn of(who: Who<'_>) -> StoredWho {
+        match who {
+            Who::Id(id) => StoredWho::Id(id.to_owned()),
+            Who::Check(c) => StoredWho::Check(c),
+        }
+    }
+
+    fn who(&self) -> Who<'_> {
+        match self {
+            StoredWho::Id(id) => Who::Id(id),
+            StoredWho::Check(c) => Who::Check(*c),
+        }
+    }
+}
+
+impl std::fmt::Display for StoredWho {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoredWho::Id(id) => write!(f, "{id:?}"),
+            StoredWho::Check(c) => write!(f, "an ID with check {c:08x}"),
+        }
+    }
 }
 
 /// Read into `buf` until it is full or the reader ends; returns the bytes read.
@@ -649,6 +740,54 @@ mod tests {
                 "row {r}"
             );
         }
+    }
+
+    /// An entry as builds before compact entries wrote it.
+    fn old_entry(row: u64, id: &str, record: &[u8]) -> Vec<u8> {
+        let mut payload = row.to_le_bytes().to_vec();
+        payload.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        payload.extend_from_slice(id.as_bytes());
+        payload.extend_from_slice(record);
+        let mut out = (payload.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    #[test]
+    fn a_log_of_whole_id_entries_replays_and_reads_beside_compact_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = Vec::new();
+        for r in 0..50 {
+            old.extend(old_entry(r, &format!("id/{r} ü"), &rec(r)));
+        }
+        std::fs::write(dir.path().join(LOG_FILE), &old).unwrap();
+        // Nothing durable recorded: the open replays the old entries from the start.
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        check(&log, 0..50);
+        append(&log, (50..100).chain(10..20));
+        check(&log, 0..100);
+        // A compact entry is much smaller than the whole-ID one it replaces.
+        let records: u64 = (50..100).chain(10..20).map(|r| rec(r).len() as u64).sum();
+        assert!(log.len() - (old.len() as u64) < 60 * 14 + records);
+        // A position pointing at another row's record is damage, in both kinds of entry.
+        assert!(matches!(
+            log.get(3, "id/4 ü"),
+            Err(LogError::Damaged { .. })
+        ));
+        assert!(matches!(
+            log.get(60, "id/61 ü"),
+            Err(LogError::Damaged { .. })
+        ));
+        let durable = log.sync(true).unwrap();
+        drop(log);
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        check(&log, 0..100);
+        // And replayed from the start, the mixed log still rebuilds every position.
+        std::fs::remove_file(dir.path().join(POSITIONS_FILE)).unwrap();
+        drop(log);
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        check(&log, 0..100);
     }
 
     #[test]
@@ -728,7 +867,8 @@ mod tests {
         log.append([(2, "id/2 ü", b"first".as_slice())]).unwrap();
         let d2 = log.sync(false).unwrap();
         log.append([(2, "id/2 ü", b"second".as_slice())]).unwrap();
-        let cut = log.len() - (HEADER + 12 + "id/2 ü".len() + 6) as u64;
+        // A compact entry: header, row (one byte), ID check, record.
+        let cut = log.len() - (HEADER + 1 + 4 + 6) as u64;
         drop(log);
         // The second record never reached the disk (power loss): cut it away.
         let f = OpenOptions::new()
@@ -765,6 +905,71 @@ mod tests {
         f.set_len(durable.synced - 1).unwrap();
         let err = ResultsLog::open(dir.path(), durable).err().unwrap();
         assert!(err.to_string().contains("durable"), "{err}");
+    }
+
+    /// Run `body` in a child process (this test binary, the test `name` alone) whose address
+    /// space is capped at 1 GiB, so an allocation sized by a huge length from the disk
+    /// aborts it and fails the test.
+    fn under_a_memory_cap(name: &str, body: impl FnOnce()) {
+        if std::env::var_os("HIGHWATER_TEST_MEMORY_CAPPED").is_some() {
+            body();
+            return;
+        }
+        let module = module_path!()
+            .split_once("::")
+            .expect("the crate, then the module")
+            .1;
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"ulimit -v 1048576 && exec "$0" --exact "$1" --test-threads 1"#)
+            .arg(std::env::current_exe().unwrap())
+            .arg(format!("{module}::{name}"))
+            .env("HIGHWATER_TEST_MEMORY_CAPPED", "1")
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "under a 1 GiB cap: {}\n{}{}",
+            status.status,
+            String::from_utf8_lossy(&status.stdout),
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+
+    #[test]
+    fn a_huge_length_from_the_disk_is_a_torn_tail_or_damage_never_an_allocation() {
+        under_a_memory_cap(
+            "a_huge_length_from_the_disk_is_a_torn_tail_or_damage_never_an_allocation",
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+                append(&log, 0..20);
+                let durable = log.sync(true).unwrap();
+                drop(log);
+                // After the durable mark: a torn tail whose length says 2 GiB.
+                let path = dir.path().join(LOG_FILE);
+                let f = OpenOptions::new().write(true).open(&path).unwrap();
+                let huge = (COMPACT | 0x7fff_ffff).to_le_bytes();
+                f.write_all_at(&[&huge[..], &[7; 20]].concat(), durable.synced)
+                    .unwrap();
+                let log = ResultsLog::open(dir.path(), durable).unwrap();
+                check(&log, 0..20);
+                assert_eq!(log.len(), durable.synced, "the torn tail is cut off");
+                // A durable entry's length damaged to 2 GiB: read, it is an error.
+                let at = log.position(19).unwrap().expect("row 19's entry");
+                f.write_all_at(&huge, at).unwrap();
+                let err = log.get(19, "id/19 ü").unwrap_err();
+                assert!(err.to_string().contains("runs past the end"), "{err}");
+                drop(log);
+                // And an open that replays it refuses the log: it was durable.
+                let replay_all = Durable {
+                    covers: 0,
+                    ..durable
+                };
+                let err = ResultsLog::open(dir.path(), replay_all).err().unwrap();
+                assert!(err.to_string().contains("runs past the end"), "{err}");
+            },
+        );
     }
 
     #[test]

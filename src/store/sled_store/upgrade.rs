@@ -1,12 +1,14 @@
 //! Upgrades of older store formats on open: formats 1 and 2 kept results (and ID lists) in sled
-//! and are moved out; format 3 only gets marked 4.
+//! and are moved out; formats 3 and 4 only get marked 5 (their records stay as they are: JSON
+//! item records are read beside binary ones).
 
 use super::*;
 
-/// Store formats this build opens: the current one; format 3 (rerun ID lists in sled, still
-/// read there; it only marks the store format 4); format 2 (results in sled) and format 1
+/// Store formats this build opens: the current one; format 4 (JSON item records, still read:
+/// it only marks the store format 5); format 3 (rerun ID lists in sled, still read there; it
+/// only marks the store); format 2 (results in sled) and format 1
 /// (also one offset record per bucket), which it upgrades in place.
-pub(super) const READS_VERSIONS: [u32; 4] = [1, 2, 3, FORMAT_VERSION];
+pub(super) const READS_VERSIONS: [u32; 5] = [1, 2, 3, 4, FORMAT_VERSION];
 
 /// The first format with results and the job's ID lists out of sled: older ones are upgraded
 /// by moving them.
@@ -62,7 +64,7 @@ impl SledStore {
                 for (row, id, _) in list {
                     if let Some(value) = t.items.get(id.as_bytes()).map_err(|e| self.err(e))? {
                         // Check it decodes before it is moved.
-                        let _: ItemRecord = self.decode("item", &value)?;
+                        self.decode_item(*row, &value)?;
                         found.push((*row, id.as_str(), value));
                     }
                 }

@@ -4,6 +4,8 @@ use super::*;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
+#[cfg(feature = "demo")]
+mod dictionary;
 mod open;
 mod reruns;
 mod segments;

@@ -44,7 +44,7 @@ fn failed_rerun(items: &[(u64, &str, u64)]) -> (RerunRecord, RerunBucket) {
 
 /// A rerun's ID lists go to ids.log, not sled; a reopen followed by more planning (a grown
 /// input) does not write over them; a format 3 rerun's inline lists still read, and
-/// opening such a store marks it format 4.
+/// opening such a store marks it the current format.
 #[tokio::test]
 async fn rerun_id_lists_live_in_ids_log_and_survive_a_reopen_and_more_planning() {
     let dir = tempfile::tempdir().unwrap();
