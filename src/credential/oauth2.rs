@@ -132,8 +132,14 @@ impl OAuth2Source {
     /// `id:secret`, each form-encoded first, RFC 6749 2.3.1), to mask where it is echoed.
     pub(super) fn basic_auth(&self) -> String {
         let c = &self.config;
-        let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-        base64(format!("{}:{}", encode(&c.client_id), encode(&c.client_secret)).as_bytes())
+        base64(
+            format!(
+                "{}:{}",
+                form_encode(&c.client_id),
+                form_encode(&c.client_secret)
+            )
+            .as_bytes(),
+        )
     }
 
     pub(super) async fn fetch(
