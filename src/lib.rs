@@ -8,7 +8,8 @@
 //! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
-//! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next;
+//! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next (its
+//! message masked of the job's [`secrets`]);
 //! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
@@ -57,6 +58,7 @@ pub mod progress;
 pub mod quota;
 pub mod rerun;
 pub mod retry;
+pub mod secrets;
 mod serde_millis;
 mod setting;
 pub mod sink;

@@ -13,6 +13,7 @@ use tokio::process::Command;
 
 use super::error::CredentialError;
 use super::fetched::Fetched;
+use crate::secrets::Secrets;
 
 /// How much of the end of standard error a message keeps.
 const STDERR_TAIL_BYTES: usize = 1000;
@@ -30,7 +31,11 @@ impl CommandSource {
         (!argv.is_empty()).then_some(CommandSource { argv, timeout })
     }
 
-    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+    pub(super) async fn fetch(
+        &self,
+        name: &str,
+        secrets: &Secrets,
+    ) -> Result<Fetched, CredentialError> {
         let unavailable = |message: String| CredentialError::Unavailable {
             name: name.to_string(),
             message,
@@ -55,7 +60,7 @@ impl CommandSource {
                 ))
             })?
             .map_err(|e| unavailable(format!("cannot read the output of {program:?}: {e}")))?;
-        let stderr = tail(&output.stderr);
+        let stderr = tail(&output.stderr, secrets);
         let with_stderr = |m: String| {
             if stderr.is_empty() {
                 m
@@ -87,16 +92,15 @@ impl CommandSource {
     }
 }
 
-/// The end of standard error, trimmed, cut at a character boundary.
-fn tail(stderr: &[u8]) -> String {
+/// The end of standard error, trimmed, cut at a character boundary, `secrets` masked (before
+/// the cut, so that no part of one is left at it).
+fn tail(stderr: &[u8], secrets: &Secrets) -> String {
     let text = String::from_utf8_lossy(stderr);
     let text = text.trim();
+    let end = secrets.mask_suffix(text, STDERR_TAIL_BYTES);
     if text.len() <= STDERR_TAIL_BYTES {
-        return text.to_string();
+        end
+    } else {
+        format!("…{end}")
     }
-    let mut start = text.len() - STDERR_TAIL_BYTES;
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("…{}", &text[start..])
 }

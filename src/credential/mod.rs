@@ -52,8 +52,10 @@
 //! ```
 //!
 //! Secrets: the value and the OAuth2 client secret live only in memory. `Debug` output,
-//! errors and logs never show them; [`Credential::redact`] takes them out of any text that
-//! came from elsewhere (an answer body, a command's standard error).
+//! errors and logs never show them; [`Credential::redact`] masks them (every value the
+//! credential ever had, not only the current one) in any text that came from elsewhere (an
+//! answer body, a command's standard error), and [`Credential::secrets`] hands them, renewals
+//! included as they arrive, to a job's masker ([`crate::secrets`]).
 
 pub mod command;
 mod error;

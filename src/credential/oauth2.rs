@@ -27,6 +27,7 @@ use serde::Deserialize;
 
 use super::error::CredentialError;
 use super::fetched::{Fetched, REDACTED};
+use crate::secrets::Secrets;
 
 /// How to ask for tokens.
 #[derive(Clone)]
@@ -127,7 +128,25 @@ impl OAuth2Source {
         &self.config.client_secret
     }
 
-    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+    /// The Basic authorization's credentials as the token endpoint gets them (base64 of
+    /// `id:secret`, each form-encoded first, RFC 6749 2.3.1), to mask where it is echoed.
+    pub(super) fn basic_auth(&self) -> String {
+        let c = &self.config;
+        base64(
+            format!(
+                "{}:{}",
+                form_encode(&c.client_id),
+                form_encode(&c.client_secret)
+            )
+            .as_bytes(),
+        )
+    }
+
+    pub(super) async fn fetch(
+        &self,
+        name: &str,
+        secrets: &Secrets,
+    ) -> Result<Fetched, CredentialError> {
         let unavailable = |message: String| CredentialError::Unavailable {
             name: name.to_string(),
             message,
@@ -168,7 +187,10 @@ impl OAuth2Source {
             .await
             .map_err(|e| unavailable(format!("token endpoint: {}", transport(e))))?;
         if !status.is_success() {
-            let message = format!("token endpoint answered HTTP {status}{}", describe(&body));
+            let message = format!(
+                "token endpoint answered HTTP {status}{}",
+                describe(&body, secrets)
+            );
             return Err(match status.as_u16() {
                 408 | 429 | 500..=599 => unavailable(message),
                 _ => CredentialError::Rejected {
@@ -188,7 +210,7 @@ impl OAuth2Source {
             .ok_or_else(|| {
                 unavailable(format!(
                     "token endpoint answered HTTP {status} without an access_token{}",
-                    describe(&body)
+                    describe(&body, secrets)
                 ))
             })?;
         // A number, or a number in a string (some servers send "3600").
@@ -205,7 +227,7 @@ impl OAuth2Source {
 
 /// What a token endpoint's refusal says: its `error` and `error_description`, or the start
 /// of its body (never a token: a refusal holds none).
-fn describe(body: &[u8]) -> String {
+fn describe(body: &[u8], secrets: &Secrets) -> String {
     if let Ok(e) = serde_json::from_slice::<ErrorAnswer>(body) {
         let parts: Vec<String> = [e.error, e.error_description]
             .into_iter()
@@ -215,7 +237,9 @@ fn describe(body: &[u8]) -> String {
             return format!(": {}", parts.join(": "));
         }
     }
-    let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    // Masked before it is cut, so that no part of a secret is left at the cut.
+    let window = body.len().min(200 + secrets.longest());
+    let text = secrets.mask_prefix(&String::from_utf8_lossy(&body[..window]), 200);
     let text = text.trim();
     if text.is_empty() || text.contains("access_token") {
         String::new()
@@ -238,4 +262,38 @@ fn transport(e: reqwest::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Standard base64, padded (what a Basic authorization carries).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_pads_as_basic_authorization_does() {
+        assert_eq!(
+            super::base64(b"Aladdin:open sesame"),
+            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        assert_eq!(super::base64(b"ab"), "YWI=");
+        assert_eq!(super::base64(b"abc"), "YWJj");
+        assert_eq!(super::base64(b""), "");
+    }
 }

@@ -10,6 +10,7 @@ use super::error::CredentialError;
 use super::fetched::REDACTED;
 use super::source::CredentialSource;
 use crate::failure::{Failure, Next};
+use crate::secrets::Secrets;
 
 /// The largest margin before `expires_in` runs out at which a token is renewed.
 pub const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
@@ -62,6 +63,8 @@ pub struct Credential {
     /// Held while renewing: one renewal at a time.
     renewing: tokio::sync::Mutex<()>,
     renewals: AtomicU64,
+    /// Every value it had and its source's secrets, to mask in messages.
+    secrets: Secrets,
 }
 
 #[derive(Default)]
@@ -112,7 +115,12 @@ impl Credential {
     /// A credential named `name` (as `${NAME}` in templates) from `source`, renewed at least
     /// every `every` if given. Its first value is fetched by the first [`Credential::get`].
     pub fn new(name: impl Into<String>, source: CredentialSource, every: Option<Duration>) -> Self {
+        let secrets = Secrets::new();
+        for secret in source.secrets() {
+            secrets.add(&secret);
+        }
         Credential {
+            secrets,
             name: name.into(),
             source,
             every: every.filter(|d| !d.is_zero()),
@@ -241,7 +249,7 @@ impl Credential {
                 }
             }
         }
-        let fetched = self.source.fetch(&self.name).await;
+        let fetched = self.source.fetch(&self.name, &self.secrets).await;
         let mut state = self.state();
         state.tries += 1;
         let fetched = match fetched {
@@ -254,7 +262,7 @@ impl Credential {
         let fetched = match fetched {
             Ok(f) => f,
             Err(e) => {
-                let e = self.redacted_error(e, &state);
+                let e = self.redacted_error(e);
                 // Said at once (the attempts that needed it only show as unreachable), and
                 // again after 2, 4, 8... failures in a row.
                 if (state.failures + 1).is_power_of_two() {
@@ -268,6 +276,8 @@ impl Credential {
                 return Err(e);
             }
         };
+        // Known to every masker before any request can carry it.
+        self.secrets.add(&fetched.value);
         let generation = seen.max(state.value.as_ref().map_or(0, |v| v.generation)) + 1;
         let value = CredentialValue {
             generation,
@@ -292,8 +302,8 @@ impl Credential {
         Ok(value)
     }
 
-    fn redacted_error(&self, e: CredentialError, state: &State) -> CredentialError {
-        let clean = |m: String| self.redact_with(&m, state);
+    fn redacted_error(&self, e: CredentialError) -> CredentialError {
+        let clean = |m: String| self.secrets.mask(&m);
         match e {
             CredentialError::Unavailable { name, message } => CredentialError::Unavailable {
                 name,
@@ -306,22 +316,16 @@ impl Credential {
         }
     }
 
-    /// `text` with every secret of this credential (its current value, its client secret)
-    /// replaced by [`REDACTED`].
+    /// `text` with every secret of this credential (each value it had, its client secret,
+    /// what was expanded to define it) replaced by [`crate::secrets::MASK`].
     pub fn redact(&self, text: &str) -> String {
-        let state = self.state();
-        self.redact_with(text, &state)
+        self.secrets.mask(text)
     }
 
-    fn redact_with(&self, text: &str, state: &State) -> String {
-        let mut out = text.to_string();
-        let value = state.value.as_ref().map(|v| v.expose());
-        for secret in self.source.secrets().into_iter().chain(value) {
-            if !secret.is_empty() && out.contains(secret) {
-                out = out.replace(secret, REDACTED);
-            }
-        }
-        out
+    /// Its secrets: each value it had and its source's, and whatever a caller adds (the
+    /// values expanded to define it). [`Secrets::feed`] them to a job's masker.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }
 

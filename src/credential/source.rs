@@ -5,6 +5,7 @@ use super::command::CommandSource;
 use super::error::CredentialError;
 use super::fetched::Fetched;
 use super::oauth2::OAuth2Source;
+use crate::secrets::Secrets;
 
 /// Where a credential's values come from.
 pub enum CredentialSource {
@@ -15,18 +16,24 @@ pub enum CredentialSource {
 }
 
 impl CredentialSource {
-    pub(super) async fn fetch(&self, name: &str) -> Result<Fetched, CredentialError> {
+    /// A fresh value; what an error quotes is cut without leaving part of one of `secrets`.
+    pub(super) async fn fetch(
+        &self,
+        name: &str,
+        secrets: &Secrets,
+    ) -> Result<Fetched, CredentialError> {
         match self {
-            CredentialSource::Command(c) => c.fetch(name).await,
-            CredentialSource::OAuth2(o) => o.fetch(name).await,
+            CredentialSource::Command(c) => c.fetch(name, secrets).await,
+            CredentialSource::OAuth2(o) => o.fetch(name, secrets).await,
         }
     }
 
-    /// Secrets of the source itself (an OAuth2 client secret), to keep out of messages.
-    pub(super) fn secrets(&self) -> Vec<&str> {
+    /// Secrets of the source itself (an OAuth2 client secret, and the Basic authorization
+    /// it is sent in), to keep out of messages.
+    pub(super) fn secrets(&self) -> Vec<String> {
         match self {
             CredentialSource::Command(_) => Vec::new(),
-            CredentialSource::OAuth2(o) => vec![o.client_secret()],
+            CredentialSource::OAuth2(o) => vec![o.client_secret().to_string(), o.basic_auth()],
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::credential::{
     Credential, CredentialKind, CredentialSource, CredentialSpec, CredentialValue,
 };
 use crate::failure::{Failure, Next};
+use crate::secrets::Secrets;
 use crate::setting::Setting;
 
 /// The exit code by which an exec job's command says its credential was refused
@@ -33,6 +34,9 @@ pub const REFUSED_EXIT_CODE: i32 = 77;
 pub struct Credentials {
     list: Vec<Arc<Credential>>,
     renew_on_403: bool,
+    /// Every secret of every credential (values as they are renewed, what was expanded to
+    /// define them).
+    secrets: Secrets,
 }
 
 impl Credentials {
@@ -43,7 +47,15 @@ impl Credentials {
 
     /// Credentials a library program made itself; `renew_on_403`: a 403 refuses them too.
     pub fn from_list(list: Vec<Arc<Credential>>, renew_on_403: bool) -> Credentials {
-        Credentials { list, renew_on_403 }
+        let secrets = Secrets::new();
+        for c in &list {
+            c.secrets().feed(&secrets);
+        }
+        Credentials {
+            list,
+            renew_on_403,
+            secrets,
+        }
     }
 
     /// Build the credentials `specs` define, expanding `${VAR}` with `env`; a command gets
@@ -56,6 +68,14 @@ impl Credentials {
     ) -> Result<Credentials, HandlerError> {
         let mut list = Vec::new();
         for spec in specs {
+            // What `${VAR}` expands to in its definition is masked like its values.
+            let expanded = std::cell::RefCell::new(Vec::new());
+            let env = |name: &str| {
+                let value = env(name);
+                expanded.borrow_mut().extend(value.clone());
+                value
+            };
+            let env: &dyn Fn(&str) -> Option<String> = &env;
             let what = Setting::Credential(spec.name.clone());
             let source = match &spec.kind {
                 CredentialKind::Command { command } => {
@@ -106,12 +126,16 @@ impl Credentials {
                     CredentialSource::OAuth2(source)
                 }
             };
-            list.push(Arc::new(Credential::new(&spec.name, source, spec.every)));
+            let credential = Credential::new(&spec.name, source, spec.every);
+            for value in expanded.take() {
+                credential.secrets().add(&value);
+            }
+            list.push(Arc::new(credential));
         }
-        Ok(Credentials {
+        Ok(Credentials::from_list(
             list,
-            renew_on_403: specs.iter().any(|s| s.renew_on_403),
-        })
+            specs.iter().any(|s| s.renew_on_403),
+        ))
     }
 
     /// Whether there are none.
@@ -164,13 +188,9 @@ impl Credentials {
         }
     }
 
-    /// `text` without any secret of the credentials.
-    pub(crate) fn redact(&self, text: String) -> String {
-        let mut text = text;
-        for c in &self.list {
-            text = c.redact(&text);
-        }
-        text
+    /// Every secret of the credentials, renewed values included as they arrive.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }
 

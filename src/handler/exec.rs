@@ -24,7 +24,8 @@
 //!
 //! Standard output is stored as JSON when it is one JSON document, else as a JSON string,
 //! trailing newlines removed (as `$(...)` does in a shell). A failure's message ends with the
-//! last [`STDERR_TAIL_BYTES`] of standard error.
+//! last [`STDERR_TAIL_BYTES`] of standard error, masked ([`crate::secrets`]) of the `${VAR}`
+//! values the command expanded and of every value its credentials had.
 //!
 //! No process outlives highwater or its attempt: each runs in its own process group, killed
 //! whole at the timeout, when its attempt is abandoned (a stop) and after it exits (its
@@ -52,6 +53,7 @@ use super::template::{row_values, IdEncoding, Template};
 use super::work::Handler;
 use crate::answer::Answer;
 use crate::failure::{ErrorClass, Failure};
+use crate::secrets::Secrets;
 use crate::setting::Setting;
 
 /// The largest standard output kept (as for an HTTP answer body); more fails the ID.
@@ -82,6 +84,8 @@ pub struct ExecHandler {
     answer: Answer,
     /// The job's credentials, in the environment of every process.
     credentials: Credentials,
+    /// What its command expanded and its credentials' values: masked in failures.
+    secrets: Secrets,
 }
 
 impl std::fmt::Debug for ExecHandler {
@@ -176,12 +180,24 @@ impl ExecHandler {
         credentials: Credentials,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ExecHandler, HandlerError> {
-        let argv = parse(&spec.command, env, &credentials.names())?;
+        let secrets = Secrets::new();
+        credentials.secrets().feed(&secrets);
+        let recording = |name: &str| {
+            let value = env(name);
+            if let Some(v) = &value {
+                secrets.add(v);
+            }
+            value
+        };
+        let argv = parse(&spec.command, &recording, &credentials.names())?;
         let program = argv[0].render("");
         if find_program(Path::new(&program)).is_none() {
             return Err(HandlerError::Invalid {
                 what: WHAT.clone(),
-                reason: format!("program {program:?} not found (or not executable)"),
+                reason: format!(
+                    "program {:?} not found (or not executable)",
+                    secrets.mask(&program)
+                ),
             });
         }
         Ok(ExecHandler {
@@ -190,6 +206,7 @@ impl ExecHandler {
             retry_exit_codes: spec.retry_exit_codes.clone(),
             answer: Answer::default(),
             credentials,
+            secrets,
         })
     }
 
@@ -219,7 +236,12 @@ impl ExecHandler {
         id: &'a str,
         row: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<Output, Failure>> + Send + 'a>> {
-        Box::pin(self.run(id, row))
+        Box::pin(async move {
+            self.run(id, row).await.map_err(|f| Failure {
+                message: self.secrets.mask(&f.message),
+                ..f
+            })
+        })
     }
 
     async fn run(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
@@ -258,7 +280,10 @@ impl ExecHandler {
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
         let run = async {
-            let (out, err) = tokio::join!(read_capped(stdout), read_tail(stderr));
+            // More than the tail kept, so that a secret standing across its cut is masked
+            // whole, not cut into an unmasked part.
+            let keep = STDERR_TAIL_BYTES + self.secrets.longest();
+            let (out, err) = tokio::join!(read_capped(stdout), read_tail(stderr, keep));
             let status = child.wait().await;
             (out, err, status)
         };
@@ -271,7 +296,8 @@ impl ExecHandler {
                 )))
             }
         };
-        let tail = |message: String| self.credentials.redact(with_stderr(message, &err));
+        let stderr = self.stderr_tail(&err);
+        let tail = |message: String| with_stderr(message, &stderr);
         let status = status.map_err(|e| {
             Failure::retry(format!("cannot wait for the process: {e}")).class(ErrorClass::Exit)
         })?;
@@ -358,9 +384,8 @@ fn killed_by(status: &std::process::ExitStatus) -> String {
 }
 
 /// `message`, then the end of standard error when there is any.
-fn with_stderr(message: String, stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let text = text.trim();
+fn with_stderr(message: String, stderr: &str) -> String {
+    let text = stderr.trim();
     if text.is_empty() {
         message
     } else {
@@ -394,9 +419,9 @@ async fn read_capped(stream: impl AsyncRead + Unpin) -> Result<Vec<u8>, ReadErro
     Ok(out)
 }
 
-/// The last [`STDERR_TAIL_BYTES`] of standard error (all of it is read, so the process
-/// never blocks on a full pipe), cut at a character boundary where it was cut.
-async fn read_tail(mut stream: impl AsyncRead + Unpin) -> Vec<u8> {
+/// The last `keep` bytes of standard error (all of it is read, so the process never blocks on
+/// a full pipe), and whether some was left out before them.
+async fn read_tail(mut stream: impl AsyncRead + Unpin, keep: usize) -> (Vec<u8>, bool) {
     let mut tail = Vec::new();
     let mut cut = false;
     let mut buf = [0u8; 4096];
@@ -405,25 +430,38 @@ async fn read_tail(mut stream: impl AsyncRead + Unpin) -> Vec<u8> {
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 tail.extend_from_slice(&buf[..n]);
-                if tail.len() > 2 * STDERR_TAIL_BYTES {
-                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                if tail.len() > 2 * keep {
+                    tail.drain(..tail.len() - keep);
                     cut = true;
                 }
             }
         }
     }
-    if tail.len() > STDERR_TAIL_BYTES {
-        tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+    if tail.len() > keep {
+        tail.drain(..tail.len() - keep);
         cut = true;
     }
-    if cut {
-        // Skip a partial UTF-8 character at the start, then mark the cut.
-        let start = tail.iter().position(|b| (*b as i8) >= -0x40).unwrap_or(0);
-        let mut marked = "…".as_bytes().to_vec();
-        marked.extend_from_slice(&tail[start..]);
-        return marked;
+    (tail, cut)
+}
+
+impl ExecHandler {
+    /// The last [`STDERR_TAIL_BYTES`] of what [`read_tail`] kept, masked, marked `…` where
+    /// it was cut.
+    fn stderr_tail(&self, (tail, cut): &(Vec<u8>, bool)) -> String {
+        // Skip a partial UTF-8 character at a cut start.
+        let start = if *cut {
+            tail.iter().position(|b| (*b as i8) >= -0x40).unwrap_or(0)
+        } else {
+            0
+        };
+        let text = String::from_utf8_lossy(&tail[start..]);
+        let masked = self.secrets.mask_suffix(&text, STDERR_TAIL_BYTES);
+        if *cut || text.len() > STDERR_TAIL_BYTES {
+            format!("…{masked}")
+        } else {
+            masked
+        }
     }
-    tail
 }
 
 /// Kills a process group (the attempt's process and whatever it started) when dropped.
@@ -549,6 +587,18 @@ mod tests {
             (ErrorClass::Exit, crate::failure::Next::Permanent)
         );
         assert_eq!(e.message, "exit code 3; stderr: no such x y'z");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expanded_value_is_masked_in_stderr_even_across_the_cut() {
+        // `hello world`, then 1990 zeros: the value stands across the tail's cut.
+        let h = handler(
+            "sh -c 'printf \"%s\" \"$1\" >&2; printf \"%01990d\" 0 >&2; exit 3' sh ${GREETING} {id}",
+            Duration::from_secs(20),
+        );
+        let e = h.attempt("x").await.unwrap_err();
+        assert!(e.message.contains("stderr: …***000"), "{}", e.message);
+        assert!(!e.message.contains("world"), "{}", e.message);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,8 +32,10 @@
 //! rejected.
 //!
 //! Secrets: expanded values live only inside [`HttpHandler`]; its `Debug` output and every
-//! error message it makes leave them out (reqwest errors are stripped of their URL, and a
-//! credential's value is taken out of a quoted answer).
+//! error message it makes leave them out: reqwest errors are stripped of their URL, and every
+//! failure's message is masked ([`crate::secrets`]) of the `${VAR}` values its templates
+//! expanded and of every value its credentials had, in whatever the answer quotes (an API
+//! that echoes the request in its error). A 2xx answer's body is kept as it came.
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,11 +56,15 @@ use crate::answer::{Answer, Splitter};
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
 use crate::quota::pacer::AnnouncedLimits;
+use crate::secrets::Secrets;
 use crate::serde_millis;
 use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// How much of an answer outside 2xx its failure quotes.
+const SNIPPET_BYTES: usize = 200;
 
 /// The longest `Retry-After` we honour; a larger one is clamped to this.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
@@ -95,6 +101,8 @@ pub struct HttpHandler {
     credentials: Credentials,
     /// The job's batch endpoint, if it has one.
     batch: Option<Box<Batch>>,
+    /// What its templates expanded and its credentials' values: masked in failures.
+    secrets: Secrets,
 }
 
 impl fmt::Debug for HttpHandler {
@@ -151,7 +159,16 @@ impl HttpHandler {
         credentials: Credentials,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<HttpHandler, HandlerError> {
-        let request = Compiled::new(spec, env, &credentials.names())?;
+        let secrets = Secrets::new();
+        credentials.secrets().feed(&secrets);
+        let recording = |name: &str| {
+            let value = env(name);
+            if let Some(v) = &value {
+                secrets.add(v);
+            }
+            value
+        };
+        let request = Compiled::new(spec, &recording, &credentials.names())?;
         let mut client = reqwest::Client::builder();
         if !proxy_in_env() {
             // Nothing for reqwest's system proxy to find, but it would still look each
@@ -178,6 +195,7 @@ impl HttpHandler {
             limits: Arc::new(AnnouncedLimits::new()),
             credentials,
             batch: None,
+            secrets,
         })
     }
 
@@ -209,6 +227,18 @@ impl HttpHandler {
     /// One attempt for `id`, with its input row's kept columns (`{column}` in the templates).
     /// A batch job's one ID is a batch of one.
     pub async fn attempt_row(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
+        self.one(id, row).await.map_err(|f| self.masked(f))
+    }
+
+    /// `failure` with its message masked of the job's secrets.
+    fn masked(&self, failure: Failure) -> Failure {
+        Failure {
+            message: self.secrets.mask(&failure.message),
+            ..failure
+        }
+    }
+
+    async fn one(&self, id: &str, row: Option<&str>) -> Result<Output, Failure> {
         if self.batch.is_some() {
             return self.alone(id, row).await;
         }
@@ -240,6 +270,19 @@ impl HttpHandler {
         &self,
         items: &[(&str, Option<&str>)],
     ) -> Result<BatchAnswer, Failure> {
+        let mut answer = self
+            .batch_unmasked(items)
+            .await
+            .map_err(|f| self.masked(f))?;
+        for (_, part) in &mut answer.parts {
+            if let Err(f) = part {
+                f.message = self.secrets.mask(&f.message);
+            }
+        }
+        Ok(answer)
+    }
+
+    async fn batch_unmasked(&self, items: &[(&str, Option<&str>)]) -> Result<BatchAnswer, Failure> {
         let Some(batch) = &self.batch else {
             return Err(
                 Failure::permanent("this job has no batch endpoint").class(ErrorClass::Request)
@@ -358,7 +401,12 @@ impl HttpHandler {
             bytes.extend_from_slice(&chunk);
         }
         if !status.is_success() {
-            let snippet = String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+            // Masked before it is cut, so that no part of a secret is left at the cut.
+            let window = bytes.len().min(SNIPPET_BYTES + self.secrets.longest());
+            let text = String::from_utf8_lossy(&bytes[..window]);
+            let snippet = self
+                .secrets
+                .mask_prefix(&text, SNIPPET_BYTES)
                 .trim()
                 .to_string();
             let failure = Failure {
@@ -368,7 +416,7 @@ impl HttpHandler {
                 message: if snippet.is_empty() {
                     format!("HTTP {status}")
                 } else {
-                    self.credentials.redact(format!("HTTP {status}: {snippet}"))
+                    format!("HTTP {status}: {snippet}")
                 },
             };
             // A 403 that announces a spent quota is the rate's, not the credential's.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use highwater::demo::api::{ApiConfig, CLIENT_ID, CLIENT_SECRET};
+use highwater::demo::api::{ApiConfig, Fault, CLIENT_ID, CLIENT_SECRET};
 
 use crate::harness::{files_under, ids, p, Harness, Run, QUICK};
 
@@ -462,4 +462,118 @@ fn a_failing_credential_command_is_an_outage_that_stops_the_job_and_a_resume_fin
     let resumed = run_with_secret(&h, &args);
     resumed.expect_code(0);
     assert_all_ok(&h, &ids);
+}
+
+/// The API key the masking test's URL carries: a space, a `/`, a `+` and `=`, so that the
+/// request carries it percent-encoded.
+const API_KEY: &str = "sk live/9+Zq==xyz";
+
+/// An API whose errors quote the request (the URL with its `?key=`, every header with the
+/// bearer token) fails some IDs for good and some once: the key expanded from `${VAR}` and
+/// every token the credential command printed (renewed as they expire under the job) are
+/// masked as `***` in every error highwater keeps or shows, and an ok answer is kept whole.
+#[test]
+fn secrets_an_api_echoes_in_its_errors_are_masked_in_everything_kept_or_shown() {
+    let h = Harness::new(ApiConfig {
+        not_found_per_mille: 300,
+        unavailable_per_mille: 300,
+        transient_attempts: 1,
+        ..ApiConfig::fast()
+    });
+    h.api.require_token(LIFETIME);
+    h.api.echo_requests(true);
+    let ids = ids(300);
+    let input = h.ids_file("ids.txt", &ids);
+    let (script, runs) = token_script(&h);
+    let state = h.state();
+    let url = format!("{}?key=${{HW_SECRET_KEY}}", h.url());
+    let credential = format!("TOKEN=sh {}", p(&script));
+    let mut args = vec![
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--url",
+        &url,
+        "--header",
+        "Authorization: Bearer ${TOKEN}",
+        "--credential-command",
+        &credential,
+        // 300 IDs at 50/s outlive a token: renewed under the job.
+        "--rate",
+        "50",
+        "-v",
+    ];
+    args.extend(QUICK);
+    let run = h.run_env(&args, &[("HW_SECRET_KEY", API_KEY)], &[]);
+    run.expect_code(3);
+    assert!(count(&runs) >= 2, "the token was renewed under the job");
+    let export = h.export(&state);
+    assert_eq!(export.len(), ids.len());
+    for record in &export {
+        let id = record["id"].as_str().unwrap();
+        if h.api.fault(id) == Fault::NotFound {
+            assert_eq!(record["http_status"], 404, "{record}");
+        } else if record["status"] == "ok" {
+            // An ok answer is kept as it came.
+            assert_eq!(record["body"], h.api.expected_body(id), "{record}");
+        }
+    }
+
+    let out = |args: &[&str]| {
+        let run = h.run(args);
+        run.expect_code(0);
+        run.stdout.into_bytes()
+    };
+    let s = p(&state);
+    let jsonl_failures = out(&["failures", "--state", s, "--format", "jsonl"]);
+    let failures = String::from_utf8_lossy(&jsonl_failures).into_owned();
+    assert!(
+        failures.contains("not found: GET /items/")
+            && failures.contains("?key=***")
+            && failures.contains("Bearer ***"),
+        "the failures quote the request, masked: {failures}"
+    );
+    let report = h.path("report.html");
+    out(&["report", "--state", s, "--output", p(&report)]);
+    let mut texts: Vec<(String, Vec<u8>)> = vec![
+        ("failures jsonl".into(), jsonl_failures),
+        ("failures table".into(), out(&["failures", "--state", s])),
+        (
+            "failures csv".into(),
+            out(&["failures", "--state", s, "--format", "csv"]),
+        ),
+        ("export jsonl".into(), out(&["export", "--state", s])),
+        (
+            "export csv".into(),
+            out(&["export", "--state", s, "--format", "csv"]),
+        ),
+        (
+            "decoded export".into(),
+            serde_json::to_vec(&export).unwrap(),
+        ),
+        ("status".into(), out(&["status", "--state", s, "--json"])),
+        ("report".into(), std::fs::read(&report).unwrap()),
+        ("run stdout".into(), run.stdout.clone().into_bytes()),
+        ("run stderr".into(), run.stderr.clone().into_bytes()),
+    ];
+    for file in files_under(&state) {
+        texts.push((file.display().to_string(), std::fs::read(&file).unwrap()));
+    }
+    let tokens = h.api.tokens();
+    assert!(tokens.len() >= 2, "the API saw the renewed tokens");
+    // The key as written, as the request carried it (its space encoded), and a piece of it.
+    let mut secrets = vec![
+        API_KEY.to_string(),
+        API_KEY.replace(' ', "%20"),
+        "9+Zq==xyz".to_string(),
+    ];
+    secrets.extend(tokens);
+    for (place, bytes) in &texts {
+        for secret in &secrets {
+            let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+            assert!(!found, "a secret ({secret:?}) is in {place}");
+        }
+    }
 }

@@ -53,6 +53,7 @@ impl FakeApi {
             auth: Auth::new(),
             seen: Seen::default(),
             batch_requests: AtomicU64::new(0),
+            echo: AtomicBool::new(false),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();
@@ -72,6 +73,14 @@ impl FakeApi {
             }),
             addr,
         })
+    }
+
+    /// From now on (`true`) every answer outside 2xx but the token endpoint's quotes the
+    /// request it answers: `{"error": "<reason>: <METHOD> <target>", "headers": {...}}`, the
+    /// target with its query as sent and every header as received (an API key, a bearer
+    /// token), as some APIs do in their errors.
+    pub fn echo_requests(&self, on: bool) {
+        self.shared.echo.store(on, Ordering::Relaxed);
     }
 
     /// Keep every request's method, target and body from now on, by ID ([`FakeApi::seen`]).

@@ -51,6 +51,8 @@
 //!   [`ApiConfig::announce`] (or [`FakeApi::set_announce`]) announces them in the headers
 //!   of every answer for an ID ([`Announce`]: the IETF draft's `RateLimit`, or GitHub's
 //!   `X-RateLimit-*`).
+//! * **Echoed requests**: [`FakeApi::echo_requests`] makes every answer outside 2xx quote
+//!   the request (target, query and headers), secrets and all, as some APIs' errors do.
 //! * **Expiring credentials**: [`FakeApi::require_token`] makes every item request need a
 //!   bearer token that has not expired (from the token endpoint, [`FakeApi::token_url`], or
 //!   a command, [`FakeApi::command_token_prefix`]), else it answers 401;
@@ -63,16 +65,17 @@
 //! answer), `answers` (the bodies), `profile` (the realistic answer of [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener),
 //! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
 //! `windows` (the quota windows and their headers), `auth` (the token endpoint and the
-//! token check), `seen` (the requests kept for a test to check), `batch` (the batch
-//! endpoint), `request` (the body cap and percent-decoding every route shares), `shared`
-//! (the state the server's tasks share), `lock` (locking it despite a panicked task) and
-//! `fake_api` (the [`FakeApi`] handle).
+//! token check), `seen` (the requests kept for a test to check), `echo` (errors quoting the
+//! request), `batch` (the batch endpoint), `request` (the body cap and percent-decoding every
+//! route shares), `shared` (the state the server's tasks share), `lock` (locking it despite a
+//! panicked task) and `fake_api` (the [`FakeApi`] handle).
 
 mod answers;
 mod auth;
 mod batch;
 mod calls;
 mod capacity;
+mod echo;
 mod fake_api;
 mod faults;
 mod lock;

@@ -15,6 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::answers::{
     bad_request, error_response, json_response, payload_too_large, success, too_many_requests, Resp,
 };
+use super::echo::Echo;
 use super::faults::Fault;
 use super::request::{decode, MAX_BODY};
 use super::seen::SeenRequest;
@@ -43,6 +44,16 @@ pub(super) async fn handle(
     if req.uri().path() == "/oauth/token" {
         return Ok(shared.auth.token(req).await);
     }
+    let echo = shared.echo.load(Ordering::Relaxed).then(|| Echo::of(&req));
+    let resp = item(shared, req).await?;
+    Ok(match echo {
+        Some(echo) => echo.answer(resp),
+        None => resp,
+    })
+}
+
+/// The answer to a request that is not for the token endpoint.
+async fn item(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, DropConnection> {
     if let Some(refused) = shared.auth.check(&req) {
         return Ok(refused);
     }

@@ -35,6 +35,8 @@ pub(super) struct Shared {
     pub(super) seen: Seen,
     /// Requests to the batch endpoint.
     pub(super) batch_requests: AtomicU64,
+    /// Answers outside 2xx quote the request ([`FakeApi::echo_requests`]).
+    pub(super) echo: AtomicBool,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops
