@@ -122,6 +122,21 @@ impl Secrets {
         }
     }
 
+    /// `env`, noting each value it gives: what a handler's templates look `${VAR}` up with,
+    /// so every value they expand is masked.
+    pub fn recording<'a>(
+        &'a self,
+        env: &'a dyn Fn(&str) -> Option<String>,
+    ) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            let value = env(name);
+            if let Some(v) = &value {
+                self.add(v);
+            }
+            value
+        }
+    }
+
     /// Every value of this set, now and later, goes to `other` too.
     pub fn feed(&self, other: &Secrets) {
         if Arc::ptr_eq(&self.inner, &other.inner) {

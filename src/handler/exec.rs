@@ -182,14 +182,7 @@ impl ExecHandler {
     ) -> Result<ExecHandler, HandlerError> {
         let secrets = Secrets::new();
         credentials.secrets().feed(&secrets);
-        let recording = |name: &str| {
-            let value = env(name);
-            if let Some(v) = &value {
-                secrets.add(v);
-            }
-            value
-        };
-        let argv = parse(&spec.command, &recording, &credentials.names())?;
+        let argv = parse(&spec.command, &secrets.recording(env), &credentials.names())?;
         let program = argv[0].render("");
         if find_program(Path::new(&program)).is_none() {
             return Err(HandlerError::Invalid {

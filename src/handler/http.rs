@@ -161,14 +161,7 @@ impl HttpHandler {
     ) -> Result<HttpHandler, HandlerError> {
         let secrets = Secrets::new();
         credentials.secrets().feed(&secrets);
-        let recording = |name: &str| {
-            let value = env(name);
-            if let Some(v) = &value {
-                secrets.add(v);
-            }
-            value
-        };
-        let request = Compiled::new(spec, &recording, &credentials.names())?;
+        let request = Compiled::new(spec, &secrets.recording(env), &credentials.names())?;
         let mut client = reqwest::Client::builder();
         if !proxy_in_env() {
             // Nothing for reqwest's system proxy to find, but it would still look each

@@ -34,7 +34,6 @@
 //! A record's body says how it is stored ([`Codec`]), so records written before the
 //! dictionary, by older builds (raw JSON) and with it are all read.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -375,7 +374,7 @@ impl Compression {
             tracing::debug!("no dictionary for the results (training made one without an ID)");
             return;
         };
-        if let Err(e) = write_new(&self.path, &file) {
+        if let Err(e) = super::dir::write_new(&self.path, &file) {
             tracing::warn!(path = %self.path.display(), "could not write the results' dictionary ({e}); the job goes on without it");
             return;
         }
@@ -426,18 +425,4 @@ fn parse(bytes: &[u8]) -> Option<Vec<u8>> {
     }
     let crc = u32::from_le_bytes(head[8..12].try_into().ok()?);
     (crc32fast::hash(dict) == crc).then(|| dict.to_vec())
-}
-
-/// Write `bytes` as the new file `path`, synced with its directory; never in place of an
-/// existing file (an error then).
-fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist_noclobber(path).map_err(|e| e.error)?;
-    super::sled_files::sync_dir(dir)
 }

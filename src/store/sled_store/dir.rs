@@ -102,6 +102,15 @@ pub(super) fn lock(dir: &Path, reader: bool) -> Result<File, StoreError> {
 /// Write `bytes` to `path` through a temp file and a rename, synced: the file and then its
 /// directory, so the new name survives a power cut.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_synced(path, bytes, true)
+}
+
+/// [`write_atomically`], never in place of an existing file (an error then).
+pub(super) fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_synced(path, bytes, false)
+}
+
+fn write_synced(path: &Path, bytes: &[u8], replace: bool) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -109,7 +118,11 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    if replace {
+        tmp.persist(path).map_err(|e| e.error)?;
+    } else {
+        tmp.persist_noclobber(path).map_err(|e| e.error)?;
+    }
     File::open(dir)?.sync_all()
 }
 
