@@ -65,6 +65,7 @@ pub mod sink;
 pub mod spec;
 pub mod store;
 pub mod throttle;
+pub mod watchdog;
 
 // The front door: what a library program names to define, run and read back a job.
 pub use failure::{ErrorClass, Failure, Next};

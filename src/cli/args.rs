@@ -20,6 +20,7 @@ pub(crate) const EXIT_CODES: &str = "Exit codes:
   3    the run completed but some IDs failed permanently
   4    a credential was rejected (fix it, then run the same command to resume)
   5    the job's budget (--quota N/job) is spent (raise it to go on)
+  6    the store stopped answering (--store-timeout): restart with the same command
   130  stopped by a signal (run the same command again to resume)";
 
 #[derive(Debug, Parser)]
@@ -34,6 +35,10 @@ pub(crate) struct Cli {
     /// Log lines and progress events as text, or as one JSON object per line.
     #[arg(long, value_enum, default_value = "text", global = true)]
     pub(crate) log_format: LogFormat,
+    /// Stop with exit code 6 when a store call (a flush, a sync, a write) has not returned
+    /// for this long: a hung disk or store, which a restart resumes (0 = never).
+    #[arg(long, default_value = "60s", value_parser = duration, value_name = "DURATION", global = true)]
+    pub(crate) store_timeout: Duration,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

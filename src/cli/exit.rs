@@ -19,6 +19,8 @@ pub(crate) const FAILURES: u8 = 3;
 pub(crate) const CREDENTIAL: u8 = 4;
 /// The job's budget is spent: the user raises it and resumes.
 pub(crate) const BUDGET: u8 = 5;
+/// The store stopped answering (the watchdog): a supervisor restarts, the job resumes.
+pub(crate) const STALLED: u8 = 6;
 /// Stopped by a signal.
 pub(crate) const SIGNAL: u8 = 130;
 

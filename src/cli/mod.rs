@@ -42,6 +42,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     flags::install();
     init_logging(cli.verbose, cli.quiet, cli.log_format == LogFormat::Json);
+    watch_the_store(cli.store_timeout);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -59,6 +60,30 @@ pub fn main() -> ExitCode {
             ExitCode::from(exit::ERROR)
         }
     }
+}
+
+/// Install the store's watchdog: a store call that has not returned within `bound` is
+/// logged and ends the process with [`exit::STALLED`]. A hung call cannot be cancelled, and
+/// what the store made durable stays so, as after a kill: the same command resumes.
+fn watch_the_store(bound: std::time::Duration) {
+    if bound.is_zero() {
+        return;
+    }
+    let watchdog = crate::watchdog::Watchdog::new(bound, |stall| {
+        tracing::error!(
+            op = stall.op,
+            waited_ms = stall.waited.as_millis() as u64,
+            "{stall}"
+        );
+        say!(
+            "error: {stall}; stopping (exit {}): what is durable stays so, run the same command \
+             to resume",
+            exit::STALLED
+        );
+        std::process::exit(i32::from(exit::STALLED));
+    });
+    // Installed once, here, before any store opens.
+    let _ = crate::watchdog::install(watchdog);
 }
 
 /// An error and its causes, joined by ": ", leaving out a cause whose text the message before

@@ -48,5 +48,6 @@ mod quotas;
 mod refused_ids;
 mod reruns;
 mod rows;
+mod stalled_store;
 mod stop_and_resume;
 mod throttle;

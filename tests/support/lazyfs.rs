@@ -111,6 +111,10 @@ struct State {
     paths: HashMap<u64, PathBuf>,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
+    /// A disk that stopped answering syncs ([`LazyFs::stall_syncs`]): each sync's reply waits
+    /// here, unanswered, until [`LazyFs::answer_syncs`].
+    stalled: bool,
+    unanswered: Vec<ReplyEmpty>,
 }
 
 /// What one mounted session works on; shared by the session's thread and [`LazyFs`].
@@ -836,6 +840,9 @@ impl Filesystem for Fs {
         if st.cut {
             return reply.ok();
         }
+        if st.stalled {
+            return st.unanswered.push(reply);
+        }
         let st = &mut *st;
         let rel = s
             .rel_of(st, ino)
@@ -929,6 +936,9 @@ impl Filesystem for Fs {
         let mut st = lock(&s.state);
         if st.cut {
             return reply.ok();
+        }
+        if st.stalled {
+            return st.unanswered.push(reply);
         }
         let result = s.rel_of(&st, ino).and_then(|rel| {
             st.syncs.by_path.entry(rel.clone()).or_default().fsyncdir += 1;
@@ -1182,12 +1192,38 @@ impl LazyFs {
     /// fresh session over the same backing directory at the same path: it shows exactly
     /// what was synced. The sync log starts anew; the list of unsupported calls goes on.
     pub fn remount(&mut self) {
+        self.answer_syncs();
         self.cut();
         self.unmount();
         self.shared = new_shared(self.backing.path(), &self.unsupported);
         let (session, conn) = spawn(&self.shared, self.mount.path());
         self.session = Some(session);
         self.conn = conn;
+    }
+
+    /// The disk stops answering syncs: from now on every fsync, fdatasync and fsyncdir waits,
+    /// unanswered (as on a hung disk or a network file system that stopped answering), until
+    /// [`answer_syncs`](LazyFs::answer_syncs). Writes, reads and metadata still work.
+    pub fn stall_syncs(&self) {
+        lock(&self.shared.state).stalled = true;
+    }
+
+    /// How many syncs wait unanswered.
+    pub fn unanswered_syncs(&self) -> usize {
+        lock(&self.shared.state).unanswered.len()
+    }
+
+    /// The disk answers again: the syncs that waited fail with EIO (nothing they asked for
+    /// was made durable), later ones work.
+    pub fn answer_syncs(&self) {
+        let waiting = {
+            let mut st = lock(&self.shared.state);
+            st.stalled = false;
+            std::mem::take(&mut st.unanswered)
+        };
+        for reply in waiting {
+            reply.error(Errno::EIO);
+        }
     }
 
     /// fsync / fdatasync / fsyncdir counts per path since the mount.
@@ -1260,6 +1296,7 @@ impl LazyFs {
 
 impl Drop for LazyFs {
     fn drop(&mut self) {
+        self.answer_syncs();
         self.cut();
         self.unmount();
     }
@@ -1297,6 +1334,8 @@ fn new_shared(backing: &Path, unsupported: &Arc<Mutex<Vec<String>>>) -> Arc<Shar
             paths: HashMap::new(),
             handles: HashMap::new(),
             next_fh: 0,
+            stalled: false,
+            unanswered: Vec::new(),
         }),
         unsupported: Arc::clone(unsupported),
     })

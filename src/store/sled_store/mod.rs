@@ -101,6 +101,7 @@ pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTE
 use super::*;
 use crate::input::{Cursor, Fingerprint};
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use crate::watchdog;
 use compression::{Compression, DictRecord, DICT_META_KEY};
 use id_index::IdIndex;
 use id_lists::{IdLists, ListRef};
@@ -581,10 +582,12 @@ impl Store for SledStore {
         buckets: &[PlannedBucket],
         planner: &PlannerState,
     ) -> Result<(), StoreError> {
+        let _watch = watchdog::watch("writing the plan");
         self.write_plan(buckets, planner)
     }
 
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
+        let _watch = watchdog::watch("writing results");
         self.record_dictionary().await?;
         // The group's records encoded into one buffer: no allocation per record.
         let mut encoded = Vec::with_capacity(results.len() * 256);
@@ -616,6 +619,7 @@ impl Store for SledStore {
         // fdatasync blocks: off the async workers, which serve the HTTP calls meanwhile.
         let index_due = self.index_due(planned, false);
         let (results, index) = (self.results.clone(), self.index.clone());
+        let side = watchdog::watch("syncing the results log");
         let (durable, indexed) =
             tokio::task::spawn_blocking(move || side_sync(&results, &index, index_due, false))
                 .await
@@ -625,6 +629,7 @@ impl Store for SledStore {
                         StoreError::backend(format!("syncing the results log: {e}")),
                     )
                 })?;
+        drop(side);
         let t = self.t()?;
         self.note_side_files(&t, planned, durable, indexed)?;
         let (db, files) = (t.db.clone(), t.files.clone());
@@ -766,6 +771,7 @@ impl Leases for SledStore {
     }
 
     async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
+        let _watch = watchdog::watch("writing commit records");
         self.check_lease(lease)?;
         match commit {
             Commit::Job(commits) => self.commit_job(commits),

@@ -22,6 +22,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::watchdog;
+
 /// The files of one open sled database that its flush leaves unsynced.
 pub(super) struct SledFiles {
     /// `DIR/sled/db`, sled's log, opened read-only: `fdatasync` needs no write access.
@@ -100,16 +102,24 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// The database's flush made durable: sled's flush, then [`SledFiles::sync`].
 pub(super) fn flush(db: &sled::Db, files: &SledFiles) -> sled::Result<()> {
+    let _watch = watchdog::watch("sled's flush");
     db.flush()?;
     files.sync().map_err(sled::Error::Io)
 }
 
-/// [`flush`] for async callers: the `fdatasync` runs on the blocking pool.
+/// [`flush`] for async callers, on tokio's blocking pool: sled's flush and the `fdatasync`.
+///
+/// Not sled's own `flush_async`: that runs the flush on sled's small IO thread pool, where
+/// it waits for a log buffer whose write is queued on the same pool. Enough flushes at once
+/// (several stores in one process, as in a test suite or a library program) occupy the
+/// pool's seven resident threads, and sled adds a thread only once more than seven tasks
+/// are queued: the write they wait for is never run, and every flush hangs (users of sled
+/// report `flush_async` deadlocks, sled issues #1308 and #1412). On tokio's blocking pool
+/// the flush waits for that write without holding a thread it needs. Whatever hangs still
+/// is the [watchdog](crate::watchdog)'s to report.
 pub(super) async fn flush_async(db: &sled::Db, files: &Arc<SledFiles>) -> sled::Result<()> {
-    db.flush_async().await?;
-    let files = files.clone();
-    tokio::task::spawn_blocking(move || files.sync())
+    let (db, files) = (db.clone(), files.clone());
+    tokio::task::spawn_blocking(move || flush(&db, &files))
         .await
         .map_err(|e| sled::Error::Io(io::Error::other(e)))?
-        .map_err(sled::Error::Io)
 }
