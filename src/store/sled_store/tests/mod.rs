@@ -6,6 +6,7 @@ use std::os::fd::AsRawFd;
 
 #[cfg(feature = "demo")]
 mod dictionary;
+mod flush;
 mod open;
 mod reruns;
 mod segments;
