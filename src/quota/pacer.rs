@@ -5,7 +5,9 @@
 //! Every answer's announcements ([`super::announced::read_announced`]) update the policies
 //! they name ([`AnnouncedLimits::observe`]); every attempt waits for each known policy
 //! ([`AnnouncedLimits::wait`]), which takes one of its remaining calls and spaces starts
-//! `time to reset / remaining` apart. The adaptive controller and `--rate` apply beside it,
+//! `time to reset / remaining` apart. A worker of a fleet takes its part of what remains
+//! (the API counts every worker's calls): `remaining / live workers`, spaced `time to reset
+//! / its part` apart ([`AnnouncedLimits::wait_among`]). The adaptive controller and `--rate` apply beside it,
 //! each as its own wait: the stricter wins, and a 429 is still pushback.
 //!
 //! Answers arrive out of order, so an announcement is trusted only as far as it is
@@ -203,6 +205,15 @@ impl AnnouncedLimits {
 
     /// Wait until every announced policy allows a call, and take one from each.
     pub async fn wait(&self) -> PacedCall {
+        self.wait_among(1).await
+    }
+
+    /// [`Self::wait`] for one of `workers` live workers of a fleet sharing the API's limits:
+    /// what an announced window has left (counted by the API for all of them) is divided
+    /// among them, each pacing its part until the reset, and a part under one call waits
+    /// for the reset. Learnt windows are this worker's own (learnt from its own calls).
+    pub async fn wait_among(&self, workers: u64) -> PacedCall {
+        let workers = workers.max(1);
         loop {
             let until = {
                 let now = Instant::now();
@@ -216,12 +227,12 @@ impl AnnouncedLimits {
                 policies.retain(|_, p| p.roll(now, in_flight));
                 let until = policies
                     .values()
-                    .filter_map(|p| p.free_at(now))
+                    .filter_map(|p| p.free_at(now, workers))
                     .chain(hold)
                     .max();
                 if until.is_none() {
                     for p in policies.values_mut() {
-                        p.take(now);
+                        p.take(now, workers);
                     }
                     self.in_flight.fetch_add(1, Relaxed);
                     return PacedCall(Some(self.in_flight.clone()));
@@ -424,18 +435,28 @@ impl Policy {
         }
     }
 
-    /// When the next call may start, if not now: at the reset when nothing remains, else
-    /// at its paced start.
-    fn free_at(&self, now: Instant) -> Option<Instant> {
-        if self.remaining == 0 {
+    /// The calls this worker, one of `workers`, may still start before the reset: what
+    /// remains of an announced window divided among them; all of a learnt one.
+    fn part(&self, workers: u64) -> u64 {
+        match self.learnt {
+            Some(_) => self.remaining,
+            None => self.remaining / workers,
+        }
+    }
+
+    /// When the next call may start, if not now: at the reset when nothing remains (of this
+    /// worker's part), else at its paced start.
+    fn free_at(&self, now: Instant, workers: u64) -> Option<Instant> {
+        if self.part(workers) == 0 {
             return Some(self.reset_at);
         }
         (self.next_start > now).then_some(self.next_start)
     }
 
-    /// Take one call, and space the next: what remains spread until the reset.
-    fn take(&mut self, now: Instant) {
-        let interval = self.reset_at.saturating_duration_since(now) / self.remaining as u32;
+    /// Take one call, and space the next: this worker's part spread until the reset.
+    fn take(&mut self, now: Instant, workers: u64) {
+        let part = u32::try_from(self.part(workers).max(1)).unwrap_or(u32::MAX);
+        let interval = self.reset_at.saturating_duration_since(now) / part;
         self.remaining -= 1;
         self.next_start = self.next_start.max(now) + interval;
     }
@@ -593,5 +614,27 @@ mod tests {
         let after = Instant::now();
         drop(l.wait().await);
         assert_eq!(after.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn workers_of_a_fleet_each_take_their_part_of_what_remains() {
+        let l = AnnouncedLimits::new();
+        l.observe(&[announced("w", 10, 1000, None)]);
+        let start = Instant::now();
+        // One of two workers: its half, 5 calls, spread over the second.
+        for _ in 0..5 {
+            drop(l.wait_among(2).await);
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(600),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(start.elapsed() < Duration::from_millis(1000));
+        // The other worker's calls, as the API counts them: 1 left, under a call each.
+        l.observe(&[announced("w", 1, 200, None)]);
+        let before = Instant::now();
+        drop(l.wait_among(2).await);
+        assert!(before.elapsed() >= Duration::from_millis(190));
     }
 }
