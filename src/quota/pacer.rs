@@ -457,7 +457,12 @@ impl Policy {
     fn take(&mut self, now: Instant, workers: u64) {
         let part = u32::try_from(self.part(workers).max(1)).unwrap_or(u32::MAX);
         let interval = self.reset_at.saturating_duration_since(now) / part;
-        self.remaining -= 1;
+        // Of an announced window, each worker of the fleet is taken to start a call as this
+        // one does (the API's next word only lowers the count within a window): so this
+        // worker's part is its share of what remained, never calls the others made and the
+        // API has not counted yet.
+        let step = if self.learnt.is_some() { 1 } else { workers };
+        self.remaining = self.remaining.saturating_sub(step);
         self.next_start = self.next_start.max(now) + interval;
     }
 }
@@ -626,12 +631,12 @@ mod tests {
             drop(l.wait_among(2).await);
         }
         assert!(
-            start.elapsed() >= Duration::from_millis(600),
+            start.elapsed() >= Duration::from_millis(790),
             "{:?}",
             start.elapsed()
         );
         assert!(start.elapsed() < Duration::from_millis(1000));
-        // The other worker's calls, as the API counts them: 1 left, under a call each.
+        // Its half is spent: the API counting 1 left changes nothing until the reset.
         l.observe(&[announced("w", 1, 200, None)]);
         let before = Instant::now();
         drop(l.wait_among(2).await);
