@@ -347,6 +347,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Client
                         | Mode::Pg
                         | Mode::Refusals
+                        | Mode::Windows
                         | Mode::Storage
                 ) =>
             {
@@ -364,6 +365,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Cpu
                         | Mode::Pg
                         | Mode::Refusals
+                        | Mode::Windows
                         | Mode::ParquetInput
                         | Mode::Dashboard
                         | Mode::Storage

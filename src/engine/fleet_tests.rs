@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::demo::api::{ApiConfig, FakeApi};
+use crate::demo::api::{Announce, ApiConfig, ApiWindow, FakeApi};
 use crate::engine::planner::PLANNER_POLL;
 use crate::engine::source::leased::POLL_MAX;
 use crate::engine::{max_unsynced_items, run, stop_pair};
@@ -123,6 +123,13 @@ macro_rules! fleet_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others() {
             super::a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others::<$job>().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn two_and_three_workers_divide_what_the_api_announces() {
+            for workers in [2, 3] {
+                super::workers_divide_what_the_api_announces::<$job>(workers).await;
+            }
         }
     };
 }
@@ -632,4 +639,43 @@ async fn ids_refused_every_time_do_not_pause_the_fleet() {
         .await
         .unwrap();
     assert!(refused > 30, "{refused} IDs refused");
+}
+
+/// Workers pacing by the windows the API announces each take their part of what remains
+/// (the API counts all their calls): together they meet no 429 (no window would have gone
+/// above its limit), and every ID is called once.
+async fn workers_divide_what_the_api_announces<D: SharedJob>(workers: usize) {
+    let ids: Vec<String> = (0..240).map(|i| format!("w-{i}")).collect();
+    let api = ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(2),
+        windows: vec![
+            ApiWindow {
+                limit: 40,
+                length: Duration::from_secs(1),
+            },
+            ApiWindow {
+                limit: 120,
+                length: Duration::from_secs(4),
+            },
+        ],
+        announce: Announce::Ietf,
+        ..ApiConfig::fast()
+    };
+    let f = fleet_of::<D>(ids.clone(), ids.clone(), api, 10).await;
+    let mut runs = Vec::new();
+    for _ in 0..workers {
+        let store = f.db.worker().await;
+        runs.push((spawn_run(store.clone(), f.spec.clone()), store));
+    }
+    let mut last = None;
+    for (run, store) in runs {
+        let summary = run.await.unwrap();
+        assert!(summary.job.finished(), "{:?}", summary.job);
+        last = Some(store);
+    }
+    // The API refuses what would take a window above its limit: none was refused.
+    assert_eq!(f.api.window_refusals(), 0, "{workers} workers met 429s");
+    assert_eq!(f.api.total_calls(), 240, "no ID called twice");
+    exactly_once(&*last.unwrap(), &ids).await;
 }

@@ -76,6 +76,9 @@ impl<S: Fleet> FleetMember<S> {
     /// Apply the store's grant (share and shared pause) to the throttle.
     fn apply_rate(&self) {
         let f = self.store.fleet_rate();
+        if let Some(workers) = f.workers {
+            self.throttle.count_fleet(workers);
+        }
         self.throttle.follow_fleet(
             f.share,
             f.burst,

@@ -394,11 +394,12 @@ impl<H: Handler> ItemTask<H> {
             probe = Box::pin(throttle.before_attempt()) => probe,
             _ = stop.stopping() => return None,
         };
-        // Paced by what the API announced it has left (a wait, never an attempt).
+        // Paced by what the API announced it has left (a wait, never an attempt), of which
+        // this worker takes its part among the fleet's live workers.
         let paced_call = match announced {
             None => None,
             Some(a) => tokio::select! {
-                call = Box::pin(a.wait()) => Some(call),
+                call = Box::pin(a.wait_among(throttle.fleet_workers())) => Some(call),
                 _ = stop.stopping() => return None,
             },
         };

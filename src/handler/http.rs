@@ -21,7 +21,9 @@
 //!
 //! Every answer's rate-limit headers (`RateLimit`/`RateLimit-Policy`, `X-RateLimit-*` and the
 //! like: [`crate::quota::announced`]) feed the handler's [`AnnouncedLimits`], which paces the
-//! run's attempts ([`Handler::announced_limits`]).
+//! run's attempts ([`Handler::announced_limits`]); so does every answer's status: a 429 with
+//! its `Retry-After`, or a call the API counted, from which it learns the windows nobody
+//! announces ([`crate::quota::learned`]).
 //!
 //! A usable `Retry-After` (seconds or HTTP date, in the future) replaces the backoff interval
 //! for that wait; zero, negative or unparseable values fall back to backoff so a server can
@@ -358,6 +360,7 @@ impl HttpHandler {
             }
             request = request.body(fill.render(body, &values));
         }
+        let sent = tokio::time::Instant::now();
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
         let now = SystemTime::now();
@@ -382,6 +385,13 @@ impl HttpHandler {
             }
             (code, _) => code,
         };
+        // What the learner of the windows nobody announces reads: a refusal of the rate
+        // pointing at when it ends, or a call the API counted.
+        match (status_code, retry_after) {
+            (429, Some(after)) => self.limits.refused(sent, after),
+            (429, None) => {}
+            _ => self.limits.accepted(sent),
+        }
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
             if bytes.len() + chunk.len() > MAX_BODY_BYTES {

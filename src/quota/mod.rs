@@ -4,12 +4,14 @@
 //! The parts, one file each: `spec` (a [`Quota`]: its text and its windows' arithmetic),
 //! `ledger` (the usage stored with the job, and the reservation that is the only way it
 //! changes), `state` (where each quota stands, for reports), [`announced`] (the limits a
-//! server announces in its answers' headers) and [`pacer`] (spreading what an announced
+//! server announces in its answers' headers), [`learned`] (the windows nobody announces,
+//! learnt from the API's refusals) and [`pacer`] (spreading what an announced or learnt
 //! window has left until its reset). The engine's gate (`engine::quotas`) makes every
 //! attempt take a call from each quota before it starts, and waits while a window is
 //! spent; the job's budget, once spent, stops the run.
 
 pub mod announced;
+pub mod learned;
 mod ledger;
 pub mod pacer;
 mod spec;

@@ -350,6 +350,10 @@ pub struct FleetRate {
     pub burst: Option<u32>,
     /// Start nothing before this (a `Retry-After` seen by any worker of the job).
     pub paused_until: Option<std::time::Instant>,
+    /// The job's live workers sharing its calls, this one among them, as the store last
+    /// counted them (what the API announces it has left is divided among them); `None`: not
+    /// counted yet.
+    pub workers: Option<u32>,
 }
 
 /// The [`Leases::Fleet`] of a backend with one holder at a time: it forms no fleet.

@@ -92,6 +92,9 @@ pub struct Throttle {
     /// Refusals (503, 529, timeouts) taken as their IDs', not the rate's, over the run
     /// (see `repeats`).
     pub refused_ids: AtomicU64,
+    /// The live workers of this worker's fleet, itself among them (0: alone, or not
+    /// counted yet).
+    fleet_workers: AtomicU64,
 }
 
 /// What the fleet of a shared job allows this worker (see [`Throttle::follow_fleet`]).
@@ -189,7 +192,20 @@ impl Throttle {
             throttled: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
             refused_ids: AtomicU64::new(0),
+            fleet_workers: AtomicU64::new(0),
         }
+    }
+
+    /// Note the live workers of this worker's fleet (itself among them), as its store last
+    /// counted them.
+    pub fn count_fleet(&self, workers: u32) {
+        self.fleet_workers.store(u64::from(workers), Relaxed);
+    }
+
+    /// The live workers of this worker's fleet, itself among them: 1 when alone (or not
+    /// counted yet).
+    pub fn fleet_workers(&self) -> u64 {
+        self.fleet_workers.load(Relaxed).max(1)
     }
 
     /// The rate limit in force, if any (none while an adaptive limit is still unlimited).

@@ -573,10 +573,12 @@ impl Fleet for MemWorker {
             (Some((rate, Some(burst))), Some(share)) => Some(share_of_burst(burst, share, rate)),
             _ => None,
         };
+        let workers = s.sessions.values().filter(|x| sharing(x)).count();
         FleetRate {
             share,
             burst,
             paused_until: s.paused_until,
+            workers: Some(u32::try_from(workers).unwrap_or(u32::MAX).max(1)),
         }
     }
 

@@ -269,6 +269,7 @@ impl Fleet for PgStore {
                 .filter(|g| g.rate_share.is_some())
                 .and_then(|g| g.burst),
             paused_until: session.paused_until,
+            workers: session.grant.as_ref().map(|g| g.live),
         }
     }
 

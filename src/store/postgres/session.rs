@@ -40,6 +40,8 @@ pub struct Grant {
     /// The job is paused (a shared `Retry-After`) for this much longer.
     pub paused_for: Option<Duration>,
     pub draining: bool,
+    /// The job's live workers sharing its calls, this one among them (at least 1).
+    pub live: u32,
 }
 
 /// A heartbeat's outcome.
@@ -139,7 +141,8 @@ pub(crate) async fn heartbeat(
              WHERE w.job_id = $1 AND w.worker_id = $2::text::uuid
                AND w.expires_at > clock_timestamp()
              RETURNING w.rate_share, j.rate_per_s, j.burst, w.draining,
-                       extract(epoch FROM j.paused_until - clock_timestamp())::float8",
+                       extract(epoch FROM j.paused_until - clock_timestamp())::float8,
+                       live.n",
             &[&job.0, &me.0, &ttl.as_secs_f64(), stats, &idle],
         )
         .await
@@ -154,11 +157,13 @@ pub(crate) async fn heartbeat(
     let rate: Option<f64> = row.get(1);
     let burst: Option<i32> = row.get(2);
     let paused: Option<f64> = row.get(4);
+    let live: i64 = row.get(5);
     Ok(Heartbeat::Renewed(Grant {
         rate_share,
         burst: share_of_burst(burst, rate_share, rate),
         paused_for: paused.filter(|s| *s > 0.0).map(Duration::from_secs_f64),
         draining: row.get(3),
+        live: u32::try_from(live).unwrap_or(u32::MAX).max(1),
     }))
 }
 
