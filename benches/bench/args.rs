@@ -97,7 +97,10 @@ modes:
     --ttls S,S,...    --lease-ttl of the failover runs, in seconds [default: 30,3]
     --only P,P,...    run only these parts: one (incl. storage), fleet, failover, wire,
                       capacity (the fleet against a hidden capacity C = 300/s: goodput
-                      and 429s with the job's --rate at 2·C and without)
+                      and 429s with the job's --rate at 2·C and without), near (one
+                      worker, then --workers, on the unix socket and through a TCP proxy
+                      delaying each way by each --pg-delay-ms: ratios, round trips)
+    --pg-delay-ms D,D,...  the near part's one-way delays, in ms [default: 2.5,10]
     --no-fsync        keep the test cluster's settings (fsync, synchronous_commit and
                       full_page_writes off: not durable; shows what the disk costs)
     --statements      load pg_stat_statements and print each `one` run's top statements
@@ -252,6 +255,8 @@ pub struct Args {
     pub workers: usize,
     /// `pg`: the lease TTLs of the failover runs.
     pub ttls: Vec<Duration>,
+    /// `pg`: the `near` part's one-way delays of the proxy.
+    pub pg_delays: Vec<Duration>,
     /// `pg`: keep the test cluster's settings (fsync, synchronous_commit off).
     pub no_fsync: bool,
     /// `pg`: pg_stat_statements per run of the `one` part, on standard error.
@@ -266,7 +271,7 @@ pub enum Parsed {
 }
 
 /// The parts of `pg --only`.
-pub const PG_PARTS: [&str; 5] = ["one", "fleet", "failover", "wire", "capacity"];
+pub const PG_PARTS: [&str; 6] = ["one", "fleet", "failover", "wire", "capacity", "near"];
 
 pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
     let mut it = raw.iter().peekable();
@@ -298,6 +303,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         before: None,
         workers: 3,
         ttls: vec![Duration::from_secs(30), Duration::from_secs(3)],
+        pg_delays: vec![Duration::from_micros(2500), Duration::from_millis(10)],
         no_fsync: false,
         statements: false,
         job_rate: None,
@@ -443,6 +449,20 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         Ok(s) if s >= 2 => Ok(Duration::from_secs(s)),
                         _ => Err(format!(
                             "--ttls: {s:?} is not a whole number of seconds of at least 2"
+                        )),
+                    })
+                    .collect::<Result<_, String>>()?;
+            }
+            "--pg-delay-ms" if mode == Mode::Pg => {
+                let v = value(name)?;
+                args.pg_delays = v
+                    .split(',')
+                    .map(|s| match s.trim().parse::<f64>() {
+                        Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= 1000.0 => {
+                            Ok(Duration::from_secs_f64(ms / 1000.0))
+                        }
+                        _ => Err(format!(
+                            "--pg-delay-ms: {s:?} is not a delay above 0 and at most 1000 ms"
                         )),
                     })
                     .collect::<Result<_, String>>()?;

@@ -25,6 +25,7 @@ use crate::scratch::{finish_temp, temp_dir, write_input};
 
 mod capacity;
 mod fleet;
+mod near;
 mod one;
 #[path = "../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
@@ -35,6 +36,10 @@ use pg_cluster::{PgCluster, TestDb};
 
 /// The job's name in every database.
 const JOB: &str = "bench";
+
+/// The password of the `postgres` role over TCP (127.0.0.1 asks for one): a throwaway one,
+/// given to the workers by `PGPASSWORD` (see [`Bench::tcp_url`]).
+const PASSWORD: &str = "bench";
 
 /// What every part runs against.
 struct Bench {
@@ -130,6 +135,9 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     if args.pg_part("wire") {
         wire::wire(rt, &bench, &mut body)?;
     }
+    if args.pg_part("near") {
+        near::near(rt, &bench, args, &mut body)?;
+    }
     if args.pg_part("capacity") {
         capacity::capacity(rt, &bench, &mut body, &mut failed)?;
     }
@@ -166,6 +174,19 @@ impl Bench {
     fn sql(&self, db: &TestDb, sql: &str) -> String {
         let conninfo = format!("dbname={} options='-c search_path={}'", db.name, db.schema);
         self.cluster.psql(&conninfo, sql)
+    }
+
+    /// The URL of `db`'s schema over TCP through a proxy on `port` (`sslmode=disable`), its
+    /// password ([`PASSWORD`]) set on the server.
+    fn tcp_url(&self, port: u16, db: &TestDb) -> String {
+        self.cluster.psql(
+            "postgres",
+            &format!("ALTER ROLE postgres PASSWORD '{PASSWORD}'"),
+        );
+        format!(
+            "postgresql://postgres@127.0.0.1:{port}/{}?sslmode=disable&options=-c%20search_path%3D{}",
+            db.name, db.schema
+        )
     }
 
     fn state<'a>(db: &'a TestDb) -> State<'a> {

@@ -232,8 +232,43 @@ impl<S: Store + Leases> Leases for Audit<S> {
             Commit::Job(c) => c,
             Commit::Rerun { buckets, .. } => buckets,
         };
-        self.push(Event::Commit(buckets.iter().map(|c| c.bucket).collect()));
-        self.inner.commit(lease, commit).await
+        let buckets = buckets.iter().map(|c| c.bucket).collect();
+        if !self.inner.commits_write_results() {
+            self.push(Event::Commit(buckets));
+            return self.inner.commit(lease, commit).await;
+        }
+        // The results recorded so far are written with the commit, durable with it.
+        let n = self.syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.push(Event::SyncStart(n));
+        let committed = self.inner.commit(lease, commit).await;
+        if committed.is_ok() {
+            self.push(Event::SyncEnd(n));
+            self.push(Event::Commit(buckets));
+        }
+        committed
+    }
+    async fn commit_each(
+        &self,
+        commits: &[(Lease, CommitRecord)],
+    ) -> Result<Vec<bool>, StoreError> {
+        if !self.inner.commits_write_results() {
+            self.push(Event::Commit(
+                commits.iter().map(|(_, c)| c.bucket).collect(),
+            ));
+            return self.inner.commit_each(commits).await;
+        }
+        let n = self.syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.push(Event::SyncStart(n));
+        let done = self.inner.commit_each(commits).await?;
+        self.push(Event::SyncEnd(n));
+        let committed = commits.iter().zip(&done).filter(|(_, ok)| **ok);
+        self.push(Event::Commit(
+            committed.map(|((_, c), _)| c.bucket).collect(),
+        ));
+        Ok(done)
+    }
+    fn commits_write_results(&self) -> bool {
+        self.inner.commits_write_results()
     }
 }
 

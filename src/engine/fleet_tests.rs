@@ -14,7 +14,7 @@ use crate::handler::http::HttpHandler;
 use crate::progress::{Counters, RunSummary};
 use crate::spec::{JobSpec, RunOptions};
 use crate::store::mem::{MemWorker, SharedMem};
-use crate::store::{Fleet, ItemStatus, JobView, LeaseScope, Log, Store};
+use crate::store::{Fleet, ItemStatus, JobView, LeaseScope, Leases, Log, Store};
 
 /// A job's store several workers share, for these tests.
 trait SharedJob: Sized + Send + Sync + 'static {
@@ -383,8 +383,16 @@ async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts<D: SharedJob>
         failed: late.len() as u64,
         ..Default::default()
     };
-    let refused = crate::store::view::commit(&*a, &held[0], Log::Job, &[commit]).await;
+    let refused =
+        crate::store::view::commit(&*a, &held[0], Log::Job, std::slice::from_ref(&commit)).await;
     assert!(refused.is_err(), "a lost lease commits nothing");
+    // Nor in a group of commits, each under its own lease, as the writer sends a fleet's.
+    let each = a.commit_each(&[(held[0].clone(), commit)]).await.unwrap();
+    assert_eq!(
+        each,
+        vec![false],
+        "a lost lease commits nothing in a group either"
+    );
     let after = b.item(&first).await.unwrap().unwrap();
     assert_eq!(after.status, before.status);
     assert_eq!(after.error, before.error);

@@ -1,6 +1,7 @@
 //! The planner: cuts the input into buckets ([`crate::plan`]), writes them ahead of their
 //! work with [`Store::plan`] and makes them durable with [`Store::sync`], then hands them
-//! over, at most two batches ahead ([`plan_ahead`], a blocking thread).
+//! over, at most two batches ahead ([`plan_ahead`], a blocking thread). A fleet's planner
+//! writes larger batches as it goes ([`PlanRows`]), so it stays ahead of every worker.
 //!
 //! A run that holds the whole job plans from the stored position and dispatches what it
 //! planned. A worker of a fleet plans under the job's planner lease, whenever it is free
@@ -23,6 +24,29 @@ use crate::store::{Fleet, PlannedBucket, Store, StoreError};
 /// Rows the planner reads per store write: several small buckets share one durable write.
 const PLAN_BATCH_ROWS: u64 = 1000;
 
+/// How many rows the planner reads per store write: `first` at first, then twice as many
+/// after each write, up to `most`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PlanRows {
+    first: u64,
+    most: u64,
+}
+
+/// A run alone: [`PLAN_BATCH_ROWS`] each time (its dispatcher takes each batch as written).
+pub(super) const ALONE: PlanRows = PlanRows {
+    first: PLAN_BATCH_ROWS,
+    most: PLAN_BATCH_ROWS,
+};
+
+/// A fleet's planner writes for every worker, and each write costs it round trips to the
+/// database (the planned IDs looked up, the batch written): the first batch as soon as a
+/// lone run's, then larger ones, so it runs ahead of every worker even when the database is
+/// far away.
+const FLEET: PlanRows = PlanRows {
+    first: PLAN_BATCH_ROWS,
+    most: 16 * PLAN_BATCH_ROWS,
+};
+
 /// The planner thread: cut, write ahead, sync, hand over; until the input ends or nobody
 /// listens any more.
 pub(super) fn plan_ahead<S: Store>(
@@ -31,12 +55,15 @@ pub(super) fn plan_ahead<S: Store>(
     out: mpsc::Sender<Vec<PlannedBucket>>,
     stop: Stop,
     counters: Arc<Counters>,
+    batch_rows: PlanRows,
 ) -> impl FnOnce() -> Result<(), PlanError> {
     move || {
         let runtime = tokio::runtime::Handle::current();
+        let mut rows = batch_rows.first;
         while !stop.is_stopping() {
             let before = planner.state();
-            let batch = runtime.block_on(planner.next_batch(&*store, PLAN_BATCH_ROWS))?;
+            let batch = runtime.block_on(planner.next_batch(&*store, rows))?;
+            rows = (rows * 2).min(batch_rows.most);
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
@@ -122,6 +149,7 @@ pub(super) async fn plan_fleet<S: Fleet>(
                 tx,
                 stop.clone(),
                 counters.clone(),
+                FLEET,
             ))
             .await;
             drain.abort();

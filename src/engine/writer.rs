@@ -185,14 +185,35 @@ impl<S: Store + Leases> Writer<S> {
         }
         let start = Instant::now();
         let mut groups: Vec<(Lease, Vec<CommitRecord>)> = Vec::new();
+        // Job buckets leased one by one (a fleet's): committed together, each under its own
+        // lease, so a group's commits cost the store one write, not one each.
+        let mut each: Vec<(Lease, CommitRecord)> = Vec::new();
         for c in commits.drain(..) {
             let Some(lease) = self.completed.remove(&c.bucket) else {
                 tracing::error!(bucket = c.bucket, "a bucket to commit without a lease");
                 continue;
             };
+            if self.log == Log::Job && matches!(lease.scope, LeaseScope::Bucket { .. }) {
+                each.push((lease, c));
+                continue;
+            }
             match groups.iter_mut().find(|(l, _)| *l == lease) {
                 Some((_, group)) => group.push(c),
                 None => groups.push((lease, vec![c])),
+            }
+        }
+        if !each.is_empty() {
+            let done = self.store.commit_each(&each).await?;
+            let lost: Vec<u64> = each
+                .iter()
+                .zip(&done)
+                .filter(|(_, ok)| !**ok)
+                .map(|((_, c), _)| c.bucket)
+                .collect();
+            let committed = (each.len() - lost.len()) as u64;
+            Counters::add(&self.counters.buckets_committed, committed);
+            if !lost.is_empty() {
+                tracing::warn!(buckets = ?lost, "not committed here: their leases were lost");
             }
         }
         for (lease, group) in groups {
@@ -265,8 +286,14 @@ impl<S: Store + Leases> Writer<S> {
                 self.record(&results, &tracks, &mut done).await?;
                 results.clear();
                 tracks.clear();
-                timed_sync(&*self.store, &self.counters).await?;
                 ready.append(&mut done);
+                // A store whose commit writes the results with it needs no sync first: one
+                // write, not two, when the group completes a bucket. Not a rerun's: its
+                // commit reads the results first to move the job buckets' counts.
+                let with_commit = self.log == Log::Job && self.store.commits_write_results();
+                if ready.is_empty() || !with_commit {
+                    timed_sync(&*self.store, &self.counters).await?;
+                }
             }
             self.commit(&mut ready).await?;
         }

@@ -273,6 +273,35 @@ pub trait Leases: Sized + Send + Sync + 'static {
         lease: &Lease,
         commit: Commit<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Whether [`Leases::commit`] and [`Leases::commit_each`] write the results recorded
+    /// before them too, in the same atomic write, durable with the commit records (a
+    /// database's transaction): the writer then needs no [`Store::sync`] of its own before
+    /// a commit. False unless a backend says so.
+    fn commits_write_results(&self) -> bool {
+        false
+    }
+    /// Write the commit records of several job buckets, each under its own bucket lease, as
+    /// [`Leases::commit`] of each one would, in as few round trips as the backend can: for
+    /// each, in order, whether it was committed (false: its lease is lost, only that bucket
+    /// is refused). Callers make the buckets' results durable first, as for
+    /// [`Leases::commit`]. Another error refuses the rest.
+    fn commit_each(
+        &self,
+        commits: &[(Lease, CommitRecord)],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        async move {
+            let mut done = Vec::with_capacity(commits.len());
+            for (lease, record) in commits {
+                let one = Commit::Job(std::slice::from_ref(record));
+                match self.commit(lease, one).await {
+                    Ok(()) => done.push(true),
+                    Err(e) if matches!(e.root(), StoreError::LeaseLost { .. }) => done.push(false),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(done)
+        }
+    }
 }
 
 /// What several workers (processes, machines) sharing one job need of their store, beyond

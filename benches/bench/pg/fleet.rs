@@ -15,12 +15,12 @@ use crate::numbers::thousands;
 
 pub(super) struct FleetRun {
     ttl: Option<Duration>,
-    elapsed: Duration,
+    pub(super) elapsed: Duration,
     /// From the first start to the first call, and to the call of the last ID.
     first_call: Duration,
     all_called: Option<Duration>,
     /// Calls per second between 10% and 90% of the IDs.
-    steady: Option<f64>,
+    pub(super) steady: Option<f64>,
     calls: u64,
     exits: Vec<Exit>,
     failover: Option<Failover>,
@@ -39,26 +39,47 @@ struct Failover {
 /// `bench.workers` workers on one new job; with `ttl`, `--lease-ttl` and one joining worker
 /// killed with SIGKILL once 30% of the IDs were called.
 pub(super) fn fleet(bench: &Bench, ttl: Option<Duration>) -> Result<FleetRun> {
+    fleet_via(bench, ttl, None, bench.workers)
+}
+
+/// [`fleet`] of `workers` workers, through the TCP proxy on port `via` if given (else on
+/// the unix socket).
+pub(super) fn fleet_via(
+    bench: &Bench,
+    ttl: Option<Duration>,
+    via: Option<u16>,
+    workers: usize,
+) -> Result<FleetRun> {
     let (n, c) = (bench.n, bench.c);
     let db = bench.cluster.create_db();
+    let tcp_url = via.map(|port| bench.tcp_url(port, &db));
+    let state = match &tcp_url {
+        Some(url) => crate::child::State::Pg { url, job: JOB },
+        None => Bench::state(&db),
+    };
+    let env: &[(&str, &str)] = match via {
+        Some(_) => &[("PGPASSWORD", super::PASSWORD)],
+        None => &[],
+    };
     let url = bench.api.url_template();
     let mut extra = Vec::new();
     if let Some(t) = ttl {
         extra = vec!["--lease-ttl".to_string(), format!("{}s", t.as_secs())];
     }
-    let label = match ttl {
-        Some(t) => format!("failover-{}s", t.as_secs()),
-        None => "fleet".into(),
+    let label = match (ttl, via) {
+        (Some(t), _) => format!("failover-{}s", t.as_secs()),
+        (None, Some(port)) => format!("fleet-{workers}-via-{port}"),
+        (None, None) => format!("fleet-{workers}"),
     };
     let before = bench.calls();
     let log = |i: usize| bench.tmp.join(format!("{label}-{i}.log"));
     let creator = [
-        worker_args(Some(&bench.input), &url, Bench::state(&db), c),
+        worker_args(Some(&bench.input), &url, state, c),
         extra.clone(),
     ]
     .concat();
     eprintln!("{label}: {} {}", bench.bin.display(), creator.join(" "));
-    let mut procs = vec![Proc::spawn(&bench.bin, &creator, &log(0))?];
+    let mut procs = vec![Proc::spawn_with_env(&bench.bin, &creator, env, &log(0))?];
     let t0 = procs[0].started;
     // The others join once the job exists (it does once the first worker calls).
     while bench.calls() == before {
@@ -72,9 +93,9 @@ pub(super) fn fleet(bench: &Bench, ttl: Option<Duration>) -> Result<FleetRun> {
     }
     let first_call = t0.elapsed();
     let mut all_called = None;
-    let joiner = [worker_args(None, &url, Bench::state(&db), c), extra].concat();
-    for i in 1..bench.workers {
-        procs.push(Proc::spawn(&bench.bin, &joiner, &log(i))?);
+    let joiner = [worker_args(None, &url, state, c), extra].concat();
+    for i in 1..workers {
+        procs.push(Proc::spawn_with_env(&bench.bin, &joiner, env, &log(i))?);
     }
     let (mut t10, mut t90) = (None, None);
     let mut failover = None;

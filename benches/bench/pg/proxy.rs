@@ -1,9 +1,13 @@
 //! A TCP proxy between a worker and PostgreSQL that counts what goes over the wire: bytes
 //! each way, round trips (a client flight that follows the server's answer) and the
 //! statements sent (the protocol's `Query` and `Execute` messages), over every connection.
+//! With a delay ([`Proxy::start_delayed`]), each chunk is forwarded that long after it was
+//! read, each way: a database that far away, its bandwidth and order kept (chunks queue with
+//! their due time; the reader never waits for the writer).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +33,11 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(upstream: u16) -> Result<Proxy> {
+        Proxy::start_delayed(upstream, Duration::ZERO).await
+    }
+
+    /// [`Proxy::start`], each chunk forwarded `delay` after it was read, both ways.
+    pub async fn start_delayed(upstream: u16, delay: Duration) -> Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the proxy")?;
@@ -39,7 +48,7 @@ impl Proxy {
             while let Ok((client, _)) = listener.accept().await {
                 let counts = shared.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = relay(client, upstream, counts).await {
+                    if let Err(e) = relay(client, upstream, counts, delay).await {
                         eprintln!("proxy: a connection ended with {e}");
                     }
                 });
@@ -55,7 +64,12 @@ impl Drop for Proxy {
     }
 }
 
-async fn relay(client: TcpStream, upstream: u16, counts: Arc<Counts>) -> std::io::Result<()> {
+async fn relay(
+    client: TcpStream,
+    upstream: u16,
+    counts: Arc<Counts>,
+    delay: Duration,
+) -> std::io::Result<()> {
     let server = TcpStream::connect(("127.0.0.1", upstream)).await?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
@@ -70,6 +84,7 @@ async fn relay(client: TcpStream, upstream: u16, counts: Arc<Counts>) -> std::io
         Side::Client(Messages::default()),
         server_spoke.clone(),
         counts.clone(),
+        delay,
     );
     let down = pump(
         server_read,
@@ -77,6 +92,7 @@ async fn relay(client: TcpStream, upstream: u16, counts: Arc<Counts>) -> std::io
         Side::Server,
         server_spoke,
         counts,
+        delay,
     );
     let (a, b) = tokio::join!(up, down);
     a.and(b)
@@ -89,17 +105,28 @@ enum Side {
 
 async fn pump(
     mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    to: OwnedWriteHalf,
     mut side: Side,
     server_spoke: Arc<AtomicBool>,
     counts: Arc<Counts>,
+    delay: Duration,
 ) -> std::io::Result<()> {
+    // Chunks with their due time, to the task that writes them (None: the end).
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio::spawn(forward(rx, to));
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let k = from.read(&mut buf).await?;
+        let k = match from.read(&mut buf).await {
+            Ok(k) => k,
+            Err(e) => {
+                let _ = tx.send(None);
+                let _ = writer.await;
+                return Err(e);
+            }
+        };
         if k == 0 {
-            let _ = to.shutdown().await;
-            return Ok(());
+            let _ = tx.send(None);
+            return writer.await.unwrap_or(Ok(()));
         }
         match &mut side {
             Side::Client(messages) => {
@@ -114,8 +141,25 @@ async fn pump(
                 server_spoke.store(true, Ordering::Relaxed);
             }
         }
-        to.write_all(&buf[..k]).await?;
+        let due = tokio::time::Instant::now() + delay;
+        if tx.send(Some((due, buf[..k].to_vec()))).is_err() {
+            // The writer failed: its error is the connection's.
+            return writer.await.unwrap_or(Ok(()));
+        }
     }
+}
+
+/// Write each chunk at its due time, in order; shut the write half down at the end.
+async fn forward(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Option<(tokio::time::Instant, Vec<u8>)>>,
+    mut to: OwnedWriteHalf,
+) -> std::io::Result<()> {
+    while let Some(Some((due, chunk))) = rx.recv().await {
+        tokio::time::sleep_until(due).await;
+        to.write_all(&chunk).await?;
+    }
+    let _ = to.shutdown().await;
+    Ok(())
 }
 
 /// The client's side of the protocol, cut into messages: untyped ones first (an

@@ -13,7 +13,7 @@ use crate::engine::dispatcher::Dispatcher;
 use crate::engine::error::EngineError;
 use crate::engine::item::{job_work, Item};
 use crate::engine::member::{Alone, Member};
-use crate::engine::planner::plan_ahead;
+use crate::engine::planner::{plan_ahead, ALONE};
 use crate::engine::writer::Track;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
@@ -155,6 +155,7 @@ impl<S: Store + Leases> Source for JobLog<S> {
                 plan_tx,
                 dispatcher.stop.clone(),
                 counters.clone(),
+                ALONE,
             ))
         });
         self.replay(dispatcher).await?;

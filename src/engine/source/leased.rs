@@ -4,7 +4,9 @@
 //! Nothing is dispatched from the planner directly: planned buckets are written ahead into
 //! the store, open to every worker, and each worker leases what it works on
 //! ([`Fleet::acquire_next`]: open buckets, and those of workers whose session expired),
-//! a few at a time, as room frees in its work queue, so no worker hoards buckets. A leased
+//! a few at a time, the next few while it queues the items of those before them (so its
+//! workers never wait for the database's round trips between buckets, and no worker
+//! hoards more than that). A leased
 //! bucket is read back and only its items without a final result are called (invariant 5
 //! holds across workers: a takeover repeats at most what the dead worker had in flight or
 //! unflushed). Its items carry its lease, and one whose lease is lost by the time a worker
@@ -22,7 +24,9 @@
 //!
 //! A stop drains the worker: it says so to the store at once ([`Fleet::drain`]: no new
 //! bucket, its rate share back to the others), then finishes or abandons what it holds;
-//! the writer releases the leases of the buckets left unfinished as the run ends. The
+//! the writer releases the leases of the buckets left unfinished as the run ends, and the
+//! dispatcher those it leased ahead and never queued (a worker killed holds them until its
+//! session expires, as it holds the others; then they are anyone's). The
 //! worker's throttle follows its share of the fleet's rate ([`FleetMember`]).
 
 use std::sync::Arc;
@@ -33,7 +37,7 @@ use tokio::task::JoinHandle;
 use super::{planned, Source};
 use crate::engine::dispatcher::Dispatcher;
 use crate::engine::error::EngineError;
-use crate::engine::item::{job_work, rerun_work};
+use crate::engine::item::{job_work, rerun_work, Item};
 use crate::engine::member::{FleetMember, Member};
 use crate::engine::planner::plan_fleet;
 use crate::engine::stop::Stop;
@@ -41,7 +45,7 @@ use crate::engine::writer::Track;
 use crate::plan::PlanError;
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{Fleet, JobView, LeaseScope, Log};
+use crate::store::{Fleet, JobView, Lease, LeaseScope, Log, Tally};
 use crate::throttle::Throttle;
 
 /// A worker's run in a fleet (see the module doc).
@@ -130,7 +134,8 @@ impl<S: Fleet> Source for Leased<S> {
     }
 }
 
-/// Buckets leased per acquisition: a worker takes a little at a time.
+/// Buckets leased per acquisition: a worker takes a little at a time, and leases the next
+/// ones while it dispatches these (so it holds at most twice this many undispatched).
 const BUCKETS_PER_ACQUIRE: u32 = 2;
 
 /// The first wait when there is nothing to lease, doubled up to [`POLL_MAX`].
@@ -158,7 +163,10 @@ async fn dispatch_leased<S: Fleet>(
     dispatched
 }
 
-/// [`dispatch_leased`]'s loop, until finished or stopped.
+/// [`dispatch_leased`]'s loop, until finished or stopped. The next buckets are leased and
+/// read while those before them are dispatched ([`lease_ahead`]), so the workers do not wait
+/// for the database's round trips between two buckets; what was leased ahead and not
+/// dispatched when a stop comes is released at once, for other workers to take.
 async fn lease_and_dispatch<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
@@ -167,13 +175,9 @@ async fn lease_and_dispatch<S: Fleet>(
     idle: &mut Duration,
     next_key: &mut u64,
 ) -> Result<(), EngineError> {
+    let mut ahead = lease_ahead(store, log).await?;
     while !stop.is_stopping() {
-        let leases = if store.alive() {
-            store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?
-        } else {
-            Vec::new()
-        };
-        if leases.is_empty() {
+        if ahead.is_empty() {
             if store.log_finished(log).await? {
                 return Ok(());
             }
@@ -182,43 +186,97 @@ async fn lease_and_dispatch<S: Fleet>(
                 _ = stop.stopping() => {}
             }
             *idle = (*idle * 2).min(POLL_MAX);
+            if !stop.is_stopping() {
+                ahead = lease_ahead(store, log).await?;
+            }
             continue;
         }
         *idle = POLL_MIN;
-        for lease in leases {
-            let LeaseScope::Bucket { bucket, .. } = lease.scope else {
-                continue;
-            };
-            let (done, mut todo) = match log {
-                Log::Job => match store.bucket(bucket).await? {
-                    Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
-                    None => continue,
-                },
-                Log::Rerun(k) => {
-                    let found = store.rerun_buckets(k, bucket, 1).await?.into_iter().next();
-                    match found.filter(|b| b.offset.bucket == bucket) {
-                        Some(b) => {
-                            rerun_work(k, bucket, store.rerun_bucket_items(&b.offset).await?)
-                        }
-                        None => continue,
-                    }
-                }
-            };
-            // A key of this lease's own (see `Track`): above any bucket number.
-            *next_key += 1;
-            for item in &mut todo {
-                item.track = *next_key;
-                item.lease = Some(lease.clone());
+        let these = std::mem::take(&mut ahead);
+        let (next, dispatched) = tokio::join!(
+            lease_ahead(store, log),
+            dispatch_all(dispatcher, these, next_key)
+        );
+        match (next, dispatched) {
+            (Ok(next), Ok(())) => ahead = next,
+            (Ok(next), Err(e)) => {
+                release_all(store, &next).await;
+                return Err(e);
             }
-            let track = Track {
-                key: *next_key,
-                bucket,
-                remaining: todo.len() as u64,
-                done,
-                lease,
-            };
-            dispatcher.dispatch(vec![track], vec![todo]).await?;
+            (Err(e), _) => return Err(e),
         }
     }
+    release_all(store, &ahead).await;
     Ok(())
+}
+
+/// A bucket leased and read, not dispatched yet: its lease, what its items counted
+/// already, and its items without a final result.
+type Ahead = (Lease, Tally, Vec<Item>);
+
+/// Lease the next buckets of `log` (up to [`BUCKETS_PER_ACQUIRE`], none while the session is
+/// not surely alive) and read their unfinished items.
+async fn lease_ahead<S: Fleet>(store: &S, log: Log) -> Result<Vec<Ahead>, EngineError> {
+    if !store.alive() {
+        return Ok(Vec::new());
+    }
+    let leases = store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?;
+    let mut ahead = Vec::with_capacity(leases.len());
+    for lease in leases {
+        let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+            continue;
+        };
+        let (done, todo) = match log {
+            Log::Job => match store.bucket(bucket).await? {
+                Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
+                None => continue,
+            },
+            Log::Rerun(k) => {
+                let found = store.rerun_buckets(k, bucket, 1).await?.into_iter().next();
+                match found.filter(|b| b.offset.bucket == bucket) {
+                    Some(b) => rerun_work(k, bucket, store.rerun_bucket_items(&b.offset).await?),
+                    None => continue,
+                }
+            }
+        };
+        ahead.push((lease, done, todo));
+    }
+    Ok(ahead)
+}
+
+/// Have the writer track each bucket, then queue its items for the workers.
+async fn dispatch_all(
+    dispatcher: &mut Dispatcher,
+    buckets: Vec<Ahead>,
+    next_key: &mut u64,
+) -> Result<(), EngineError> {
+    for (lease, done, mut todo) in buckets {
+        let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+            continue;
+        };
+        // A key of this lease's own (see `Track`): above any bucket number.
+        *next_key += 1;
+        for item in &mut todo {
+            item.track = *next_key;
+            item.lease = Some(lease.clone());
+        }
+        let track = Track {
+            key: *next_key,
+            bucket,
+            remaining: todo.len() as u64,
+            done,
+            lease,
+        };
+        dispatcher.dispatch(vec![track], vec![todo]).await?;
+    }
+    Ok(())
+}
+
+/// Give back the leases of buckets leased ahead and never dispatched (a stop, an error).
+async fn release_all<S: Fleet>(store: &S, ahead: &[Ahead]) {
+    for (lease, _, _) in ahead {
+        if let Err(e) = store.release(lease).await {
+            tracing::warn!("could not release a bucket leased ahead: {e}");
+        }
+    }
 }

@@ -29,10 +29,11 @@ use super::error::PgError;
 use super::heartbeat::take_grant;
 use super::keys::{log_number, WorkerId};
 use super::outage::Outage;
-use super::results::{commit_bucket_as, committed_buckets_as, move_counts};
+use super::results::{begin, commit_bucket_as, committed_buckets_as, end, move_counts};
 use super::rows::to_i64;
 use super::session::{heartbeat, Grant, Heartbeat};
 use super::state::{Inner, PgStore, WriterConn};
+use super::writes::one_statement;
 use super::{planner, rate, session, stats};
 use crate::store::{
     Commit, CommitRecord, Fleet, FleetRate, ItemRecord, Lease, LeaseScope, LeaseToken, Leases, Log,
@@ -229,6 +230,157 @@ impl Leases for PgStore {
             Err(e) => Err(self.inner.err(e)),
         }
     }
+
+    async fn commit_each(
+        &self,
+        commits: &[(Lease, CommitRecord)],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.commit_each_here(commits).await
+    }
+
+    /// Both commits write the buffered results first, in their transaction.
+    fn commits_write_results(&self) -> bool {
+        true
+    }
+}
+
+impl PgStore {
+    /// [`Leases::commit_each`]: the buffered results and every commit in one transaction,
+    /// sent in one flight ([`commit_each_fenced`]); a lease not held here is refused before
+    /// the database is asked.
+    async fn commit_each_here(
+        &self,
+        commits: &[(Lease, CommitRecord)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut done = vec![false; commits.len()];
+        // The commits the database is asked for, with their place in `commits`.
+        let mut asked: Vec<(usize, super::keys::Lease, &CommitRecord)> = Vec::new();
+        for (i, (lease, record)) in commits.iter().enumerate() {
+            let LeaseScope::Bucket { log, bucket } = lease.scope else {
+                tracing::error!(
+                    bucket = record.bucket,
+                    "a bucket's commit under a job lease"
+                );
+                continue;
+            };
+            if log != Log::Job || bucket != record.bucket || !self.held_here(lease) {
+                continue;
+            }
+            let token = lease.token.0 as i64;
+            asked.push((i, super::keys::Lease { log, bucket, token }, record));
+        }
+        if asked.is_empty() {
+            // The results recorded before are written all the same, as a commit's are.
+            crate::store::Store::sync(self).await?;
+            return Ok(done);
+        }
+        let me = self.inner.me();
+        let mut outage = Outage::default();
+        let committed = loop {
+            let attempt = async {
+                let mut conn = self.inner.writer_connection().await?;
+                let w = conn.as_mut().expect("connected by writer_connection()");
+                // Taken under the writer's lock (see `writes.rs`).
+                let results = std::mem::take(&mut self.inner.local().results);
+                // Again after an outage: the results and commits are idempotent (a bucket
+                // this lease committed counts as committed).
+                let done = commit_each_fenced(w, &self.inner, &me, &asked, &results).await;
+                if done.is_err() {
+                    // Nothing of it counts as written: the results wait for the next flush,
+                    // on a new connection (no transaction is left open on this one).
+                    self.inner.keep_for_later(results);
+                    *conn = None;
+                }
+                done
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => break attempt.map_err(|e| self.inner.err(e))?,
+            }
+        };
+        let mut local = self.inner.local();
+        for ((i, lease, _), ok) in asked.iter().zip(committed) {
+            done[*i] = ok;
+            if ok {
+                local.held.remove(&(log_number(lease.log), lease.bucket));
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// The buffered `results`, then each of `commits` under its own lease, in one transaction
+/// sent in one flight: `BEGIN`, the results' write, every bucket's update and `COMMIT` are
+/// pipelined on the writer's connection (each sent before the answer to the one before is
+/// read), so the whole group costs one round trip. For each commit, whether its bucket is
+/// committed (now, or before under the same lease: a commit tried again after an outage);
+/// a lost lease costs only its own bucket, as its results were fenced out.
+async fn commit_each_fenced(
+    w: &mut WriterConn,
+    inner: &Inner,
+    me: &WorkerId,
+    commits: &[(usize, super::keys::Lease, &CommitRecord)],
+    results: &[(String, ItemRecord)],
+) -> Result<Vec<bool>, PgError> {
+    let mut results = results;
+    if !one_statement(results) {
+        // A rerun's results look their buckets up before they are written: written first,
+        // in a transaction of their own, durable before the commits.
+        let tx = w
+            .client
+            .transaction()
+            .await
+            .map_err(PgError::sql("starting a sync"))?;
+        inner.write_fenced(&tx, &w.write, results).await?;
+        tx.commit()
+            .await
+            .map_err(PgError::sql("committing a sync"))?;
+        results = &[];
+    }
+    let c = &w.client;
+    let updates =
+        futures_util::future::join_all(commits.iter().map(|(_, lease, record)| {
+            commit_bucket_as(c, &w.commit, inner.job, me, lease, record)
+        }));
+    // `join4` polls each in order, and each sends its statement when first polled.
+    let (begun, written, updated, ended) = futures_util::future::join4(
+        begin(c),
+        inner.write_fenced(c, &w.write, results),
+        updates,
+        end(c),
+    )
+    .await;
+    begun?;
+    written?;
+    let mut done = Vec::with_capacity(commits.len());
+    for u in updated {
+        match u {
+            Ok(()) => done.push(true),
+            Err(PgError::LeaseLost { .. }) => done.push(false),
+            Err(e) => return Err(e),
+        }
+    }
+    ended?;
+    // A bucket not updated may be one this lease committed before (tried again).
+    for (ok, (_, lease, _)) in done.iter_mut().zip(commits) {
+        if *ok {
+            continue;
+        }
+        let bucket = [to_i64(lease.bucket)?];
+        let rows = committed_buckets_as(
+            c,
+            &w.committed,
+            inner.job,
+            me,
+            lease.log,
+            &bucket,
+            lease.token,
+        )
+        .await?;
+        *ok = rows.iter().any(|(_, ours)| *ours);
+    }
+    Ok(done)
 }
 
 /// PostgreSQL is a fleet's backend: its workers' sessions, bucket leases, planner lease and

@@ -48,7 +48,10 @@
 //! result write and every commit carries the token (`results`): results are written only
 //! under a share lock on a bucket row that still holds the writer's token, never over a row
 //! written under a newer token, and a commit updates the bucket only for its current owner
-//! and token, in the transaction of the bucket's last results. A worker that lost a lease
+//! and token, in the transaction of the bucket's last results. A fleet's writer commits
+//! the buckets one flush completed together (`Leases::commit_each`): one transaction, sent
+//! in one flight, each bucket's update still fenced by its own token, so a lost lease
+//! refuses only its bucket. A worker that lost a lease
 //! writes nothing that counts. The planner lease (`planner`) is the same idea on the job
 //! row. Rate shares (`session`) are granted from free capacity under the job row's lock,
 //! so they never sum above the job's rate.

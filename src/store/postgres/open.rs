@@ -99,6 +99,7 @@ impl PgStore {
             created,
             conn: tokio::sync::Mutex::new(Some(client)),
             planner_conn: tokio::sync::Mutex::new(None),
+            quota_conn: tokio::sync::Mutex::new(None),
             writer: tokio::sync::Mutex::new(None),
             local: Mutex::new(Local {
                 session: Session::new(me, Instant::now() + open.ttl),

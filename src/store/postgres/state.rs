@@ -33,12 +33,15 @@ pub(super) struct Inner {
     /// Whether this open created the job's row.
     pub(super) created: bool,
     /// The dispatcher's connection (leases, bucket reads) and everything else's but the
-    /// planner's and the result writer's.
+    /// planner's, the result writer's, the quotas' and the heartbeat's.
     pub(super) conn: tokio::sync::Mutex<Option<Client>>,
     /// The planner's (connected once it plans): its batches never hold up the leases.
     pub(super) planner_conn: tokio::sync::Mutex<Option<Client>>,
     /// The result writer's (connected at its first write, see `writes.rs`).
     pub(super) writer: tokio::sync::Mutex<Option<WriterConn>>,
+    /// The quotas' (connected at the first reservation): an item waiting for its
+    /// reservation never queues behind the dispatcher's leases and bucket reads.
+    pub(super) quota_conn: tokio::sync::Mutex<Option<Client>>,
     pub(super) local: Mutex<Local>,
     /// Wakes the heartbeat early: the worker's idleness changed, its share should follow.
     pub(super) wake: Arc<tokio::sync::Notify>,
@@ -137,6 +140,13 @@ impl Inner {
         &self,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PgError> {
         self.connected(&self.planner_conn).await
+    }
+
+    /// The quotas' connection, as [`Inner::connection`].
+    pub(super) async fn quota_connection(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PgError> {
+        self.connected(&self.quota_conn).await
     }
 
     /// `conn`, connected (again) if it is not.

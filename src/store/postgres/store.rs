@@ -66,7 +66,9 @@ impl Store for PgStore {
         _now_ms: u64,
     ) -> Result<Vec<QuotaGrant>, StoreError> {
         // The database's clock, not the caller's: every worker counts the same windows.
-        with_client!(self, |c, i| { quota::reserve(c, i.job, wants).await })
+        with_client!(self, quota_connection, |c, i| {
+            quota::reserve(c, i.job, wants).await
+        })
     }
 
     async fn quota_ledger(&self) -> Result<QuotaLedger, StoreError> {
