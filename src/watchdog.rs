@@ -16,6 +16,9 @@
 //! cancelled, so ending the process is the one way out; the records it made durable stay
 //! so, as after a kill. Without an installed watchdog, [`watch`] costs one atomic load.
 //!
+//! Time the process spends stopped (SIGSTOP, a terminal's Ctrl-Z, a suspended machine) is
+//! not counted: the watchdog's own sleep shows it, as a tick that came far too late.
+//!
 //! Only calls that must answer in time are watched: a backend that waits out an outage on
 //! purpose (PostgreSQL's reconnecting steps, which log as they wait) is not stalled.
 
@@ -95,6 +98,16 @@ impl Inner {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Count `pause` as no call's waiting: the calls in progress began that much later.
+    fn forgive(&self, pause: Duration) {
+        if pause.is_zero() {
+            return;
+        }
+        for (_, since) in self.lock().open.values_mut() {
+            *since += pause;
+        }
+    }
+
     /// The oldest call, if it has waited the bound and was not reported yet (it is marked
     /// reported).
     fn overdue(&self, now: Instant) -> Option<Stall> {
@@ -111,6 +124,19 @@ impl Inner {
             waited,
             in_progress,
         })
+    }
+}
+
+/// How long the process was stopped, judging by the watchdog's own sleep of `every` that
+/// took `slept`: beyond a second of lateness (a busy machine is late by milliseconds), the
+/// whole lateness. A process stopped (SIGSTOP, a terminal's Ctrl-Z) or a machine suspended
+/// does not run its calls meanwhile, so that time is not the store's.
+fn paused(slept: Duration, every: Duration) -> Duration {
+    let late = slept.saturating_sub(every);
+    if late > Duration::from_secs(1) {
+        late
+    } else {
+        Duration::ZERO
     }
 }
 
@@ -133,11 +159,17 @@ impl Watchdog {
         let every = tick(bound);
         let spawned = std::thread::Builder::new()
             .name("highwater-watchdog".into())
-            .spawn(move || loop {
-                std::thread::sleep(every);
-                let Some(inner) = weak.upgrade() else { return };
-                if let Some(stall) = inner.overdue(Instant::now()) {
-                    (inner.on_stall)(&stall);
+            .spawn(move || {
+                let mut last = Instant::now();
+                loop {
+                    std::thread::sleep(every);
+                    let Some(inner) = weak.upgrade() else { return };
+                    let now = Instant::now();
+                    inner.forgive(paused(now.saturating_duration_since(last), every));
+                    last = now;
+                    if let Some(stall) = inner.overdue(now) {
+                        (inner.on_stall)(&stall);
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -268,6 +300,30 @@ mod tests {
     fn without_an_installed_watchdog_a_watch_is_free() {
         // Nothing in this test binary installs one.
         assert!(watch("store sync").call.is_none());
+    }
+
+    #[test]
+    fn time_the_process_was_stopped_is_not_waiting() {
+        let (w, _rx) = reporting(Duration::from_secs(60));
+        let _call = w.watch("store sync");
+        // Stopped for an hour (Ctrl-Z, then fg): the watchdog's one-second sleep took an hour.
+        let hour = Duration::from_secs(3600);
+        let pause = paused(hour + Duration::from_secs(1), Duration::from_secs(1));
+        assert_eq!(pause, hour);
+        w.inner.forgive(pause);
+        let after = Instant::now() + hour;
+        assert_eq!(w.inner.overdue(after), None, "the pause counted as waiting");
+        assert!(w.inner.overdue(after + Duration::from_secs(61)).is_some());
+    }
+
+    #[test]
+    fn a_busy_machine_is_not_a_pause() {
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            paused(second + Duration::from_millis(300), second),
+            Duration::ZERO
+        );
+        assert_eq!(paused(Duration::from_millis(10), second), Duration::ZERO);
     }
 
     #[test]
