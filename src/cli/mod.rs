@@ -109,7 +109,10 @@ fn init_logging(verbose: u8, quiet: bool, json: bool) {
         (true, _) => "warn",
         (false, 0) => "info",
         (false, 1) => "highwater=debug,info",
-        (false, _) => "trace",
+        // Not sled's internals: tens of thousands of lines a minute, and some are logged
+        // from a thread's exit, after the log writer's thread-local buffer is gone, which
+        // aborts the process (RUST_LOG=trace still shows them).
+        (false, _) => "trace,sled=info",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
