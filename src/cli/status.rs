@@ -136,6 +136,7 @@ pub(crate) async fn describe<S: Store>(
         let now = crate::store::now_ms();
         spec.quotas.iter().map(|q| ledger.state(q, now)).collect()
     };
+    let learned = store.learned_limits().await?;
     let mut reruns = Vec::new();
     for r in store.reruns().await? {
         reruns.push((store.rerun_stats(r.number).await?, r));
@@ -171,6 +172,7 @@ pub(crate) async fn describe<S: Store>(
             })).collect::<Vec<_>>(),
             "spec_history": spec.history,
             "quotas": quotas,
+            "learned_limits": learned,
         });
         if let Some((w, _)) = &workers {
             value["workers"] = w.clone();
@@ -193,6 +195,9 @@ pub(crate) async fn describe<S: Store>(
         text.push_str(&failures.render());
         for q in &quotas {
             text.push_str(&format!("quotas:     {}\n", q.render()));
+        }
+        for l in &learned {
+            text.push_str(&format!("learnt:     API limit {}\n", l.render()));
         }
         for (s, r) in &reruns {
             text.push_str(&format!(

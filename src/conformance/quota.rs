@@ -44,3 +44,29 @@ pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: B
     assert_eq!(g[0].calls, 0);
     assert!(g[0].frees_at_ms.is_some_and(|at| at > now));
 }
+
+/// The windows learnt from refusals: none kept at first; what is kept reads back whole,
+/// replaced by the next keep, and outlives a crash once the store synced.
+pub(super) async fn learnt_limits_are_kept_and_replaced<B: Backend>(b: &mut B) {
+    use crate::quota::KeptLimit;
+    let s = b.create();
+    assert_eq!(s.learned_limits().await.unwrap(), Vec::new());
+    let kept = |limit, length_ms| KeptLimit {
+        limit,
+        length_ms,
+        reset_unix_ms: 1_700_000_002_000,
+        refusals: 3,
+        changed_unix_ms: 1_700_000_001_000,
+    };
+    s.keep_learned_limits(&[kept(50, 2000), kept(200, 10_000)])
+        .await
+        .unwrap();
+    assert_eq!(
+        s.learned_limits().await.unwrap(),
+        vec![kept(50, 2000), kept(200, 10_000)]
+    );
+    s.keep_learned_limits(&[kept(45, 2000)]).await.unwrap();
+    s.sync().await.unwrap();
+    let s = b.crash(s);
+    assert_eq!(s.learned_limits().await.unwrap(), vec![kept(45, 2000)]);
+}

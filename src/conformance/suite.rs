@@ -14,4 +14,5 @@ pub(crate) async fn run_all<B: Backend>(backend: &mut B) {
     damage::damage_is_refused_never_read_as_less(backend).await;
     engine::the_engine_stops_and_resumes_every_id_exactly_once(backend).await;
     quota::quota_reservations_are_durable_and_never_exceed_a_limit(backend).await;
+    quota::learnt_limits_are_kept_and_replaced(backend).await;
 }

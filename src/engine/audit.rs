@@ -212,6 +212,15 @@ impl<S: Store + Leases> Store for Audit<S> {
     async fn quota_ledger(&self) -> Result<crate::quota::QuotaLedger, StoreError> {
         self.inner.quota_ledger().await
     }
+    async fn learned_limits(&self) -> Result<Vec<crate::quota::KeptLimit>, StoreError> {
+        self.inner.learned_limits().await
+    }
+    async fn keep_learned_limits(
+        &self,
+        limits: &[crate::quota::KeptLimit],
+    ) -> Result<(), StoreError> {
+        self.inner.keep_learned_limits(limits).await
+    }
 }
 
 impl<S: Store + Leases> Leases for Audit<S> {

@@ -84,6 +84,7 @@ mod error;
 #[cfg(test)]
 mod fleet_tests;
 mod item;
+mod kept_limits;
 mod member;
 mod planner;
 mod queue;

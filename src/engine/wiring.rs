@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 
 use super::dispatcher::{work_queue, Dispatcher};
 use super::error::EngineError;
+use super::kept_limits::Keeper;
 use super::queue::WorkQueue;
 use super::quotas::QuotaGate;
 use super::source::Source;
@@ -82,6 +83,15 @@ where
     });
     let controller = tokio::spawn(control(throttle.clone(), halt.clone()));
     let member = source.member(&throttle);
+    // The API limits learnt from refusals: those the job keeps pace the first call.
+    let keeper = match handler.announced_limits() {
+        Some(limits) => {
+            let mut keeper = Keeper::new(store.clone(), limits);
+            keeper.restore().await;
+            Some(keeper.spawn())
+        }
+        None => None,
+    };
 
     let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
     // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
@@ -154,6 +164,11 @@ where
     let written = writer
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
+    if let (Some(keeper), Some(limits)) = (keeper, handler.announced_limits()) {
+        keeper.abort();
+        // What the run learnt last, kept before its store closes.
+        Keeper::new(store.clone(), limits).sync().await;
+    }
     controller.abort();
     forward.abort();
     let closed = source.close().await;

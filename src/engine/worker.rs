@@ -388,20 +388,23 @@ impl<H: Handler> ItemTask<H> {
                 _ = stop.stopping() => return None,
             },
         };
-        // Waiting for the rate limit or for the API to come back is given up on a
-        // stop; a request already sent is let finish.
-        let probe = tokio::select! {
-            probe = Box::pin(throttle.before_attempt()) => probe,
-            _ = stop.stopping() => return None,
-        };
         // Paced by what the API announced it has left (a wait, never an attempt), of which
-        // this worker takes its part among the fleet's live workers.
+        // this worker takes its part among the fleet's live workers. Before the rate limit:
+        // attempts released together here (the API's first answer, a reset) then pass it
+        // one by one, instead of spending at once the starts it let through while they
+        // waited.
         let paced_call = match announced {
             None => None,
             Some(a) => tokio::select! {
                 call = Box::pin(a.wait_among(throttle.fleet_workers())) => Some(call),
                 _ = stop.stopping() => return None,
             },
+        };
+        // Waiting for the rate limit or for the API to come back is given up on a
+        // stop; a request already sent is let finish.
+        let probe = tokio::select! {
+            probe = Box::pin(throttle.before_attempt()) => probe,
+            _ = stop.stopping() => return None,
         };
         // A call of every quota, held until the answer: waiting for a spent window
         // uses none of the item's attempts; a spent budget leaves the item pending.

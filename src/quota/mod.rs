@@ -5,18 +5,21 @@
 //! `ledger` (the usage stored with the job, and the reservation that is the only way it
 //! changes), `state` (where each quota stands, for reports), [`announced`] (the limits a
 //! server announces in its answers' headers), [`learned`] (the windows nobody announces,
-//! learnt from the API's refusals) and [`pacer`] (spreading what an announced or learnt
+//! learnt from the API's refusals), `kept` (those windows as kept with the job, shared by a
+//! fleet) and [`pacer`] (spreading what an announced or learnt
 //! window has left until its reset). The engine's gate (`engine::quotas`) makes every
 //! attempt take a call from each quota before it starts, and waits while a window is
 //! spent; the job's budget, once spent, stops the run.
 
 pub mod announced;
+mod kept;
 pub mod learned;
 mod ledger;
 pub mod pacer;
 mod spec;
 mod state;
 
+pub use kept::{merge as merge_kept, KeptLimit};
 pub use ledger::{chunk, QuotaGrant, QuotaLedger, QuotaWant, SlotUse};
 pub use spec::{Quota, QuotaParseError, Window, MIN_WINDOW, ROLLING_SLOTS};
 pub use state::{least_wait, QuotaState};

@@ -7,8 +7,14 @@
 //! ([`AnnouncedLimits::wait`]), which takes one of its remaining calls and spaces starts
 //! `time to reset / remaining` apart. A worker of a fleet takes its part of what remains
 //! (the API counts every worker's calls): `remaining / live workers`, spaced `time to reset
-//! / its part` apart ([`AnnouncedLimits::wait_among`]). The adaptive controller and `--rate` apply beside it,
-//! each as its own wait: the stricter wins, and a 429 is still pushback.
+//! / its part` apart ([`AnnouncedLimits::wait_among`]); a worker joining a fleet already
+//! calling holds its calls for [`JOIN_SETTLE`], until the others count it. The adaptive
+//! controller and `--rate` apply beside it, each as its own wait: the stricter wins, and a
+//! 429 is still pushback.
+//!
+//! What the API allows is unknown until it answers: the run's first call goes alone, and so
+//! does the first after a window ended whose next one nobody described (a burst sent blind
+//! at the boundary would spend another window the headers do not show, or the fleet's).
 //!
 //! Answers arrive out of order, so an announcement is trusted only as far as it is
 //! consistent with what this run knows:
@@ -30,14 +36,18 @@
 //! the API said the client's rate is spent, not the ID's.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::announced::Announced;
-use super::learned::{lowered, relaxed, Known, LearnedWindow, Learner, Lesson, RELAX_AFTER};
+use super::kept::KeptLimit;
+use super::learned::{
+    lowered, relaxed, Known, LearnedWindow, Learner, Lesson, RELAX_AFTER, SAME_BOUNDARY,
+};
 
 /// A reset this much later than the known one starts a new window (servers round resets
 /// to whole seconds).
@@ -51,9 +61,19 @@ pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 #[derive(Debug)]
 pub struct AnnouncedLimits {
     inner: Mutex<Inner>,
-    in_flight: Arc<AtomicU64>,
+    in_flight: Arc<InFlight>,
     /// The learner's clock starts here.
     origin: Instant,
+}
+
+/// The calls paced here that have not ended, and whether the API has answered one yet.
+#[derive(Debug, Default)]
+struct InFlight {
+    calls: AtomicU64,
+    /// An answer was read: the API's announcements (or their absence) are known.
+    answered: AtomicBool,
+    /// A call ended (for attempts waiting for the first call's answer).
+    ended: Notify,
 }
 
 impl Default for AnnouncedLimits {
@@ -72,9 +92,17 @@ struct Inner {
     learner: Learner,
     /// The key of the next window learnt.
     next_key: u64,
-    /// No attempt starts before this (a refusal's `Retry-After`).
+    /// No attempt starts before this (a refusal's `Retry-After`, a join's settling).
     hold_until: Option<Instant>,
+    /// The fleet's workers as the last attempt counted them (0: no attempt yet).
+    workers: u64,
 }
+
+/// How long a worker joining a fleet whose other workers already make calls holds its own:
+/// they take what the API announces it has left as if it were not there until their next
+/// heartbeat counts it (a fleet's heartbeats are at most a second apart), and a newcomer
+/// spending its part meanwhile would overspend the window they share.
+pub const JOIN_SETTLE: Duration = Duration::from_secs(2);
 
 /// The most windows learnt at once; past it, the one with the fewest refusals is dropped.
 const MAX_LEARNED: usize = 4;
@@ -92,6 +120,15 @@ struct Learnt {
     refusals: u64,
     /// Windows in a row the run used whole with no refusal of it.
     whole_in_a_row: u32,
+    /// When (Unix ms) it was learnt, lowered or relaxed last (or, adopted, by whom).
+    changed_unix_ms: u64,
+}
+
+/// The wall clock now, in Unix milliseconds (what a kept window's times are in).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Debug, Clone)]
@@ -147,12 +184,13 @@ impl PolicyState {
 }
 
 /// A call started under the announced limits, in flight until dropped.
-pub struct PacedCall(Option<Arc<AtomicU64>>);
+pub struct PacedCall(Option<Arc<InFlight>>);
 
 impl Drop for PacedCall {
     fn drop(&mut self) {
         if let Some(n) = &self.0 {
-            n.fetch_sub(1, Relaxed);
+            n.calls.fetch_sub(1, Relaxed);
+            n.ended.notify_waiters();
         }
     }
 }
@@ -165,6 +203,7 @@ impl AnnouncedLimits {
 
     /// Learn from one answer's announcements.
     pub fn observe(&self, announced: &[Announced]) {
+        self.in_flight.answered.store(true, Relaxed);
         if announced.is_empty() {
             return;
         }
@@ -214,33 +253,60 @@ impl AnnouncedLimits {
     /// for the reset. Learnt windows are this worker's own (learnt from its own calls).
     pub async fn wait_among(&self, workers: u64) -> PacedCall {
         let workers = workers.max(1);
+        {
+            let mut inner = self.lock();
+            if inner.workers == 0 && workers > 1 {
+                // This worker's first call, in a fleet already calling.
+                let settled = Instant::now() + JOIN_SETTLE;
+                inner.hold_until = inner.hold_until.max(Some(settled));
+            }
+            inner.workers = workers;
+        }
         loop {
+            // Registered before the checks, so a call ending meanwhile is not missed.
+            let ended = self.in_flight.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
             let until = {
                 let now = Instant::now();
-                let in_flight = self.in_flight.load(Relaxed);
+                let in_flight = self.in_flight.calls.load(Relaxed);
                 let mut inner = self.lock();
                 let hold = inner.hold_until.filter(|&h| h > now);
+                let answered = self.in_flight.answered.load(Relaxed);
                 let policies = &mut inner.policies;
-                if policies.is_empty() && hold.is_none() {
+                if policies.is_empty() && hold.is_none() && answered {
                     return PacedCall(None);
                 }
+                let known = policies.len();
                 policies.retain(|_, p| p.roll(now, in_flight));
+                if policies.len() < known {
+                    // A window whose next one nobody described ended: what the API allows
+                    // now is unknown again, so the next call probes it alone.
+                    self.in_flight.answered.store(false, Relaxed);
+                }
                 let until = policies
                     .values()
                     .filter_map(|p| p.free_at(now, workers))
                     .chain(hold)
                     .max();
-                if until.is_none() {
-                    for p in policies.values_mut() {
-                        p.take(now, workers);
+                match until {
+                    // Until the API has answered (or after such a window), one call at a
+                    // time: a burst sent blind could spend a window the fleet's other
+                    // workers are pacing, or that a killed run spent.
+                    None if !self.in_flight.answered.load(Relaxed) && in_flight > 0 => None,
+                    None => {
+                        for p in policies.values_mut() {
+                            p.take(now, workers);
+                        }
+                        self.in_flight.calls.fetch_add(1, Relaxed);
+                        return PacedCall(Some(self.in_flight.clone()));
                     }
-                    self.in_flight.fetch_add(1, Relaxed);
-                    return PacedCall(Some(self.in_flight.clone()));
+                    Some(until) => Some(until),
                 }
-                until
             };
-            if let Some(until) = until {
-                tokio::time::sleep_until(until).await;
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => ended.await,
             }
         }
     }
@@ -276,6 +342,7 @@ impl AnnouncedLimits {
 
     /// A call sent at `sent` was answered, and not refused for the rate: the API counted it.
     pub fn accepted(&self, sent: Instant) {
+        self.in_flight.answered.store(true, Relaxed);
         let at = self.ms(sent);
         self.lock().learner.accepted(at);
     }
@@ -284,12 +351,16 @@ impl AnnouncedLimits {
     /// after `retry_after` (from now): every attempt holds until then, and the learner reads
     /// the refusal.
     pub fn refused(&self, sent: Instant, retry_after: Duration) {
+        self.in_flight.answered.store(true, Relaxed);
         let now = Instant::now();
         let reset_at = now + retry_after.min(MAX_WAIT);
-        let in_flight = self.in_flight.load(Relaxed);
+        let in_flight = self.in_flight.calls.load(Relaxed);
         let mut inner = self.lock();
         inner.hold_until = inner.hold_until.max(Some(reset_at));
         inner.policies.retain(|_, p| p.roll(now, in_flight));
+        // The learner counts this worker's calls: it is told, and tells, this worker's part
+        // of a limit, which the fleet's is `workers` times.
+        let workers = inner.workers.max(1);
         let known: Vec<Known> = inner
             .policies
             .values()
@@ -297,7 +368,7 @@ impl AnnouncedLimits {
                 learned: p.learnt.map(|l| l.key),
                 reset_ms: self.ms(p.reset_at),
                 length_ms: p.window.map(|w| w.as_millis() as u64),
-                limit: p.limit,
+                limit: p.limit.map(|l| l / workers),
             })
             .collect();
         let (at, reset) = (self.ms(sent), self.ms(reset_at));
@@ -311,12 +382,17 @@ impl AnnouncedLimits {
                 }
                 let key = inner.next_key;
                 inner.next_key += 1;
+                let window = LearnedWindow {
+                    limit: window.limit.saturating_mul(workers),
+                    ..window
+                };
                 self.learn(&mut inner, key, window, now);
             }
             Lesson::Spent { key, accepted } => {
                 if let Some(p) = inner.policies.get_mut(&learned_name(key)) {
-                    if let Some(limit) = p.limit.filter(|&l| accepted < l) {
-                        let limit = lowered(limit, accepted);
+                    let own = p.limit.map(|l| l / workers);
+                    if let Some(own) = own.filter(|&l| accepted < l) {
+                        let limit = lowered(own, accepted).saturating_mul(workers);
                         tracing::debug!(
                             policy = learned_name(key),
                             limit,
@@ -330,6 +406,7 @@ impl AnnouncedLimits {
                     if let Some(l) = &mut p.learnt {
                         l.refusals += 1;
                         l.whole_in_a_row = 0;
+                        l.changed_unix_ms = unix_ms();
                     }
                 }
             }
@@ -370,6 +447,7 @@ impl AnnouncedLimits {
                     key,
                     refusals: window.refusals,
                     whole_in_a_row: 0,
+                    changed_unix_ms: unix_ms(),
                 }),
             },
         );
@@ -398,6 +476,105 @@ impl AnnouncedLimits {
         found.sort_by_key(|(k, _)| *k);
         found.into_iter().map(|(_, w)| w).collect()
     }
+
+    /// The windows learnt from refusals as the job keeps them (their limits the fleet's).
+    pub fn kept(&self) -> Vec<KeptLimit> {
+        let now = Instant::now();
+        let now_unix = unix_ms();
+        let inner = self.lock();
+        let mut found: Vec<(u64, KeptLimit)> = inner
+            .policies
+            .values()
+            .filter_map(|p| {
+                let l = p.learnt?;
+                let in_ms = p.reset_at.saturating_duration_since(now).as_millis();
+                Some((
+                    l.key,
+                    KeptLimit {
+                        limit: p.limit?,
+                        length_ms: u64::try_from(p.window?.as_millis()).ok()?,
+                        reset_unix_ms: now_unix.saturating_add(u64::try_from(in_ms).ok()?),
+                        refusals: l.refusals,
+                        changed_unix_ms: l.changed_unix_ms,
+                    },
+                ))
+            })
+            .collect();
+        found.sort_by_key(|(k, _)| *k);
+        found.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// Pace by windows kept with the job (by an earlier run, or by another worker of the
+    /// fleet): each kept limit not known here is learnt, one known whose kept form changed
+    /// later replaces the limit known. A window adopted is spent until its current window
+    /// ends, as one just learnt is: the run that kept it (or the fleet) may have used it
+    /// whole, and a learnt phase is only as exact as the API's whole-second `Retry-After`
+    /// (late, never early: so the wait ends in a window the API counts afresh). Returns how
+    /// many windows changed.
+    pub fn adopt(&self, kept: &[KeptLimit]) -> usize {
+        let now = Instant::now();
+        let now_unix = unix_ms();
+        let mut inner = self.lock();
+        let mut changed = 0;
+        for k in kept {
+            let Some(length) = Some(k.length_ms)
+                .filter(|&l| l > 0)
+                .map(Duration::from_millis)
+            else {
+                continue;
+            };
+            let part = k.limit.max(1);
+            let learnt = inner
+                .policies
+                .values()
+                .filter(|p| p.learnt.is_some())
+                .count();
+            let same = inner.policies.values_mut().find(|p| {
+                p.learnt.is_some()
+                    && p.window.is_some_and(|w| {
+                        (w.as_millis() as u64).abs_diff(k.length_ms) <= SAME_BOUNDARY
+                    })
+            });
+            match same {
+                Some(p) => {
+                    let Some(l) = &mut p.learnt else { continue };
+                    if k.changed_unix_ms > l.changed_unix_ms {
+                        l.changed_unix_ms = k.changed_unix_ms;
+                        l.refusals = l.refusals.max(k.refusals);
+                        l.whole_in_a_row = 0;
+                        p.remaining = p.remaining.min(part);
+                        p.limit = Some(part);
+                        changed += 1;
+                    }
+                }
+                None if learnt >= MAX_LEARNED => {}
+                None => {
+                    let left = k.reset_after(now_unix) - now_unix;
+                    let reset_at = now + Duration::from_millis(left);
+                    let key = inner.next_key;
+                    inner.next_key += 1;
+                    inner.policies.insert(
+                        learned_name(key),
+                        Policy {
+                            remaining: 0,
+                            reset_at,
+                            limit: Some(part),
+                            window: Some(length),
+                            next_start: now,
+                            learnt: Some(Learnt {
+                                key,
+                                refusals: k.refusals,
+                                whole_in_a_row: 0,
+                                changed_unix_ms: k.changed_unix_ms,
+                            }),
+                        },
+                    );
+                    changed += 1;
+                }
+            }
+        }
+        changed
+    }
 }
 
 impl Policy {
@@ -424,6 +601,7 @@ impl Policy {
                         l.whole_in_a_row = 0;
                         limit = relaxed(limit);
                         self.limit = Some(limit);
+                        l.changed_unix_ms = unix_ms();
                         tracing::debug!(limit, "a learnt API limit relaxed");
                     }
                 }
@@ -436,12 +614,9 @@ impl Policy {
     }
 
     /// The calls this worker, one of `workers`, may still start before the reset: what
-    /// remains of an announced window divided among them; all of a learnt one.
+    /// remains of the window (counted for the whole fleet) divided among them.
     fn part(&self, workers: u64) -> u64 {
-        match self.learnt {
-            Some(_) => self.remaining,
-            None => self.remaining / workers,
-        }
+        self.remaining / workers
     }
 
     /// When the next call may start, if not now: at the reset when nothing remains (of this
@@ -457,12 +632,10 @@ impl Policy {
     fn take(&mut self, now: Instant, workers: u64) {
         let part = u32::try_from(self.part(workers).max(1)).unwrap_or(u32::MAX);
         let interval = self.reset_at.saturating_duration_since(now) / part;
-        // Of an announced window, each worker of the fleet is taken to start a call as this
-        // one does (the API's next word only lowers the count within a window): so this
-        // worker's part is its share of what remained, never calls the others made and the
-        // API has not counted yet.
-        let step = if self.learnt.is_some() { 1 } else { workers };
-        self.remaining = self.remaining.saturating_sub(step);
+        // Each worker of the fleet is taken to start a call as this one does (the API's next
+        // word only lowers the count within a window): so this worker's part is its share
+        // of what remained, never calls the others made and the API has not counted yet.
+        self.remaining = self.remaining.saturating_sub(workers);
         self.next_start = self.next_start.max(now) + interval;
     }
 }
@@ -609,6 +782,40 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_learnt_window_kept_paces_another_run_and_a_later_change_wins() {
+        let l = AnnouncedLimits::new();
+        for _ in 0..20 {
+            l.accepted(Instant::now());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let now = Instant::now();
+        l.refused(now, Duration::from_millis(800));
+        l.refused(now, Duration::from_millis(800));
+        let kept = l.kept();
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].limit, kept[0].refusals), (20, 2));
+        // A resume paces by it from its first call: its current window as spent, the next
+        // ones whole.
+        let resumed = AnnouncedLimits::new();
+        assert_eq!(resumed.adopt(&kept), 1);
+        assert_eq!(resumed.adopt(&kept), 0, "adopting again is no news");
+        let states = resumed.states();
+        assert_eq!(states[0].limit, Some(20));
+        assert_eq!(states[0].learned_from, Some(2));
+        assert_eq!(states[0].remaining, 0, "{states:?}");
+        // A worker of the fleet lowered it later: the lower limit paces here too.
+        let lowered = KeptLimit {
+            limit: 16,
+            refusals: 3,
+            changed_unix_ms: kept[0].changed_unix_ms + 1,
+            ..kept[0]
+        };
+        assert_eq!(resumed.adopt(&[lowered]), 1);
+        assert_eq!(resumed.states()[0].limit, Some(16));
+        assert_eq!(resumed.kept()[0].refusals, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_refusal_holds_every_attempt_until_its_retry_after() {
         let l = AnnouncedLimits::new();
         let start = Instant::now();
@@ -622,8 +829,66 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn until_the_api_answers_once_one_call_goes_at_a_time() {
+        let l = Arc::new(AnnouncedLimits::new());
+        let first = l.wait().await;
+        let second = tokio::spawn({
+            let l = l.clone();
+            async move { drop(l.wait().await) }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            !second.is_finished(),
+            "a second call went before any answer"
+        );
+        // The first call failed without an answer: the next one may probe.
+        drop(first);
+        second.await.unwrap();
+        let probe = l.wait().await;
+        l.observe(&[]);
+        // Answered (announcing nothing): calls go together.
+        let calls = [l.wait().await, l.wait().await, l.wait().await];
+        drop((probe, calls));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_ending_with_its_next_one_unknown_is_probed_by_one_call() {
+        let l = Arc::new(AnnouncedLimits::new());
+        l.observe(&[announced("w", 5, 1000, None)]);
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        let probe = l.wait().await;
+        let second = tokio::spawn({
+            let l = l.clone();
+            async move { drop(l.wait().await) }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!second.is_finished(), "a call went beside the probe");
+        l.observe(&[announced("w", 40, 2000, None)]);
+        drop(probe);
+        second.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_joining_a_fleet_already_calling_holds_until_it_is_counted() {
+        let l = AnnouncedLimits::new();
+        l.observe(&[]);
+        let start = Instant::now();
+        drop(l.wait_among(3).await);
+        assert!(start.elapsed() >= JOIN_SETTLE);
+        // The first worker, counting others joining later, does not hold.
+        let first = AnnouncedLimits::new();
+        first.observe(&[]);
+        drop(first.wait_among(1).await);
+        let later = Instant::now();
+        drop(first.wait_among(2).await);
+        assert_eq!(later.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn workers_of_a_fleet_each_take_their_part_of_what_remains() {
         let l = AnnouncedLimits::new();
+        // Its first call alone (a fleet of one so far: no join to settle).
+        drop(l.wait().await);
         l.observe(&[announced("w", 10, 1000, None)]);
         let start = Instant::now();
         // One of two workers: its half, 5 calls, spread over the second.

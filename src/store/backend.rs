@@ -41,7 +41,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
 
 use super::{
     BadLine, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
@@ -164,6 +164,22 @@ pub trait Store: Send + Sync + 'static {
         records: &[serde_json::Value],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = records;
+        async { Ok(()) }
+    }
+    /// The windows the job's runs learnt from the API's refusals, as last kept
+    /// ([`Store::keep_learned_limits`]; none kept: empty).
+    fn learned_limits(&self) -> impl Future<Output = Result<Vec<KeptLimit>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+    /// Keep `limits` as the windows the job learnt, replacing those kept: a resume paces by
+    /// them from its first call, and every worker of a fleet reads them. Not a result: a
+    /// backend may make them durable with its next write. One that keeps none ignores them
+    /// (its runs learn the windows again).
+    fn keep_learned_limits(
+        &self,
+        limits: &[KeptLimit],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = limits;
         async { Ok(()) }
     }
     /// The job's history as [`Store::append_history`] kept it, oldest first (none: empty).

@@ -238,3 +238,99 @@ fn windows_nobody_announces_are_learnt_from_the_refusals() {
     let calls = h.api.total_calls();
     assert!(refused * 20 <= calls, "{refused} of {calls} answers 429");
 }
+
+/// A window learnt from refusals is kept with the job: killed with SIGKILL once it paced
+/// the run for a few windows, the resumed run paces by it from its first call (it says so)
+/// instead of learning it again through a burst of 429s; `status` says what the job learnt
+/// and from how many refusals.
+#[test]
+fn a_resume_paces_by_the_windows_the_killed_run_learnt() {
+    let h = Harness::new(ApiConfig {
+        windows: vec![ApiWindow {
+            limit: 20,
+            length: Duration::from_secs(2),
+        }],
+        ..fast_with_latency(2)
+    });
+    let ids = ids(240);
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let url = h.url();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(["--concurrency", "8"]);
+    // Started as one of the API's windows begins: a run starting inside a window reads
+    // its first one short (its length from the first call to the boundary) and may learn
+    // half a window (the learner's known limit; not what this test is about).
+    let epoch_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    while epoch_ms() % 2000 > 20 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut child = h.spawn(&args);
+    // Learnt (two refusals at least), then 50 calls accepted: the API lets 20 through per
+    // window, so they span two of its windows whole, while the run keeps what it learnt
+    // every second.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while h.api.window_refusals() < 2 {
+        assert!(Instant::now() < deadline, "no refusal to learn from");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let learnt_at = h.api.accepted();
+    while h.api.accepted() < learnt_at + 50 {
+        assert!(Instant::now() < deadline, "no progress after learning");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+    let resumed_at = Instant::now();
+    let resumed = h.resume(&state, &[]);
+    resumed.expect_code(0);
+    resumed.expect_stderr("pacing by an API limit the job learnt before: ");
+    // Its first two windows meet one refusal at most: a learnt window's phase and length
+    // are only as exact as the API's whole-second Retry-After, so its boundary may fall a
+    // little off the API's. (A run learning the window again sends a burst: 7 or 8.)
+    let early = h
+        .api
+        .window_refusal_times()
+        .into_iter()
+        .filter(|&t| t > resumed_at && t < resumed_at + Duration::from_secs(4))
+        .count();
+    assert!(
+        early <= 1,
+        "{early} refusals in the resumed run's first 4 s: it learnt the window again"
+    );
+    h.check_export_exactly_once(&h.export(&state), &ids);
+    let status = h.status(&state);
+    let learnt = &status["learned_limits"][0];
+    assert!(
+        learnt["limit"]
+            .as_u64()
+            .is_some_and(|l| (15..=22).contains(&l)),
+        "{status}"
+    );
+    // Its length as the refusals' whole-second Retry-Afters let it be read (each boundary
+    // up to a second late).
+    assert!(
+        learnt["length_ms"]
+            .as_u64()
+            .is_some_and(|l| (1500..=3100).contains(&l)),
+        "{status}"
+    );
+    assert!(
+        learnt["refusals"].as_u64().is_some_and(|r| r >= 2),
+        "{status}"
+    );
+    let text = h.run(&["status", "--state", p(&state)]);
+    text.expect_code(0);
+    assert!(
+        text.stdout.contains("learnt:     API limit ") && text.stdout.contains(" refusals"),
+        "{}",
+        text.stdout
+    );
+}

@@ -281,6 +281,12 @@ impl FakeApi {
         self.shared.windows.refusals()
     }
 
+    /// When the windows' refusals ([`FakeApi::window_refusals`]) were made, in order (the
+    /// first 100,000).
+    pub fn window_refusal_times(&self) -> Vec<Instant> {
+        self.shared.windows.refusal_times()
+    }
+
     /// For each quota window definition (in the order of [`ApiConfig::windows`] or the
     /// last [`FakeApi::set_windows`]), the most requests any one of its windows accepted:
     /// never above its limit.

@@ -49,6 +49,9 @@ pub enum Announce {
     XRateLimit,
 }
 
+/// Refusals timestamped at most ([`Windows::refusal_times`]).
+const MAX_REFUSAL_TIMES: usize = 100_000;
+
 /// The windows' counts (in `Shared`): one lock over all of them, so a request is counted in
 /// every window or in none.
 pub(super) struct Windows {
@@ -57,6 +60,8 @@ pub(super) struct Windows {
     state: Mutex<State>,
     /// Requests the windows refused.
     refusals: AtomicU64,
+    /// When the first [`MAX_REFUSAL_TIMES`] refusals were made.
+    refused_at: Mutex<Vec<std::time::Instant>>,
 }
 
 struct State {
@@ -134,6 +139,7 @@ impl Windows {
                 windows: windows.iter().map(Counting::new).collect(),
             }),
             refusals: AtomicU64::new(0),
+            refused_at: Mutex::default(),
         }
     }
 
@@ -158,6 +164,13 @@ impl Windows {
         }
         if let Some(secs) = retry_after {
             self.refusals.fetch_add(1, Ordering::Relaxed);
+            let mut at = self
+                .refused_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if at.len() < MAX_REFUSAL_TIMES {
+                at.push(std::time::Instant::now());
+            }
             return Err(secs);
         }
         for window in &mut state.windows {
@@ -240,6 +253,13 @@ impl Windows {
 
     pub(super) fn refusals(&self) -> u64 {
         self.refusals.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn refusal_times(&self) -> Vec<std::time::Instant> {
+        self.refused_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -93,6 +93,20 @@ impl Store for MemStore {
         Ok(self.state().durable.quotas.clone())
     }
 
+    async fn learned_limits(&self) -> Result<Vec<crate::quota::KeptLimit>, StoreError> {
+        Ok(self.state().live.learned.clone())
+    }
+
+    async fn keep_learned_limits(
+        &self,
+        limits: &[crate::quota::KeptLimit],
+    ) -> Result<(), StoreError> {
+        let mut s = self.state();
+        s.durable.learned = limits.to_vec();
+        s.live.learned = limits.to_vec();
+        Ok(())
+    }
+
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let mut s = self.state();
         s.live.job = Some(job.clone());

@@ -307,6 +307,18 @@ impl Store for MemWorker {
         Ok(self.shared().records.quotas.clone())
     }
 
+    async fn learned_limits(&self) -> Result<Vec<crate::quota::KeptLimit>, StoreError> {
+        Ok(self.shared().records.learned.clone())
+    }
+
+    async fn keep_learned_limits(
+        &self,
+        limits: &[crate::quota::KeptLimit],
+    ) -> Result<(), StoreError> {
+        self.shared().records.learned = limits.to_vec();
+        Ok(())
+    }
+
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         self.shared().records.job = Some(job.clone());
         Ok(())
@@ -573,12 +585,17 @@ impl Fleet for MemWorker {
             (Some((rate, Some(burst))), Some(share)) => Some(share_of_burst(burst, share, rate)),
             _ => None,
         };
-        let workers = s.sessions.values().filter(|x| sharing(x)).count();
+        // This worker is counted as making calls: it asks in order to make one.
+        let peers = s
+            .sessions
+            .iter()
+            .filter(|(id, x)| **id != me && sharing(x))
+            .count();
         FleetRate {
             share,
             burst,
             paused_until: s.paused_until,
-            workers: Some(u32::try_from(workers).unwrap_or(u32::MAX).max(1)),
+            workers: Some(u32::try_from(peers + 1).unwrap_or(u32::MAX)),
         }
     }
 

@@ -33,6 +33,8 @@ pub(super) struct Records {
     pub(super) rerun_commits: BTreeMap<(u32, u64), CommitRecord>,
     /// The job's quota usage (durable at once: a reservation is never buffered).
     pub(super) quotas: crate::quota::QuotaLedger,
+    /// The windows the job learnt from refusals (kept at once, as the quotas).
+    pub(super) learned: Vec<crate::quota::KeptLimit>,
 }
 
 impl Records {

@@ -1,5 +1,5 @@
 //! The session's heartbeat: renewed in the background every third of its TTL (at most
-//! every [`SHARE_FOLLOW`] while the job has a fleet rate: [`heartbeat_every`]) on a
+//! every [`SHARE_FOLLOW`]: [`heartbeat_every`]) on a
 //! connection of its own, its grant (rate share, shared pause) kept for the worker. A
 //! renewal that finds the session expired drops every lease and registers a new session.
 
@@ -61,7 +61,7 @@ pub(super) async fn keep_alive(inner: Weak<Inner>) {
         }
         // After the renewal: a worker's first grant tells it whether the job has a rate (a
         // joiner that waited ttl/3 with a share of 0 left the fleet a worker short for 10 s).
-        let every = heartbeat_every(store.ttl, store.local().session.grant.as_ref());
+        let every = heartbeat_every(store.ttl);
         let wake = store.wake.clone();
         drop(store);
         tokio::select! {
@@ -92,17 +92,14 @@ pub(super) fn take_grant(store: &Inner, me: &WorkerId, sent: Instant, grant: Gra
 }
 
 /// How long to wait between two heartbeats of a session living `ttl`: a third of it, and at
-/// most [`SHARE_FOLLOW`] while the job has a fleet rate (`grant`, the last one), so that
-/// shares follow workers joining and leaving within a second or so rather than a third of
-/// the TTL (at the default 30 s, a newcomer waited 10 s with a share of 0 for the others to
-/// give up their excess).
-pub(super) fn heartbeat_every(ttl: Duration, grant: Option<&Grant>) -> Duration {
-    let every = ttl / 3;
-    match grant {
-        Some(g) if g.rate_share.is_some() => every.min(SHARE_FOLLOW),
-        _ => every,
-    }
+/// most [`SHARE_FOLLOW`], so that what the fleet shares follows workers joining and leaving
+/// within a second or so rather than a third of the TTL: rate shares (at the default 30 s, a
+/// newcomer waited 10 s with a share of 0 for the others to give up their excess) and the
+/// parts of the API's announced windows (a worker not yet counting a newcomer takes all that
+/// remains of a window the newcomer spends too; see `quota::pacer::JOIN_SETTLE`).
+pub(super) fn heartbeat_every(ttl: Duration) -> Duration {
+    (ttl / 3).min(SHARE_FOLLOW)
 }
 
-/// The longest wait between two heartbeats while the job has a fleet rate.
+/// The longest wait between two heartbeats.
 pub(super) const SHARE_FOLLOW: Duration = Duration::from_secs(1);

@@ -421,7 +421,8 @@ impl Fleet for PgStore {
                 .filter(|g| g.rate_share.is_some())
                 .and_then(|g| g.burst),
             paused_until: session.paused_until,
-            workers: session.grant.as_ref().map(|g| g.live),
+            // This worker is counted as making calls: it asks in order to make one.
+            workers: session.grant.as_ref().map(|g| g.peers.saturating_add(1)),
         }
     }
 

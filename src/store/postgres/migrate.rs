@@ -57,6 +57,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "history",
         sql: include_str!("../../../migrations/0005_history.sql"),
     },
+    Migration {
+        version: 6,
+        name: "learned_limits",
+        sql: include_str!("../../../migrations/0006_learned_limits.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").

@@ -66,6 +66,7 @@ pub(crate) mod history;
 mod items;
 pub(crate) mod job;
 mod keys;
+mod learned;
 mod leases;
 pub(crate) mod migrate;
 mod open;

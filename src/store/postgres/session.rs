@@ -42,6 +42,9 @@ pub struct Grant {
     pub draining: bool,
     /// The job's live workers sharing its calls, this one among them (at least 1).
     pub live: u32,
+    /// The job's other live workers making calls (not draining, not idle): the API's
+    /// announced limits are divided among them and this one.
+    pub peers: u32,
 }
 
 /// A heartbeat's outcome.
@@ -137,12 +140,15 @@ pub(crate) async fn heartbeat(
                      AND CASE WHEN worker_id = $2::text::uuid THEN NOT $5 ELSE NOT idle END) live,
                   (SELECT coalesce(sum(rate_share), 0) AS s FROM hw_worker
                    WHERE job_id = $1 AND worker_id <> $2::text::uuid
-                     AND expires_at > clock_timestamp()) others
+                     AND expires_at > clock_timestamp()) others,
+                  (SELECT count(*) AS n FROM hw_worker
+                   WHERE job_id = $1 AND worker_id <> $2::text::uuid AND NOT draining
+                     AND NOT idle AND expires_at > clock_timestamp()) peers
              WHERE w.job_id = $1 AND w.worker_id = $2::text::uuid
                AND w.expires_at > clock_timestamp()
              RETURNING w.rate_share, j.rate_per_s, j.burst, w.draining,
                        extract(epoch FROM j.paused_until - clock_timestamp())::float8,
-                       live.n",
+                       live.n, peers.n",
             &[&job.0, &me.0, &ttl.as_secs_f64(), stats, &idle],
         )
         .await
@@ -158,12 +164,14 @@ pub(crate) async fn heartbeat(
     let burst: Option<i32> = row.get(2);
     let paused: Option<f64> = row.get(4);
     let live: i64 = row.get(5);
+    let peers: i64 = row.get(6);
     Ok(Heartbeat::Renewed(Grant {
         rate_share,
         burst: share_of_burst(burst, rate_share, rate),
         paused_for: paused.filter(|s| *s > 0.0).map(Duration::from_secs_f64),
         draining: row.get(3),
         live: u32::try_from(live).unwrap_or(u32::MAX).max(1),
+        peers: u32::try_from(peers).unwrap_or(u32::MAX),
     }))
 }
 

@@ -22,8 +22,8 @@ use super::error::PgError;
 use super::outage::Outage;
 use super::rows::{commit_record, malformed, spec_json};
 use super::state::{Inner, PgStore};
-use super::{buckets, history, items, job, planner, quota, reruns, stats};
-use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use super::{buckets, history, items, job, learned, planner, quota, reruns, stats};
+use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
     BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
     RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
@@ -280,5 +280,17 @@ impl Store for PgStore {
 
     async fn history(&self) -> Result<Vec<serde_json::Value>, StoreError> {
         with_client!(self, |c, i| { history::read(&*c, i.job).await })
+    }
+
+    async fn learned_limits(&self) -> Result<Vec<KeptLimit>, StoreError> {
+        with_client!(self, quota_connection, |c, i| {
+            learned::read(&*c, i.job).await
+        })
+    }
+
+    async fn keep_learned_limits(&self, limits: &[KeptLimit]) -> Result<(), StoreError> {
+        with_client!(self, quota_connection, |c, i| {
+            learned::write(&*c, i.job, limits).await
+        })
     }
 }

@@ -20,6 +20,8 @@
 //!              "results" → what of results.log is durable ([`Durable`]),
 //!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx,
 //!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used),
+//!              "learned" → the windows learnt from the API's refusals (JSON array of
+//!              `KeptLimit`s; absent: none),
 //!              "dict" → which results.dict the records need ([`compression::DictRecord`];
 //!              absent: none yet), written durably before any record uses it
 //!     offsets  first bucket (u64 BE) → segment JSON       (the offset log, see below)
@@ -100,7 +102,7 @@ pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTE
 
 use super::*;
 use crate::input::{Cursor, Fingerprint};
-use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
+use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
 use crate::watchdog;
 use compression::{Compression, DictRecord, DICT_META_KEY};
 use id_index::IdIndex;
@@ -558,6 +560,22 @@ impl Store for SledStore {
         Ok(self
             .get(&t.meta, b"quotas", "quota usage")?
             .unwrap_or_default())
+    }
+
+    async fn learned_limits(&self) -> Result<Vec<KeptLimit>, StoreError> {
+        let t = self.t()?;
+        Ok(self
+            .get(&t.meta, b"learned", "learnt limits")?
+            .unwrap_or_default())
+    }
+
+    /// Written without a flush of its own: the next write of results (or sled's own
+    /// periodic flush) makes it durable; a crash before loses only what a run learns again.
+    async fn keep_learned_limits(&self, limits: &[KeptLimit]) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let bytes = serde_json::to_vec(limits).expect("kept limits always serialize");
+        t.meta.insert(b"learned", bytes).map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     async fn planner(&self) -> Result<PlannerState, StoreError> {
