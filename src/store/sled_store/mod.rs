@@ -75,6 +75,7 @@ mod dir;
 mod handle;
 pub(crate) mod id_index;
 pub(crate) mod id_lists;
+mod id_rows;
 mod item_codec;
 mod logs;
 mod reruns;
@@ -157,6 +158,8 @@ pub struct SledStore {
     indexed_at: std::sync::Mutex<std::time::Instant>,
     /// Rows below this were noted in the index by [`Store::first_row`].
     noted: AtomicU64,
+    /// What the ID index's check of a row reads (see [`id_rows`]).
+    id_rows: std::sync::Mutex<id_rows::IdRows>,
     /// The last lease token granted (see [`Leases`]), and the one held now (0: none).
     tokens: AtomicU64,
     lease: AtomicU64,
@@ -365,6 +368,7 @@ impl SledStore {
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
+            id_rows: Default::default(),
             tokens: AtomicU64::new(tokens),
             lease: AtomicU64::new(0),
             _lock: lock,
@@ -570,7 +574,14 @@ impl Store for SledStore {
     async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
         let mut out = Vec::with_capacity(rows.len());
         for &(row, id) in rows {
-            let first = self.index.insert(id, row).map_err(|e| self.index_err(e))?;
+            let first = self
+                .index
+                .insert(id, row, &mut |r, s| self.holds(r, s))
+                .map_err(|e| self.index_error(e))?;
+            // Its ID, until planned, is only here for the check of a repeat's fragment.
+            if first.is_none_or(|first| first == row) {
+                self.note_rows([(row, id)]);
+            }
             self.noted.fetch_max(row + 1, Ordering::AcqRel);
             out.push(first.filter(|first| *first < row));
         }
@@ -669,7 +680,8 @@ impl Store for SledStore {
     }
 
     async fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        match self.index.get(id).map_err(|e| self.index_err(e))? {
+        let found = self.index.get(id, &mut |r, s| self.holds(r, s));
+        match found.map_err(|e| self.index_error(e))? {
             Some(row) => self.result(row, id),
             None => Ok(None),
         }

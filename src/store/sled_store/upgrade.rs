@@ -58,8 +58,11 @@ impl SledStore {
             let lists = self.read_segment_ids(&segment)?;
             for list in &lists {
                 self.index
-                    .insert_all(list.iter().map(|(row, id, _)| (*row, id.as_str())))
-                    .map_err(|e| self.index_err(e))?;
+                    .insert_all(
+                        list.iter().map(|(row, id, _)| (*row, id.as_str())),
+                        &mut |r, s| self.holds(r, s),
+                    )
+                    .map_err(|e| self.index_error(e))?;
                 let mut found = Vec::new();
                 for (row, id, _) in list {
                     if let Some(value) = t.items.get(id.as_bytes()).map_err(|e| self.err(e))? {
