@@ -3,10 +3,11 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":5}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":6}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
-//! DIR/results.log      the items' final records, appended (see [`results_log`]; each record
-//!                      binary with its body compressed, see [`item_codec`])
+//! DIR/results.log      the items' final records, appended in groups (see [`results_log`]
+//!                      and [`log_groups`]; each record binary with its body compressed, see
+//!                      [`item_codec`])
 //! DIR/results.dict     the zstd dictionary of the bodies, once trained (see [`compression`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
@@ -77,6 +78,7 @@ pub(crate) mod id_index;
 pub(crate) mod id_lists;
 mod id_rows;
 mod item_codec;
+mod log_groups;
 mod logs;
 mod reruns;
 pub(crate) mod results_log;
@@ -401,9 +403,10 @@ impl SledStore {
             Some(version) => {
                 store.index_again()?;
                 if version < FORMAT_VERSION {
-                    // Formats 3 and 4: nothing to move (format 3's reruns' inline lists and
-                    // format 4's JSON records are read where they are); from now on an older
-                    // build must refuse the store.
+                    // Formats 3 to 5: nothing to move (format 3's reruns' inline lists, format
+                    // 4's JSON records and format 5's results log entries of one record are
+                    // read where they are); from now on an older build must refuse the store
+                    // (it would take a group entry for damage).
                     trees
                         .meta
                         .insert("version", &FORMAT_VERSION.to_be_bytes())
