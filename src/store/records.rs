@@ -28,11 +28,13 @@ use serde_json::value::RawValue;
 use crate::failure::ErrorClass;
 use crate::input::{Cursor, Fingerprint};
 
-/// The store format this build reads and writes. 5: item records are binary with their
+/// The store format this build reads and writes. 6: the results log is written in groups of
+/// records, one header and checksum per group (format 5's entries of one record are still
+/// read where they are); 5: item records are binary with their
 /// bodies compressed (format 4 wrote JSON records, which this build still reads); 4: a
 /// rerun's ID lists are in `ids.log` like the job's (format 3 kept them in sled, where this
 /// build still reads them).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// A job's spec as a store keeps it: opaque bytes in an encoding the job module owns and
 /// versions ([`crate::job::JobSpec::to_stored`]), with the job's id, which a store may use to

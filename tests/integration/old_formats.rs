@@ -22,7 +22,8 @@ struct Killed {
 /// `killed` opens with this build: `status` reads it as it was, the demo resumes it to the
 /// end with every ID exactly once, the results made durable before the kill read back after
 /// it as they did before (bodies, statuses, attempts), and the store is marked the current
-/// format.
+/// format. The old results log entries stay as they are (one record each, read by the old
+/// decoder); the resume appends groups after them.
 fn opens_and_resumes(killed: Killed) {
     let h = Harness::new(ApiConfig::demo());
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -31,6 +32,11 @@ fn opens_and_resumes(killed: Killed) {
     let dir = h.path("demo");
     copy_dir(&fixture, &dir);
     let state = dir.join("state");
+    let (old_entries, old_groups) = entry_kinds(&state.join("results.log"));
+    assert!(
+        old_entries > 0 && old_groups == 0,
+        "{old_entries} {old_groups}"
+    );
     let before = h.status(&state);
     assert_eq!(before["stats"]["ok"], killed.ok, "{before}");
     assert_eq!(before["stats"]["failed"], killed.failed, "{before}");
@@ -54,6 +60,12 @@ fn opens_and_resumes(killed: Killed) {
         marker.contains(&format!("\"version\":{}", highwater::store::FORMAT_VERSION)),
         "{marker}"
     );
+    let (entries, groups) = entry_kinds(&state.join("results.log"));
+    assert_eq!(
+        entries, old_entries,
+        "the old entries are kept, not converted"
+    );
+    assert!(groups > 0, "the resume appended groups");
     let export = h.export(&state);
     let all: Vec<String> = highwater::demo::demo_ids(killed.ids).collect();
     h.check_export_exactly_once(&export, &all);
@@ -96,6 +108,26 @@ fn a_format_5_state_killed_mid_run_opens_and_resumes() {
         failed: 28,
         pending: 3097,
     });
+}
+
+/// How many entries of a results log hold one record, and how many a group (the two top bits
+/// of the length field set; see `src/store/sled_store/log_groups.rs`).
+fn entry_kinds(log: &Path) -> (usize, usize) {
+    let bytes = std::fs::read(log).unwrap();
+    let (mut entries, mut groups, mut at) = (0, 0, 0);
+    while at + 8 <= bytes.len() {
+        let field = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = if field >> 30 == 3 {
+            groups += 1;
+            field & !(3 << 30)
+        } else {
+            entries += 1;
+            field & !(1 << 31)
+        };
+        at += 8 + len as usize;
+    }
+    assert_eq!(at, bytes.len(), "{} ends inside an entry", log.display());
+    (entries, groups)
 }
 
 fn copy_dir(from: &Path, to: &Path) {

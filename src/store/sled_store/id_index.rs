@@ -18,16 +18,28 @@
 //! 0         header copy 0 ┐ magic "HWIDX001", version u32, subtables u32 (4096),
 //! 100 KiB   header copy 1 ┘ generation u64, per subtable (region offset, slots, entries)
 //!                           u64 each, CRC32 of the preceding bytes
-//! 200 KiB   regions, 4 KiB aligned, each one subtable: `slots` entries of 16 bytes,
-//!           [tag u64][(check24 << 40) | row u64], empty iff tag == 0
+//! 200 KiB   regions, 4 KiB aligned, each one subtable: `slots` entries of 8 bytes,
+//!           (fragment26 << 38) | row, u64, empty iff 0
 //! ```
 //!
-//! The 128-bit xxh3 of an ID picks its subtable (top 12 bits), its 64-bit tag (high half,
-//! 0 taken as 1; its low bits also pick the first slot to probe) and 24 check bits (low half).
-//! A subtable is an open-addressing table with linear probing, at most three quarters full
-//! (`MAX_LOAD`; half full in builds before it, which this one opens as they are): to grow, it
-//! is rebuilt at twice the size in a new region appended to the file. Regions are never
-//! reused, so a header on disk always points at regions that are still intact.
+//! The 64-bit xxh3 of an ID picks its subtable (top 12 bits) and a 26-bit fragment (low
+//! bits, 0 taken as 1), whose low bits also pick the first slot to probe (so a subtable can
+//! grow without reading the IDs again). A fragment is no proof: many IDs share one. A slot
+//! whose fragment matches is taken for the ID only once the caller's check says the ID at
+//! its row is that ID (read from the ID lists, see [`IdIndex::get`]), or, on an insert, when
+//! its row is the row being inserted (a row holds one ID); otherwise probing goes on. So a
+//! fragment collision costs a check and never returns the wrong row. Checks are rare: a
+//! probe meets another ID's equal fragment with a chance of about one in 2^26 divided by a
+//! subtable's slots, per slot (about 1 in 30,000 at a million IDs).
+//!
+//! A subtable is an open-addressing table with linear probing, at most three quarters full:
+//! to grow, it is rebuilt at twice the size in a new region appended to the file. Regions
+//! are never reused, so a header on disk always points at regions that are still intact.
+//!
+//! Version 1 of the file (16-byte slots holding a 64-bit tag and 24 check bits, taken as
+//! proof of the ID) is refused as [`ErrorKind::InvalidData`], as a damaged index is: the
+//! store removes it and builds this one again from the offset log (the index is derived
+//! data). An older build does the same with this one.
 //!
 //! Regions left behind by growth are punched out of the file (`fallocate` with
 //! `FALLOC_FL_PUNCH_HOLE`: the space goes back to the filesystem, the file keeps its size)
@@ -49,15 +61,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError, RwLock};
 
 const MAGIC: &[u8; 8] = b"HWIDX001";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const SUBTABLES: usize = 4096;
-const ENTRY: u64 = 16;
+const ENTRY: u64 = 8;
 /// Slots read at once while probing: one `pread` covers a probe at three quarters full.
-const WINDOW: u64 = 8;
-const INITIAL_SLOTS: u64 = 256;
+const WINDOW: u64 = 16;
+/// A new subtable's slots: one page.
+const INITIAL_SLOTS: u64 = 512;
 const ALIGN: u64 = 4096;
-/// Rows must be below this (they share a word with the check bits).
-const ROW_LIMIT: u64 = 1 << 40;
+/// Bits of a slot holding the row; the fragment takes the rest.
+const ROW_BITS: u32 = 38;
+/// Rows must be below this (they share a word with the fragment).
+const ROW_LIMIT: u64 = 1 << ROW_BITS;
+/// Bits of an ID's hash kept in its slot.
+const FRAGMENT_BITS: u32 = 64 - ROW_BITS;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + SUBTABLES * 24 + 4;
 const HEADER_SPAN: u64 = align_up(HEADER_LEN as u64);
 const DATA_START: u64 = 2 * HEADER_SPAN;
@@ -70,8 +87,8 @@ const _: () = assert!(INITIAL_SLOTS * ENTRY <= ALIGN);
 
 /// The most entries a subtable of `slots` holds before it grows: three quarters. Linear
 /// probing's expected probe of a new ID is then about 8.5 slots at the fullest and 2.5 on
-/// average over a subtable's growth, one window; at half full the index took 43 bytes per ID
-/// on average (16-byte slots at 37.5% load), at three quarters 28.
+/// average over a subtable's growth, one window; at half full 16-byte slots took 43 bytes per
+/// ID on average (37.5% load), at three quarters 28; 8-byte slots take half that.
 const fn max_entries(slots: u64) -> u64 {
     slots / 4 * 3
 }
@@ -150,19 +167,45 @@ struct Inner {
 /// What an ID hashes to.
 struct Key {
     sub: usize,
-    tag: u64,
-    check: u64,
+    /// In `1..2^FRAGMENT_BITS`: never 0, so a taken slot is never 0.
+    fragment: u64,
 }
 
 impl Key {
     fn new(id: &str) -> Key {
-        let h = xxhash_rust::xxh3::xxh3_128(id.as_bytes());
-        let hi = (h >> 64) as u64;
+        let h = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
         Key {
-            sub: (hi >> 52) as usize,
-            tag: hi.max(1),
-            check: (h as u64) >> 40,
+            sub: (h >> 52) as usize,
+            fragment: (h & ((1 << FRAGMENT_BITS) - 1)).max(1),
         }
+    }
+
+    /// The slot word recording this ID at `row`.
+    fn word(&self, row: u64) -> u64 {
+        self.fragment << ROW_BITS | row
+    }
+}
+
+/// The fragment and the row of a slot word.
+fn unpack(word: u64) -> (u64, u64) {
+    (word >> ROW_BITS, word & (ROW_LIMIT - 1))
+}
+
+/// The slot a word (or a key's fragment) is first probed at in a subtable of `slots`.
+fn home(fragment: u64, slots: u64) -> u64 {
+    fragment & (slots - 1)
+}
+
+/// An error of a lookup: the index's file, or the caller's check of an ID's row.
+#[derive(Debug)]
+pub(crate) enum IndexError<E> {
+    Io(io::Error),
+    Check(E),
+}
+
+impl<E> From<io::Error> for IndexError<E> {
+    fn from(e: io::Error) -> Self {
+        IndexError::Io(e)
     }
 }
 
@@ -250,34 +293,47 @@ impl IdIndex {
         })
     }
 
-    /// The row recorded for `id`, if any.
-    pub(crate) fn get(&self, id: &str) -> io::Result<Option<u64>> {
+    /// The row recorded for `id`, if any. `holds(row, id)` says whether the ID at `row` is
+    /// `id` (false for a row it does not know): it is asked for each slot whose fragment
+    /// matches, so a collision is skipped. It must not use the index.
+    pub(crate) fn get<E>(
+        &self,
+        id: &str,
+        holds: &mut impl FnMut(u64, &str) -> Result<bool, E>,
+    ) -> Result<Option<u64>, IndexError<E>> {
         let key = Key::new(id);
         let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-        match self.probe(&inner.subs[key.sub], &key)? {
+        match self.probe(&inner.subs[key.sub], &key, id, None, holds)? {
             Probe::Found(row) => Ok(Some(row)),
             Probe::Empty(_) | Probe::Full => Ok(None),
         }
     }
 
     /// Record `id` at `row` unless it is there already: returns the row already recorded
-    /// (unchanged) or None if it was inserted now. Rows must be below 2^40.
-    pub(crate) fn insert(&self, id: &str, row: u64) -> io::Result<Option<u64>> {
+    /// (unchanged) or None if it was inserted now. Rows must be below 2^38. `holds` as for
+    /// [`IdIndex::get`]; a slot of `row` itself is taken as `id` without asking.
+    pub(crate) fn insert<E>(
+        &self,
+        id: &str,
+        row: u64,
+        holds: &mut impl FnMut(u64, &str) -> Result<bool, E>,
+    ) -> Result<Option<u64>, IndexError<E>> {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        self.insert_locked(&mut inner, id, row)
+        self.insert_locked(&mut inner, id, row, holds)
     }
 
     /// Insert many at once (same semantics, one lock); returns for each the existing row or
     /// None. On an error, the items before the failing one are inserted.
-    pub(crate) fn insert_all<'a>(
+    pub(crate) fn insert_all<'a, E>(
         &self,
         items: impl IntoIterator<Item = (u64, &'a str)>,
-    ) -> io::Result<Vec<Option<u64>>> {
+        holds: &mut impl FnMut(u64, &str) -> Result<bool, E>,
+    ) -> Result<Vec<Option<u64>>, IndexError<E>> {
         let items = items.into_iter();
         let mut out = Vec::with_capacity(items.size_hint().0);
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         for (row, id) in items {
-            out.push(self.insert_locked(&mut inner, id, row)?);
+            out.push(self.insert_locked(&mut inner, id, row, holds)?);
         }
         Ok(out)
     }
@@ -320,37 +376,40 @@ impl IdIndex {
         self.len() == 0
     }
 
-    fn insert_locked(&self, inner: &mut Inner, id: &str, row: u64) -> io::Result<Option<u64>> {
+    fn insert_locked<E>(
+        &self,
+        inner: &mut Inner,
+        id: &str,
+        row: u64,
+        holds: &mut impl FnMut(u64, &str) -> Result<bool, E>,
+    ) -> Result<Option<u64>, IndexError<E>> {
         if row >= ROW_LIMIT {
-            return Err(io::Error::new(
+            return Err(IndexError::Io(io::Error::new(
                 ErrorKind::InvalidInput,
-                format!("row {row} of ID {id:?} is too large for the ID index (limit 2^40)"),
-            ));
+                format!("row {row} of ID {id:?} is too large for the ID index (limit 2^38)"),
+            )));
         }
         let key = Key::new(id);
         loop {
             let sub = inner.subs[key.sub];
-            match self.probe(&sub, &key)? {
+            match self.probe(&sub, &key, id, Some(row), holds)? {
                 Probe::Found(existing) => return Ok(Some(existing)),
                 Probe::Empty(slot) if sub.entries < max_entries(sub.slots) => {
-                    let word = key.check << 40 | row;
+                    let word = key.word(row);
                     match self.map.as_ref().and_then(|m| m.region(&sub)) {
                         Some(region) if sub.stores => {
                             // SAFETY: the slot is inside the region, inside the file and the
-                            // mapping; 16-byte aligned (regions are page aligned); the write
-                            // lock is held. The tag goes last: a slot is taken once it is
-                            // set, so a crash between the two stores leaves it empty.
+                            // mapping; 8-byte aligned (regions are page aligned); the write
+                            // lock is held. One aligned store: a crash leaves the slot empty
+                            // or taken.
                             unsafe {
                                 let at = region.add((slot * ENTRY) as usize).cast::<u64>();
-                                at.add(1).write_volatile(word.to_le());
-                                at.write_volatile(key.tag.to_le());
+                                at.write_volatile(word.to_le());
                             }
                         }
                         _ => {
-                            let mut entry = [0u8; ENTRY as usize];
-                            entry[..8].copy_from_slice(&key.tag.to_le_bytes());
-                            entry[8..].copy_from_slice(&word.to_le_bytes());
-                            self.file.write_all_at(&entry, sub.offset + slot * ENTRY)?;
+                            self.file
+                                .write_all_at(&word.to_le_bytes(), sub.offset + slot * ENTRY)?;
                             // Its one page now has its block.
                             inner.subs[key.sub].stores |= region_len(sub.slots) == ALIGN;
                         }
@@ -364,10 +423,18 @@ impl IdIndex {
         }
     }
 
-    /// Walk the probe sequence of `key` in `sub`, a window of slots per read.
-    fn probe(&self, sub: &Sub, key: &Key) -> io::Result<Probe> {
+    /// Walk the probe sequence of `key` (of `id`) in `sub`, a window of slots per read; a
+    /// slot whose fragment matches is `id`'s if its row is `row` or `holds` says so.
+    fn probe<E>(
+        &self,
+        sub: &Sub,
+        key: &Key,
+        id: &str,
+        row: Option<u64>,
+        holds: &mut impl FnMut(u64, &str) -> Result<bool, E>,
+    ) -> Result<Probe, IndexError<E>> {
         let mut buf = [0u8; (WINDOW * ENTRY) as usize];
-        let mut pos = key.tag & (sub.slots - 1);
+        let mut pos = home(key.fragment, sub.slots);
         let mut seen = 0;
         let mapped = self.map.as_ref().and_then(|m| m.region(sub));
         while seen < sub.slots {
@@ -383,12 +450,15 @@ impl IdIndex {
                 None => self.file.read_exact_at(window, sub.offset + pos * ENTRY)?,
             }
             for (i, entry) in window.chunks_exact(ENTRY as usize).enumerate() {
-                let (tag, word) = split(entry);
-                if tag == 0 {
+                let word = slot_word(entry);
+                if word == 0 {
                     return Ok(Probe::Empty(pos + i as u64));
                 }
-                if tag == key.tag && word >> 40 == key.check {
-                    return Ok(Probe::Found(word & (ROW_LIMIT - 1)));
+                let (fragment, stored) = unpack(word);
+                if fragment == key.fragment
+                    && (row == Some(stored) || holds(stored, id).map_err(IndexError::Check)?)
+                {
+                    return Ok(Probe::Found(stored));
                 }
             }
             seen += n;
@@ -403,7 +473,10 @@ impl IdIndex {
         let old = inner.subs[s];
         let mut buf = vec![0u8; (old.slots * ENTRY) as usize];
         self.file.read_exact_at(&mut buf, old.offset)?;
-        let live = || buf.chunks_exact(ENTRY as usize).filter(|e| split(e).0 != 0);
+        let live = || {
+            buf.chunks_exact(ENTRY as usize)
+                .filter(|e| slot_word(e) != 0)
+        };
         let entries = live().count() as u64;
         let mut slots = old.slots * 2;
         while entries >= max_entries(slots) {
@@ -411,8 +484,8 @@ impl IdIndex {
         }
         let mut table = vec![0u8; (slots * ENTRY) as usize];
         for entry in live() {
-            let mut pos = split(entry).0 & (slots - 1);
-            while split(&table[(pos * ENTRY) as usize..]).0 != 0 {
+            let mut pos = home(unpack(slot_word(entry)).0, slots);
+            while slot_word(&table[(pos * ENTRY) as usize..]) != 0 {
                 pos = (pos + 1) & (slots - 1);
             }
             let at = (pos * ENTRY) as usize;
@@ -471,10 +544,9 @@ fn punch_gaps(file: &File, subs: &[Sub], len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// The tag and the (check, row) word of an entry at the start of `entry`.
-fn split(entry: &[u8]) -> (u64, u64) {
-    let word = |i: usize| u64::from_le_bytes(entry[i..i + 8].try_into().expect("8 bytes"));
-    (word(0), word(8))
+/// The slot word at the start of `entry`.
+fn slot_word(entry: &[u8]) -> u64 {
+    u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"))
 }
 
 /// Create a fresh index at `path` atomically: written in full beside it, then renamed.
@@ -562,9 +634,24 @@ fn decode(buf: &[u8], file_len: u64) -> Result<(u64, Vec<Sub>), String> {
     Ok((u64_at(16), subs))
 }
 
+/// Two IDs of the same subtable and fragment, found by a birthday search (38 bits: some
+/// 700,000 IDs), for tests of what the index does when fragments collide.
+#[cfg(test)]
+pub(super) fn colliding_ids() -> (String, String) {
+    let mut seen = std::collections::HashMap::new();
+    for i in 0u64.. {
+        let key = Key::new(&format!("c-{i}"));
+        if let Some(other) = seen.insert((key.sub as u64) << FRAGMENT_BITS | key.fragment, i) {
+            return (format!("c-{other}"), format!("c-{i}"));
+        }
+    }
+    unreachable!("a 38-bit key space repeats")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::convert::Infallible;
     use std::sync::Arc;
 
     fn id(i: u64) -> String {
@@ -574,6 +661,21 @@ mod tests {
             _ if i % 1000 == 4 => format!("{}{i}", "long-".repeat(600)),
             _ => format!("{i}"),
         }
+    }
+
+    /// IDs the tests insert at rows other than [`id`]'s.
+    const NAMED: [(u64, &str); 6] = [
+        (7, "a"),
+        (0, ""),
+        (1, "x"),
+        (1, "a"),
+        (2, "b"),
+        (ROW_LIMIT - 1, "max"),
+    ];
+
+    /// The tests' check of a row: the ID there is [`id`] of the row, or a named one.
+    fn by_row(row: u64, s: &str) -> Result<bool, Infallible> {
+        Ok(id(row) == s || NAMED.contains(&(row, s)))
     }
 
     fn flip(path: &Path, at: u64) {
@@ -598,16 +700,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let idx = IdIndex::open(&dir.path().join("ids.idx")).unwrap();
         assert!(idx.is_empty());
-        assert_eq!(idx.get("a").unwrap(), None);
-        assert_eq!(idx.insert("a", 7).unwrap(), None);
-        assert_eq!(idx.insert("", 0).unwrap(), None);
-        assert_eq!(idx.get("a").unwrap(), Some(7));
-        assert_eq!(idx.get("").unwrap(), Some(0));
-        assert_eq!(idx.insert("a", 9).unwrap(), Some(7));
-        assert_eq!(idx.get("a").unwrap(), Some(7));
-        assert_eq!(idx.get("b").unwrap(), None);
+        assert_eq!(idx.get("a", &mut by_row).unwrap(), None);
+        assert_eq!(idx.insert("a", 7, &mut by_row).unwrap(), None);
+        assert_eq!(idx.insert("", 0, &mut by_row).unwrap(), None);
+        assert_eq!(idx.get("a", &mut by_row).unwrap(), Some(7));
+        assert_eq!(idx.get("", &mut by_row).unwrap(), Some(0));
+        assert_eq!(idx.insert("a", 9, &mut by_row).unwrap(), Some(7));
+        assert_eq!(idx.get("a", &mut by_row).unwrap(), Some(7));
+        assert_eq!(idx.get("b", &mut by_row).unwrap(), None);
         assert_eq!(
-            idx.insert_all([(1, "x"), (2, "a"), (3, "x")]).unwrap(),
+            idx.insert_all([(1, "x"), (2, "a"), (3, "x")], &mut by_row)
+                .unwrap(),
             vec![None, Some(7), Some(1)]
         );
         assert_eq!(idx.len(), 3);
@@ -632,17 +735,23 @@ mod tests {
         for chunk in (0..N).collect::<Vec<_>>().chunks(1000) {
             if chunk[0] % 2000 == 0 {
                 for &i in chunk {
-                    assert_eq!(idx.insert(&ids[i as usize], i).unwrap(), None);
+                    assert_eq!(idx.insert(&ids[i as usize], i, &mut by_row).unwrap(), None);
                 }
             } else {
                 let items = chunk.iter().map(|&i| (i, ids[i as usize].as_str()));
-                assert!(idx.insert_all(items).unwrap().iter().all(Option::is_none));
+                assert!(idx
+                    .insert_all(items, &mut by_row)
+                    .unwrap()
+                    .iter()
+                    .all(Option::is_none));
             }
         }
-        let grown = idx.inner.read().unwrap().subs.iter().all(|s| s.slots >= 64);
-        assert!(grown, "every subtable grew at least three times");
+        // About 49 IDs a subtable: every one grew from 8 slots at least twice (the fewest
+        // IDs a subtable gets depends on the hash: three times needs more than 24).
+        let grown = idx.inner.read().unwrap().subs.iter().all(|s| s.slots >= 32);
+        assert!(grown, "every subtable grew at least twice");
         for (i, s) in ids.iter().enumerate() {
-            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+            assert_eq!(idx.get(s, &mut by_row).unwrap(), Some(i as u64), "{s}");
         }
         assert_eq!(idx.len(), N);
         idx.sync().unwrap();
@@ -655,10 +764,10 @@ mod tests {
         let idx = IdIndex::open_with(&path, INITIAL_SLOTS, reopen_len).unwrap();
         assert_eq!(idx.len(), N);
         for (i, s) in ids.iter().enumerate() {
-            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+            assert_eq!(idx.get(s, &mut by_row).unwrap(), Some(i as u64), "{s}");
         }
-        assert_eq!(idx.insert(&ids[5], 99).unwrap(), Some(5));
-        assert_eq!(idx.get("absent").unwrap(), None);
+        assert_eq!(idx.insert(&ids[5], 99, &mut by_row).unwrap(), Some(5));
+        assert_eq!(idx.get("absent", &mut by_row).unwrap(), None);
     }
 
     /// Bytes the file takes on disk.
@@ -683,8 +792,11 @@ mod tests {
         let ids: Vec<String> = (0..N).map(id).collect();
         let idx = IdIndex::open_with(&path, 8, MAP_LEN).unwrap();
         let half = (N / 2) as usize;
-        idx.insert_all((0..).zip(ids[..half].iter().map(String::as_str)))
-            .unwrap();
+        idx.insert_all(
+            (0..).zip(ids[..half].iter().map(String::as_str)),
+            &mut by_row,
+        )
+        .unwrap();
         let written = allocated(&path);
         // Doubling leaves about as much behind as is live.
         assert!(
@@ -700,8 +812,11 @@ mod tests {
             live_bytes(&idx)
         );
         // Growth after that sync, then a crash: the next open punches what it left.
-        idx.insert_all((half as u64..).zip(ids[half..].iter().map(String::as_str)))
-            .unwrap();
+        idx.insert_all(
+            (half as u64..).zip(ids[half..].iter().map(String::as_str)),
+            &mut by_row,
+        )
+        .unwrap();
         assert!(allocated(&path) > live_bytes(&idx));
         drop(idx);
         let idx = IdIndex::open(&path).unwrap();
@@ -714,10 +829,13 @@ mod tests {
         // What the durable header holds is intact; the rest is inserted again, as after any
         // crash (some of it survived: written into regions that did not move).
         for (i, s) in ids[..half].iter().enumerate() {
-            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+            assert_eq!(idx.get(s, &mut by_row).unwrap(), Some(i as u64), "{s}");
         }
         let again = idx
-            .insert_all((half as u64..).zip(ids[half..].iter().map(String::as_str)))
+            .insert_all(
+                (half as u64..).zip(ids[half..].iter().map(String::as_str)),
+                &mut by_row,
+            )
             .unwrap();
         for (i, found) in again.into_iter().enumerate() {
             assert!(
@@ -729,7 +847,7 @@ mod tests {
         drop(idx);
         let idx = IdIndex::open(&path).unwrap();
         for (i, s) in ids.iter().enumerate() {
-            assert_eq!(idx.get(s).unwrap(), Some(i as u64), "{s}");
+            assert_eq!(idx.get(s, &mut by_row).unwrap(), Some(i as u64), "{s}");
         }
     }
 
@@ -748,6 +866,7 @@ mod tests {
                     .iter()
                     .map(String::as_str),
             ),
+            &mut by_row,
         )
         .unwrap();
         idx.sync().unwrap();
@@ -770,31 +889,31 @@ mod tests {
         let ids: Vec<String> = (0..N).map(id).collect();
         let idx = IdIndex::open_with(&path, 8, MAP_LEN).unwrap();
         for i in 0..N / 3 {
-            idx.insert(&ids[i as usize], i).unwrap();
+            idx.insert(&ids[i as usize], i, &mut by_row).unwrap();
         }
         idx.sync().unwrap();
         // Grows every subtable after the sync; the header on disk stays the old one.
         for i in N / 3..N {
-            idx.insert(&ids[i as usize], i).unwrap();
+            idx.insert(&ids[i as usize], i, &mut by_row).unwrap();
         }
         drop(idx);
         let idx = IdIndex::open(&path).unwrap();
         assert!(idx.len() >= N / 3);
         for i in 0..N / 3 {
-            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+            assert_eq!(idx.get(&ids[i as usize], &mut by_row).unwrap(), Some(i));
         }
         for i in 0..N {
-            let got = idx.insert(&ids[i as usize], i).unwrap();
+            let got = idx.insert(&ids[i as usize], i, &mut by_row).unwrap();
             assert!(got.is_none() || got == Some(i));
         }
         for i in 0..N {
-            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+            assert_eq!(idx.get(&ids[i as usize], &mut by_row).unwrap(), Some(i));
         }
         idx.sync().unwrap();
         drop(idx);
         let idx = IdIndex::open(&path).unwrap();
         for i in 0..N {
-            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+            assert_eq!(idx.get(&ids[i as usize], &mut by_row).unwrap(), Some(i));
         }
     }
 
@@ -803,7 +922,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ids.idx");
         let idx = IdIndex::open(&path).unwrap();
-        idx.insert("a", 1).unwrap();
+        idx.insert("a", 1, &mut by_row).unwrap();
         drop(idx);
         flip(&path, 100);
         let e = IdIndex::open(&path).unwrap_err();
@@ -813,14 +932,14 @@ mod tests {
         // A damaged newest copy falls back to the older one; both damaged is an error.
         let path = dir.path().join("two.idx");
         let idx = IdIndex::open(&path).unwrap();
-        idx.insert("a", 1).unwrap();
+        idx.insert("a", 1, &mut by_row).unwrap();
         idx.sync().unwrap(); // generation 1, copy 1
-        idx.insert("b", 2).unwrap();
+        idx.insert("b", 2, &mut by_row).unwrap();
         idx.sync().unwrap(); // generation 2, copy 0
         drop(idx);
         flip(&path, 30);
         let idx = IdIndex::open(&path).unwrap();
-        assert_eq!(idx.get("a").unwrap(), Some(1));
+        assert_eq!(idx.get("a", &mut by_row).unwrap(), Some(1));
         drop(idx);
         flip(&path, HEADER_SPAN + 30);
         let e = IdIndex::open(&path).unwrap_err();
@@ -855,28 +974,101 @@ mod tests {
         };
         assert_eq!(stores(&idx), 0);
         let sub = |id: &str| Key::new(id).sub;
-        idx.insert("a", 1).unwrap();
+        idx.insert("a", 1, &mut by_row).unwrap();
         assert!(idx.inner.read().unwrap().subs[sub("a")].stores);
         assert_eq!(stores(&idx), 1);
         drop(idx);
         // Reopened, one-page regions are holes again as far as the index knows.
         let idx = IdIndex::open(&path).unwrap();
         assert_eq!(stores(&idx), 0);
-        assert_eq!(idx.get("a").unwrap(), Some(1));
+        assert_eq!(idx.get("a", &mut by_row).unwrap(), Some(1));
+    }
+
+    #[test]
+    fn ids_sharing_a_fragment_are_told_apart_by_the_check_of_their_rows() {
+        let (a, b) = colliding_ids();
+        let (ka, kb) = (Key::new(&a), Key::new(&b));
+        assert_eq!((ka.sub, ka.fragment), (kb.sub, kb.fragment));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        let idx = IdIndex::open_with(&path, 8, MAP_LEN).unwrap();
+        let rows = [(3, a.as_str()), (8, b.as_str())];
+        let asked = std::cell::Cell::new(0);
+        let mut holds = |row: u64, s: &str| {
+            asked.set(asked.get() + 1);
+            Ok::<_, Infallible>(rows.contains(&(row, s)))
+        };
+        assert_eq!(idx.insert(&a, 3, &mut holds).unwrap(), None);
+        assert_eq!(asked.get(), 0);
+        // b meets a's slot: the check of row 3 says it is not b, so b gets its own.
+        assert_eq!(idx.insert(&b, 8, &mut holds).unwrap(), None);
+        assert_eq!(asked.get(), 1);
+        assert_eq!(idx.get(&a, &mut holds).unwrap(), Some(3));
+        assert_eq!(idx.get(&b, &mut holds).unwrap(), Some(8));
+        // A repeat of b further on is told its first row; a again at its own row needs no
+        // check.
+        assert_eq!(idx.insert(&b, 12, &mut holds).unwrap(), Some(8));
+        let before = asked.get();
+        assert_eq!(idx.insert(&a, 3, &mut holds).unwrap(), Some(3));
+        assert_eq!(asked.get(), before);
+        assert_eq!(idx.len(), 2);
+        // The fragment alone would have answered b with a's row.
+        let trusting = idx.get(&b, &mut |_, _| Ok::<_, Infallible>(true)).unwrap();
+        assert_eq!(trusting, Some(3));
+        // Neither is found when no row holds it.
+        let nowhere = |_: u64, _: &str| Ok::<_, Infallible>(false);
+        assert_eq!(idx.get(&a, &mut nowhere.clone()).unwrap(), None);
+        assert_eq!(idx.get(&b, &mut nowhere.clone()).unwrap(), None);
+        // An error of the check is the caller's.
+        let e = idx.get(&b, &mut |_, _| Err("no list")).unwrap_err();
+        assert!(matches!(e, IndexError::Check("no list")), "{e:?}");
+        // Through growth and a reopen, both keep their rows.
+        let others = (100..20_000u64).map(|i| (i, id(i))).collect::<Vec<_>>();
+        idx.insert_all(others.iter().map(|(i, s)| (*i, s.as_str())), &mut by_row)
+            .unwrap();
+        idx.sync().unwrap();
+        drop(idx);
+        let idx = IdIndex::open(&path).unwrap();
+        assert_eq!(idx.get(&a, &mut holds).unwrap(), Some(3));
+        assert_eq!(idx.get(&b, &mut holds).unwrap(), Some(8));
+    }
+
+    /// An index of the layout before 8-byte slots is refused as invalid data, which has the
+    /// store build it again.
+    #[test]
+    fn the_layout_of_16_byte_slots_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ids.idx");
+        drop(IdIndex::open(&path).unwrap());
+        let mut header = vec![0u8; HEADER_LEN];
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        f.read_exact_at(&mut header, 0).unwrap();
+        header[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32fast::hash(&header[..HEADER_LEN - 4]);
+        header[HEADER_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        f.write_all_at(&header, 0).unwrap();
+        f.write_all_at(&header, HEADER_SPAN).unwrap();
+        let e = IdIndex::open(&path).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        assert!(e.to_string().contains("version 1, expected 2"), "{e}");
     }
 
     #[test]
     fn row_limit() {
         let dir = tempfile::tempdir().unwrap();
         let idx = IdIndex::open(&dir.path().join("ids.idx")).unwrap();
-        assert_eq!(idx.insert("max", ROW_LIMIT - 1).unwrap(), None);
-        assert_eq!(idx.get("max").unwrap(), Some(ROW_LIMIT - 1));
+        assert_eq!(idx.insert("max", ROW_LIMIT - 1, &mut by_row).unwrap(), None);
+        assert_eq!(idx.get("max", &mut by_row).unwrap(), Some(ROW_LIMIT - 1));
         for row in [ROW_LIMIT, u64::MAX] {
-            let e = idx.insert("big", row).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::InvalidInput);
-            assert!(idx.insert_all([(row, "big")]).is_err());
+            let e = idx.insert("big", row, &mut by_row).unwrap_err();
+            assert!(matches!(e, IndexError::Io(e) if e.kind() == ErrorKind::InvalidInput));
+            assert!(idx.insert_all([(row, "big")], &mut by_row).is_err());
         }
-        assert_eq!(idx.get("big").unwrap(), None);
+        assert_eq!(idx.get("big", &mut by_row).unwrap(), None);
     }
 
     #[test]
@@ -886,18 +1078,18 @@ mod tests {
         let idx = Arc::new(IdIndex::open_with(&dir.path().join("ids.idx"), 8, MAP_LEN).unwrap());
         let ids: Vec<String> = (0..N).map(id).collect();
         for i in 0..N / 4 {
-            idx.insert(&ids[i as usize], i).unwrap();
+            idx.insert(&ids[i as usize], i, &mut by_row).unwrap();
         }
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in N / 4..N {
-                    assert_eq!(idx.insert(&ids[i as usize], i).unwrap(), None);
+                    assert_eq!(idx.insert(&ids[i as usize], i, &mut by_row).unwrap(), None);
                 }
             });
             s.spawn(|| {
                 for round in 0..4 {
                     for i in 0..N {
-                        let got = idx.get(&ids[i as usize]).unwrap();
+                        let got = idx.get(&ids[i as usize], &mut by_row).unwrap();
                         if i < N / 4 {
                             assert_eq!(got, Some(i), "round {round}");
                         } else {
@@ -908,7 +1100,7 @@ mod tests {
             });
         });
         for i in 0..N {
-            assert_eq!(idx.get(&ids[i as usize]).unwrap(), Some(i));
+            assert_eq!(idx.get(&ids[i as usize], &mut by_row).unwrap(), Some(i));
         }
     }
 }

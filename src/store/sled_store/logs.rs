@@ -236,8 +236,9 @@ impl SledStore {
                     .flat_map(|b| &b.items)
                     .filter(|(row, _)| *row >= noted)
                     .map(|(row, id)| (*row, id.as_str())),
+                &mut |r, s| self.holds(r, s),
             )
-            .map_err(|e| self.index_err(e))?;
+            .map_err(|e| self.index_error(e))?;
         let mut offsets = sled::Batch::default();
         let mut ids = sled::Batch::default();
         let mut bad = sled::Batch::default();
@@ -290,6 +291,10 @@ impl SledStore {
                     },
                 ),
             });
+        if result.is_ok() {
+            let end = buckets.iter().map(|b| b.offset.end.row).max().unwrap_or(0);
+            self.planned_rows(end);
+        }
         self.written.planned.fetch_max(highest, Ordering::AcqRel);
         self.wrote(bytes);
         result

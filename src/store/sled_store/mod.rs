@@ -3,10 +3,11 @@
 //! Layout of a state directory:
 //!
 //! ```text
-//! DIR/highwater.json   marker: {"format":"highwater-state","version":5}, written first
+//! DIR/highwater.json   marker: {"format":"highwater-state","version":6}, written first
 //! DIR/lock             advisory lock (flock) held by the running process; holds its pid
-//! DIR/results.log      the items' final records, appended (see [`results_log`]; each record
-//!                      binary with its body compressed, see [`item_codec`])
+//! DIR/results.log      the items' final records, appended in groups (see [`results_log`]
+//!                      and [`log_groups`]; each record binary with its body compressed, see
+//!                      [`item_codec`])
 //! DIR/results.dict     the zstd dictionary of the bodies, once trained (see [`compression`])
 //! DIR/positions        input row → the row's current record in results.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
@@ -77,7 +78,9 @@ mod dir;
 mod handle;
 pub(crate) mod id_index;
 pub(crate) mod id_lists;
+mod id_rows;
 mod item_codec;
+mod log_groups;
 mod logs;
 mod reruns;
 pub(crate) mod results_log;
@@ -159,6 +162,8 @@ pub struct SledStore {
     indexed_at: std::sync::Mutex<std::time::Instant>,
     /// Rows below this were noted in the index by [`Store::first_row`].
     noted: AtomicU64,
+    /// What the ID index's check of a row reads (see [`id_rows`]).
+    id_rows: std::sync::Mutex<id_rows::IdRows>,
     /// The last lease token granted (see [`Leases`]), and the one held now (0: none).
     tokens: AtomicU64,
     lease: AtomicU64,
@@ -367,6 +372,7 @@ impl SledStore {
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
             noted: AtomicU64::new(0),
+            id_rows: Default::default(),
             tokens: AtomicU64::new(tokens),
             lease: AtomicU64::new(0),
             _lock: lock,
@@ -399,9 +405,10 @@ impl SledStore {
             Some(version) => {
                 store.index_again()?;
                 if version < FORMAT_VERSION {
-                    // Formats 3 and 4: nothing to move (format 3's reruns' inline lists and
-                    // format 4's JSON records are read where they are); from now on an older
-                    // build must refuse the store.
+                    // Formats 3 to 5: nothing to move (format 3's reruns' inline lists, format
+                    // 4's JSON records and format 5's results log entries of one record are
+                    // read where they are); from now on an older build must refuse the store
+                    // (it would take a group entry for damage).
                     trees
                         .meta
                         .insert("version", &FORMAT_VERSION.to_be_bytes())
@@ -588,7 +595,14 @@ impl Store for SledStore {
     async fn first_rows(&self, rows: &[(u64, &str)]) -> Result<Vec<Option<u64>>, StoreError> {
         let mut out = Vec::with_capacity(rows.len());
         for &(row, id) in rows {
-            let first = self.index.insert(id, row).map_err(|e| self.index_err(e))?;
+            let first = self
+                .index
+                .insert(id, row, &mut |r, s| self.holds(r, s))
+                .map_err(|e| self.index_error(e))?;
+            // Its ID, until planned, is only here for the check of a repeat's fragment.
+            if first.is_none_or(|first| first == row) {
+                self.note_rows([(row, id)]);
+            }
             self.noted.fetch_max(row + 1, Ordering::AcqRel);
             out.push(first.filter(|first| *first < row));
         }
@@ -687,7 +701,8 @@ impl Store for SledStore {
     }
 
     async fn item(&self, id: &str) -> Result<Option<ItemRecord>, StoreError> {
-        match self.index.get(id).map_err(|e| self.index_err(e))? {
+        let found = self.index.get(id, &mut |r, s| self.holds(r, s));
+        match found.map_err(|e| self.index_error(e))? {
             Some(row) => self.result(row, id),
             None => Ok(None),
         }

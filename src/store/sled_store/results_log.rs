@@ -3,13 +3,17 @@
 //! Owns two files of a state directory and their crash rules:
 //!
 //! ```text
-//! DIR/results.log   append-only: one entry per record written, each
-//!                   [payload length u32 LE][CRC-32 of payload u32 LE][payload]
-//!                   payload = [row varint][ID check u32 LE][record bytes] when the length's
-//!                   top bit is set (COMPACT), else [row u64 LE][ID length u32 LE][ID UTF-8]
-//!                   [record bytes] (as every build before it wrote; still read)
-//! DIR/positions     dense array by input row: u64 LE = 1 + the log offset of the row's
-//!                   current record, 0 = none (holes read as none)
+//! DIR/results.log   append-only entries, each
+//!                   [payload length u32 LE][CRC-32 of payload u32 LE][payload]:
+//!                   a group of records appended together when the length's two top bits
+//!                   are set (see [`log_groups`](super::log_groups)), what every append
+//!                   writes; entries of one record written by builds before groups are
+//!                   still read where they are (never converted): payload
+//!                   [row varint][ID check u32 LE][record bytes] when only the top bit is
+//!                   set (COMPACT), else [row u64 LE][ID length u32 LE][ID UTF-8][record bytes]
+//! DIR/positions     dense array by input row: u64 LE = 1 + the position of the row's current
+//!                   record ([`Pos`]: an entry's offset, or a group's offset and the record's
+//!                   index in it), 0 = none (holes read as none)
 //! ```
 //!
 //! A row's current record is the last one appended for it (a rerun's new result replaces the
@@ -33,6 +37,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::log_groups::{self, GroupWriter, Pos};
+
 /// The results log's file name in the state directory.
 pub(crate) const LOG_FILE: &str = "results.log";
 /// The positions file's name in the state directory.
@@ -46,7 +52,8 @@ const COVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// (a huge bucket synced only at its commit must not hold all its positions in memory).
 const MAX_PENDING: usize = 1 << 18;
 
-const HEADER: usize = 8;
+/// An entry's header: its payload's length and its checksum.
+pub(super) const HEADER: usize = 8;
 /// The length field's top bit: a compact entry, which keeps a check of its ID rather than the
 /// ID (the ID lists hold the IDs; the check catches a position pointing at another row's
 /// record, as the whole ID did).
@@ -114,8 +121,8 @@ pub(crate) enum LogError {
 /// A row's position not yet written to the positions file.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
-    /// Where its current record starts.
-    latest: u64,
+    /// Where its current record is.
+    latest: Pos,
     /// The first record appended for the row since its position was last written: a replay
     /// from here finds every record the positions file does not know.
     earliest: u64,
@@ -174,10 +181,60 @@ fn id_check(id: &str) -> u32 {
 pub(crate) struct Entry {
     /// The input row the record is for.
     pub row: u64,
-    /// Who the record is for, as the entry keeps it (`Who` owned).
-    pub id: StoredWho,
+    /// Who the record is for, as an entry of one record keeps it (`Who` owned); none in a
+    /// group.
+    pub id: Option<StoredWho>,
     /// The record's bytes, as the store encoded them.
     pub record: Vec<u8>,
+}
+
+/// What an entry's length field says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One record with its whole ID (builds before compact entries).
+    Whole,
+    /// One record with a check of its ID (builds before groups).
+    Compact,
+    /// A group of records.
+    Group,
+}
+
+/// The kind and payload length an entry's length field holds.
+fn kind_of(field: u32) -> (Kind, usize) {
+    if field & log_groups::GROUP == log_groups::GROUP {
+        (Kind::Group, (field & !log_groups::GROUP) as usize)
+    } else if field & COMPACT != 0 {
+        (Kind::Compact, (field & !COMPACT) as usize)
+    } else {
+        (Kind::Whole, field as usize)
+    }
+}
+
+/// The rows of an entry's payload, with each record's position: None if it does not parse.
+fn rows_of(at: u64, kind: Kind, payload: &[u8]) -> Option<Vec<(u64, Pos)>> {
+    match kind {
+        Kind::Group => Some(
+            log_groups::records(payload)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, (row, _))| {
+                    let index = i as u16;
+                    (row, Pos::Grouped { at, index })
+                })
+                .collect(),
+        ),
+        Kind::Whole | Kind::Compact => {
+            let (row, _, _) = parse(payload, kind == Kind::Compact)?;
+            Some(vec![(row, Pos::Entry(at))])
+        }
+    }
+}
+
+/// A group read back (kept while a bucket's records are read from it).
+struct Group {
+    at: u64,
+    payload: Vec<u8>,
+    records: Vec<(u64, std::ops::Range<usize>)>,
 }
 
 impl ResultsLog {
@@ -257,7 +314,7 @@ impl ResultsLog {
                 }
             }
             let field = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
-            let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
+            let (kind, len) = kind_of(field);
             let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
             // The length comes from the disk: nothing is allocated for an entry that runs
             // past the end of the file (a torn tail, or damage before the durable mark).
@@ -272,25 +329,26 @@ impl ResultsLog {
             }
             payload.resize(len, 0);
             let got = read_full(&mut reader, &mut payload).map_err(io)?;
-            let valid = got == len
-                && crc32fast::hash(&payload) == crc
-                && parse(&payload, compact).is_some();
-            if !valid {
+            let rows = (got == len && crc32fast::hash(&payload) == crc)
+                .then(|| rows_of(at, kind, &payload))
+                .flatten();
+            let Some(rows) = rows else {
                 if at < durable.synced {
                     return Err(damaged(format!(
                         "the entry at byte {at} is damaged (bad length or checksum)"
                     )));
                 }
                 break;
+            };
+            for (row, pos) in rows {
+                pending
+                    .entry(row)
+                    .and_modify(|p: &mut Pending| p.latest = pos)
+                    .or_insert(Pending {
+                        latest: pos,
+                        earliest: at,
+                    });
             }
-            let (row, _, _) = parse(&payload, compact).expect("checked");
-            pending
-                .entry(row)
-                .and_modify(|p: &mut Pending| p.latest = at)
-                .or_insert(Pending {
-                    latest: at,
-                    earliest: at,
-                });
             at += (HEADER + len) as u64;
         }
         drop(reader);
@@ -350,21 +408,16 @@ impl ResultsLog {
         let Appender { len, buf } = &mut *appender;
         buf.clear();
         let mut placed = Vec::new();
-        for (row, id, record) in records {
-            let start = buf.len();
-            buf.extend_from_slice(&[0; HEADER]);
-            super::varint::put(buf, row);
-            buf.extend_from_slice(&id_check(id).to_le_bytes());
-            buf.extend_from_slice(record);
-            let payload = &buf[start + HEADER..];
-            let (plen, crc) = (payload.len() as u32, crc32fast::hash(payload));
-            if plen & COMPACT != 0 {
-                return Err(self.damaged(format!("a record of {plen} bytes is too large")));
+        let mut groups = GroupWriter::new(buf);
+        for (row, _id, record) in records {
+            let (start, index) = groups.push(row, record).map_err(|e| self.damaged(e))?;
+            let at = *len + start as u64;
+            if at >= log_groups::MAX_GROUP_OFFSET {
+                return Err(self.damaged(format!("it cannot grow past {at} bytes")));
             }
-            buf[start..start + 4].copy_from_slice(&(plen | COMPACT).to_le_bytes());
-            buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-            placed.push((row, *len + start as u64));
+            placed.push((row, Pos::Grouped { at, index }));
         }
+        groups.close();
         if placed.is_empty() {
             return Ok(());
         }
@@ -381,13 +434,13 @@ impl ResultsLog {
             .pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (row, at) in placed {
+        for (row, pos) in placed {
             pending
                 .entry(row)
-                .and_modify(|p| p.latest = at)
+                .and_modify(|p| p.latest = pos)
                 .or_insert(Pending {
-                    latest: at,
-                    earliest: at,
+                    latest: pos,
+                    earliest: pos.entry(),
                 });
         }
         let full = pending.len() > MAX_PENDING;
@@ -399,8 +452,8 @@ impl ResultsLog {
         Ok(())
     }
 
-    /// Where the current record of `row` starts, if it has one.
-    fn position(&self, row: u64) -> Result<Option<u64>, LogError> {
+    /// Where the current record of `row` is, if it has one.
+    fn position(&self, row: u64) -> Result<Option<Pos>, LogError> {
         if let Some(p) = self
             .pending
             .lock()
@@ -417,7 +470,7 @@ impl ResultsLog {
         } else {
             0
         };
-        Ok(value.checked_sub(1))
+        Ok(value.checked_sub(1).map(Pos::from_u64))
     }
 
     /// Whether `row` has a record.
@@ -426,10 +479,11 @@ impl ResultsLog {
         Ok(self.position(row)?.is_some())
     }
 
-    /// The current record of `row`, which must be `id`'s.
+    /// The current record of `row`, which must be `id`'s (an entry of one record keeps
+    /// who it is for; a group only the row: the ID index checked `id`'s row).
     pub(crate) fn get(&self, row: u64, id: &str) -> Result<Option<Vec<u8>>, LogError> {
         match self.position(row)? {
-            Some(at) => self.entry_of(at, row, id).map(Some),
+            Some(pos) => self.record_at(pos, row, id, &mut None).map(Some),
             None => Ok(None),
         }
     }
@@ -451,6 +505,8 @@ impl ResultsLog {
             .map_err(self.io(&self.positions_path))?;
         bytes.truncate(got - got % 8);
         let mut out = Vec::with_capacity(rows.len());
+        // A bucket's records were mostly appended together: one read per group.
+        let mut group = None;
         for (row, id) in rows {
             let pending = self
                 .pending
@@ -458,33 +514,97 @@ impl ResultsLog {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .get(row)
                 .map(|p| p.latest);
-            let at = pending.or_else(|| {
+            let pos = pending.or_else(|| {
                 let i = ((row - lo) * 8) as usize;
                 let v = bytes.get(i..i + 8)?;
-                u64::from_le_bytes(v.try_into().expect("8 bytes")).checked_sub(1)
+                let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+                v.checked_sub(1).map(Pos::from_u64)
             });
-            out.push(match at {
-                Some(at) => Some(self.entry_of(at, *row, id)?),
+            out.push(match pos {
+                Some(pos) => Some(self.record_at(pos, *row, id, &mut group)?),
                 None => None,
             });
         }
         Ok(out)
     }
 
-    /// The record at `at`, which must be `row`'s and `id`'s.
-    fn entry_of(&self, at: u64, row: u64, id: &str) -> Result<Vec<u8>, LogError> {
-        let entry = self.read_entry(at)?;
-        if entry.row != row || !entry.id.who().is(id) {
+    /// The record at `pos`, which must be `row`'s (and `id`'s, where the entry says who it
+    /// is for); `group` keeps the group read last.
+    fn record_at(
+        &self,
+        pos: Pos,
+        row: u64,
+        id: &str,
+        group: &mut Option<Group>,
+    ) -> Result<Vec<u8>, LogError> {
+        let entry = match pos {
+            Pos::Entry(at) => self.read_entry(at)?,
+            Pos::Grouped { at, index } => {
+                if group.as_ref().is_none_or(|g| g.at != at) {
+                    *group = Some(self.read_group(at)?);
+                }
+                let g = group.as_ref().expect("read just now");
+                let (stored, range) = g.records.get(index as usize).ok_or_else(|| {
+                    self.damaged(format!(
+                        "row {row} points at record {index} of the group at byte {at}, which \
+                         holds {}",
+                        g.records.len()
+                    ))
+                })?;
+                Entry {
+                    row: *stored,
+                    id: None,
+                    record: g.payload[range.clone()].to_vec(),
+                }
+            }
+        };
+        let who_matches = entry.id.as_ref().is_none_or(|who| who.who().is(id));
+        if entry.row != row || !who_matches {
+            let who = entry
+                .id
+                .as_ref()
+                .map_or(String::new(), |who| format!(" ({who})"));
             return Err(self.damaged(format!(
-                "row {row} ({id:?}) points at byte {at}, which holds row {} ({})",
-                entry.row, entry.id
+                "row {row} ({id:?}) points at {pos:?}, which holds row {}{who}",
+                entry.row
             )));
         }
         Ok(entry.record)
     }
 
-    /// The entry starting at `at`.
+    /// The group entry starting at `at`.
+    fn read_group(&self, at: u64) -> Result<Group, LogError> {
+        let (kind, payload) = self.read_payload(at)?;
+        let bad = |what: &str| self.damaged(format!("the entry at byte {at} is {what}"));
+        if kind != Kind::Group {
+            return Err(bad("not a group, but a position points into one"));
+        }
+        let records = log_groups::records(&payload).ok_or_else(|| bad("undecodable"))?;
+        Ok(Group {
+            at,
+            payload,
+            records,
+        })
+    }
+
+    /// The entry of one record starting at `at`.
     fn read_entry(&self, at: u64) -> Result<Entry, LogError> {
+        let (kind, payload) = self.read_payload(at)?;
+        let bad = |what: &str| self.damaged(format!("the entry at byte {at} is {what}"));
+        if kind == Kind::Group {
+            return Err(bad("a group, but a position points at it as one record"));
+        }
+        let (row, id, record) =
+            parse(&payload, kind == Kind::Compact).ok_or_else(|| bad("undecodable"))?;
+        Ok(Entry {
+            row,
+            id: Some(StoredWho::of(id)),
+            record: record.to_vec(),
+        })
+    }
+
+    /// The kind and checked payload of the entry starting at `at`.
+    fn read_payload(&self, at: u64) -> Result<(Kind, Vec<u8>), LogError> {
         let io = self.io(&self.log_path);
         let mut buf = vec![0u8; READ_AHEAD];
         let got = read_at_most(&self.log, &mut buf, at).map_err(&io)?;
@@ -493,7 +613,7 @@ impl ResultsLog {
             return Err(bad("missing"));
         }
         let field = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
-        let (len, compact) = ((field & !COMPACT) as usize, field & COMPACT != 0);
+        let (kind, len) = kind_of(field);
         let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
         if HEADER + len > got {
             // The length comes from the disk: check it against the file before allocating.
@@ -507,16 +627,12 @@ impl ResultsLog {
                 return Err(bad("cut short"));
             }
         }
-        let payload = &buf[HEADER..HEADER + len];
-        if crc32fast::hash(payload) != crc {
+        buf.truncate(HEADER + len);
+        buf.drain(..HEADER);
+        if crc32fast::hash(&buf) != crc {
             return Err(bad("damaged (checksum)"));
         }
-        let (row, id, record) = parse(payload, compact).ok_or_else(|| bad("undecodable"))?;
-        Ok(Entry {
-            row,
-            id: StoredWho::of(id),
-            record: record.to_vec(),
-        })
+        Ok((kind, buf))
     }
 
     /// Make every append so far durable, then write their positions. Returns what the store
@@ -538,15 +654,15 @@ impl ResultsLog {
         }
         // Positions of records now durable go to the file, then leave memory: a reader looks
         // in memory first, so it sees one or the other, never neither.
-        let mut ready: Vec<(u64, u64)> = self
+        let mut ready: Vec<(u64, Pos)> = self
             .pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .filter(|(_, p)| p.latest < len)
+            .filter(|(_, p)| p.latest.entry() < len)
             .map(|(row, p)| (*row, p.latest))
             .collect();
-        ready.sort_unstable();
+        ready.sort_unstable_by_key(|(row, _)| *row);
         let mut run: Vec<u8> = Vec::new();
         let mut run_start = 0;
         let write = |start: u64, bytes: &[u8]| {
@@ -562,7 +678,7 @@ impl ResultsLog {
             if run.is_empty() {
                 run_start = *row;
             }
-            run.extend_from_slice(&(at + 1).to_le_bytes());
+            run.extend_from_slice(&(at.to_u64() + 1).to_le_bytes());
         }
         if !run.is_empty() {
             write(run_start, &run)?;
@@ -742,6 +858,19 @@ mod tests {
         }
     }
 
+    /// An entry of one record as builds before groups wrote it (compact: with a check of
+    /// its ID).
+    fn compact_entry(row: u64, id: &str, record: &[u8]) -> Vec<u8> {
+        let mut payload = Vec::new();
+        super::super::varint::put(&mut payload, row);
+        payload.extend_from_slice(&id_check(id).to_le_bytes());
+        payload.extend_from_slice(record);
+        let mut out = (payload.len() as u32 | COMPACT).to_le_bytes().to_vec();
+        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
     /// An entry as builds before compact entries wrote it.
     fn old_entry(row: u64, id: &str, record: &[u8]) -> Vec<u8> {
         let mut payload = row.to_le_bytes().to_vec();
@@ -755,28 +884,38 @@ mod tests {
     }
 
     #[test]
-    fn a_log_of_whole_id_entries_replays_and_reads_beside_compact_ones() {
+    fn a_log_of_older_entries_replays_and_reads_beside_groups() {
         let dir = tempfile::tempdir().unwrap();
         let mut old = Vec::new();
         for r in 0..50 {
-            old.extend(old_entry(r, &format!("id/{r} ü"), &rec(r)));
+            let (id, record) = (format!("id/{r} ü"), rec(r));
+            old.extend(match r < 25 {
+                true => old_entry(r, &id, &record),
+                false => compact_entry(r, &id, &record),
+            });
         }
         std::fs::write(dir.path().join(LOG_FILE), &old).unwrap();
         // Nothing durable recorded: the open replays the old entries from the start.
         let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
         check(&log, 0..50);
-        append(&log, (50..100).chain(10..20));
+        append(&log, (50..100).chain(10..20).chain(30..40));
         check(&log, 0..100);
-        // A compact entry is much smaller than the whole-ID one it replaces.
-        let records: u64 = (50..100).chain(10..20).map(|r| rec(r).len() as u64).sum();
-        assert!(log.len() - (old.len() as u64) < 60 * 14 + records);
-        // A position pointing at another row's record is damage, in both kinds of entry.
+        // Groups of two records cost less than 5 bytes a record beyond it; a compact entry
+        // took 14 or more (header, row, ID check).
+        let records: u64 = (50..100)
+            .chain(10..20)
+            .chain(30..40)
+            .map(|r| rec(r).len() as u64)
+            .sum();
+        assert!(log.len() - (old.len() as u64) < 70 * 5 + records);
+        // A position pointing at another ID's record is damage in an entry that keeps who
+        // it is for.
         assert!(matches!(
             log.get(3, "id/4 ü"),
             Err(LogError::Damaged { .. })
         ));
         assert!(matches!(
-            log.get(60, "id/61 ü"),
+            log.get(45, "id/46 ü"),
             Err(LogError::Damaged { .. })
         ));
         let durable = log.sync(true).unwrap();
@@ -810,8 +949,122 @@ mod tests {
         let log = ResultsLog::open(dir.path(), durable).unwrap();
         assert_eq!(log.get(5, "id/5 ü").unwrap().unwrap(), b"new");
         check(&log, (0..5).chain(6..100).chain(200..300));
-        // The ID must match: a row read for another ID is damage, not a silent answer.
-        assert!(log.get(7, "someone else").is_err());
+    }
+
+    /// Points row `to`'s position at row `from`'s record, durably.
+    fn misplace(dir: &Path, log: &ResultsLog, from: u64, to: u64) {
+        let pos = log.position(from).unwrap().unwrap();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.join(POSITIONS_FILE))
+            .unwrap();
+        f.write_all_at(&(pos.to_u64() + 1).to_le_bytes(), to * 8)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_position_pointing_at_another_rows_record_in_a_group_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..10);
+        let durable = log.sync(true).unwrap();
+        misplace(dir.path(), &log, 4, 7);
+        let err = log.get(7, "id/7 ü").unwrap_err();
+        assert!(matches!(err, LogError::Damaged { .. }), "{err}");
+        assert!(err.to_string().contains("holds row 4"), "{err}");
+        // An index past the group's records, likewise.
+        let Pos::Grouped { at, .. } = log.position(3).unwrap().unwrap() else {
+            panic!("an append writes groups");
+        };
+        let beyond = Pos::Grouped { at, index: 200 };
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(POSITIONS_FILE))
+            .unwrap();
+        f.write_all_at(&(beyond.to_u64() + 1).to_le_bytes(), 3 * 8)
+            .unwrap();
+        let rows: Vec<(u64, String)> = (0..10).map(|r| (r, format!("id/{r} ü"))).collect();
+        let rows: Vec<(u64, &str)> = rows.iter().map(|(r, id)| (*r, id.as_str())).collect();
+        assert!(matches!(log.get_many(&rows), Err(LogError::Damaged { .. })));
+        drop(log);
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        assert!(log.get(3, "id/3 ü").is_err());
+        check(&log, (0..3).chain(8..10));
+    }
+
+    #[test]
+    fn one_append_is_framed_as_groups_of_at_most_256_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        let items: Vec<(u64, String)> = (0..600).map(|r| (r, r.to_string())).collect();
+        log.append(
+            items
+                .iter()
+                .map(|(r, id)| (*r, id.as_str(), b"v".as_slice())),
+        )
+        .unwrap();
+        // Three groups: three headers, then per record a one- or two-byte row delta (the
+        // first of each group: the row itself), a length and the record.
+        assert!(
+            log.len() <= 3 * (HEADER as u64 + 1) + 600 * 3,
+            "{}",
+            log.len()
+        );
+        let groups: std::collections::BTreeSet<u64> = (0..600)
+            .map(|r| log.position(r).unwrap().unwrap().entry())
+            .collect();
+        assert_eq!(groups.len(), 3);
+        let durable = log.sync(true).unwrap();
+        drop(log);
+        // Replayed from the start, every record is found in its group.
+        let log = ResultsLog::open(
+            dir.path(),
+            Durable {
+                covers: 0,
+                ..durable
+            },
+        )
+        .unwrap();
+        for (r, id) in items.iter().step_by(7) {
+            assert_eq!(log.get(*r, id).unwrap().unwrap(), b"v");
+        }
+    }
+
+    #[test]
+    fn a_damaged_group_is_refused_whole_when_durable_and_cut_whole_when_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ResultsLog::open(dir.path(), Durable::default()).unwrap();
+        append(&log, 0..10);
+        let durable = log.sync(true).unwrap();
+        append(&log, 10..20);
+        let len = log.len();
+        drop(log);
+        let path = dir.path().join(LOG_FILE);
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        // One byte of the last record of the second group: its checksum fails, and every
+        // record of that group goes with the torn tail.
+        let last = f.metadata().unwrap().len() - 1;
+        f.write_all_at(b"#", last).unwrap();
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        assert_eq!(log.len(), durable.synced, "the whole group was cut");
+        assert!(log.len() < len);
+        check(&log, 0..10);
+        for r in 10..20 {
+            assert_eq!(log.get(r, &format!("id/{r} ü")).unwrap(), None);
+        }
+        drop(log);
+        // Inside the durable part the same damage is an error, on a read and on a replay.
+        f.write_all_at(b"#", durable.synced - 1).unwrap();
+        let log = ResultsLog::open(dir.path(), durable).unwrap();
+        let err = log.get(3, "id/3 ü").unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        drop(log);
+        let replay_all = Durable {
+            covers: 0,
+            ..durable
+        };
+        let err = ResultsLog::open(dir.path(), replay_all).err().unwrap();
+        assert!(err.to_string().contains("damaged"), "{err}");
     }
 
     #[test]
@@ -867,8 +1120,8 @@ mod tests {
         log.append([(2, "id/2 ü", b"first".as_slice())]).unwrap();
         let d2 = log.sync(false).unwrap();
         log.append([(2, "id/2 ü", b"second".as_slice())]).unwrap();
-        // A compact entry: header, row (one byte), ID check, record.
-        let cut = log.len() - (HEADER + 1 + 4 + 6) as u64;
+        // A group of one: header, row (one byte), length (one byte), record.
+        let cut = log.len() - (HEADER + 1 + 1 + 6) as u64;
         drop(log);
         // The second record never reached the disk (power loss): cut it away.
         let f = OpenOptions::new()
@@ -956,7 +1209,7 @@ mod tests {
                 check(&log, 0..20);
                 assert_eq!(log.len(), durable.synced, "the torn tail is cut off");
                 // A durable entry's length damaged to 2 GiB: read, it is an error.
-                let at = log.position(19).unwrap().expect("row 19's entry");
+                let at = log.position(19).unwrap().expect("row 19's entry").entry();
                 f.write_all_at(&huge, at).unwrap();
                 let err = log.get(19, "id/19 ü").unwrap_err();
                 assert!(err.to_string().contains("runs past the end"), "{err}");

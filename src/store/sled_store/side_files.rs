@@ -136,8 +136,11 @@ impl SledStore {
                 }
                 ids += list.len();
                 self.index
-                    .insert_all(list.iter().map(|(row, id, _)| (*row, id.as_str())))
-                    .map_err(|e| self.index_err(e))?;
+                    .insert_all(
+                        list.iter().map(|(row, id, _)| (*row, id.as_str())),
+                        &mut |r, s| self.holds(r, s),
+                    )
+                    .map_err(|e| self.index_error(e))?;
             }
         }
         tracing::debug!(from, ids, "indexed the IDs planned after the last sync");

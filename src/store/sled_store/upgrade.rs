@@ -1,14 +1,16 @@
 //! Upgrades of older store formats on open: formats 1 and 2 kept results (and ID lists) in sled
-//! and are moved out; formats 3 and 4 only get marked 5 (their records stay as they are: JSON
-//! item records are read beside binary ones).
+//! and are moved out; formats 3, 4 and 5 only get marked 6 (their records stay as they are:
+//! JSON item records are read beside binary ones, and results log entries of one record beside
+//! groups).
 
 use super::*;
 
-/// Store formats this build opens: the current one; format 4 (JSON item records, still read:
-/// it only marks the store format 5); format 3 (rerun ID lists in sled, still read there; it
+/// Store formats this build opens: the current one; format 5 (results log entries of one
+/// record each, still read: it only marks the store format 6); format 4 (JSON item records,
+/// still read: it only marks the store); format 3 (rerun ID lists in sled, still read there; it
 /// only marks the store); format 2 (results in sled) and format 1
 /// (also one offset record per bucket), which it upgrades in place.
-pub(super) const READS_VERSIONS: [u32; 5] = [1, 2, 3, 4, FORMAT_VERSION];
+pub(super) const READS_VERSIONS: [u32; 6] = [1, 2, 3, 4, 5, FORMAT_VERSION];
 
 /// The first format with results and the job's ID lists out of sled: older ones are upgraded
 /// by moving them.
@@ -58,8 +60,11 @@ impl SledStore {
             let lists = self.read_segment_ids(&segment)?;
             for list in &lists {
                 self.index
-                    .insert_all(list.iter().map(|(row, id, _)| (*row, id.as_str())))
-                    .map_err(|e| self.index_err(e))?;
+                    .insert_all(
+                        list.iter().map(|(row, id, _)| (*row, id.as_str())),
+                        &mut |r, s| self.holds(r, s),
+                    )
+                    .map_err(|e| self.index_error(e))?;
                 let mut found = Vec::new();
                 for (row, id, _) in list {
                     if let Some(value) = t.items.get(id.as_bytes()).map_err(|e| self.err(e))? {

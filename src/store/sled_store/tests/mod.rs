@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 #[cfg(feature = "demo")]
 mod dictionary;
 mod flush;
+mod index;
 mod open;
 mod reruns;
 mod segments;
