@@ -11,6 +11,8 @@ use super::args::StatusArgs;
 use super::exit;
 use super::state::{over_place, OverPlace, Tuning};
 use crate::console::shell_path;
+#[cfg(feature = "postgres")]
+use crate::job::Crew;
 use crate::job::{JobPlace, JobSpec, Look};
 use crate::sink;
 use crate::store::{JobView, Store, StoreStats};
@@ -290,20 +292,18 @@ async fn status_crew<S: Store>(
     spec: &JobSpec,
     state: &Path,
     json: bool,
-    crew: crate::job::Crew,
+    crew: Crew,
 ) -> Result<(String, bool)> {
-    let (workers, planning) = (crew.workers, crew.planning);
-    let live = workers.iter().any(|w| w.state != "expired");
-    let runner = if live { "running" } else { "none" };
+    let runner = if crew.running() { "running" } else { "none" };
     let rendered = (
-        serde_json::json!(workers),
-        format!("{}{}", render_planning(&planning), render_workers(&workers)),
+        serde_json::json!(crew.workers),
+        format!("{}{}", render_planning(&crew), render_workers(&crew)),
     );
     let mut text = describe(store, spec, state, json, runner, None, Some(rendered)).await?;
     if json {
         // Where planning stands, beside the workers.
         let mut value: serde_json::Value = serde_json::from_str(&text)?;
-        value["planner"] = serde_json::json!(planning);
+        value["planner"] = serde_json::json!(crew.planning);
         text = format!("{value}\n");
     }
     Ok((text, false))
@@ -311,7 +311,8 @@ async fn status_crew<S: Store>(
 
 /// Where planning stands, one line of `status`.
 #[cfg(feature = "postgres")]
-fn render_planning(p: &crate::store::postgres::Planning) -> String {
+fn render_planning(crew: &Crew) -> String {
+    let p = &crew.planning;
     let who = p.planner.as_deref().map_or(String::new(), |w| {
         format!(" (worker {})", &w[..8.min(w.len())])
     });
@@ -326,7 +327,8 @@ fn render_planning(p: &crate::store::postgres::Planning) -> String {
 
 /// The worker table of `status`.
 #[cfg(feature = "postgres")]
-fn render_workers(workers: &[crate::store::postgres::WorkerRow]) -> String {
+fn render_workers(crew: &Crew) -> String {
+    let workers = &crew.workers;
     let mut text = format!("workers:    {}\n", workers.len());
     for w in workers {
         let share = w
