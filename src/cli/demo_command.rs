@@ -2,9 +2,9 @@
 //! demo's input and run (or resume) its job through [`super::running::run_job`], as `highwater run`
 //! does.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -12,9 +12,8 @@ use anyhow::{Context, Result};
 use crate::demo::{api, demo_ids, API_VAR};
 use crate::handler::http::HttpHandler;
 use crate::input::{InputFormat, InputSpec};
-use crate::job::{open_job, JobRequest, RetryOverrides, RunOptions};
+use crate::job::{open_made, JobError, JobRequest, RetryOverrides, RunOptions, StateDirPlace};
 use crate::say;
-use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 
 /// Run the demo in `dir` (a new temporary directory if `None`) with `ids` IDs.
 pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
@@ -64,8 +63,13 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         },
         ..JobRequest::default()
     };
-    let store = SledStore::open(&state, OpenMode::CreateIfMissing, DEFAULT_CACHE_BYTES)?;
-    let spec = open_job(&store, &request).await?;
+    // The handler's API is this process's: its address is given to the handler below, not
+    // read from the environment.
+    let place = StateDirPlace::new(&state);
+    let (store, spec) = open_made(&place, true, false, |_| {
+        Ok::<_, JobError>(Cow::Borrowed(&request))
+    })
+    .await?;
     let handler = HttpHandler::with_env(&spec.request, &|name| {
         if name == API_VAR {
             Some(addr.clone())
@@ -89,16 +93,8 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         crate::console::shell_word(&me),
         crate::console::shell_path(&dir)
     );
-    let code = super::running::run_job(
-        Arc::new(store),
-        spec,
-        handler,
-        &options,
-        Some(&state),
-        None,
-        &resume,
-    )
-    .await?;
+    let code = super::running::run_job(store, spec, handler, &options, Some(&state), None, &resume)
+        .await?;
     api.shutdown().await;
     say!(
         "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \

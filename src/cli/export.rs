@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 
 use super::args::{CompressionArg, ExportArgs, StatusArg};
 use super::exit;
-use super::state::{open_existing, state_arg, StateArg};
+use super::state::{open_reader, over_place, OverPlace, Tuning};
+use crate::job::JobPlace;
 use crate::say;
 use crate::sink::{self, ExportFormat, InputColumns};
 use crate::store::{ExportError, ItemStatus, Store};
@@ -26,17 +27,18 @@ pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
         say!("error: --format parquet needs --output FILE (Parquet is not written to standard output)");
         return Ok(exit::USAGE);
     }
-    match state_arg(&args.state, args.job.as_deref()) {
-        Ok(StateArg::Dir) => {}
-        #[cfg(feature = "postgres")]
-        Ok(StateArg::Pg { url, job }) => {
-            let (store, _) = super::state::pg::open_reader(&url, &job).await?;
-            return export_of(&store, &args).await;
-        }
-        Err(code) => return Ok(code),
+    let (state, job) = (args.state.clone(), args.job.clone());
+    over_place(&state, job.as_deref(), Tuning::default(), Export(args)).await
+}
+
+/// `export` of the job at a place.
+struct Export(ExportArgs);
+
+impl OverPlace for Export {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        let (store, _) = open_reader(&place).await?;
+        export_of(&*store, &self.0).await
     }
-    let (store, _) = open_existing(&args.state).await?;
-    export_of(&store, &args).await
 }
 
 /// `export` over an opened store.

@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 
 use super::args::FailuresArgs;
 use super::exit;
-use super::state::{open_existing, state_arg, StateArg};
+use super::state::{open_reader, over_place, OverPlace, Tuning};
+use crate::job::JobPlace;
 use crate::say;
 use crate::sink;
 use crate::store::{JobView, Store};
@@ -22,17 +23,18 @@ pub(crate) async fn failures(args: FailuresArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     }
-    match state_arg(&args.state, args.job.as_deref()) {
-        Ok(StateArg::Dir) => {}
-        #[cfg(feature = "postgres")]
-        Ok(StateArg::Pg { url, job }) => {
-            let (store, _) = super::state::pg::open_reader(&url, &job).await?;
-            return failures_of(&store, &args).await;
-        }
-        Err(code) => return Ok(code),
+    let (state, job) = (args.state.clone(), args.job.clone());
+    over_place(&state, job.as_deref(), Tuning::default(), Failures(args)).await
+}
+
+/// `failures` of the job at a place.
+struct Failures(FailuresArgs);
+
+impl OverPlace for Failures {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        let (store, _) = open_reader(&place).await?;
+        failures_of(&*store, &self.0).await
     }
-    let (store, _) = open_existing(&args.state).await?;
-    failures_of(&store, &args).await
 }
 
 /// `failures` over an opened store.

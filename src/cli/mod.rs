@@ -1,9 +1,10 @@
 //! CLI: the command line, turned once into validated library types, and the exit codes.
 //!
 //! Owns `main`, the dispatch to each subcommand and logging setup. The clap definitions are
-//! in `args`; `state` reads `--state` (a directory or a PostgreSQL job); `exit` maps
-//! refusals to exit codes; `running` runs an opened job with the command line's reporters;
-//! each subcommand has its file. Nothing below this module sees clap.
+//! in `args`; `state` reads `--state` (a directory or a PostgreSQL job) into the place every
+//! command is a function over; `exit` maps refusals to exit codes; `running` runs an opened
+//! job with the command line's reporters; each subcommand has its file. Nothing below this
+//! module sees clap.
 
 use std::process::ExitCode;
 

@@ -5,15 +5,27 @@ use anyhow::{Context, Result};
 
 use super::args::ReportArgs;
 use super::exit;
-use super::state::dashboard_source;
+use super::state::{over_place, OverPlace, Tuning};
+use crate::job::JobPlace;
 use crate::say;
 
 pub(crate) async fn report(args: ReportArgs) -> Result<u8> {
-    let source = match dashboard_source(&args.state, args.job.as_deref()) {
-        Ok(s) => s,
-        Err(code) => return Ok(code),
-    };
-    let html = crate::dashboard::report(&source).await?;
+    let (state, job) = (args.state.clone(), args.job.clone());
+    over_place(&state, job.as_deref(), Tuning::default(), Report(args)).await
+}
+
+/// `report` of the job at a place.
+struct Report(ReportArgs);
+
+impl OverPlace for Report {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        report_at(&place, &self.0).await
+    }
+}
+
+/// The report of the job at `place`, written to `--output`.
+async fn report_at<P: JobPlace>(place: &P, args: &ReportArgs) -> Result<u8> {
+    let html = crate::dashboard::report(place).await?;
     std::fs::write(&args.output, html.as_bytes()).with_context(|| {
         format!(
             "--output {}: cannot write the report",
@@ -22,7 +34,7 @@ pub(crate) async fn report(args: ReportArgs) -> Result<u8> {
     })?;
     say!(
         "report of {} written to {} ({} KiB)",
-        source.shown(),
+        place.names().shown,
         args.output.display(),
         html.len() / 1024
     );

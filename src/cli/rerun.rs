@@ -3,7 +3,6 @@
 //! one worker). The flags that name a selection are the command line's: [`flags`] writes a
 //! stored selection back as them.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -11,23 +10,12 @@ use anyhow::Result;
 use super::args::RerunArgs;
 use super::exit::{self, library_job, open_files, refused};
 use super::running::cli_job;
-use super::state::{state_arg, StateArg};
+use super::state::{over_place, Named, OverPlace, Tuning};
 use crate::console::shell_path;
-use crate::job::{open_job, JobRequest, RunOptions};
+use crate::job::{open_job, JobPlace, JobRequest, RunOptions};
 use crate::rerun::{Prepared, RerunAsk, RerunError};
 use crate::say;
-use crate::store::sled_store::{OpenMode, SledStore};
 use crate::store::{JobView, Leases, RerunSelection, Store};
-
-/// Where a rerun's job is, as its messages name it.
-pub(crate) struct Place<'a> {
-    /// The job, in a sentence: `the job in DIR`.
-    pub(crate) job: String,
-    /// `--state ...` (with `--job ...` for a database) as a command that resumes it takes them.
-    pub(crate) state: String,
-    /// The state directory `live.json` goes to, if any.
-    pub(crate) live: Option<&'a Path>,
-}
 
 /// A selection as the flags that ask for it: `--failed`, `--buckets 1,2 --all-items`,
 /// `--ids FILE`.
@@ -47,11 +35,6 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
     if let Some(code) = open_files(&args.run) {
         return Ok(code);
     }
-    let state = args.run.state.clone();
-    let at = match state_arg(&state, args.run.job.as_deref()) {
-        Ok(at) => at,
-        Err(code) => return Ok(code),
-    };
     let mut request = match args.run.request() {
         Ok(r) => r,
         Err(message) => {
@@ -83,85 +66,58 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
             all_items: args.all_items,
         }
     };
-    match at {
-        StateArg::Dir => {}
-        #[cfg(feature = "postgres")]
-        StateArg::Pg { url, job } => {
-            return rerun_pg(&args.run, &ask, &request, &url, &job, metrics).await;
-        }
-    }
-    let store = SledStore::open(&state, OpenMode::Existing, args.run.store_cache_mb << 20)?;
-    store.set_reopen_after(args.run.store_reopen_after);
-    if store.job().await?.is_none() {
-        say!("error: {} holds no job to rerun", state.display());
-        return Ok(exit::USAGE);
-    }
-    let place = Place {
-        job: format!("the job in {}", state.display()),
-        state: format!("--state {}", shell_path(&state)),
-        live: Some(&state),
+    let tuning = Tuning {
+        cache_bytes: Some(args.run.store_cache_mb << 20),
+        reopen_after: Some(args.run.store_reopen_after),
+        lease_ttl: Some(args.run.lease_ttl),
     };
-    rerun_in(
-        Arc::new(store),
-        &ask,
-        &request,
-        &args.run.options(),
-        metrics,
-        &place,
-    )
-    .await
-}
-
-/// `rerun` on a job of a database, as on a directory: this process is the rerun's one
-/// worker (a session of its own, ended when the rerun stops).
-#[cfg(feature = "postgres")]
-async fn rerun_pg(
-    args: &super::args::RunArgs,
-    ask: &RerunAsk,
-    request: &JobRequest,
-    url: &str,
-    job: &str,
-    metrics: Option<tokio::net::TcpListener>,
-) -> Result<u8> {
-    use super::state::pg;
-    use crate::job::JobPlace;
-    use crate::store::StoreError;
-    let place = match pg::place(url, job, args.lease_ttl) {
-        Ok(place) => place,
-        Err(code) => return Ok(code),
-    };
-    let store = match place.open(false).await {
-        Ok((store, _)) => Arc::new(store),
-        Err(e) if matches!(e.root(), StoreError::NotAStore { .. }) => {
-            say!("error: there is no {} to rerun", pg::shown(url, job));
-            return Ok(exit::USAGE);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if crate::job::stored_job(&*store).await?.is_none() {
-        say!(
-            "error: the {} has no spec yet (its first run stopped before creating it): nothing to rerun",
-            pg::shown(url, job)
-        );
-        pg::close(store).await;
-        return Ok(exit::USAGE);
-    }
-    let named = Place {
-        job: format!("the {}", pg::shown(url, job)),
-        state: pg::state_flags(url, job),
-        live: None,
-    };
-    let code = rerun_in(
-        store.clone(),
+    let (state, job) = (args.run.state.clone(), args.run.job.clone());
+    let rerun = Rerun {
+        args: args.run,
         ask,
         request,
-        &args.options(),
         metrics,
-        &named,
-    )
-    .await;
-    pg::close(store).await;
-    code
+    };
+    over_place(&state, job.as_deref(), tuning, rerun).await
+}
+
+/// `rerun` of the job at a place: this process is the rerun's one worker (on a database, a
+/// session of its own, ended when the rerun stops).
+struct Rerun {
+    args: super::args::RunArgs,
+    ask: RerunAsk,
+    request: JobRequest,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl OverPlace for Rerun {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        let store = match place.open(false).await {
+            Ok((store, _)) => store,
+            Err(e) if place.no_such_job(&e) => {
+                say!("error: {} to rerun", place.names().absent);
+                return Ok(exit::USAGE);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if store.job().await?.is_none() {
+            say!("error: {}: nothing to rerun", place.names().unmade);
+            place.close(store).await;
+            return Ok(exit::USAGE);
+        }
+        let named = Named::of(&place);
+        let code = rerun_in(
+            store.clone(),
+            &self.ask,
+            &self.request,
+            &self.args.options(),
+            self.metrics,
+            &named,
+        )
+        .await;
+        place.close(store).await;
+        code
+    }
 }
 
 /// Rerun what `ask` selects of the job in `store`, opened for it.
@@ -171,18 +127,18 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
     request: &JobRequest,
     options: &RunOptions,
     metrics: Option<tokio::net::TcpListener>,
-    place: &Place<'_>,
+    named: &Named<'_>,
 ) -> Result<u8> {
     // Every refusal comes before anything is written (a spec change included).
     let chosen = match crate::rerun::choose(&*store, ask).await {
         Ok(chosen) => chosen,
-        Err(e) => return refused_rerun(e, place),
+        Err(e) => return refused_rerun(e, named),
     };
     let spec = match open_job(&*store, request).await {
         Ok(spec) => spec,
         Err(e) => return refused(e),
     };
-    if let Some(code) = library_job(&spec, &place.job) {
+    if let Some(code) = library_job(&spec, &named.job) {
         return Ok(code);
     }
     // A missing ${VAR} is refused before the rerun is written.
@@ -209,9 +165,9 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
             }
             return Ok(exit::OK);
         }
-        Err(e) => return refused_rerun(e, place),
+        Err(e) => return refused_rerun(e, named),
     };
-    let summary = cli_job(store.clone(), spec, handler, options, place.live, metrics)
+    let summary = cli_job(store.clone(), spec, handler, options, named.live, metrics)
         .rerun(rerun.number)
         .run()
         .await?;
@@ -227,7 +183,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
         r.ids
     );
     if !r.finished() {
-        let resume = format!("highwater rerun {} {selection}", place.state);
+        let resume = format!("highwater rerun {} {selection}", named.state);
         if let Some(halted) = &summary.halted {
             say!("stopped: {halted}\nresume with: {resume}");
             return Ok(exit::halt_code(halted.kind));
@@ -249,7 +205,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
 /// A rerun that cannot be: a usage error (2) for what the command asks (an unfinished rerun
 /// of another selection, an unknown bucket), said with the flags; 1 for a job still running;
 /// anything else is the command's error.
-fn refused_rerun(e: RerunError, place: &Place<'_>) -> Result<u8> {
+fn refused_rerun(e: RerunError, named: &Named<'_>) -> Result<u8> {
     match e {
         RerunError::Usage(message) => say!("error: {message}"),
         RerunError::NoBucket { .. } => say!("error: --buckets: {e}"),
@@ -257,13 +213,13 @@ fn refused_rerun(e: RerunError, place: &Place<'_>) -> Result<u8> {
             let selection = flags(&selection);
             say!(
                 "error: rerun {number} ({selection}) is not finished; finish it first with the same command: highwater rerun {} {selection}",
-                place.state
+                named.state
             );
         }
         RerunError::JobInFlight(n) => {
             say!(
                 "error: the job has {n} bucket(s) not committed yet; finish the run first (highwater run {}), then rerun",
-                place.state
+                named.state
             );
             return Ok(exit::ERROR);
         }

@@ -9,7 +9,6 @@
 //! the items in flight within `--shutdown-timeout`, then ends the session, which releases
 //! every lease at once.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -18,11 +17,10 @@ use super::args::RunArgs;
 use super::exit::{self, library_job, open_files, refused};
 use super::rerun::flags;
 use super::running::run_job;
-use super::state::{state_arg, StateArg};
-use crate::console::shell_path;
-use crate::job::{open_at, JobError, JobPlace, JobRequest, StateDirPlace};
+use super::state::{over_place, Named, OverPlace, Tuning};
+use crate::job::{open_at, JobError, JobPlace, JobRequest};
 use crate::say;
-use crate::store::{JobView, Leases, Store, StoreError};
+use crate::store::{JobView, Leases, Store};
 
 pub(crate) async fn run(args: RunArgs) -> Result<u8> {
     let request = match args.request() {
@@ -44,96 +42,63 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         ),
         None => None,
     };
-    match state_arg(&args.state, args.job.as_deref()) {
-        Ok(StateArg::Dir) => {
-            let place = StateDirPlace {
-                dir: args.state.clone(),
-                cache_bytes: args.store_cache_mb << 20,
-                reopen_after: args.store_reopen_after,
-            };
-            let named = Named {
-                job: format!("the job in {}", args.state.display()),
-                no_job: format!("{} holds no job", args.state.display()),
-                state: format!("--state {}", shell_path(&args.state)),
-                live: Some(&args.state),
-            };
-            let (store, spec) = match open(&place, &request, &named, |_| None).await? {
-                Ok(opened) => opened,
-                Err(code) => return Ok(code),
-            };
-            let store = Arc::new(store);
-            run_opened(&args, store, spec, &named, metrics).await
-        }
-        #[cfg(feature = "postgres")]
-        Ok(StateArg::Pg { url, job }) => {
-            use super::state::pg;
-            let place = match pg::place(&url, &job, args.lease_ttl) {
-                Ok(place) => place,
-                Err(code) => return Ok(code),
-            };
-            let named = Named {
-                job: format!("the {}", pg::shown(&url, &job)),
-                no_job: format!("there is no {}", pg::shown(&url, &job)),
-                state: pg::state_flags(&url, &job),
-                live: None,
-            };
-            let missing = |e: &StoreError| {
-                matches!(e.root(), StoreError::NotAStore { .. }).then(|| {
-                    format!(
-                        "there is no {}: create it with --input FILE --url TEMPLATE",
-                        pg::shown(&url, &job)
-                    )
-                })
-            };
-            let (store, spec) = match open(&place, &request, &named, missing).await? {
-                Ok(opened) => opened,
-                Err(code) => return Ok(code),
-            };
-            let store = Arc::new(store);
-            let code = run_opened(&args, store.clone(), spec, &named, metrics).await;
-            pg::close(store).await;
-            code
-        }
-        Err(code) => Ok(code),
+    let tuning = Tuning {
+        cache_bytes: Some(args.store_cache_mb << 20),
+        reopen_after: Some(args.store_reopen_after),
+        lease_ttl: Some(args.lease_ttl),
+    };
+    let (state, job) = (args.state.clone(), args.job.clone());
+    let run = Run {
+        args,
+        request,
+        metrics,
+    };
+    over_place(&state, job.as_deref(), tuning, run).await
+}
+
+/// `run` of the job at a place.
+struct Run {
+    args: RunArgs,
+    request: JobRequest,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl OverPlace for Run {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        let named = Named::of(&place);
+        let (store, spec) = match open(&place, &self.request).await? {
+            Ok(opened) => opened,
+            Err(code) => return Ok(code),
+        };
+        let code = run_opened(&self.args, store.clone(), spec, &named, self.metrics).await;
+        place.close(store).await;
+        code
     }
 }
 
-/// How the messages name the job a run opened.
-struct Named<'a> {
-    /// The job, in a sentence: `the job in DIR`.
-    job: String,
-    /// The place, when it holds no job: `DIR holds no job`.
-    no_job: String,
-    /// `--state ...` (with `--job ...` for a database) as a command that resumes it takes them.
-    state: String,
-    /// The state directory `live.json` goes to, if any.
-    live: Option<&'a Path>,
-}
-
 /// Open the job at `place` as `request` asks ([`open_at`]), or the exit code of its refusal,
-/// said (`missing`: the words for a store that is not there, if that is the user's to fix).
+/// said (a place that holds no job of this name is the user's to fix).
 async fn open<P: JobPlace>(
     place: &P,
     request: &JobRequest,
-    named: &Named<'_>,
-    missing: impl Fn(&StoreError) -> Option<String>,
-) -> Result<Result<(P::Store, crate::job::JobSpec), u8>> {
+) -> Result<Result<(Arc<P::Store>, crate::job::JobSpec), u8>> {
     match open_at(place, request).await {
         Ok(opened) => Ok(Ok(opened)),
         Err(JobError::NoJob) => {
             say!(
                 "error: {}: give --input FILE and --url TEMPLATE (or --exec COMMAND) to create one",
-                named.no_job
+                place.names().absent
             );
             Ok(Err(exit::USAGE))
         }
-        Err(JobError::Store(e)) => match missing(&e) {
-            Some(words) => {
-                say!("error: {words}");
-                Ok(Err(exit::USAGE))
-            }
-            None => Err(e.into()),
-        },
+        Err(JobError::Store(e)) if place.no_such_job(&e) => {
+            say!(
+                "error: {}: create it with --input FILE --url TEMPLATE",
+                place.names().absent
+            );
+            Ok(Err(exit::USAGE))
+        }
+        Err(JobError::Store(e)) => Err(e.into()),
         Err(e) => refused(e).map(Err),
     }
 }

@@ -4,17 +4,29 @@ use anyhow::Result;
 
 use super::args::ServeArgs;
 use super::exit;
-use super::state::dashboard_source;
+use super::state::{over_place, OverPlace, Tuning};
 use crate::dashboard;
+use crate::job::JobPlace;
 use crate::say;
 
 pub(crate) async fn serve(args: ServeArgs) -> Result<u8> {
-    let source = match dashboard_source(&args.state, args.job.as_deref()) {
-        Ok(s) => s,
-        Err(code) => return Ok(code),
-    };
-    // Say what is wrong with the job before listening.
-    source.check().await?;
+    let (state, job) = (args.state.clone(), args.job.clone());
+    over_place(&state, job.as_deref(), Tuning::default(), Serve(args)).await
+}
+
+/// `serve` of the job at a place.
+struct Serve(ServeArgs);
+
+impl OverPlace for Serve {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        serve_at(place, self.0).await
+    }
+}
+
+/// The dashboard of the job at `place`, until a signal.
+async fn serve_at<P: JobPlace + Clone + 'static>(place: P, args: ServeArgs) -> Result<u8> {
+    // Say what is wrong with the place before listening (a run may hold it).
+    place.look().await?;
     let listener = match dashboard::bind(args.addr).await {
         Ok(l) => l,
         Err(e) => {
@@ -25,14 +37,14 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<u8> {
     let addr = listener.local_addr().unwrap_or(args.addr);
     say!(
         "dashboard of {} on http://{addr}/ (read-only; Ctrl-C to stop)",
-        source.shown()
+        place.names().shown
     );
     if !addr.ip().is_loopback() {
         tracing::warn!(
             "--addr {addr} is reachable from other machines: anyone who can reach it sees the job's figures, IDs, errors and spec"
         );
     }
-    let server = tokio::spawn(dashboard::serve(listener, source));
+    let server = tokio::spawn(dashboard::serve(listener, place));
     wait_for_stop().await;
     server.abort();
     Ok(exit::OK)

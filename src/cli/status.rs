@@ -5,28 +5,42 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::args::StatusArgs;
 use super::exit;
-use super::state::{open_existing, state_arg, StateArg};
+use super::state::{over_place, OverPlace, Tuning};
 use crate::console::shell_path;
-use crate::job::JobSpec;
+#[cfg(feature = "postgres")]
+use crate::job::Crew;
+use crate::job::{JobPlace, JobSpec, Look};
 use crate::sink;
 use crate::store::{JobView, Store, StoreStats};
 
 pub(crate) async fn status(args: StatusArgs) -> Result<u8> {
-    if let Err(code) = state_arg(&args.state, args.job.as_deref()) {
-        return Ok(code);
+    let (state, job) = (args.state.clone(), args.job.clone());
+    over_place(&state, job.as_deref(), Tuning::default(), Status(args)).await
+}
+
+/// `status` of the job at a place.
+struct Status(StatusArgs);
+
+impl OverPlace for Status {
+    async fn over<P: JobPlace + Clone + 'static>(self, place: P) -> Result<u8> {
+        status_of(&place, &self.0).await
     }
+}
+
+/// `status` of the job at `place`, once or watched.
+async fn status_of<P: JobPlace>(place: &P, args: &StatusArgs) -> Result<u8> {
     if !args.watch {
-        let (text, _) = status_once(&args).await?;
+        let (text, _) = status_once(place, args).await?;
         let _ = io::stdout().lock().write_all(text.as_bytes());
         return Ok(exit::OK);
     }
     let clear = std::io::IsTerminal::is_terminal(&io::stdout()) && !args.json;
     loop {
-        let (text, live) = status_once(&args).await?;
+        let (text, live) = status_once(place, args).await?;
         let mut out = io::stdout().lock();
         // Home the cursor and clear the screen: refresh in place.
         let home: &[u8] = if clear { b"\x1b[H\x1b[2J" } else { b"" };
@@ -44,26 +58,15 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8> {
 }
 
 /// The status text (or JSON line), and whether a run is live.
-async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
-    use crate::live;
-    match state_arg(&args.state, args.job.as_deref()) {
-        Ok(StateArg::Dir) => {}
-        #[cfg(feature = "postgres")]
-        Ok(StateArg::Pg { url, job }) => return status_pg(&url, &job, args.json).await,
-        Err(_) => anyhow::bail!("--state and --job do not go together"),
-    }
+async fn status_once<P: JobPlace>(place: &P, args: &StatusArgs) -> Result<(String, bool)> {
+    let names = place.names();
     let now = crate::job::now_ms();
-    let state_text = args.state.display().to_string();
-    let (store, spec) = match open_existing(&args.state).await {
-        Ok(opened) => opened,
-        Err(e) => {
-            let busy = e.downcast_ref().map(crate::store::StoreError::root);
-            let Some(crate::store::StoreError::Busy { pid, .. }) = busy else {
-                return Err(e);
-            };
-            // A run holds the store: show what it publishes. The snapshot is read after the
-            // lock was found held, and judged by its pid and age.
-            let live = live::read(&args.state).filter(|s| Some(s.pid) == *pid && !s.finished);
+    let state = Path::new(&names.state);
+    let state_text = names.state.clone();
+    let (store, last) = match place.look().await? {
+        Look::Free { store, last } => (store, last),
+        // A run holds the store: show what it publishes.
+        Look::Held { pid, live } => {
             let Some(s) = live else {
                 return Ok((
                     if args.json {
@@ -74,7 +77,7 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                     } else {
                         format!(
                             "{} is in use by a run (pid {}) that has not published a live snapshot yet\n",
-                            args.state.display(),
+                            state.display(),
                             pid.map_or("?".into(), |p| p.to_string())
                         )
                     },
@@ -95,21 +98,27 @@ async fn status_once(args: &StatusArgs) -> Result<(String, bool)> {
                     })
                 )
             } else {
-                s.render(&args.state, runner, now)
+                s.render(state, runner, now)
             };
             return Ok((text, true));
         }
     };
-    // The store is free and we hold its lock: no run is active, and none can start until we
-    // let go. A runner marks its snapshot finished before it lets go of the lock, so a
-    // snapshot read now that is not marked finished means the last runner died (kill -9,
-    // crash, power loss), whatever process has its pid now.
-    let died = live::read(&args.state).filter(|s| !s.finished);
+    let spec = crate::job::stored_job(&*store)
+        .await?
+        .with_context(|| names.unmade.clone())?;
+    #[cfg(feature = "postgres")]
+    if let Some(crew) = place.crew(&store).await? {
+        return status_crew(&*store, &spec, state, args.json, crew).await;
+    }
+    // No run holds the store, and none can start until the look lets go of it. A runner
+    // marks its snapshot finished before it lets go of the lock, so a snapshot not marked
+    // finished means the last runner died.
+    let died = last.filter(|s| !s.finished);
     let runner = match &died {
         Some(_) => "died",
         None => "none",
     };
-    let text = describe(&store, &spec, &args.state, args.json, runner, died, None).await?;
+    let text = describe(&*store, &spec, state, args.json, runner, died, None).await?;
     Ok((text, false))
 }
 
@@ -281,33 +290,25 @@ fn render_status(
     text
 }
 
-/// `status` of a job of a database, with its workers.
+/// `status` of a job several workers share, with its workers.
 #[cfg(feature = "postgres")]
-async fn status_pg(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
-    use crate::store::postgres::redact_url;
-    let (store, spec) = super::state::pg::open_reader(url, job).await?;
-    let workers = store.workers().await?;
-    let planning = store.planning().await?;
-    let live = workers.iter().any(|w| w.state != "expired");
-    let runner = if live { "running" } else { "none" };
+async fn status_crew<S: Store>(
+    store: &S,
+    spec: &JobSpec,
+    state: &Path,
+    json: bool,
+    crew: Crew,
+) -> Result<(String, bool)> {
+    let runner = if crew.running() { "running" } else { "none" };
     let rendered = (
-        serde_json::json!(workers),
-        format!("{}{}", render_planning(&planning), render_workers(&workers)),
+        serde_json::json!(crew.workers),
+        format!("{}{}", render_planning(&crew), render_workers(&crew)),
     );
-    let mut text = describe(
-        &store,
-        &spec,
-        Path::new(&redact_url(url)),
-        json,
-        runner,
-        None,
-        Some(rendered),
-    )
-    .await?;
+    let mut text = describe(store, spec, state, json, runner, None, Some(rendered)).await?;
     if json {
         // Where planning stands, beside the workers.
         let mut value: serde_json::Value = serde_json::from_str(&text)?;
-        value["planner"] = serde_json::json!(planning);
+        value["planner"] = serde_json::json!(crew.planning);
         text = format!("{value}\n");
     }
     Ok((text, false))
@@ -315,7 +316,8 @@ async fn status_pg(url: &str, job: &str, json: bool) -> Result<(String, bool)> {
 
 /// Where planning stands, one line of `status`.
 #[cfg(feature = "postgres")]
-fn render_planning(p: &crate::store::postgres::Planning) -> String {
+fn render_planning(crew: &Crew) -> String {
+    let p = &crew.planning;
     let who = p.planner.as_deref().map_or(String::new(), |w| {
         format!(" (worker {})", &w[..8.min(w.len())])
     });
@@ -330,7 +332,8 @@ fn render_planning(p: &crate::store::postgres::Planning) -> String {
 
 /// The worker table of `status`.
 #[cfg(feature = "postgres")]
-fn render_workers(workers: &[crate::store::postgres::WorkerRow]) -> String {
+fn render_workers(crew: &Crew) -> String {
+    let workers = &crew.workers;
     let mut text = format!("workers:    {}\n", workers.len());
     for w in workers {
         let share = w

@@ -3,9 +3,9 @@
 //! Owns `serve` and `report`: a read-only web page (progress and a smoothed ETA,
 //! throughput against the rate limit, latency percentiles, answers and failures by class
 //! over the whole job with restarts marked, the bucket map, the failures table, the
-//! workers, the spec and its history) over a state directory or a PostgreSQL job. Where the
-//! data comes from is [`source`] (and why a state directory held by a running job shows
-//! less); what each endpoint answers is [`data`]; the page is [`page`]; the HTTP server is
+//! workers, the spec and its history) over a job wherever it is kept (any
+//! [`crate::job::JobPlace`]). One reading of it is [`source`] (and why a state directory held
+//! by a running job shows less); what each endpoint answers is [`data`]; the page is [`page`]; the HTTP server is
 //! [`server`]. A report is the same page as one file with the data embedded.
 //!
 //! Nothing here writes to the job: the page has no actions, the server answers GET only,
@@ -17,13 +17,13 @@ pub mod server;
 pub mod source;
 
 pub use server::{bind, serve, BindError};
-pub use source::{DashboardError, FailureQuery, Reading, Source, Wants};
+pub use source::{read, DashboardError, FailureQuery, Reading, Wants};
 
 /// Failed items a report lists at most (its filters work on those).
 pub const REPORT_FAILURES: usize = 1000;
 
-/// The whole page of `source` with its data embedded: one self-contained HTML file.
-pub async fn report(source: &Source) -> Result<String, DashboardError> {
+/// The whole page of the job at `place` with its data embedded: one self-contained HTML file.
+pub async fn report<P: crate::job::JobPlace>(place: &P) -> Result<String, DashboardError> {
     let wants = Wants {
         buckets: true,
         failures: Some(FailureQuery {
@@ -31,7 +31,7 @@ pub async fn report(source: &Source) -> Result<String, DashboardError> {
             ..FailureQuery::default()
         }),
     };
-    let r = source.read(&wants).await?;
+    let r = read(place, &wants).await?;
     let data = serde_json::json!({
         "summary": data::summary(&r),
         "history": data::history(&r, data::DEFAULT_POINTS),

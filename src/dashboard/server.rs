@@ -20,7 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 
 use super::data;
-use super::source::{DashboardError, FailureQuery, Reading, Source, Wants};
+use super::source::{DashboardError, FailureQuery, Reading, Wants};
+use crate::job::JobPlace;
 
 /// How long a reading serves requests while a run is active.
 pub const FRESH_LIVE: Duration = Duration::from_secs(1);
@@ -36,16 +37,17 @@ pub const MAX_FAILURES_LISTED: usize = 5000;
 pub use crate::listen::{bind, BindError};
 
 /// What the server's requests share.
-struct Shared {
-    source: Source,
+struct Shared<P> {
+    /// Where the job is.
+    place: P,
     /// The last reading (with the bucket map), and when it was taken.
     last: Mutex<Option<(Instant, Arc<Reading>)>>,
 }
 
-/// Serve the dashboard of `source` on `listener` until the task is aborted.
-pub async fn serve(listener: TcpListener, source: Source) {
+/// Serve the dashboard of the job at `place` on `listener` until the task is aborted.
+pub async fn serve<P: JobPlace + Clone + 'static>(listener: TcpListener, place: P) {
     let shared = Arc::new(Shared {
-        source,
+        place,
         last: Mutex::new(None),
     });
     let mut conns = tokio::task::JoinSet::new();
@@ -92,7 +94,10 @@ fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
     reply(status, "text/plain; charset=utf-8", message + "\n")
 }
 
-async fn answer(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+async fn answer<P: JobPlace + Clone + 'static>(
+    req: &Request<Incoming>,
+    shared: &Shared<P>,
+) -> Response<Full<Bytes>> {
     if req.method() != hyper::Method::GET {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -134,7 +139,7 @@ async fn answer(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes
     }
 }
 
-impl Shared {
+impl<P: JobPlace + Clone + 'static> Shared<P> {
     /// The shared reading, taken again once it is no longer fresh.
     async fn reading(&self) -> Result<Arc<Reading>, DashboardError> {
         let mut last = self.last.lock().await;
@@ -152,7 +157,7 @@ impl Shared {
             buckets: true,
             failures: None,
         };
-        let reading = Arc::new(read(&self.source, wants).await?);
+        let reading = Arc::new(read(&self.place, wants).await?);
         *last = Some((Instant::now(), reading.clone()));
         Ok(reading)
     }
@@ -164,16 +169,19 @@ impl Shared {
             buckets: false,
             failures: Some(q),
         };
-        read(&self.source, wants).await
+        read(&self.place, wants).await
     }
 }
 
-/// A reading of `source`. The failures' walk calls back into the reading's task (its future
-/// is not `Send`), so a reading runs on a blocking thread of its own.
-async fn read(source: &Source, wants: Wants) -> Result<Reading, DashboardError> {
-    let source = source.clone();
+/// A reading of the job at `place`. The failures' walk calls back into the reading's task
+/// (its future is not `Send`), so a reading runs on a blocking thread of its own.
+async fn read<P: JobPlace + Clone + 'static>(
+    place: &P,
+    wants: Wants,
+) -> Result<Reading, DashboardError> {
+    let place = place.clone();
     let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || handle.block_on(source.read(&wants)))
+    tokio::task::spawn_blocking(move || handle.block_on(super::source::read(&place, &wants)))
         .await
         .unwrap_or_else(|e| Err(DashboardError::Aborted(e.to_string())))
 }

@@ -1,44 +1,19 @@
-//! Where a dashboard reads a job from, and one read of it.
+//! One read of a job ([`read`]), wherever it is kept: what a look at its place finds.
 //!
-//! Owns [`Source`] (a state directory or a PostgreSQL job) and [`Reading`]: what one look at
-//! the job finds. A state directory's store is locked by the run that holds it, and sled
-//! cannot be opened by a second process: while a run is active the reading holds only what
-//! the run publishes without the lock (`live.json` and the history file); once no run holds
-//! the directory, the store is opened as a reader for the moment of the reading (spec,
-//! counts, the bucket map) and let go at once. A PostgreSQL job, its history included, is
-//! read through a session-less reader, never in the way of its workers.
-
-use std::path::{Path, PathBuf};
+//! Owns [`Reading`]: what one look at the job finds. The job's place ([`JobPlace::look`])
+//! decides what can be read: while a run holds a state directory's store (sled cannot be
+//! opened by a second process), the reading holds only what the run publishes without the
+//! lock (`live.json` and the history file); once no run holds it, the store is opened as a
+//! reader for the moment of the reading (spec, counts, the bucket map) and let go at once. A
+//! PostgreSQL job, its history included, is read through a session-less reader, never in
+//! the way of its workers.
 
 use serde::Serialize;
 
-use crate::history::{self, Record};
-use crate::live::{self, LiveSnapshot, Runner};
-use crate::store::sled_store::{OpenMode, SledStore};
+use crate::history::Record;
+use crate::job::{HistoryError, JobPlace, Look};
+use crate::live::{LiveSnapshot, Runner};
 use crate::store::{BucketState, JobView, Store, StoreError, StoreStats};
-
-/// Where the job is.
-#[derive(Clone)]
-pub enum Source {
-    /// A state directory.
-    Dir(PathBuf),
-    /// A job of a PostgreSQL database (the URL's `${VAR}`s expanded when it is opened):
-    /// made with [`Source::pg`].
-    #[cfg(feature = "postgres")]
-    Pg {
-        /// The database URL, `${VAR}`s not yet expanded.
-        url: String,
-        /// The job's name in the database.
-        job: String,
-        /// The reader, once opened: kept for the readings that follow.
-        opened: PgReader,
-    },
-}
-
-/// A PostgreSQL job's reader, opened by the first reading.
-#[cfg(feature = "postgres")]
-pub type PgReader =
-    std::sync::Arc<tokio::sync::Mutex<Option<std::sync::Arc<crate::store::postgres::PgStore>>>>;
 
 /// Reading a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,70 +23,14 @@ pub enum DashboardError {
     Store(#[from] StoreError),
     /// The history could not be read.
     #[error(transparent)]
-    History(#[from] history::HistoryReadError),
+    History(#[from] HistoryError),
     /// The reading's task panicked or was cancelled.
     #[error("the reading stopped: {0}")]
     Aborted(String),
-    /// The state directory holds no job yet.
-    #[error("{0} holds no job yet (its first run stopped before creating one)")]
+    /// The place holds no job yet (the place's words for it).
+    #[error("{0}")]
     NoJob(String),
-    /// The PostgreSQL job could not be opened or read.
-    #[cfg(feature = "postgres")]
-    #[error(transparent)]
-    Pg(#[from] crate::store::postgres::PgError),
 }
-
-impl Source {
-    /// The job `job` of the PostgreSQL database at `url`.
-    #[cfg(feature = "postgres")]
-    pub fn pg(url: String, job: String) -> Source {
-        Source::Pg {
-            url,
-            job,
-            opened: PgReader::default(),
-        }
-    }
-
-    /// How the job is named on the page: the directory, or the job and its database
-    /// without a password.
-    pub fn shown(&self) -> String {
-        match self {
-            Source::Dir(dir) => dir.display().to_string(),
-            #[cfg(feature = "postgres")]
-            Source::Pg { url, job, .. } => {
-                format!("job {job:?} of {}", crate::store::postgres::redact_url(url))
-            }
-        }
-    }
-
-    /// Check that the source can be read at all (the directory is a state directory, the
-    /// database and job exist), before a server starts.
-    pub async fn check(&self) -> Result<(), DashboardError> {
-        match self {
-            // The store's own open says why not (missing, not a state directory); one a run
-            // holds is one.
-            Source::Dir(dir) => match SledStore::open(dir, OpenMode::Read, CACHE_BYTES) {
-                Ok(_) => Ok(()),
-                Err(e) if matches!(e.root(), StoreError::Busy { .. }) => Ok(()),
-                Err(e) => Err(e.into()),
-            },
-            #[cfg(feature = "postgres")]
-            Source::Pg { .. } => self.read(&Wants::default()).await.map(|_| ()),
-        }
-    }
-
-    /// One look at the job.
-    pub async fn read(&self, wants: &Wants) -> Result<Reading, DashboardError> {
-        match self {
-            Source::Dir(dir) => read_dir(dir, wants).await,
-            #[cfg(feature = "postgres")]
-            Source::Pg { url, job, opened } => read_pg(self.shown(), url, job, opened, wants).await,
-        }
-    }
-}
-
-/// The sled page cache of a reading: small, it reads little.
-const CACHE_BYTES: u64 = 8 << 20;
 
 /// What a reading should take beyond the job's figures.
 #[derive(Debug, Clone, Default)]
@@ -193,39 +112,46 @@ pub struct Reading {
     pub bucket_size: Option<u64>,
 }
 
-async fn read_dir(dir: &Path, wants: &Wants) -> Result<Reading, DashboardError> {
+/// One look at the job at `place`.
+pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, DashboardError> {
+    let names = place.names();
     let mut reading = Reading {
-        shown: dir.display().to_string(),
+        shown: names.shown,
         ..Reading::default()
     };
-    let now = crate::store::now_ms();
-    match SledStore::open(dir, OpenMode::Read, CACHE_BYTES) {
-        Ok(store) => {
-            // No run is active (we hold the lock): a snapshot not marked finished is a
-            // runner that died.
-            reading.live = live::read(dir);
-            reading.runner = reading.live.as_ref().map(|s| {
+    let store = match place.look().await? {
+        Look::Free { store, last } => {
+            // No run holds the store: a snapshot not marked finished is a runner that died.
+            reading.runner = last.as_ref().map(|s| {
                 if s.finished {
                     Runner::Finished
                 } else {
                     Runner::Died
                 }
             });
-            read_store(&store, &mut reading, wants).await?;
-            drop(store);
+            reading.live = last;
+            read_store(&*store, &mut reading, wants, &names.unmade).await?;
+            #[cfg(feature = "postgres")]
+            if let Some(crew) = place.crew(&store).await? {
+                reading.runner = Some(if crew.running() {
+                    Runner::Live
+                } else {
+                    Runner::Finished
+                });
+                reading.workers = Some(serde_json::to_value(&crew.workers).unwrap_or_default());
+            }
+            Some(store)
         }
-        Err(e) if matches!(e.root(), StoreError::Busy { .. }) => {
-            let pid = match e.root() {
-                StoreError::Busy { pid } => *pid,
-                _ => None,
-            };
-            reading.live = live::read(dir).filter(|s| Some(s.pid) == pid || pid.is_none());
-            reading.runner = reading.live.as_ref().map(|s| s.runner(now));
-            reading.stats = reading.live.as_ref().map(LiveSnapshot::stats);
+        Look::Held { live, .. } => {
+            let now = crate::store::now_ms();
+            reading.runner = live.as_ref().map(|s| s.runner(now));
+            reading.stats = live.as_ref().map(LiveSnapshot::stats);
+            reading.live = live;
+            None
         }
-        Err(e) => return Err(e.into()),
-    }
-    reading.history = history::file::read(dir)?;
+    };
+    reading.history = place.history(store.as_deref()).await?;
+    drop(store);
     if reading.spec.is_none() {
         reading.spec = reading.history.iter().rev().find_map(|r| match r {
             Record::Run(r) => Some(r.spec.clone()),
@@ -246,10 +172,11 @@ async fn read_store<S: Store>(
     store: &S,
     reading: &mut Reading,
     wants: &Wants,
+    unmade: &str,
 ) -> Result<(), DashboardError> {
     let spec = crate::job::stored_job(store)
         .await?
-        .ok_or_else(|| DashboardError::NoJob(reading.shown.clone()))?;
+        .ok_or_else(|| DashboardError::NoJob(unmade.to_string()))?;
     reading.store_read = true;
     reading.bucket_size = Some(spec.bucket_size);
     reading.spec = Some(serde_json::to_value(&spec).unwrap_or_default());
@@ -313,48 +240,4 @@ fn export_error(e: crate::store::ExportError) -> DashboardError {
         crate::store::ExportError::Store(e) => e.into(),
         other => StoreError::corrupt(other.to_string()).into(),
     }
-}
-
-#[cfg(feature = "postgres")]
-async fn read_pg(
-    shown: String,
-    url: &str,
-    job: &str,
-    opened: &PgReader,
-    wants: &Wants,
-) -> Result<Reading, DashboardError> {
-    use crate::store::postgres::{PgOpen, PgStore, PgTarget};
-    let store = {
-        let mut opened = opened.lock().await;
-        match &*opened {
-            Some(store) => store.clone(),
-            None => {
-                let target = PgTarget::parse(url)?;
-                let open = PgOpen {
-                    worker: false,
-                    ..PgOpen::new(job)
-                };
-                let store = std::sync::Arc::new(PgStore::open(&target, &open).await?);
-                *opened = Some(store.clone());
-                store
-            }
-        }
-    };
-    let store = &*store;
-    let mut reading = Reading {
-        shown,
-        ..Reading::default()
-    };
-    read_store(store, &mut reading, wants).await?;
-    reading.history = store
-        .history()
-        .await?
-        .into_iter()
-        .filter_map(|r| serde_json::from_value(r).ok())
-        .collect();
-    let workers = store.workers().await?;
-    let live = workers.iter().any(|w| w.state != "expired");
-    reading.runner = Some(if live { Runner::Live } else { Runner::Finished });
-    reading.workers = Some(serde_json::to_value(&workers).unwrap_or_default());
-    Ok(reading)
 }

@@ -13,6 +13,7 @@
 //! anything else is refused with [`RunError::IdsChanged`] before any work. A resume that
 //! gives no input reads the IDs the first run stored.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,11 +25,10 @@ use crate::input::{InputFormat, InputSpec};
 use crate::monitor::{EventFormat, MonitorConfig};
 use crate::progress::RunSummary;
 use crate::spec::{JobSpec, RetryPolicy, RunOptions};
-use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
 use crate::store::{Leases, Log, Store, StoreError};
 
 use super::error::JobError;
-use super::open::open_job;
+use super::place::{open_made, JobPlace, StateDirPlace};
 use super::reporters::{Reporters, SecondSignal};
 use super::request::{JobRequest, RetryOverrides};
 
@@ -44,44 +44,13 @@ pub enum JobInput {
 /// The file an iterator's IDs are written to, in the state directory.
 pub(super) const IDS_FILE: &str = "ids.txt";
 
-/// Where the job's records are kept: a state directory (the default) or a store given.
-pub trait StoreSource {
-    type Store: Store + Leases;
-    /// The store, created when `create` and missing; and the directory that holds the
-    /// stored IDs and `live.json`, if any.
-    fn open(&self, create: bool) -> Result<(Arc<Self::Store>, Option<PathBuf>), RunError>;
-}
-
-/// A state directory (the default store).
-pub struct StateDir(Option<PathBuf>);
-
-impl StoreSource for StateDir {
-    type Store = SledStore;
-    fn open(&self, create: bool) -> Result<(Arc<SledStore>, Option<PathBuf>), RunError> {
-        let dir = self.0.as_ref().ok_or(RunError::NoStore)?;
-        let mode = if create {
-            OpenMode::CreateIfMissing
-        } else {
-            OpenMode::Existing
-        };
-        let store = SledStore::open(dir, mode, DEFAULT_CACHE_BYTES)?;
-        Ok((Arc::new(store), Some(dir.clone())))
-    }
-}
-
-impl<S: Store + Leases> StoreSource for Arc<S> {
-    type Store = S;
-    fn open(&self, _create: bool) -> Result<(Arc<S>, Option<PathBuf>), RunError> {
-        Ok((self.clone(), None))
-    }
-}
-
 /// A job to run: see the module's documentation.
-pub struct Job<H, P = StateDir> {
+pub struct Job<H, P = StateDirPlace> {
     handler: H,
     name: String,
     input: Option<JobInput>,
-    store: P,
+    /// Where the job is kept (none given yet), or the job [`Job::opened`] was given.
+    store: Option<P>,
     bucket_size: Option<u64>,
     retry: RetryOverrides,
     reporting: Reporting,
@@ -217,14 +186,14 @@ pub enum RunError {
     Engine(#[from] EngineError),
 }
 
-impl<H: Handler> Job<H, StateDir> {
+impl<H: Handler> Job<H, StateDirPlace> {
     /// A job whose work for each ID is `handler`.
-    pub fn new(handler: H) -> Job<H, StateDir> {
+    pub fn new(handler: H) -> Job<H, StateDirPlace> {
         Job {
             handler,
             name: "library".into(),
             input: None,
-            store: StateDir(None),
+            store: None,
             bucket_size: None,
             retry: RetryOverrides::default(),
             reporting: Reporting::new(),
@@ -233,7 +202,7 @@ impl<H: Handler> Job<H, StateDir> {
 
     /// Keep the job in the state directory `dir` (created if missing).
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.store = StateDir(Some(dir.into()));
+        self.store = Some(StateDirPlace::new(dir));
         self
     }
 
@@ -243,7 +212,7 @@ impl<H: Handler> Job<H, StateDir> {
             handler: self.handler,
             name: self.name,
             input: self.input,
-            store,
+            store: Some(store),
             bucket_size: self.bucket_size,
             retry: self.retry,
             reporting: self.reporting,
@@ -263,11 +232,11 @@ impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
             handler,
             name: String::new(),
             input: None,
-            store: Opened {
+            store: Some(Opened {
                 store,
                 spec,
                 log: Log::Job,
-            },
+            }),
             bucket_size: None,
             retry: RetryOverrides::default(),
             reporting: Reporting::new(),
@@ -277,18 +246,27 @@ impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
     /// Run rerun `number` (written ahead by [`crate::rerun::start`]) instead of the job's
     /// own buckets.
     pub fn rerun(mut self, number: u32) -> Self {
-        self.store.log = Log::Rerun(number);
+        if let Some(opened) = &mut self.store {
+            opened.log = Log::Rerun(number);
+        }
         self
     }
 
     /// The job's spec.
     pub fn spec(&self) -> &JobSpec {
-        &self.store.spec
+        &self.given().spec
+    }
+
+    /// What [`Job::opened`] was given.
+    fn given(&self) -> &Opened<S> {
+        self.store.as_ref().expect("given by Job::opened")
     }
 
     /// Run the job (or the rerun) until it is finished or stopped.
     pub async fn run(self) -> Result<RunSummary, RunError> {
-        let Opened { store, spec, log } = self.store;
+        let Some(Opened { store, spec, log }) = self.store else {
+            unreachable!("given by Job::opened")
+        };
         self.reporting
             .run(store, spec, self.handler, None, log)
             .await
@@ -363,7 +341,7 @@ impl<H: Handler, P> Job<H, P> {
     }
 }
 
-impl<H: Handler, P: StoreSource> Job<H, P> {
+impl<H: Handler, P: JobPlace> Job<H, P> {
     /// The handler's name, stored with the job: a resume with another name is refused.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -420,56 +398,75 @@ impl<H: Handler, P: StoreSource> Job<H, P> {
         if self.bucket_size == Some(0) {
             return Err(RunError::BucketSize);
         }
-        let (store, dir) = self.store.open(self.input.is_some())?;
+        let place = self.store.as_ref().ok_or(RunError::NoStore)?;
         // Kept until the run ends: an iterator's IDs when there is no state directory.
         let mut scratch = None;
+        let mut previous = None;
         let from_ids = matches!(self.input, Some(JobInput::Ids(_)));
-        let input = match self.input {
-            None => None,
-            Some(JobInput::File(spec)) => Some(spec),
-            Some(JobInput::Ids(ids)) => {
-                let dir = match &dir {
-                    Some(dir) => dir.clone(),
-                    None => {
-                        let tmp = tempfile::tempdir().map_err(|source| RunError::StoreIds {
-                            path: std::env::temp_dir(),
-                            source,
-                        })?;
-                        let path = tmp.path().to_path_buf();
-                        scratch = Some(tmp);
-                        path
-                    }
-                };
-                Some(store_ids(ids, &dir.join(IDS_FILE))?)
-            }
+        let create = self.input.is_some();
+        let (input, bucket_size, name, retry) =
+            (self.input, self.bucket_size, self.name, self.retry);
+        let request = |dir: Option<&Path>| {
+            let input = match input {
+                None => None,
+                Some(JobInput::File(spec)) => Some(spec),
+                Some(JobInput::Ids(ids)) => {
+                    let dir = match dir {
+                        Some(dir) => dir.to_path_buf(),
+                        None => {
+                            let tmp = tempfile::tempdir().map_err(|source| RunError::StoreIds {
+                                path: std::env::temp_dir(),
+                                source,
+                            })?;
+                            let path = tmp.path().to_path_buf();
+                            scratch = Some(tmp);
+                            path
+                        }
+                    };
+                    let ids = store_ids(ids, &dir.join(IDS_FILE))?;
+                    previous = Previous::new(&ids.path);
+                    Some(ids)
+                }
+            };
+            Ok::<_, RunError>(Cow::Owned(JobRequest {
+                input,
+                bucket_size,
+                handler: Some(name),
+                retry,
+                command: "library".into(),
+                ..JobRequest::default()
+            }))
         };
-        let previous = input
-            .as_ref()
-            .filter(|_| from_ids)
-            .and_then(|i| Previous::new(&i.path));
-        let request = JobRequest {
-            input,
-            bucket_size: self.bucket_size,
-            handler: Some(self.name),
-            retry: self.retry,
-            command: "library".into(),
-            ..JobRequest::default()
-        };
-        let spec = open_job(&*store, &request).await.map_err(|e| match e {
-            JobError::InputChanged { what, .. } if from_ids => RunError::IdsChanged { what },
-            JobError::MeaningChanged(lines) => RunError::JobChanged(lines),
-            JobError::NoJob => RunError::NoJob,
-            e => RunError::Job(e),
-        });
+        let opened = open_made(place, create, true, request)
+            .await
+            .map_err(|e| match e {
+                RunError::Job(JobError::InputChanged { what, .. }) if from_ids => {
+                    RunError::IdsChanged { what }
+                }
+                e => e,
+            });
         if let Some(previous) = previous {
-            previous.settle(spec.is_ok());
+            previous.settle(opened.is_ok());
         }
+        let (store, spec) = opened?;
+        let dir = place.dir().map(Path::to_path_buf);
         let summary = self
             .reporting
-            .run(store, spec?, self.handler, dir, Log::Job)
+            .run(store, spec, self.handler, dir, Log::Job)
             .await?;
         drop(scratch);
         Ok(summary)
+    }
+}
+
+impl From<JobError> for RunError {
+    fn from(e: JobError) -> RunError {
+        match e {
+            JobError::MeaningChanged(lines) => RunError::JobChanged(lines),
+            JobError::NoJob => RunError::NoJob,
+            JobError::Store(e) => RunError::Store(e),
+            e => RunError::Job(e),
+        }
     }
 }
 

@@ -41,9 +41,14 @@ pub use checks::{check_new_job, check_new_job_environment};
 pub use error::JobError;
 pub use handler::{job_handler, JobHandler};
 pub use open::{join_job, open_job, stored_job};
+#[cfg(feature = "cli")]
+pub(crate) use place::open_made;
+pub use place::{
+    open_at, HistoryError, JobPlace, Look, MadeDir, OpenedStore, PlaceNames, StateDirPlace,
+    READ_CACHE_BYTES,
+};
 #[cfg(feature = "postgres")]
-pub use place::PgPlace;
-pub use place::{open_at, JobPlace, MadeDir, StateDirPlace};
+pub use place::{Crew, PgPlace};
 pub use reporters::SecondSignal;
 pub use request::{AnswerRequest, JobRequest, RetryOverrides};
 pub use results::{Record, Results};

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
+use super::place::StateDirPlace;
 use crate::failure::ErrorClass;
-use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES};
+use crate::store::sled_store::SledStore;
 use crate::store::view::PAGE;
 use crate::store::{BucketState, ItemRecord, ItemStatus, JobView, Store, StoreError};
 
@@ -63,7 +64,7 @@ pub struct Results<S> {
 impl Results<SledStore> {
     /// The results in the state directory `dir` (which no run may hold at the same time).
     pub fn open(dir: &Path) -> Result<Results<SledStore>, StoreError> {
-        let store = SledStore::open(dir, OpenMode::Existing, DEFAULT_CACHE_BYTES)?;
+        let store = StateDirPlace::new(dir).open_reader_now()?;
         Ok(Results::new(Arc::new(store)))
     }
 }
