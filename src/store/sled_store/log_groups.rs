@@ -21,6 +21,9 @@
 
 /// The length field's bits marking a group entry (the compact bit and the one below it).
 pub(super) const GROUP: u32 = 3 << 30;
+/// An entry's header in the results log, a group's as any other's: its payload's length
+/// and its checksum.
+pub(super) const HEADER: usize = 8;
 /// The largest payload a group entry's length field holds.
 pub(super) const MAX_LEN: usize = (1 << 30) - 1;
 /// The most records in one group.
@@ -96,7 +99,7 @@ impl<'a> GroupWriter<'a> {
             Some(open) => open,
             None => {
                 let start = self.buf.len();
-                self.buf.extend_from_slice(&[0; super::results_log::HEADER]);
+                self.buf.extend_from_slice(&[0; HEADER]);
                 self.previous = 0;
                 (start, 0)
             }
@@ -107,7 +110,7 @@ impl<'a> GroupWriter<'a> {
         self.buf.extend_from_slice(record);
         self.previous = row;
         let count = count + 1;
-        let payload = self.buf.len() - start - super::results_log::HEADER;
+        let payload = self.buf.len() - start - HEADER;
         if payload > MAX_LEN {
             return Err(format!(
                 "a record of {} bytes is too large for the results log",
@@ -126,7 +129,7 @@ impl<'a> GroupWriter<'a> {
         let Some((start, _)) = self.open.take() else {
             return;
         };
-        let header = super::results_log::HEADER;
+        let header = HEADER;
         let payload = &self.buf[start + header..];
         let (len, crc) = (payload.len() as u32, crc32fast::hash(payload));
         self.buf[start..start + 4].copy_from_slice(&(len | GROUP).to_le_bytes());
@@ -194,7 +197,7 @@ mod tests {
         groups.dedup();
         assert_eq!(groups.len(), 3);
         for (i, (&row, &(start, index))) in rows.iter().zip(&placed).enumerate() {
-            let header = super::super::results_log::HEADER;
+            let header = super::HEADER;
             let field = u32::from_le_bytes(buf[start..start + 4].try_into().unwrap());
             assert_eq!(field & GROUP, GROUP);
             let len = (field & !GROUP) as usize;

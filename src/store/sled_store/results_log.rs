@@ -52,8 +52,7 @@ const COVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// (a huge bucket synced only at its commit must not hold all its positions in memory).
 const MAX_PENDING: usize = 1 << 18;
 
-/// An entry's header: its payload's length and its checksum.
-pub(super) const HEADER: usize = 8;
+pub(super) use super::log_groups::HEADER;
 /// The length field's top bit: a compact entry, which keeps a check of its ID rather than the
 /// ID (the ID lists hold the IDs; the check catches a position pointing at another row's
 /// record, as the whole ID did).
