@@ -60,7 +60,7 @@ impl KeptLimit {
 pub(super) const MAX_KEPT: usize = 8;
 
 /// `kept` with `news` merged in: per window, the limit changed last; windows of `kept` first,
-/// in their order, then new ones; at most [`MAX_KEPT`].
+/// in their order, then new ones; at most `MAX_KEPT` (eight).
 pub fn merge(kept: &[KeptLimit], news: &[KeptLimit]) -> Vec<KeptLimit> {
     let mut out = kept.to_vec();
     for n in news {
