@@ -74,9 +74,28 @@ pub fn summary(r: &Reading) -> Value {
         "items_per_second": eta.map(|(rate, _)| (rate * 100.0).round() / 100.0),
         "eta_seconds": eta.and_then(|(_, eta)| eta).or(r.live.as_ref().and_then(|l| l.eta_seconds)),
         "runs": runs,
+        "limits": limits(r),
         "spec": r.spec,
         "spec_history": spec_history,
     })
+}
+
+/// The limits pacing the job, a line each, as progress lines and `status` word them: while a
+/// run goes, its quotas and the API's announced or learnt limits as it knows them; then the
+/// limits the job keeps from its refusals (a finished job's too).
+fn limits(r: &Reading) -> Vec<String> {
+    let mut lines = Vec::new();
+    let running = matches!(r.runner, Some(Runner::Live | Runner::Stale));
+    if let Some(live) = r.live.as_ref().filter(|_| running) {
+        lines.extend(live.quotas.iter().map(|q| q.render()));
+        lines.extend(live.announced.iter().map(|a| a.render()));
+    }
+    lines.extend(
+        r.learned
+            .iter()
+            .map(|l| format!("kept with the job: API limit {}", l.render())),
+    );
+    lines
 }
 
 fn runner_name(r: Runner) -> &'static str {

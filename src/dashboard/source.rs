@@ -110,6 +110,8 @@ pub struct Reading {
     pub workers: Option<serde_json::Value>,
     /// IDs per bucket, from the spec; none when no spec was found.
     pub bucket_size: Option<u64>,
+    /// The API limits the job learnt from refusals, as kept, if the store was read.
+    pub learned: Vec<crate::quota::KeptLimit>,
 }
 
 /// One look at the job at `place`.
@@ -185,6 +187,7 @@ async fn read_store<S: Store>(
         .await
         .map_err(export_error)?;
     reading.failed_by_class = Some(summary.by_class);
+    reading.learned = store.learned_limits().await?;
     if wants.buckets {
         let mut all = Vec::new();
         let mut from = 0;

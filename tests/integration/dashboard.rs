@@ -535,3 +535,35 @@ fn a_fleets_dashboard_lists_its_workers_and_charts_them_together() {
     let failures = dash.json("/api/failures?class=http&limit=5000");
     assert_eq!(failures["matched"], stats["failed"]);
 }
+
+/// The limits a job learnt from the API's refusals are on its page: the report of a
+/// finished job run against a window nobody announced lists what the job keeps, with the
+/// refusals it was learnt from, as it renders in a browser.
+#[test]
+fn the_page_lists_the_limits_the_job_learnt() {
+    let h = Harness::new(ApiConfig {
+        windows: vec![highwater::demo::api::ApiWindow {
+            limit: 30,
+            length: std::time::Duration::from_secs(1),
+        }],
+        ..ApiConfig::fast()
+    });
+    let input = h.ids_file("ids.txt", &ids(200));
+    let state = h.state();
+    let url = h.url();
+    h.run(&new_job_args(&state, &input, &url)).expect_code(0);
+    let kept = h.status(&state)["learned_limits"].clone();
+    assert!(
+        kept.as_array().is_some_and(|k| !k.is_empty()),
+        "nothing learnt: {kept}"
+    );
+    let out = h.path("run.html");
+    h.run(&["report", "--state", p(&state), "--output", p(&out)])
+        .expect_code(0);
+    let dom = rendered_dom(&format!("file://{}", out.display()), &OFFLINE);
+    assert!(dom.contains("<h3>Limits</h3>"), "{dom}");
+    assert!(
+        dom.contains("<li>kept with the job: API limit ") && dom.contains(" refusals</li>"),
+        "{dom}"
+    );
+}
