@@ -12,9 +12,10 @@
 //! controller and `--rate` apply beside it, each as its own wait: the stricter wins, and a
 //! 429 is still pushback.
 //!
-//! What the API allows is unknown until it answers: the run's first call goes alone, and so
-//! does the first after a window ended whose next one nobody described (a burst sent blind
-//! at the boundary would spend another window the headers do not show, or the fleet's).
+//! What the API allows is unknown until it answers: a fleet worker's first call goes alone,
+//! and so does any run's first after a window ended whose next one nobody described (a burst
+//! sent blind at the boundary would spend another window the headers do not show, or the
+//! fleet's). A run alone starts at once: an API may take seconds to answer.
 //!
 //! Answers arrive out of order, so an announcement is trusted only as far as it is
 //! consistent with what this run knows:
@@ -255,10 +256,16 @@ impl AnnouncedLimits {
         let workers = workers.max(1);
         {
             let mut inner = self.lock();
-            if inner.workers == 0 && workers > 1 {
-                // This worker's first call, in a fleet already calling.
-                let settled = Instant::now() + JOIN_SETTLE;
-                inner.hold_until = inner.hold_until.max(Some(settled));
+            if inner.workers == 0 {
+                if workers > 1 {
+                    // This worker's first call, in a fleet already calling.
+                    let settled = Instant::now() + JOIN_SETTLE;
+                    inner.hold_until = inner.hold_until.max(Some(settled));
+                } else {
+                    // Alone, its first calls spend no one else's window: they need not wait
+                    // for a first answer (of an API that may take seconds to give one).
+                    self.in_flight.answered.store(true, Relaxed);
+                }
             }
             inner.workers = workers;
         }
@@ -829,12 +836,12 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn until_the_api_answers_once_one_call_goes_at_a_time() {
+    async fn until_the_api_answers_once_a_fleet_worker_sends_one_call_at_a_time() {
         let l = Arc::new(AnnouncedLimits::new());
-        let first = l.wait().await;
+        let first = l.wait_among(2).await;
         let second = tokio::spawn({
             let l = l.clone();
-            async move { drop(l.wait().await) }
+            async move { drop(l.wait_among(2).await) }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(
@@ -844,11 +851,15 @@ mod tests {
         // The first call failed without an answer: the next one may probe.
         drop(first);
         second.await.unwrap();
-        let probe = l.wait().await;
+        let probe = l.wait_among(2).await;
         l.observe(&[]);
         // Answered (announcing nothing): calls go together.
-        let calls = [l.wait().await, l.wait().await, l.wait().await];
+        let calls = [l.wait_among(2).await, l.wait_among(2).await];
         drop((probe, calls));
+        // A run alone starts its calls together.
+        let alone = AnnouncedLimits::new();
+        let calls = [alone.wait().await, alone.wait().await, alone.wait().await];
+        drop(calls);
     }
 
     #[tokio::test(start_paused = true)]
