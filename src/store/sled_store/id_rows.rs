@@ -97,25 +97,7 @@ impl SledStore {
 
     /// The (row, ID) entries of the segment starting at bucket `first`, in row order.
     fn read_list(&self, first: u64) -> Result<Vec<(u64, String)>, StoreError> {
-        let t = self.t()?;
-        let corrupt = |reason: &str| {
-            StoreError::at(
-                self.path.display(),
-                StoreError::Corrupt {
-                    reason: format!("the IDs of the segment from bucket {first} {reason}"),
-                },
-            )
-        };
-        let value = t
-            .ids
-            .get(first.to_be_bytes())
-            .map_err(|e| self.err(e))?
-            .ok_or_else(|| corrupt("are missing"))?;
-        let blob = match ListRef::from_bytes(&value) {
-            Some(list) => self.id_lists.read(list).map_err(|e| self.log_err(e))?,
-            None => value.to_vec(),
-        };
-        let ids = decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))?;
+        let ids = self.segment_list(first, &format!("the segment from bucket {first}"))?;
         Ok(ids.into_iter().map(|(row, id, _)| (row, id)).collect())
     }
 }

@@ -91,31 +91,40 @@ impl SledStore {
         Ok(self.commit_run_of(first)?.is_some())
     }
 
-    pub(super) fn read_segment_ids(&self, segment: &Segment) -> Result<SegmentIds, StoreError> {
+    /// The ID list of the segment starting at bucket `first`, decoded from ids.log; its
+    /// errors name it as `what` ("the IDs of `what` are missing").
+    pub(super) fn segment_list(&self, first: u64, what: &str) -> Result<Vec<Listed>, StoreError> {
         let t = self.t()?;
         let corrupt = |reason: &str| {
             StoreError::at(
                 self.path.display(),
                 StoreError::Corrupt {
-                    reason: format!(
-                        "the IDs of buckets {}..={} {reason}",
-                        segment.first,
-                        segment.last()
-                    ),
+                    reason: format!("the IDs of {what} {reason}"),
                 },
             )
         };
         let value = t
             .ids
-            .get(segment.first.to_be_bytes())
+            .get(first.to_be_bytes())
             .map_err(|e| self.err(e))?
             .ok_or_else(|| corrupt("are missing"))?;
         let list =
             ListRef::from_bytes(&value).ok_or_else(|| corrupt("have no place in ids.log"))?;
         let blob = self.id_lists.read(list).map_err(|e| self.log_err(e))?;
-        let mut ids = decode_ids(&blob)
-            .ok_or_else(|| corrupt("are undecodable"))?
-            .into_iter();
+        decode_ids(&blob).ok_or_else(|| corrupt("are undecodable"))
+    }
+
+    pub(super) fn read_segment_ids(&self, segment: &Segment) -> Result<SegmentIds, StoreError> {
+        let what = format!("buckets {}..={}", segment.first, segment.last());
+        let corrupt = |reason: &str| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::Corrupt {
+                    reason: format!("the IDs of {what} {reason}"),
+                },
+            )
+        };
+        let mut ids = self.segment_list(segment.first, &what)?.into_iter();
         let mut out = Vec::with_capacity(segment.buckets.len());
         for offset in segment.offsets() {
             let bucket: Vec<_> = ids.by_ref().take(offset.items as usize).collect();
