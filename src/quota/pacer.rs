@@ -770,8 +770,9 @@ mod tests {
         assert_eq!(l.learned().len(), 1);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_learnt_window_used_whole_without_refusals_is_relaxed() {
+    /// Limits that learnt a window of 20 calls: 20 accepted 10 ms apart, then two refusals
+    /// pointing 800 ms on.
+    async fn learnt_20_per_window() -> AnnouncedLimits {
         let l = AnnouncedLimits::new();
         for _ in 0..20 {
             l.accepted(Instant::now());
@@ -780,6 +781,12 @@ mod tests {
         let now = Instant::now();
         l.refused(now, Duration::from_millis(800));
         l.refused(now, Duration::from_millis(800));
+        l
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learnt_window_used_whole_without_refusals_is_relaxed() {
+        let l = learnt_20_per_window().await;
         assert_eq!(l.learned()[0].limit, 20);
         // Windows used whole, one after another: the limit grows by a tenth.
         for _ in 0..(20 * (RELAX_AFTER as usize + 1)) {
@@ -790,14 +797,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_learnt_window_kept_paces_another_run_and_a_later_change_wins() {
-        let l = AnnouncedLimits::new();
-        for _ in 0..20 {
-            l.accepted(Instant::now());
-            tokio::time::advance(Duration::from_millis(10)).await;
-        }
-        let now = Instant::now();
-        l.refused(now, Duration::from_millis(800));
-        l.refused(now, Duration::from_millis(800));
+        let l = learnt_20_per_window().await;
         let kept = l.kept();
         assert_eq!(kept.len(), 1);
         assert_eq!((kept[0].limit, kept[0].refusals), (20, 2));
