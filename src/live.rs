@@ -77,6 +77,10 @@ pub struct LiveSnapshot {
     /// The limits the API announced (none in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub announced: Vec<crate::quota::pacer::PolicyState>,
+    /// Where the run serves the job's dashboard (`host:port`), if it does: a reader that
+    /// cannot open the store the run holds reaches the run's own readings there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<String>,
 }
 
 /// The live file of the state directory `state`.
@@ -241,6 +245,9 @@ impl LiveSnapshot {
             self.in_flight,
         );
         text.push_str(&quotas);
+        if let Some(addr) = &self.dashboard {
+            text.push_str(&format!("dashboard:  http://{addr}/ (served by the run)\n"));
+        }
         text
     }
 }
@@ -276,6 +283,7 @@ mod tests {
             in_flight: 0,
             quotas: Vec::new(),
             announced: Vec::new(),
+            dashboard: None,
         }
     }
 

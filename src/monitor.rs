@@ -83,6 +83,8 @@ pub struct RunView {
     /// This worker among the job's (a shared store's session), for the metrics' `worker`
     /// label; `None` for a job with one worker at a time.
     pub worker: Option<String>,
+    /// Where the run serves the job's dashboard (`host:port`), if it does.
+    pub dashboard: Option<String>,
     /// Rows in the whole input, once counted (`u64::MAX` until then).
     total_rows: AtomicU64,
 }
@@ -103,6 +105,7 @@ impl RunView {
             started: Instant::now(),
             started_ms: now_ms(),
             worker: None,
+            dashboard: None,
             total_rows: AtomicU64::new(total),
         }
     }
@@ -110,6 +113,14 @@ impl RunView {
     /// The view of one worker of a shared job ([`RunView::worker`]).
     pub fn with_worker(self, worker: Option<String>) -> RunView {
         RunView { worker, ..self }
+    }
+
+    /// The view of a run that serves the job's dashboard at `addr` ([`RunView::dashboard`]).
+    pub fn with_dashboard(self, addr: Option<String>) -> RunView {
+        RunView {
+            dashboard: addr,
+            ..self
+        }
     }
 
     /// Rows in the whole input, once counted; none before.
@@ -191,6 +202,7 @@ impl RunView {
             in_flight: run.in_flight,
             quotas: self.counters.quota_states(),
             announced: self.counters.announced_states(),
+            dashboard: self.dashboard.clone(),
         }
     }
 }

@@ -1,8 +1,10 @@
 //! `dashboard`: does a page watching a job slow it? The same job (IDs against the fake API,
-//! which answers after 1 ms) runs alone, and with `highwater serve` on its state directory
+//! which answers after 1 ms) runs alone; with `highwater serve` on its state directory
 //! polled every second for the page and each of its data endpoints, as an open page that
-//! refreshes every second would be; the two alternate, round by round. Per case: items/s
-//! (first call to last, median over the rounds) and the ratio watched ÷ alone.
+//! refreshes every second would be; and serving its own dashboard (`run --dashboard`, every
+//! panel read from the store the run holds), polled the same way. The three alternate, round
+//! by round. Per case: items/s (first call to last, median over the rounds) and the ratio
+//! to alone.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,41 +40,66 @@ pub fn dashboard(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Re
     let ids: Vec<String> = (0..args.ids).map(id_of).collect();
     let input = tmp.join("ids.txt");
     std::fs::write(&input, ids.join("\n") + "\n")?;
-    let (mut alone, mut watched) = (Vec::new(), Vec::new());
-    let mut polls = 0;
+    let cases = [Watch::Alone, Watch::Serve, Watch::Own];
+    let mut speeds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut polls = [0; 3];
     for round in 0..args.repeat {
-        for watch in [false, true] {
-            let state = tmp.join(format!("job-{round}-{watch}"));
-            let (speed, answered) = run(rt, &bin, args, &input, &state, watch)?;
+        for (i, watch) in cases.iter().enumerate() {
+            let state = tmp.join(format!("job-{round}-{i}"));
+            let (speed, answered) = run(rt, &bin, args, &input, &state, *watch)?;
             eprintln!(
-                "round {round}, {}: {speed:.0} items/s{}",
-                if watch { "watched" } else { "alone" },
-                if watch {
-                    format!(", {answered} page requests answered")
-                } else {
-                    String::new()
-                }
+                "round {round}, {}: {speed:.0} items/s, {answered} page requests answered",
+                watch.name()
             );
-            if watch {
-                watched.push(speed);
-                polls += answered;
-            } else {
-                alone.push(speed);
-            }
+            speeds[i].push(speed);
+            polls[i] += answered;
         }
     }
-    let (a, w) = (median(&alone), median(&watched));
+    let alone = median(&speeds[0]);
     println!();
-    println!("| case | items/s (median) | ratio |");
-    println!("|---|---|---|");
-    println!("| alone | {a:.0} | 1.000 |");
+    println!("| case | items/s (median) | ratio | per round |");
+    println!("|---|---|---|---|");
+    for (i, watch) in cases.iter().enumerate() {
+        let m = median(&speeds[i]);
+        let rounds: Vec<String> = speeds[i]
+            .iter()
+            .zip(&speeds[0])
+            .map(|(s, a)| format!("{:.3}", s / a))
+            .collect();
+        println!(
+            "| {} | {m:.0} | **{:.3}** | {} |",
+            watch.name(),
+            m / alone,
+            rounds.join(", ")
+        );
+    }
     println!(
-        "| watched by `serve`, polled every second | {w:.0} | **{:.3}** |",
-        w / a
+        "# page requests answered in all: {} through serve, {} by the run",
+        polls[1], polls[2]
     );
-    println!("# {polls} page requests answered in all");
     finish_temp(guard, &tmp);
     Ok(())
+}
+
+/// How a job is watched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Watch {
+    /// Not at all.
+    Alone,
+    /// By `serve` on its state directory (which reads what the run publishes).
+    Serve,
+    /// Through the dashboard the run serves itself.
+    Own,
+}
+
+impl Watch {
+    fn name(self) -> &'static str {
+        match self {
+            Watch::Alone => "alone",
+            Watch::Serve => "watched by `serve`, polled every second",
+            Watch::Own => "serving its own dashboard (`run --dashboard`), polled every second",
+        }
+    }
 }
 
 /// One job to its end, watched or not: its items/s and how many page requests were answered.
@@ -82,7 +109,7 @@ fn run(
     args: &Args,
     input: &Path,
     state: &Path,
-    watch: bool,
+    watch: Watch,
 ) -> Result<(f64, u64)> {
     let api = rt
         .block_on(FakeApi::start(ApiConfig {
@@ -92,15 +119,25 @@ fn run(
         }))
         .context("starting the fake API")?;
     let job_log = state.with_extension("log");
-    let mut job = Proc::spawn(
-        bin,
-        &run_args(Some(input), &api.url_template(), state, args.concurrency),
-        &job_log,
-    )?;
+    let free_addr = || -> Result<String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        Ok(format!("127.0.0.1:{port}"))
+    };
+    let mut job_args = run_args(Some(input), &api.url_template(), state, args.concurrency);
+    let own = if watch == Watch::Own {
+        let addr = free_addr()?;
+        job_args.extend(["--dashboard".to_string(), addr.clone()]);
+        Some(addr)
+    } else {
+        None
+    };
+    let mut job = Proc::spawn(bin, &job_args, &job_log)?;
     let done = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
     let mut serve = None;
-    if watch {
+    if watch != Watch::Alone {
         // The page is opened once the job has made its state directory.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !state.join("live.json").exists() {
@@ -112,25 +149,28 @@ fn run(
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let serve_args: Vec<String> = [
-            "serve",
-            "--state",
-            &state.display().to_string(),
-            "--addr",
-            &addr,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        serve = Some(Proc::spawn(
-            bin,
-            &serve_args,
-            &state.with_extension("serve.log"),
-        )?);
+        let addr = match own {
+            Some(addr) => addr,
+            None => {
+                let addr = free_addr()?;
+                let serve_args: Vec<String> = [
+                    "serve",
+                    "--state",
+                    &state.display().to_string(),
+                    "--addr",
+                    &addr,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                serve = Some(Proc::spawn(
+                    bin,
+                    &serve_args,
+                    &state.with_extension("serve.log"),
+                )?);
+                addr
+            }
+        };
         let (done, answered) = (done.clone(), answered.clone());
         rt.spawn(async move {
             let client = reqwest::Client::new();

@@ -287,6 +287,11 @@ pub(crate) struct RunArgs {
     /// Serve Prometheus metrics over HTTP on this address during the run, e.g. 127.0.0.1:9184.
     #[arg(long, value_name = "ADDR:PORT")]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve the job's dashboard (the page of `serve`, every panel live: the bucket map and
+    /// the failures too) during the run, on this address (127.0.0.1:8080 when none is
+    /// given); `serve` of the state directory reaches it while the run lasts.
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = "127.0.0.1:8080")]
+    pub(crate) dashboard: Option<std::net::SocketAddr>,
     /// Accept a changed --url, --method, --body or answer check (--expect, --fail-if,
     /// --retry-if, --extract, --keep-body) for an existing job (recorded in the job's spec
     /// history, shown by `status`).

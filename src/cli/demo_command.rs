@@ -93,8 +93,16 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         crate::console::shell_word(&me),
         crate::console::shell_path(&dir)
     );
-    let code = super::running::run_job(store, spec, handler, &options, Some(&state), None, &resume)
-        .await?;
+    let code = super::running::run_job(
+        store,
+        spec,
+        handler,
+        &options,
+        Some(&state),
+        Default::default(),
+        &resume,
+    )
+    .await?;
     api.shutdown().await;
     say!(
         "\nnext:\n  {me} status --state {s}\n  {me} export --state {s} --output {d}/results.jsonl\n  \

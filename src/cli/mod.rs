@@ -22,6 +22,7 @@ mod flags;
 mod report;
 mod rerun;
 mod run;
+mod run_dashboard;
 mod running;
 mod serve;
 mod state;

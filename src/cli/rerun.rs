@@ -9,7 +9,8 @@ use anyhow::Result;
 
 use super::args::RerunArgs;
 use super::exit::{self, library_job, open_files, refused};
-use super::running::cli_job;
+use super::run_dashboard::Served;
+use super::running::{cli_job, Serving};
 use super::state::{over_place, Named, OverPlace, Tuning};
 use crate::console::shell_path;
 use crate::job::{open_job, JobPlace, JobRequest, RunOptions};
@@ -52,6 +53,10 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
         ),
         None => None,
     };
+    let dashboard = match super::run_dashboard::bind(args.run.dashboard).await {
+        Ok(listener) => listener,
+        Err(code) => return Ok(code),
+    };
     if args.all_items && args.buckets.is_empty() {
         say!("error: --all-items goes with --buckets (it redoes every ID of those buckets)");
         return Ok(exit::USAGE);
@@ -77,6 +82,7 @@ pub(crate) async fn rerun(args: RerunArgs) -> Result<u8> {
         ask,
         request,
         metrics,
+        dashboard,
     };
     over_place(&state, job.as_deref(), tuning, rerun).await
 }
@@ -88,6 +94,8 @@ struct Rerun {
     ask: RerunAsk,
     request: JobRequest,
     metrics: Option<tokio::net::TcpListener>,
+    /// The listener of the job's dashboard, served by the rerun.
+    dashboard: Option<tokio::net::TcpListener>,
 }
 
 impl OverPlace for Rerun {
@@ -106,15 +114,25 @@ impl OverPlace for Rerun {
             return Ok(exit::USAGE);
         }
         let named = Named::of(&place);
+        let dashboard = self
+            .dashboard
+            .map(|listener| Served::start(listener, &place, &store));
+        let serving = Serving {
+            metrics: self.metrics,
+            dashboard: dashboard.as_ref().map(|d| d.addr),
+        };
         let code = rerun_in(
             store.clone(),
             &self.ask,
             &self.request,
             &self.args.options(),
-            self.metrics,
+            serving,
             &named,
         )
         .await;
+        if let Some(d) = dashboard {
+            d.stop().await;
+        }
         place.close(store).await;
         code
     }
@@ -126,7 +144,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
     ask: &RerunAsk,
     request: &JobRequest,
     options: &RunOptions,
-    metrics: Option<tokio::net::TcpListener>,
+    serving: Serving,
     named: &Named<'_>,
 ) -> Result<u8> {
     // Every refusal comes before anything is written (a spec change included).
@@ -167,7 +185,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
         }
         Err(e) => return refused_rerun(e, named),
     };
-    let summary = cli_job(store.clone(), spec, handler, options, named.live, metrics)
+    let summary = cli_job(store.clone(), spec, handler, options, named.live, serving)
         .rerun(rerun.number)
         .run()
         .await?;

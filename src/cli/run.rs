@@ -16,7 +16,8 @@ use anyhow::Result;
 use super::args::RunArgs;
 use super::exit::{self, library_job, open_files, refused};
 use super::rerun::flags;
-use super::running::run_job;
+use super::run_dashboard::Served;
+use super::running::{run_job, Serving};
 use super::state::{over_place, Named, OverPlace, Tuning};
 use crate::job::{open_at, JobError, JobPlace, JobRequest};
 use crate::say;
@@ -42,6 +43,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         ),
         None => None,
     };
+    let dashboard = match super::run_dashboard::bind(args.dashboard).await {
+        Ok(listener) => listener,
+        Err(code) => return Ok(code),
+    };
     let tuning = Tuning {
         cache_bytes: Some(args.store_cache_mb << 20),
         reopen_after: Some(args.store_reopen_after),
@@ -52,6 +57,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8> {
         args,
         request,
         metrics,
+        dashboard,
     };
     over_place(&state, job.as_deref(), tuning, run).await
 }
@@ -61,6 +67,8 @@ struct Run {
     args: RunArgs,
     request: JobRequest,
     metrics: Option<tokio::net::TcpListener>,
+    /// The listener of the job's dashboard, served by the run.
+    dashboard: Option<tokio::net::TcpListener>,
 }
 
 impl OverPlace for Run {
@@ -70,7 +78,17 @@ impl OverPlace for Run {
             Ok(opened) => opened,
             Err(code) => return Ok(code),
         };
-        let code = run_opened(&self.args, store.clone(), spec, &named, self.metrics).await;
+        let dashboard = self
+            .dashboard
+            .map(|listener| Served::start(listener, &place, &store));
+        let serving = Serving {
+            metrics: self.metrics,
+            dashboard: dashboard.as_ref().map(|d| d.addr),
+        };
+        let code = run_opened(&self.args, store.clone(), spec, &named, serving).await;
+        if let Some(d) = dashboard {
+            d.stop().await;
+        }
         place.close(store).await;
         code
     }
@@ -109,7 +127,7 @@ async fn run_opened<S: Store + Leases>(
     store: Arc<S>,
     spec: crate::job::JobSpec,
     named: &Named<'_>,
-    metrics: Option<tokio::net::TcpListener>,
+    serving: Serving,
 ) -> Result<u8> {
     if let Some(code) = library_job(&spec, &named.job) {
         return Ok(code);
@@ -145,7 +163,7 @@ async fn run_opened<S: Store + Leases>(
         handler,
         &args.options(),
         named.live,
-        metrics,
+        serving,
         &resume,
     )
     .await

@@ -22,7 +22,7 @@ pub(crate) async fn run_job<S: Store + Leases>(
     handler: JobHandler,
     options: &RunOptions,
     live: Option<&Path>,
-    metrics: Option<tokio::net::TcpListener>,
+    serving: Serving,
     resume: &str,
 ) -> Result<u8> {
     tracing::info!(
@@ -33,7 +33,7 @@ pub(crate) async fn run_job<S: Store + Leases>(
         concurrency = options.concurrency,
         "running"
     );
-    let summary = cli_job(store, spec, handler, options, live, metrics)
+    let summary = cli_job(store, spec, handler, options, live, serving)
         .run()
         .await?;
     say!("{}", summary.render());
@@ -65,14 +65,14 @@ fn work(spec: &JobSpec) -> &str {
 /// The library's [`Job`] for a job (or a rerun, with [`Job::rerun`]) the command line
 /// opened, with the command line's reporters: a second signal exits 130, progress events as
 /// text or JSON lines (`--log-format`), the bar on a terminal, `live.json` in `live`, and
-/// the metrics endpoint.
+/// what the run serves.
 pub(crate) fn cli_job<S: Store + Leases>(
     store: Arc<S>,
     spec: JobSpec,
     handler: JobHandler,
     options: &RunOptions,
     live: Option<&Path>,
-    metrics: Option<tokio::net::TcpListener>,
+    serving: Serving,
 ) -> Job<JobHandler, Opened<S>> {
     let format = if crate::console::json() {
         EventFormat::Json
@@ -93,8 +93,20 @@ pub(crate) fn cli_job<S: Store + Leases>(
     if let Some(dir) = live {
         job = job.live_dir(dir);
     }
-    if let Some(listener) = metrics {
+    if let Some(listener) = serving.metrics {
         job = job.metrics(listener);
     }
+    if let Some(addr) = serving.dashboard {
+        job = job.dashboard_served_at(addr);
+    }
     job
+}
+
+/// What a run serves over HTTP while it lasts, besides its work.
+#[derive(Default)]
+pub(crate) struct Serving {
+    /// The metrics endpoint's listener.
+    pub(crate) metrics: Option<tokio::net::TcpListener>,
+    /// Where the command serves the job's dashboard (said in `live.json`).
+    pub(crate) dashboard: Option<std::net::SocketAddr>,
 }

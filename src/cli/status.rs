@@ -64,7 +64,7 @@ async fn status_once<P: JobPlace>(place: &P, args: &StatusArgs) -> Result<(Strin
     let state = Path::new(&names.state);
     let state_text = names.state.clone();
     let (store, last) = match place.look().await? {
-        Look::Free { store, last } => (store, last),
+        Look::Free { store, last } | Look::Running { store, live: last } => (store, last),
         // A run holds the store: show what it publishes.
         Look::Held { pid, live } => {
             let Some(s) = live else {

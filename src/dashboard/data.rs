@@ -23,7 +23,7 @@ pub const DEFAULT_CELLS: usize = 2000;
 /// What a page says of the parts a running job's lock keeps from it.
 pub const LOCKED_NOTE: &str = "a run holds this state directory: the bucket map, the failures \
      and the error classes are read from the store, which only one process may open, and \
-     are shown once no run holds it; figures, charts and the spec come from what the run \
+     are shown once no run holds it (or live, by a run that serves its own dashboard); figures, charts and the spec come from what the run \
      publishes (live.json, history.log)";
 
 /// `GET /api/summary`.

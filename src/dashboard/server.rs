@@ -1,6 +1,11 @@
 //! The dashboard's HTTP server: `GET /` the page, `GET /api/*` its data as JSON; nothing
 //! else (read-only: every other method is refused).
 //!
+//! While another process's run holds the job's state directory and serves the job's
+//! dashboard itself (its address is in `live.json`), every `/api/*` request is relayed to
+//! that run, which reads its own store: the page is the same, every panel live. If the run
+//! cannot be reached (it has just ended), the request is answered here.
+//!
 //! Readings are shared between requests for a moment ([`FRESH_LIVE`] while a run is active,
 //! [`FRESH_IDLE`] otherwise), and taken one at a time: the page's figures, charts and
 //! bucket map open a free state directory's store at most once in [`FRESH_IDLE`]; a
@@ -42,6 +47,25 @@ struct Shared<P> {
     place: P,
     /// The last reading (with the bucket map), and when it was taken.
     last: Mutex<Option<(Instant, Arc<Reading>)>>,
+    /// The client that relays requests to a run serving the job's dashboard, once needed.
+    relay_client: std::sync::OnceLock<reqwest::Client>,
+}
+
+/// How long a relayed request may take.
+pub const RELAY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the run that published `live` serves its dashboard, as this machine reaches it (an
+/// unspecified address, the run listening on every interface, is reached on loopback).
+fn run_dashboard(live: &crate::live::LiveSnapshot) -> Option<std::net::SocketAddr> {
+    let mut addr: std::net::SocketAddr = live.dashboard.as_deref()?.parse().ok()?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    Some(addr)
 }
 
 /// Serve the dashboard of the job at `place` on `listener` until the task is aborted.
@@ -49,6 +73,7 @@ pub async fn serve<P: JobPlace + Clone + 'static>(listener: TcpListener, place: 
     let shared = Arc::new(Shared {
         place,
         last: Mutex::new(None),
+        relay_client: std::sync::OnceLock::new(),
     });
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -113,6 +138,11 @@ async fn answer<P: JobPlace + Clone + 'static>(
             super::page::live(),
         );
     }
+    if path.starts_with("/api/") {
+        if let Some(relayed) = shared.relay(req.uri()).await {
+            return relayed;
+        }
+    }
     let result = match path {
         "/api/summary" => shared.reading().await.map(|r| data::summary(&r)),
         "/api/history" => match query.number("points", data::DEFAULT_POINTS) {
@@ -160,6 +190,41 @@ impl<P: JobPlace + Clone + 'static> Shared<P> {
         let reading = Arc::new(read(&self.place, wants).await?);
         *last = Some((Instant::now(), reading.clone()));
         Ok(reading)
+    }
+
+    /// The run's own answer to `uri`, when another process's run holds the job and serves its
+    /// dashboard (the last reading says so); none when there is no such run or it cannot be
+    /// reached.
+    async fn relay(&self, uri: &hyper::Uri) -> Option<Response<Full<Bytes>>> {
+        let reading = self.reading().await.ok()?;
+        let live = reading.live.as_ref().filter(|_| {
+            !reading.store_read && matches!(reading.runner, Some(crate::live::Runner::Live))
+        })?;
+        let addr = run_dashboard(live)?;
+        let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+        let client = self.relay_client.get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(RELAY_TIMEOUT)
+                .no_proxy()
+                .build()
+                .unwrap_or_default()
+        });
+        let answer = match client.get(format!("http://{addr}{path}")).send().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!("the run's dashboard at {addr} cannot be reached: {e}");
+                return None;
+            }
+        };
+        let status = StatusCode::from_u16(answer.status().as_u16()).ok()?;
+        let content_type = answer
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_string();
+        let body = answer.bytes().await.ok()?;
+        Some(reply(status, &content_type, body))
     }
 
     /// A reading with the failures `q` asks for (taken one at a time with the others).

@@ -3,8 +3,10 @@
 //! Owns [`Reading`]: what one look at the job finds. The job's place ([`JobPlace::look`])
 //! decides what can be read: while a run holds a state directory's store (sled cannot be
 //! opened by a second process), the reading holds only what the run publishes without the
-//! lock (`live.json` and the history file); once no run holds it, the store is opened as a
-//! reader for the moment of the reading (spec, counts, the bucket map) and let go at once. A
+//! lock (`live.json` and the history file), unless it is the run's own dashboard reading
+//! ([`crate::job::RunningPlace`]: the run's store, read beside it); once no run holds it,
+//! the store is opened as a reader for the moment of the reading (spec, counts, the bucket
+//! map) and let go at once. A
 //! PostgreSQL job, its history included, is read through a session-less reader, never in
 //! the way of its workers.
 
@@ -140,6 +142,17 @@ pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, Dash
                 } else {
                     Runner::Finished
                 });
+                reading.workers = Some(serde_json::to_value(&crew.workers).unwrap_or_default());
+            }
+            Some(store)
+        }
+        Look::Running { store, live } => {
+            // This process runs the job: its store is read beside the run.
+            reading.runner = Some(Runner::Live);
+            reading.live = live;
+            read_store(&*store, &mut reading, wants, &names.unmade).await?;
+            #[cfg(feature = "postgres")]
+            if let Some(crew) = place.crew(&store).await? {
                 reading.workers = Some(serde_json::to_value(&crew.workers).unwrap_or_default());
             }
             Some(store)

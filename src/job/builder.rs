@@ -73,6 +73,8 @@ struct Reporting {
     metrics: Option<tokio::net::TcpListener>,
     /// Where `live.json` goes, if not in the state directory.
     live_dir: Option<PathBuf>,
+    /// Where the program serves the job's dashboard, said in `live.json`.
+    dashboard: Option<String>,
     stop: (StopHandle, Stop),
 }
 
@@ -88,6 +90,7 @@ impl Reporting {
             #[cfg(feature = "metrics")]
             metrics: None,
             live_dir: None,
+            dashboard: None,
             stop: stop_pair(),
         }
     }
@@ -120,6 +123,7 @@ impl Reporting {
             monitor,
             #[cfg(feature = "metrics")]
             metrics: self.metrics,
+            dashboard: self.dashboard,
         };
         let summary = super::reporters::run_reported(
             store,
@@ -330,6 +334,15 @@ impl<H: Handler, P> Job<H, P> {
     /// instead of the state directory: for a store given, which has none.
     pub fn live_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.reporting.live_dir = Some(dir.into());
+        self
+    }
+
+    /// Say in `live.json` that the program serves the job's dashboard at `addr` while the
+    /// run lasts (over a [`crate::job::RunningPlace`]): a reader that cannot open the store
+    /// the run holds (another process's dashboard, `status`) reaches the run's readings
+    /// there.
+    pub fn dashboard_served_at(mut self, addr: std::net::SocketAddr) -> Self {
+        self.reporting.dashboard = Some(addr.to_string());
         self
     }
 

@@ -44,8 +44,8 @@ pub use open::{join_job, open_job, stored_job};
 #[cfg(feature = "cli")]
 pub(crate) use place::open_made;
 pub use place::{
-    open_at, HistoryError, JobPlace, Look, MadeDir, OpenedStore, PlaceNames, StateDirPlace,
-    READ_CACHE_BYTES,
+    open_at, HistoryError, JobPlace, Look, MadeDir, OpenedStore, PlaceNames, RunningPlace,
+    StateDirPlace, READ_CACHE_BYTES,
 };
 #[cfg(feature = "postgres")]
 pub use place::{Crew, PgPlace};

@@ -29,6 +29,8 @@ pub(crate) struct Reporters {
     /// Serve `/metrics` on this listener while the run lasts.
     #[cfg(feature = "metrics")]
     pub(crate) metrics: Option<tokio::net::TcpListener>,
+    /// Where the program serves the job's dashboard, said in `live.json`.
+    pub(crate) dashboard: Option<String>,
 }
 
 /// Run `log` of the job in `store` with `reporters`, until it ends or `stop` is asked for
@@ -53,7 +55,8 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
             store.stats().await?,
             spec.job_id.to_string(),
         )
-        .with_worker(worker_label(&store)),
+        .with_worker(worker_label(&store))
+        .with_dashboard(reporters.dashboard),
     );
     #[cfg(feature = "metrics")]
     let metrics = reporters.metrics.map(|listener| {

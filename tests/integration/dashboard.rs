@@ -15,9 +15,9 @@ use crate::harness::*;
 /// The token the job's header names; its value must never reach a page.
 const TOKEN: &str = "sekrit-token-value-6c1f";
 
-/// A dashboard server started on a free loopback port.
+/// A dashboard server started on a free loopback port (or one a run serves).
 struct Dashboard {
-    child: Child,
+    child: Option<Child>,
     addr: String,
 }
 
@@ -51,7 +51,10 @@ impl Dashboard {
         };
         // The rest of its log is read away, so that it never waits on a full pipe.
         std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Dashboard { child, addr }
+        Dashboard {
+            child: Some(child),
+            addr,
+        }
     }
 
     /// GET `path`: the status code and the body.
@@ -88,8 +91,10 @@ impl Dashboard {
 
 impl Drop for Dashboard {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -566,4 +571,127 @@ fn the_page_lists_the_limits_the_job_learnt() {
         dom.contains("<li>kept with the job: API limit ") && dom.contains(" refusals</li>"),
         "{dom}"
     );
+}
+
+/// The sum of a bucket map's cells of kind `k`.
+fn cells(map: &Value, k: &str) -> u64 {
+    map["cells"][k]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {k} cells: {map}"))
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum()
+}
+
+/// A run that serves its own dashboard shows every panel while it works, the bucket map and
+/// the failures included (the store it holds is read beside it), in the browser too; `serve`
+/// of the state directory the run holds reaches the same through the run, and answers by
+/// itself again once the run has stopped. No page ever shows the job's secret.
+#[test]
+fn a_run_serves_its_own_dashboard_with_every_panel_live() {
+    let h = Harness::new(ApiConfig {
+        not_found_per_mille: 50,
+        ..ApiConfig::fast()
+    });
+    // Far more IDs than the run can do at its rate while the test looks: it is stopped.
+    let input = h.ids_file("ids.txt", &ids(100_000));
+    let state = h.state();
+    let url = h.url();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--dashboard",
+        "127.0.0.1:0",
+        "--rate",
+        "300",
+        "--bucket-size",
+        "50",
+        "--history-interval",
+        "1s",
+        "--header",
+        "Authorization: Bearer ${HW_DASH_TOKEN}",
+    ]);
+    let mut run = h.cmd(&args);
+    run.env("HW_DASH_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let run = run.spawn().unwrap();
+    // The run says where it serves the dashboard in its snapshot.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addr = loop {
+        let live = std::fs::read_to_string(state.join("live.json")).unwrap_or_default();
+        let served = serde_json::from_str::<Value>(&live)
+            .ok()
+            .and_then(|v| v["dashboard"].as_str().map(str::to_string));
+        if let Some(addr) = served {
+            break addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run never said where its dashboard is"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let own = Dashboard { child: None, addr };
+
+    // Every panel, from the store the run holds, while it runs.
+    let summary = own.wait_for("/api/summary", "the live runner", |v| v["runner"] == "live");
+    assert_eq!(summary["store_read"], true, "{summary}");
+    assert!(summary["note"].is_null(), "{summary}");
+    let map = own.wait_for("/api/buckets", "committed and pending buckets", |v| {
+        v["available"] == true && cells(v, "with_failures") > 0 && cells(v, "pending") > 0
+    });
+    let buckets = cells(&map, "committed")
+        + cells(&map, "with_failures")
+        + cells(&map, "open")
+        + cells(&map, "pending");
+    assert_eq!(buckets, 2000, "{map}");
+    let failures = own.wait_for("/api/failures?class=http", "failures listed", |v| {
+        v["matched"].as_u64().is_some_and(|n| n > 0)
+    });
+    let rows = failures["rows"].as_array().unwrap();
+    assert!(!rows.is_empty() && rows.iter().all(|r| r["class"] == "http"));
+    assert_eq!(own.get("/api/failures?class=nope").0, 400);
+    // The page as a browser renders it: the bucket map and the failures table filled.
+    let dom = rendered_dom(&format!("http://{}/", own.addr), &[]);
+    let shown = &dom[..dom.find("<script").unwrap_or(dom.len())];
+    assert!(!shown.contains(TOKEN));
+    assert!(shown.contains("failed item(s) match"), "{shown}");
+    assert!(!shown.contains("shown once no run holds"), "{shown}");
+
+    // serve of the state directory the run holds: the same panels, through the run.
+    let other = Dashboard::start(&h, &state);
+    let map = other.wait_for("/api/buckets", "the run's bucket map", |v| {
+        v["available"] == true
+    });
+    assert!(
+        cells(&map, "committed") + cells(&map, "with_failures") > 0,
+        "{map}"
+    );
+    let listed = other.json("/api/failures?limit=5000");
+    assert!(listed["matched"].as_u64().unwrap() >= failures["matched"].as_u64().unwrap());
+    assert_eq!(other.json("/api/summary")["store_read"], true);
+    let dom = rendered_dom(&format!("http://{}/", other.addr), &[]);
+    let shown = &dom[..dom.find("<script").unwrap_or(dom.len())];
+    assert!(shown.contains("failed item(s) match"), "{shown}");
+    assert!(!shown.contains("shown once no run holds"), "{shown}");
+
+    let status = h.run(&["status", "--state", p(&state)]);
+    let line = format!("dashboard:  http://{}/ (served by the run)", own.addr);
+    assert!(status.stdout.contains(&line), "{status:?}");
+
+    // The run stops; its dashboard goes with it, and serve reads the store itself.
+    signal(&run, libc::SIGTERM);
+    let stopped = finish(run);
+    assert_eq!(stopped.code, 130, "{stopped:?}");
+    assert!(
+        TcpStream::connect(&own.addr).is_err(),
+        "the run's dashboard outlived it"
+    );
+    let after = other.wait_for("/api/summary", "serve reading the store", |v| {
+        v["runner"] != "live" && v["store_read"] == true
+    });
+    assert!(after["stats"]["ok"].as_u64().unwrap() > 0);
+    assert_eq!(other.json("/api/buckets")["available"], true);
+    let status = h.run(&["status", "--state", p(&state)]);
+    assert!(!status.stdout.contains("dashboard:"), "{status:?}");
 }

@@ -88,6 +88,22 @@ pub trait JobPlace: Send + Sync {
         }
     }
 
+    /// One look at the job while this process runs it on `store` (the run's own
+    /// dashboard): the run's store itself, read beside the run (a store shared between
+    /// threads is read while it is written), with the snapshot the run publishes in the
+    /// place's directory. A place whose look never waits on a run may look as usual.
+    fn look_running(
+        &self,
+        store: &Arc<Self::Store>,
+    ) -> impl Future<Output = Result<Look<Self::Store>, StoreError>> + Send {
+        let live = self
+            .dir()
+            .and_then(crate::live::read)
+            .filter(|s| s.pid == std::process::id() && !s.finished);
+        let store = store.clone();
+        async move { Ok(Look::Running { store, live }) }
+    }
+
     /// The workers sharing the job and where its planning stands, for a job several
     /// workers share; none for a job one run at a time holds.
     #[cfg(feature = "postgres")]
@@ -135,11 +151,20 @@ pub enum Look<S> {
         /// The last run's `live.json`.
         last: Option<LiveSnapshot>,
     },
-    /// A run holds the store: only what it publishes can be read.
+    /// A run holds the store: only what it publishes can be read (and, when that run
+    /// serves its own dashboard, its address is in the snapshot).
     Held {
         /// The run's process id, when the store records it.
         pid: Option<u32>,
         /// That run's snapshot, once it has published one.
+        live: Option<LiveSnapshot>,
+    },
+    /// This process runs the job ([`JobPlace::look_running`]): its store, read beside the
+    /// run, and the snapshot the run publishes, once it has published one.
+    Running {
+        /// The run's own store.
+        store: Arc<S>,
+        /// The run's snapshot.
         live: Option<LiveSnapshot>,
     },
 }

@@ -1,6 +1,7 @@
 //! Where a job is kept, behind one trait every entry point opens it through: a state
 //! directory ([`StateDirPlace`]), a job of a PostgreSQL database (`PgPlace`), or a store a
-//! library program built (an `Arc` of any [`crate::store::Store`] + [`crate::store::Leases`]).
+//! library program built (an `Arc` of any [`crate::store::Store`] + [`crate::store::Leases`]);
+//! and any of them as the process that runs its job reads it ([`RunningPlace`]).
 //!
 //! A [`JobPlace`] says what its job is called in messages ([`PlaceNames`]), opens its store
 //! to run the job (creating it when asked, and undoing that creation when the job is
@@ -16,6 +17,7 @@ mod job_place;
 mod open_at;
 #[cfg(feature = "postgres")]
 mod pg;
+mod running;
 #[cfg(test)]
 mod tests;
 
@@ -27,3 +29,4 @@ pub use open_at::open_at;
 pub(crate) use open_at::open_made;
 #[cfg(feature = "postgres")]
 pub use pg::PgPlace;
+pub use running::RunningPlace;

@@ -127,6 +127,11 @@ impl JobPlace for PgPlace {
         })
     }
 
+    /// Read through the job's session-less reader, not the run's own connections.
+    async fn look_running(&self, _store: &Arc<PgStore>) -> Result<Look<PgStore>, StoreError> {
+        self.look().await
+    }
+
     async fn crew(&self, store: &PgStore) -> Result<Option<Crew>, StoreError> {
         Ok(Some(Crew {
             workers: store.workers().await?,
