@@ -30,6 +30,11 @@ use crate::job::JobPlace;
 
 /// How long a reading serves requests while a run is active.
 pub const FRESH_LIVE: Duration = Duration::from_secs(1);
+/// How long a failures reading serves the same query while a run is active (an open page
+/// refreshes its table about once a minute; a failures walk reads every bucket not
+/// committed yet).
+pub const FRESH_FAILURES_LIVE: Duration = Duration::from_secs(5);
+
 /// How long a reading serves requests while no run is active.
 pub const FRESH_IDLE: Duration = Duration::from_secs(10);
 
@@ -47,6 +52,8 @@ struct Shared<P> {
     place: P,
     /// The last reading (with the bucket map), and when it was taken.
     last: Mutex<Option<(Instant, Arc<Reading>)>>,
+    /// The last failures reading, its query, and when it was taken.
+    last_failures: Mutex<Option<(Instant, FailureQuery, Arc<Reading>)>>,
     /// The client that relays requests to a run serving the job's dashboard, once needed.
     relay_client: std::sync::OnceLock<reqwest::Client>,
 }
@@ -73,6 +80,7 @@ pub async fn serve<P: JobPlace + Clone + 'static>(listener: TcpListener, place: 
     let shared = Arc::new(Shared {
         place,
         last: Mutex::new(None),
+        last_failures: Mutex::new(None),
         relay_client: std::sync::OnceLock::new(),
     });
     let mut conns = tokio::task::JoinSet::new();
@@ -227,14 +235,24 @@ impl<P: JobPlace + Clone + 'static> Shared<P> {
         Some(reply(status, &content_type, body))
     }
 
-    /// A reading with the failures `q` asks for (taken one at a time with the others).
-    async fn failures(&self, q: FailureQuery) -> Result<Reading, DashboardError> {
+    /// A reading with the failures `q` asks for (taken one at a time with the others; while
+    /// a run is active, the same query is answered from the last for a moment).
+    async fn failures(&self, q: FailureQuery) -> Result<Arc<Reading>, DashboardError> {
+        let mut cached = self.last_failures.lock().await;
+        if let Some((at, query, r)) = &*cached {
+            let running = matches!(r.runner, Some(crate::live::Runner::Live));
+            if running && *query == q && at.elapsed() < FRESH_FAILURES_LIVE {
+                return Ok(r.clone());
+            }
+        }
         let _one_at_a_time = self.last.lock().await;
         let wants = Wants {
             buckets: false,
-            failures: Some(q),
+            failures: Some(q.clone()),
         };
-        read(&self.place, wants).await
+        let reading = Arc::new(read(&self.place, wants).await?);
+        *cached = Some((Instant::now(), q, reading.clone()));
+        Ok(reading)
     }
 }
 

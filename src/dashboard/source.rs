@@ -44,7 +44,7 @@ pub struct Wants {
 }
 
 /// Which failed items to list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FailureQuery {
     /// Only this error class (its name); none: every class.
     pub class: Option<String>,
@@ -134,7 +134,7 @@ pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, Dash
                 }
             });
             reading.live = last;
-            read_store(&*store, &mut reading, wants, &names.unmade).await?;
+            read_store(&*store, &mut reading, wants, &names.unmade, None).await?;
             #[cfg(feature = "postgres")]
             if let Some(crew) = place.crew(&store).await? {
                 reading.runner = Some(if crew.running() {
@@ -149,8 +149,10 @@ pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, Dash
         Look::Running { store, live } => {
             // This process runs the job: its store is read beside the run.
             reading.runner = Some(Runner::Live);
+            // The run's own figures, current to its last snapshot: no walk of the store.
+            let stats = live.as_ref().map(LiveSnapshot::stats);
             reading.live = live;
-            read_store(&*store, &mut reading, wants, &names.unmade).await?;
+            read_store(&*store, &mut reading, wants, &names.unmade, stats).await?;
             #[cfg(feature = "postgres")]
             if let Some(crew) = place.crew(&store).await? {
                 reading.workers = Some(serde_json::to_value(&crew.workers).unwrap_or_default());
@@ -182,12 +184,14 @@ pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, Dash
     Ok(reading)
 }
 
-/// Everything of `wants` from an opened store.
+/// Everything of `wants` from an opened store; its figures are `stats` when given (a run
+/// reading its own store has them), else the store's.
 async fn read_store<S: Store>(
     store: &S,
     reading: &mut Reading,
     wants: &Wants,
     unmade: &str,
+    stats: Option<StoreStats>,
 ) -> Result<(), DashboardError> {
     let spec = crate::job::stored_job(store)
         .await?
@@ -195,13 +199,13 @@ async fn read_store<S: Store>(
     reading.store_read = true;
     reading.bucket_size = Some(spec.bucket_size);
     reading.spec = Some(serde_json::to_value(&spec).unwrap_or_default());
-    reading.stats = Some(store.stats().await?);
-    let summary = crate::sink::FailureSummary::of(store, 0)
-        .await
-        .map_err(export_error)?;
-    reading.failed_by_class = Some(summary.by_class);
+    reading.stats = Some(match stats {
+        Some(s) => s,
+        None => store.stats().await?,
+    });
     reading.learned = store.learned_limits().await?;
     if wants.buckets {
+        // The bucket list is read once, for the map and the failures by class.
         let mut all = Vec::new();
         let mut from = 0;
         loop {
@@ -210,7 +214,16 @@ async fn read_store<S: Store>(
             from = last.offset.bucket + 1;
             all.extend(page);
         }
+        let summary = crate::sink::FailureSummary::of_buckets(store, &all, 0)
+            .await
+            .map_err(export_error)?;
+        reading.failed_by_class = Some(summary.by_class);
         reading.buckets = Some(all);
+    } else {
+        let summary = crate::sink::FailureSummary::of(store, 0)
+            .await
+            .map_err(export_error)?;
+        reading.failed_by_class = Some(summary.by_class);
     }
     if let Some(q) = &wants.failures {
         let mut found = Failures::default();

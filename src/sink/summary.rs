@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::store::{ExportError, JobView, Store};
+use crate::store::{BucketState, CommitRecord, ExportError, JobView, Store};
 
 /// How many buckets with failures the human `status` names (`--json` has more).
 const HUMAN_BUCKETS_SHOWN: usize = 20;
@@ -24,6 +24,43 @@ impl FailureSummary {
     /// Read from the commit records (and the items of buckets they do not cover).
     pub async fn of(store: &impl Store, cap: usize) -> Result<FailureSummary, ExportError> {
         let failed = store.failed_buckets().await?;
+        let open: Vec<u64> = store
+            .open_buckets()
+            .await?
+            .iter()
+            .map(|o| o.bucket)
+            .collect();
+        FailureSummary::counted(store, &failed, open, cap).await
+    }
+
+    /// [`FailureSummary::of`] every bucket `all` lists (the whole job's, in order), without
+    /// reading the list again.
+    pub async fn of_buckets(
+        store: &impl Store,
+        all: &[BucketState],
+        cap: usize,
+    ) -> Result<FailureSummary, ExportError> {
+        let failed: Vec<CommitRecord> = all
+            .iter()
+            .filter_map(|b| b.commit.clone())
+            .filter(|c| c.failed > 0)
+            .collect();
+        let open = all
+            .iter()
+            .filter(|b| b.commit.is_none())
+            .map(|b| b.offset.bucket)
+            .collect();
+        FailureSummary::counted(store, &failed, open, cap).await
+    }
+
+    /// The summary of the buckets committed with failures (`failed`) and the buckets not
+    /// committed yet (`open`).
+    async fn counted(
+        store: &impl Store,
+        failed: &[CommitRecord],
+        mut scan: Vec<u64>,
+        cap: usize,
+    ) -> Result<FailureSummary, ExportError> {
         let mut s = FailureSummary {
             buckets: failed.iter().take(cap).map(|c| c.bucket).collect(),
             buckets_total: failed.len() as u64,
@@ -31,13 +68,7 @@ impl FailureSummary {
         };
         // Commit records count their failures by class; only buckets committed before they
         // did, and buckets not committed yet, are counted from their items.
-        let mut scan: Vec<u64> = store
-            .open_buckets()
-            .await?
-            .iter()
-            .map(|o| o.bucket)
-            .collect();
-        for c in &failed {
+        for c in failed {
             if c.classes_complete() {
                 for (class, n) in &c.failed_by_class {
                     *s.by_class.entry(class.clone()).or_default() += n;
