@@ -49,6 +49,7 @@ pub mod job;
 #[cfg(any(feature = "metrics", feature = "dashboard"))]
 mod listen;
 pub mod live;
+pub mod meter;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod monitor;

@@ -81,6 +81,9 @@ pub struct LiveSnapshot {
     /// cannot open the store the run holds reaches the run's own readings there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dashboard: Option<String>,
+    /// What the calls cost, job-wide, as their answers said.
+    #[serde(default, skip_serializing_if = "crate::meter::Usage::is_zero")]
+    pub usage: crate::meter::Usage,
 }
 
 /// The live file of the state directory `state`.
@@ -178,6 +181,7 @@ impl LiveSnapshot {
             bad_lines: 0,
             input_exhausted: self.input_rows == Some(self.rows_read),
             input_bytes_read: 0,
+            usage: self.usage,
         }
     }
 
@@ -245,6 +249,9 @@ impl LiveSnapshot {
             self.in_flight,
         );
         text.push_str(&quotas);
+        if !self.usage.is_zero() {
+            text.push_str(&format!("usage:      {}\n", self.usage));
+        }
         if let Some(addr) = &self.dashboard {
             text.push_str(&format!("dashboard:  http://{addr}/ (served by the run)\n"));
         }
@@ -284,6 +291,7 @@ mod tests {
             quotas: Vec::new(),
             announced: Vec::new(),
             dashboard: None,
+            usage: Default::default(),
         }
     }
 

@@ -111,6 +111,15 @@ pub fn render(view: &RunView) -> String {
             (r#"{status="failed"}"#.into(), run.failed as f64),
         ],
     );
+    metric(
+        "highwater_run_usage_total",
+        "counter",
+        "What this run's calls cost, as their answers said (a language model's tokens), by kind.",
+        &[
+            (r#"{kind="input"}"#.into(), run.usage.input as f64),
+            (r#"{kind="output"}"#.into(), run.usage.output as f64),
+        ],
+    );
     let mut by_status: Vec<(String, f64)> = counters
         .http
         .statuses()

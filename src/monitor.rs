@@ -203,6 +203,7 @@ impl RunView {
             quotas: self.counters.quota_states(),
             announced: self.counters.announced_states(),
             dashboard: self.dashboard.clone(),
+            usage: f.usage,
         }
     }
 }
@@ -617,6 +618,8 @@ fn report(
         duration_ms: Durations::between(&now, &last),
         quotas: view.counters.quota_states(),
         announced: view.counters.announced_states(),
+        usage: f.usage,
+        run_usage: now.usage,
     };
     match config.format {
         EventFormat::Json => {

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::failure::{ErrorClass, Failure};
 use crate::handler::Answered;
+use crate::meter::Usage;
 use crate::quota::pacer::{AnnouncedLimits, PolicyState};
 use crate::quota::QuotaState;
 use crate::setting::Setting;
@@ -64,6 +65,11 @@ pub struct Counters {
     pub commit_write_ns: AtomicU64,
     /// Store syncs (planner and writer).
     pub store_syncs: AtomicU64,
+    /// Input units (a language model's tokens) the answers of items finished ok said their
+    /// calls cost.
+    pub usage_input: AtomicU64,
+    /// Output units, as `usage_input`.
+    pub usage_output: AtomicU64,
     /// Every attempt's answer by HTTP status and error class, and its latency.
     pub http: HttpStats,
     /// The run's throttle, once the engine made it: the effective rate for reports.
@@ -224,6 +230,8 @@ pub struct CounterSnapshot {
     pub store_syncs: u64,
     /// See [`Counters::checkpoints`].
     pub checkpoints: u64,
+    /// See [`Counters::usage_input`] and [`Counters::usage_output`].
+    pub usage: Usage,
 }
 
 impl Counters {
@@ -252,6 +260,10 @@ impl Counters {
             commit_write_ns: self.commit_write_ns.load(Relaxed),
             store_syncs: self.store_syncs.load(Relaxed),
             checkpoints: self.checkpoints.load(Relaxed),
+            usage: Usage {
+                input: self.usage_input.load(Relaxed),
+                output: self.usage_output.load(Relaxed),
+            },
         }
     }
 
@@ -359,6 +371,8 @@ pub struct JobFigures {
     pub rows_read: u64,
     /// Rows settled: read, and their ID done (or a duplicate, or a bad line).
     pub rows_done: u64,
+    /// What the calls cost, job-wide, as their answers said.
+    pub usage: Usage,
 }
 
 impl JobFigures {
@@ -378,6 +392,7 @@ impl JobFigures {
             buckets_committed: start.buckets_committed + run.buckets_committed,
             rows_read,
             rows_done: rows_read.saturating_sub(pending),
+            usage: start.usage + run.usage,
         }
     }
 
@@ -504,6 +519,12 @@ pub struct ProgressEvent {
     /// The limits the API announced in its answers' headers (none if it announces none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub announced: Vec<PolicyState>,
+    /// What the calls cost, job-wide, as their answers said (none until one said).
+    #[serde(skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
+    /// What this run's calls cost.
+    #[serde(skip_serializing_if = "Usage::is_zero")]
+    pub run_usage: Usage,
 }
 
 impl ProgressEvent {
@@ -545,6 +566,12 @@ impl ProgressEvent {
             "; time: API {:.0} ms, offsets {:.0}+{:.0} ms (write+sync), results {:.0}+{:.0} ms, commits {:.0} ms",
             d.api_ms, d.offset_write_ms, d.offset_sync_ms, d.result_write_ms, d.result_sync_ms, d.commit_write_ms
         ));
+        if !self.usage.is_zero() {
+            line.push_str(&format!(
+                "; usage {} (this run {})",
+                self.usage, self.run_usage
+            ));
+        }
         for q in &self.quotas {
             line.push_str("; ");
             line.push_str(&q.render());

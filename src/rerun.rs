@@ -166,6 +166,8 @@ pub struct Selected {
     pub class: Option<ErrorClass>,
     /// Its input row's kept columns (a JSON object), when the job keeps any.
     pub values: Option<Box<str>>,
+    /// What its calls cost before the rerun.
+    pub usage: Option<crate::meter::Usage>,
 }
 
 impl Selected {
@@ -177,6 +179,7 @@ impl Selected {
             status: record.status,
             class: record.class,
             values: record.values.clone(),
+            usage: record.usage,
         }
     }
 }
@@ -416,6 +419,7 @@ fn cut(number: u32, selected: Vec<Selected>, bucket_size: u64) -> Vec<RerunBucke
                 }
                 ItemStatus::Pending => {}
             }
+            share.usage.add(s.usage.unwrap_or_default());
             items.push((s.row, s.id));
             values.extend(s.values.map(String::from));
         }
@@ -471,6 +475,7 @@ mod tests {
                 ok: 1,
                 failed: 1,
                 failed_by_class: [("unknown".to_string(), 1)].into(),
+                usage: Default::default(),
             }]
         );
         assert_eq!(buckets[1].offset.before.len(), 2);

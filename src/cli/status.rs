@@ -276,6 +276,9 @@ fn render_status(
         s.bad_lines,
         if s.finished() { "yes" } else { "no" },
     );
+    if !s.usage.is_zero() {
+        text.push_str(&format!("usage:      {}\n", s.usage));
+    }
     // A Parquet file has rows, not lines: its bad rows are named by their 1-based row.
     let place = match spec.input.format {
         crate::input::InputFormat::Parquet { .. } => "bad row",

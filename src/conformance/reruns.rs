@@ -1,4 +1,5 @@
-//! Reruns: a rerun moves the job's counts once, whatever crashes in between.
+//! Reruns: a rerun moves the job's counts (and what its calls cost) once, whatever crashes in
+//! between.
 
 use super::backend::Backend;
 use super::fixtures::{commit_of, lease, planned, planner_at, result};
@@ -8,9 +9,14 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     let s = b.create();
     let plan = [planned(0, 0, &["a", "b"]), planned(1, 2, &["c", "d"])];
     s.plan(&plan, &planner_at(2, 4, true)).await.unwrap();
+    let cost = |input, output| Some(crate::meter::Usage { input, output });
+    let mut a = result(0, 0, true);
+    a.usage = cost(10, 1);
+    let mut b0 = result(1, 0, false);
+    b0.usage = cost(5, 0);
     let first = [
-        ("a".to_string(), result(0, 0, true)),
-        ("b".to_string(), result(1, 0, false)),
+        ("a".to_string(), a),
+        ("b".to_string(), b0),
         ("c".to_string(), result(2, 1, false)),
         ("d".to_string(), result(3, 1, false)),
     ];
@@ -24,11 +30,12 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     s.commit(&l, Commit::Job(&commits)).await.unwrap();
     s.sync().await.unwrap();
     // Rerun 1 of b and c, in one rerun bucket.
-    let share = |bucket| JobBucketShare {
+    let share = |bucket, input| JobBucketShare {
         bucket,
         ok: 0,
         failed: 1,
         failed_by_class: [("unknown".to_string(), 1)].into(),
+        usage: crate::meter::Usage { input, output: 0 },
     };
     let rerun = RerunRecord {
         number: 1,
@@ -42,7 +49,7 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
             rerun: 1,
             bucket: 0,
             items: 2,
-            before: vec![share(0), share(1)],
+            before: vec![share(0, 5), share(1, 0)],
             planned_at_ms: 0,
         },
         items: vec![(1, "b".into()), (2, "c".into())],
@@ -63,6 +70,8 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     let l = lease(&*s).await;
     let mut healed = result(1, 0, true);
     healed.rerun = Some(1);
+    // What b cost before the rerun and in it.
+    healed.usage = cost(5 + 7, 3);
     let mut again = result(2, 1, false);
     again.rerun = Some(1);
     s.record(&[("b".into(), healed.clone()), ("c".into(), again.clone())])
@@ -78,10 +87,20 @@ pub(super) async fn a_rerun_moves_the_job_counts_once<B: Backend>(b: &mut B) {
     let s = b.crash(s);
     let stats = s.stats().await.unwrap();
     assert_eq!((stats.ok, stats.failed), (2, 2));
+    assert_eq!(stats.usage, cost(10 + 12, 1 + 3).unwrap());
     let c0 = s.commit_record(0).await.unwrap().unwrap();
     assert_eq!((c0.ok, c0.failed, c0.failed_by_class.len()), (2, 0, 0));
+    assert_eq!(
+        c0.usage,
+        cost(22, 4).unwrap(),
+        "the rerun's spend moved once"
+    );
     let c1 = s.commit_record(1).await.unwrap().unwrap();
     assert_eq!((c1.ok, c1.failed), (0, 2));
+    assert!(c1.usage.is_zero());
+    let items = s.bucket_items(&plan[0].offset).await.unwrap();
+    assert_eq!(items[0].1.usage, cost(10, 1));
+    assert_eq!(items[1].1.usage, cost(12, 3));
     assert!(c0.classes_complete() && c1.classes_complete());
     let r = s.rerun_stats(1).await.unwrap();
     assert!(r.finished());

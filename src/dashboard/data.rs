@@ -308,6 +308,7 @@ mod tests {
                 failed,
                 committed_at_ms: 0,
                 failed_by_class: Default::default(),
+                usage: Default::default(),
             }),
         }
     }

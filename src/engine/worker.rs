@@ -300,6 +300,11 @@ impl<H: Handler> ItemTask<H> {
                 record.status = ItemStatus::Ok;
                 record.http_status = output.status;
                 record.body = Some(output.result);
+                if let Some(u) = output.usage {
+                    Counters::add(&counters.usage_input, u.input);
+                    Counters::add(&counters.usage_output, u.output);
+                }
+                record.usage = output.usage;
                 record.latency_ms = Some(times.latency_us / 1000);
                 record.attempts = attempts;
             }

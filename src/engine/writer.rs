@@ -49,6 +49,9 @@ pub(super) struct Track {
     pub(super) lease: Lease,
 }
 
+// Nearly every message is a `Done`: boxing its record would cost an allocation per item to
+// save space in the rare `Track`s.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum WriterMsg {
     /// Buckets about to be dispatched (one message per planner batch: with one-row buckets,
     /// one message per bucket would double the writer's traffic).

@@ -335,10 +335,13 @@ impl ExecHandler {
                 .class(ErrorClass::Exit))
             }
         }
-        let result = self
-            .answer
-            .judge(None, std::iter::empty, trim_newlines(out))?;
-        Ok(Output::from(result))
+        let out = trim_newlines(out);
+        let usage = crate::meter::usage_of(&out);
+        let result = self.answer.judge(None, std::iter::empty, out)?;
+        Ok(Output {
+            usage,
+            ..Output::from(result)
+        })
     }
 }
 

@@ -246,6 +246,7 @@ impl HttpHandler {
             )));
         }
         let (status, headers, bytes) = self.exchange(Fill::One(id, row.as_ref())).await?;
+        let usage = crate::meter::usage_of(&bytes);
         let result = self.answer.judge(
             Some(status),
             || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
@@ -254,6 +255,7 @@ impl HttpHandler {
         Ok(Output {
             result,
             status: Some(status),
+            usage,
         })
     }
 
@@ -304,9 +306,11 @@ impl HttpHandler {
         let parts = parts
             .into_iter()
             .map(|(id, result)| {
+                // What the batch cost is the request's, not one ID's.
                 let output = result.map(|result| Output {
                     result,
                     status: Some(status),
+                    usage: None,
                 });
                 (id, output)
             })

@@ -14,6 +14,8 @@ pub struct Output {
     pub result: Box<RawValue>,
     /// The HTTP status of the answer, when there was one.
     pub status: Option<u16>,
+    /// What the call cost, when its answer says ([`crate::meter::usage_of`]).
+    pub usage: Option<crate::meter::Usage>,
 }
 
 impl Output {
@@ -48,6 +50,7 @@ impl From<Box<RawValue>> for Output {
         Output {
             result,
             status: None,
+            usage: None,
         }
     }
 }

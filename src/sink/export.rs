@@ -14,8 +14,8 @@ use super::parquet;
 use super::records::for_each;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
-/// The columns of a JSONL or CSV export, in order (the JSONL export adds `attempt_errors`
-/// and `rerun` when they have a value).
+/// The columns of a JSONL or CSV export, in order (the JSONL export adds `attempt_errors`,
+/// `rerun` and `usage` when they have a value).
 pub const COLUMNS: [&str; 10] = [
     "id",
     "status",
@@ -59,6 +59,9 @@ struct ExportRow<'a> {
     /// The rerun that wrote the record, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     rerun: Option<u32>,
+    /// What the ID's calls cost, if their answers said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<crate::meter::Usage>,
     /// The input columns carried ([`InputColumns`]).
     #[serde(flatten)]
     input: serde_json::Map<String, serde_json::Value>,
@@ -144,6 +147,7 @@ fn row<'a>(id: &'a str, r: &'a ItemRecord) -> ExportRow<'a> {
         bucket: r.bucket,
         attempt_errors: &r.attempt_errors,
         rerun: r.rerun,
+        usage: r.usage,
         input: serde_json::Map::new(),
     }
 }

@@ -27,6 +27,7 @@ use serde_json::value::RawValue;
 
 use crate::failure::ErrorClass;
 use crate::input::{Cursor, Fingerprint};
+use crate::meter::Usage;
 
 /// The store format this build reads and writes. 6: the results log is written in groups of
 /// records, one header and checksum per group (format 5's entries of one record are still
@@ -94,6 +95,10 @@ pub struct CommitRecord {
     /// its sum is not `failed`, and readers count from the items).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
+    /// What the calls of the bucket's IDs cost, as their answers said (zero in records
+    /// written before it was counted).
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 impl CommitRecord {
@@ -105,6 +110,7 @@ impl CommitRecord {
             failed: tally.failed,
             committed_at_ms: now_ms(),
             failed_by_class: tally.failed_by_class,
+            usage: tally.usage,
         }
     }
 
@@ -124,11 +130,17 @@ pub struct Tally {
     /// The failed records by error class name ([`class_name`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
+    /// What the counted records' calls cost.
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 impl Tally {
     /// Count one record (pending ones are not counted).
     pub fn add(&mut self, record: &ItemRecord) {
+        if record.status != ItemStatus::Pending {
+            self.usage.add(record.usage.unwrap_or_default());
+        }
         match record.status {
             ItemStatus::Ok => self.ok += 1,
             ItemStatus::Failed => {
@@ -204,6 +216,10 @@ pub struct ItemRecord {
     /// The rerun that wrote this record (none: the job's own run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun: Option<u32>,
+    /// What the item's calls cost, summed across reruns, as their answers said; none when no
+    /// answer said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::meter::Usage>,
     /// The kept columns of the ID's input row (a JSON object), when the job keeps any: read
     /// back with the ID from the plan, never written with the record.
     #[serde(skip)]
@@ -228,6 +244,7 @@ impl ItemRecord {
             first_attempt_ms: None,
             last_attempt_ms: None,
             rerun: None,
+            usage: None,
             values: None,
         }
     }
@@ -242,6 +259,10 @@ impl ItemRecord {
     /// when it was a failure), the first attempt time is the earliest.
     pub fn continue_from(&mut self, prior: &ItemRecord) {
         self.attempts += prior.attempts;
+        self.usage = match (prior.usage, self.usage) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         let mut errors = prior.attempt_errors.clone();
         errors.append(&mut self.attempt_errors);
         self.attempt_errors = errors;
@@ -337,6 +358,9 @@ pub struct JobBucketShare {
     /// The failed ones by error class name ([`class_name`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
+    /// What the calls of its IDs in the rerun bucket had cost before the rerun.
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 /// The write-ahead record of one rerun bucket.
@@ -418,6 +442,9 @@ pub struct StoreStats {
     pub input_exhausted: bool,
     /// Bytes of the input read so far.
     pub input_bytes_read: u64,
+    /// What the calls of the IDs with a final result cost, as their answers said.
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 impl StoreStats {

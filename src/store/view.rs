@@ -273,6 +273,8 @@ pub trait JobView: Store {
                 ok: i64,
                 failed: i64,
                 classes: BTreeMap<String, i64>,
+                /// Input and output units.
+                usage: [i64; 2],
             }
             let mut moved: BTreeMap<u64, Moved> = BTreeMap::new();
             let mut fresh = Vec::new();
@@ -298,9 +300,16 @@ pub trait JobView: Store {
                     for (class, n) in &share.failed_by_class {
                         *m.classes.entry(class.clone()).or_default() -= *n as i64;
                     }
+                    m.usage[0] -= share.usage.input as i64;
+                    m.usage[1] -= share.usage.output as i64;
                 }
                 for (_, record) in self.rerun_bucket_items(&b.offset).await? {
                     let m = moved.entry(record.bucket).or_default();
+                    if record.status != ItemStatus::Pending {
+                        let usage = record.usage.unwrap_or_default();
+                        m.usage[0] += usage.input as i64;
+                        m.usage[1] += usage.output as i64;
+                    }
                     match record.status {
                         ItemStatus::Ok => m.ok += 1,
                         ItemStatus::Failed => {
@@ -314,7 +323,11 @@ pub trait JobView: Store {
             }
             let mut job = Vec::new();
             for (bucket, m) in moved {
-                if m.ok == 0 && m.failed == 0 && m.classes.values().all(|n| *n == 0) {
+                if m.ok == 0
+                    && m.failed == 0
+                    && m.classes.values().all(|n| *n == 0)
+                    && m.usage == [0, 0]
+                {
                     continue;
                 }
                 let Some(mut c) = self.commit_record(bucket).await? else {
@@ -322,6 +335,8 @@ pub trait JobView: Store {
                 };
                 c.ok = (c.ok as i64 + m.ok).max(0) as u64;
                 c.failed = (c.failed as i64 + m.failed).max(0) as u64;
+                c.usage.input = (c.usage.input as i64 + m.usage[0]).max(0) as u64;
+                c.usage.output = (c.usage.output as i64 + m.usage[1]).max(0) as u64;
                 for (class, n) in m.classes {
                     let count = c.failed_by_class.entry(class.clone()).or_default();
                     *count = (*count as i64 + n).max(0) as u64;
@@ -361,10 +376,14 @@ pub(crate) async fn walked_stats<S: Store + ?Sized>(store: &S) -> Result<StoreSt
                     s.buckets_committed += 1;
                     s.ok += c.ok;
                     s.failed += c.failed;
+                    s.usage.add(c.usage);
                 }
                 None => {
                     s.buckets_in_flight += 1;
                     for (_, r) in store.bucket_items(&b.offset).await? {
+                        if r.status != ItemStatus::Pending {
+                            s.usage.add(r.usage.unwrap_or_default());
+                        }
                         match r.status {
                             ItemStatus::Ok => s.ok += 1,
                             ItemStatus::Failed => s.failed += 1,

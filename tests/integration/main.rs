@@ -51,3 +51,4 @@ mod rows;
 mod stalled_store;
 mod stop_and_resume;
 mod throttle;
+mod usage;

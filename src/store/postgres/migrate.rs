@@ -62,6 +62,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "learned_limits",
         sql: include_str!("../../../migrations/0006_learned_limits.sql"),
     },
+    Migration {
+        version: 7,
+        name: "usage",
+        sql: include_str!("../../../migrations/0007_usage.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").

@@ -182,7 +182,8 @@ pub(crate) async fn commit_bucket(
 /// The update of [`commit_bucket`].
 pub(crate) const COMMIT_BUCKET: &str = "UPDATE hw_bucket
              SET state = 'committed', ok = $6, failed = $7, failed_by_class = $8,
-                 committed_at = to_timestamp($9::float8 / 1000)
+                 committed_at = to_timestamp($9::float8 / 1000),
+                 usage_input = $10, usage_output = $11
              WHERE job_id = $1 AND rerun = $3 AND bucket = $4 AND owner = $2::text::uuid
                AND lease_token = $5 AND state = 'leased'";
 
@@ -210,6 +211,8 @@ pub(crate) async fn commit_bucket_as<T: ?Sized + ToStatement + Sync + Send>(
                 &to_i64(tally.failed)?,
                 &by_class,
                 &(tally.committed_at_ms as f64),
+                &to_i64(tally.usage.input)?,
+                &to_i64(tally.usage.output)?,
             ],
         )
         .await
@@ -280,7 +283,8 @@ pub(crate) async fn move_counts(
         .map_err(|e| PgError::Malformed(e.to_string()))?;
     client
         .execute(
-            "UPDATE hw_bucket SET ok = $3, failed = $4, failed_by_class = $5
+            "UPDATE hw_bucket SET ok = $3, failed = $4, failed_by_class = $5,
+                    usage_input = $6, usage_output = $7
              WHERE job_id = $1 AND rerun = 0 AND bucket = $2 AND state = 'committed'",
             &[
                 &job.0,
@@ -288,6 +292,8 @@ pub(crate) async fn move_counts(
                 &to_i64(moved.ok)?,
                 &to_i64(moved.failed)?,
                 &by_class,
+                &to_i64(moved.usage.input)?,
+                &to_i64(moved.usage.output)?,
             ],
         )
         .await

@@ -57,7 +57,8 @@ pub(super) fn item_record(row: &Row, at: usize) -> Result<(String, ItemRecord), 
 }
 
 /// A bucket row's commit record, if committed (columns from `at`: bucket, committed, ok,
-/// failed, failed_by_class, committed_at in ms).
+/// failed, failed_by_class, committed_at in ms, the offset record (not read here), usage
+/// input, usage output).
 pub(super) fn commit_record(row: &Row, at: usize) -> Result<Option<CommitRecord>, PgError> {
     if !row.get::<_, bool>(at + 1) {
         return Ok(None);
@@ -72,11 +73,15 @@ pub(super) fn commit_record(row: &Row, at: usize) -> Result<Option<CommitRecord>
             Some(v) => serde_json::from_value(v).map_err(|e| malformed("a commit's classes", e))?,
             None => Default::default(),
         },
+        usage: crate::meter::Usage {
+            input: row.get::<_, i64>(at + 7).max(0) as u64,
+            output: row.get::<_, i64>(at + 8).max(0) as u64,
+        },
     }))
 }
 
 pub(super) const BUCKET_COLUMNS: &str = "bucket, state = 'committed', ok, failed, failed_by_class,
-    (extract(epoch FROM committed_at) * 1000)::float8, offset_record";
+    (extract(epoch FROM committed_at) * 1000)::float8, offset_record, usage_input, usage_output";
 
 /// The job's spec as stored: exact bytes, as a JSON string when they are UTF-8 (readable
 /// in SQL), else hex.

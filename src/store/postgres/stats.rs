@@ -20,7 +20,8 @@ pub(crate) async fn counted(
         .query_one(
             "SELECT j.planner_exhausted, j.cursor_row, j.cursor_byte,
                     b.planned, b.committed, b.ids, b.duplicates, b.bad_lines, b.ok, b.failed,
-                    open.ok, open.failed
+                    open.ok, open.failed, b.usage_input, b.usage_output,
+                    open.usage_input, open.usage_output
              FROM hw_job j,
                   (SELECT count(*) AS planned,
                           count(*) FILTER (WHERE state = 'committed') AS committed,
@@ -31,10 +32,18 @@ pub(crate) async fn counted(
                               AS bad_lines,
                           coalesce(sum(ok) FILTER (WHERE state = 'committed'), 0)::bigint AS ok,
                           coalesce(sum(failed) FILTER (WHERE state = 'committed'), 0)::bigint
-                              AS failed
+                              AS failed,
+                          coalesce(sum(usage_input) FILTER (WHERE state = 'committed'), 0)::bigint
+                              AS usage_input,
+                          coalesce(sum(usage_output) FILTER (WHERE state = 'committed'), 0)::bigint
+                              AS usage_output
                    FROM hw_bucket WHERE job_id = $1 AND rerun = 0) b,
                   (SELECT count(*) FILTER (WHERE i.status = 'ok') AS ok,
-                          count(*) FILTER (WHERE i.status = 'failed') AS failed
+                          count(*) FILTER (WHERE i.status = 'failed') AS failed,
+                          coalesce(sum((i.record -> 'usage' ->> 'input')::bigint)
+                              FILTER (WHERE i.status <> 'pending'), 0)::bigint AS usage_input,
+                          coalesce(sum((i.record -> 'usage' ->> 'output')::bigint)
+                              FILTER (WHERE i.status <> 'pending'), 0)::bigint AS usage_output
                    FROM hw_bucket u JOIN hw_item i ON i.job_id = u.job_id AND i.bucket = u.bucket
                    WHERE u.job_id = $1 AND u.rerun = 0 AND u.state <> 'committed') open
              WHERE j.job_id = $1",
@@ -54,6 +63,10 @@ pub(crate) async fn counted(
         bad_lines: n(7),
         ok: n(8) + n(10),
         failed: n(9) + n(11),
+        usage: crate::meter::Usage {
+            input: n(12) + n(14),
+            output: n(13) + n(15),
+        },
         ..StoreStats::default()
     };
     s.buckets_in_flight = s.buckets_planned - s.buckets_committed;

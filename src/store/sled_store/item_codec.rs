@@ -14,7 +14,8 @@
 //!         in ms from EPOCH_MS, the attempts in ms before finished (or before EPOCH_MS
 //!         without it); bit 7 is set when any of the three is]
 //! [latency varint (ms)] [rerun varint]
-//! [extras: length varint, JSON {class, error, attempt_errors}: rare (failures, retries)]
+//! [extras: length varint, JSON {class, error, attempt_errors, u}: rare (failures, retries),
+//!  but for `u`, the usage [input, output] of a metered job's calls]
 //! [body: codec u8 (compression::Codec; + 0x80: the HTTP status was 200), raw length varint,
 //!  the stored bytes to the end]
 //! [without a body: a last byte 0x80 if the HTTP status was 200]
@@ -54,6 +55,10 @@ struct Extras {
     error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     attempt_errors: Vec<AttemptNote>,
+    /// The usage, input then output: on every record of a metered job (readers before it
+    /// ignore it).
+    #[serde(default, rename = "u", skip_serializing_if = "Option::is_none")]
+    usage: Option<[u64; 2]>,
 }
 
 /// Append `record`'s bytes to `out`, its body compressed by `bodies`.
@@ -67,8 +72,10 @@ pub(super) fn encode(
         ItemStatus::Ok => 1,
         ItemStatus::Failed => 2,
     };
-    let extras =
-        record.class.is_some() || record.error.is_some() || !record.attempt_errors.is_empty();
+    let extras = record.class.is_some()
+        || record.error.is_some()
+        || !record.attempt_errors.is_empty()
+        || record.usage.is_some();
     let times = [
         record.finished_at_ms,
         record.first_attempt_ms,
@@ -109,6 +116,7 @@ pub(super) fn encode(
             class: record.class,
             error: record.error.clone(),
             attempt_errors: record.attempt_errors.clone(),
+            usage: record.usage.map(|u| [u.input, u.output]),
         })
         .expect("extras serialize");
         varint(out, json.len() as u64);
@@ -208,6 +216,9 @@ pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<Ite
         record.class = extras.class;
         record.error = extras.error;
         record.attempt_errors = extras.attempt_errors;
+        record.usage = extras
+            .usage
+            .map(|[input, output]| crate::meter::Usage { input, output });
     }
     let last = if flags & BODY != 0 {
         let byte = r.byte()?;
@@ -321,7 +332,21 @@ mod tests {
         no_body.body = None;
         let mut teapot = full();
         teapot.http_status = Some(418);
+        let mut metered = full();
+        metered.attempt_errors.clear();
+        metered.usage = Some(crate::meter::Usage {
+            input: 1234,
+            output: 56,
+        });
+        let mut metered_failure = ItemRecord::pending(3, 1);
+        metered_failure.status = ItemStatus::Failed;
+        metered_failure.usage = Some(crate::meter::Usage {
+            input: 9,
+            output: 0,
+        });
         for record in [
+            metered,
+            metered_failure,
             full(),
             failed,
             ItemRecord::pending(1, 0),

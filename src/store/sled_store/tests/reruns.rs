@@ -29,6 +29,7 @@ fn failed_rerun(items: &[(u64, &str, u64)]) -> (RerunRecord, RerunBucket) {
                     ok: 0,
                     failed: 1,
                     failed_by_class: unknown(1),
+                    usage: Default::default(),
                 })
                 .collect(),
             planned_at_ms: 0,
@@ -165,6 +166,7 @@ async fn a_rerun_rewrites_the_commit_run_holding_its_buckets() {
             failed: (i != 3) as u64,
             committed_at_ms: 0,
             failed_by_class: if i == 3 { BTreeMap::new() } else { unknown(1) },
+            usage: Default::default(),
         })
         .collect();
     commit(&s, &commits).await;
@@ -245,6 +247,7 @@ async fn a_rerun_commit_moves_the_job_counts_once() {
                 failed: 1,
                 committed_at_ms: 0,
                 failed_by_class: unknown(1),
+                usage: Default::default(),
             },
             CommitRecord {
                 bucket: 1,
@@ -252,6 +255,7 @@ async fn a_rerun_commit_moves_the_job_counts_once() {
                 failed: 2,
                 committed_at_ms: 0,
                 failed_by_class: unknown(2),
+                usage: Default::default(),
             },
         ],
     )
