@@ -21,7 +21,8 @@
 //! line's crates. `cli` (default) adds [`cli`] and the binary (clap, tracing-subscriber,
 //! jemalloc) and turns on the four below; `progress-bar` the terminal bar of [`monitor`]
 //! (indicatif); `metrics` the Prometheus endpoint (a hyper server); `dashboard` the web
-//! page of `serve` and `report` (a hyper server); `demo` the fake API;
+//! page of `serve` and `report` (a hyper server); `demo` the fake API; `conformance` (with
+//! `cli`) the store conformance suite a library user's own store can run (`conformance`);
 //! `postgres` (default) the PostgreSQL store.
 
 // `pub` is what a library user can reach; an item of a private module says `pub(crate)`.
@@ -32,8 +33,8 @@
 pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
-#[cfg(test)]
-mod conformance;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod console;
 pub mod credential;
 #[cfg(feature = "dashboard")]

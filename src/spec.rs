@@ -26,6 +26,10 @@ use crate::store::{StoreError, StoredJob};
 
 pub use crate::handler::exec::ExecSpec;
 pub use crate::handler::http::RequestSpec;
+pub(crate) use work::WorkFields;
+pub use work::{Work, WorkConflict};
+
+mod work;
 
 /// How failed attempts are retried.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +60,7 @@ impl Default for RetryPolicy {
 
 /// Everything stored about a job at creation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "JobSpecWire", into = "JobSpecWire")]
 pub struct JobSpec {
     /// Stable job id (random at creation, kept across restarts).
     pub job_id: String,
@@ -67,46 +72,141 @@ pub struct JobSpec {
     pub fingerprint: Fingerprint,
     /// A folder input's files, in name order, as planned: read as one input, each checked on
     /// resume (none for a file input, and in specs stored before).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_files: Vec<InputFile>,
     /// Rows per bucket.
     pub bucket_size: u64,
-    /// The request made for each ID (for an exec job, only its `timeout` is used; unused by
-    /// a job of a library handler).
-    pub request: RequestSpec,
-    /// The command run for each ID instead of a request: an exec job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<ExecSpec>,
-    /// The name a library program gave its own handler (a job built with
-    /// [`Job`](crate::job::Job)), which does the work instead of a request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub handler: Option<String>,
-    /// The batch endpoint the request calls: several IDs per request (none in specs stored
-    /// before, and for a job of one ID per request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<crate::handler::batch::BatchSpec>,
+    /// The work to do for each ID: a request (one ID each, or a batch), a command, or a
+    /// library handler's name. Stored in the flat layout specs have always had.
+    pub work: Work,
     /// The input columns kept of each row, for the templates' `{column}` slots and the
     /// export: fixed at creation (none in specs stored before).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<String>,
     /// What is checked of each 2xx answer and kept of it (none in specs stored before).
-    #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
     pub answer: AnswerSpec,
     /// The credentials the request or command uses, as defined (never a value; none in
     /// specs stored before).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialSpec>,
     /// How failed attempts are retried.
     pub retry: RetryPolicy,
     /// The calls the API allows per window, every one kept (none in specs stored before);
     /// their usage is stored with the job ([`crate::quota`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quotas: Vec<crate::quota::Quota>,
     /// Unix time (ms) of creation.
     pub created_at_ms: u64,
     /// Changes of the spec since creation, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<SpecChange>,
+}
+
+/// A [`JobSpec`] as it is stored: its work in the flat fields specs have always had, so
+/// that a spec written by one version is read by another.
+#[derive(Serialize, Deserialize)]
+struct JobSpecWire {
+    /// Stable job id (random at creation, kept across restarts).
+    job_id: String,
+    /// Where the IDs come from; fixed at creation.
+    input: InputSpec,
+    /// Fingerprint of the input file when the job was created (of a folder input, of its
+    /// files: their total length and a hash of each one's name, length and hash), or when
+    /// it last grew.
+    fingerprint: Fingerprint,
+    /// A folder input's files, in name order, as planned: read as one input, each checked on
+    /// resume (none for a file input, and in specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    input_files: Vec<InputFile>,
+    /// Rows per bucket.
+    bucket_size: u64,
+    /// The request made for each ID (for an exec job, only its `timeout` is used; unused by
+    /// a job of a library handler).
+    request: RequestSpec,
+    /// The command run for each ID instead of a request: an exec job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exec: Option<ExecSpec>,
+    /// The name a library program gave its own handler (a job built with
+    /// [`Job`](crate::job::Job)), which does the work instead of a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    handler: Option<String>,
+    /// The batch endpoint the request calls: several IDs per request (none in specs stored
+    /// before, and for a job of one ID per request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    batch: Option<crate::handler::batch::BatchSpec>,
+    /// The input columns kept of each row, for the templates' `{column}` slots and the
+    /// export: fixed at creation (none in specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    columns: Vec<String>,
+    /// What is checked of each 2xx answer and kept of it (none in specs stored before).
+    #[serde(default, skip_serializing_if = "AnswerSpec::is_plain")]
+    answer: AnswerSpec,
+    /// The credentials the request or command uses, as defined (never a value; none in
+    /// specs stored before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    credentials: Vec<CredentialSpec>,
+    /// How failed attempts are retried.
+    retry: RetryPolicy,
+    /// The calls the API allows per window, every one kept (none in specs stored before);
+    /// their usage is stored with the job ([`crate::quota`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    quotas: Vec<crate::quota::Quota>,
+    /// Unix time (ms) of creation.
+    created_at_ms: u64,
+    /// Changes of the spec since creation, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    history: Vec<SpecChange>,
+}
+
+impl TryFrom<JobSpecWire> for JobSpec {
+    type Error = WorkConflict;
+
+    fn try_from(w: JobSpecWire) -> Result<JobSpec, WorkConflict> {
+        Ok(JobSpec {
+            job_id: w.job_id,
+            input: w.input,
+            fingerprint: w.fingerprint,
+            input_files: w.input_files,
+            bucket_size: w.bucket_size,
+            work: Work::from_fields(WorkFields {
+                request: w.request,
+                exec: w.exec,
+                handler: w.handler,
+                batch: w.batch,
+            })?,
+            columns: w.columns,
+            answer: w.answer,
+            credentials: w.credentials,
+            retry: w.retry,
+            quotas: w.quotas,
+            created_at_ms: w.created_at_ms,
+            history: w.history,
+        })
+    }
+}
+
+impl From<JobSpec> for JobSpecWire {
+    fn from(s: JobSpec) -> JobSpecWire {
+        let WorkFields {
+            request,
+            exec,
+            handler,
+            batch,
+        } = s.work.to_fields();
+        JobSpecWire {
+            job_id: s.job_id,
+            input: s.input,
+            fingerprint: s.fingerprint,
+            input_files: s.input_files,
+            bucket_size: s.bucket_size,
+            request,
+            exec,
+            handler,
+            batch,
+            columns: s.columns,
+            answer: s.answer,
+            credentials: s.credentials,
+            retry: s.retry,
+            quotas: s.quotas,
+            created_at_ms: s.created_at_ms,
+            history: s.history,
+        }
+    }
 }
 
 /// One change of a job's spec after its creation: a changed request (with
@@ -151,17 +251,7 @@ impl JobSpec {
             fingerprint,
             input_files: Vec::new(),
             bucket_size: DEFAULT_BUCKET_SIZE,
-            request: RequestSpec {
-                method: "GET".into(),
-                url: String::new(),
-                headers: Vec::new(),
-                body: None,
-                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-                timeout: DEFAULT_TIMEOUT,
-            },
-            exec: None,
-            handler: None,
-            batch: None,
+            work: Work::Request(work::no_request(DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT)),
             columns: Vec::new(),
             answer: AnswerSpec::default(),
             credentials: Vec::new(),
@@ -175,10 +265,16 @@ impl JobSpec {
     /// The columns the request or command names (`{column}`), which [`JobSpec::columns`]
     /// must hold.
     pub fn columns_used(&self) -> Vec<String> {
-        if self.handler.is_some() {
-            return Vec::new();
+        match &self.work {
+            Work::Library { .. } => Vec::new(),
+            Work::Exec { exec, .. } => {
+                let fields = self.work.to_fields();
+                crate::handler::columns_used(&fields.request, Some(exec))
+            }
+            Work::Request(request) | Work::Batch { request, .. } => {
+                crate::handler::columns_used(request, None)
+            }
         }
-        crate::handler::columns_used(&self.request, self.exec.as_ref())
     }
 
     /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
@@ -270,35 +366,32 @@ impl JobSpec {
                 out.push(format!("{what}: stored {a}, given {b}"));
             }
         };
-        let command = |s: &JobSpec| {
-            s.exec
+        let (a, b) = (self.work.to_fields(), other.work.to_fields());
+        let command = |w: &WorkFields| {
+            w.exec
                 .as_ref()
                 .map_or("none".into(), |e| format!("{:?}", e.command))
         };
-        cmp(&Setting::Exec, command(self), command(other));
-        let handler = |s: &JobSpec| {
-            s.handler
+        cmp(&Setting::Exec, command(&a), command(&b));
+        let handler = |w: &WorkFields| {
+            w.handler
                 .as_ref()
                 .map_or("none".into(), |h| format!("{h:?}"))
         };
-        cmp(&"handler", handler(self), handler(other));
-        if self.handler.is_some() && other.handler.is_some() {
+        cmp(&"handler", handler(&a), handler(&b));
+        if a.handler.is_some() && b.handler.is_some() {
             return out;
         }
-        cmp(
-            &Setting::Url,
-            self.request.url.clone(),
-            other.request.url.clone(),
-        );
+        cmp(&Setting::Url, a.request.url.clone(), b.request.url.clone());
         cmp(
             &Setting::Method,
-            self.request.method.clone(),
-            other.request.method.clone(),
+            a.request.method.clone(),
+            b.request.method.clone(),
         );
         cmp(
             &Setting::Body,
-            format!("{:?}", self.request.body),
-            format!("{:?}", other.request.body),
+            format!("{:?}", a.request.body),
+            format!("{:?}", b.request.body),
         );
         let credentials = |s: &JobSpec| {
             if s.credentials.is_empty() {
@@ -308,15 +401,15 @@ impl JobSpec {
             list.join("; ")
         };
         cmp(&"credentials", credentials(self), credentials(other));
-        let batch = |s: &JobSpec| {
-            s.batch.as_ref().map_or("none".into(), |b| {
+        let batch = |w: &WorkFields| {
+            w.batch.as_ref().map_or("none".into(), |b| {
                 format!(
                     "{} IDs per request, split {:?}, separator {:?}",
                     b.size, b.split, b.separator
                 )
             })
         };
-        cmp(&Setting::BatchSize, batch(self), batch(other));
+        cmp(&Setting::BatchSize, batch(&a), batch(&b));
         out
     }
 }
@@ -422,5 +515,55 @@ impl Default for RunOptions {
             max_failures: None,
             durability: Durability::Sync,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::InputFormat;
+
+    /// A spec as versions before [`Work`] stored it: an exec job, its request beside its
+    /// command.
+    const STORED_EXEC_JOB: &str = r#"{"job_id":"00000000000000aa","input":{"path":"ids.txt","format":{"kind":"text"}},"fingerprint":{"len":12,"xxh3":34},"bucket_size":1000,"request":{"method":"GET","url":"","headers":[],"body":null,"connect_timeout":10000,"timeout":5000},"exec":{"command":"echo {id}","retry_exit_codes":[75]},"retry":{"max_attempts":5,"initial":500,"max_interval":30000,"max_elapsed":900000},"created_at_ms":1}"#;
+
+    #[test]
+    fn a_spec_is_stored_in_the_flat_layout_older_versions_read() {
+        let spec: JobSpec = serde_json::from_str(STORED_EXEC_JOB).unwrap();
+        assert_eq!(spec.work.exec().unwrap().command, "echo {id}");
+        assert!(
+            matches!(spec.work, Work::Exec { timeout, .. } if timeout == Duration::from_secs(5))
+        );
+        let again: serde_json::Value = serde_json::to_value(&spec).unwrap();
+        let before: serde_json::Value = serde_json::from_str(STORED_EXEC_JOB).unwrap();
+        assert_eq!(again, before, "written back as it was read");
+    }
+
+    #[test]
+    fn every_kind_of_work_survives_the_store() {
+        let mut spec = JobSpec::new(
+            InputSpec {
+                path: "ids.txt".into(),
+                format: InputFormat::Text,
+            },
+            Fingerprint { len: 1, xxh3: 2 },
+        );
+        spec.work = Work::Library {
+            name: "double".into(),
+        };
+        assert_eq!(JobSpec::from_stored(&spec.to_stored()).unwrap(), spec);
+        let mut stored = spec.to_stored();
+        let mut json: serde_json::Value = serde_json::from_slice(&stored.spec).unwrap();
+        assert_eq!(json["handler"], "double");
+        assert_eq!(
+            json["request"]["method"], "GET",
+            "a request is always stored"
+        );
+        json["handler"] = serde_json::Value::Null;
+        json["exec"] = serde_json::json!({"command": "true", "retry_exit_codes": [75]});
+        json["batch"] = serde_json::json!({"size": 2, "separator": ",", "split": ".[]"});
+        stored.spec = serde_json::to_vec(&json).unwrap();
+        let refused = JobSpec::from_stored(&stored).unwrap_err();
+        assert!(refused.to_string().contains("goes with a URL"), "{refused}");
     }
 }

@@ -70,7 +70,11 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
         Ok::<_, JobError>(Cow::Borrowed(&request))
     })
     .await?;
-    let handler = HttpHandler::with_env(&spec.request, &|name| {
+    let request = spec
+        .work
+        .request()
+        .context("the demo's job calls its API")?;
+    let handler = HttpHandler::with_env(request, &|name| {
         if name == API_VAR {
             Some(addr.clone())
         } else {

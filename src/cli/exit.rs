@@ -36,7 +36,7 @@ pub(crate) fn halt_code(kind: crate::progress::HaltKind) -> u8 {
 
 /// A job made by a library program (its own handler) cannot be run from here: exit 2.
 pub(crate) fn library_job(spec: &JobSpec, place: &str) -> Option<u8> {
-    let name = spec.handler.as_ref()?;
+    let name = spec.work.library()?;
     say!("error: {place} is run by a library program (its handler {name:?}): run it with that program");
     Some(USAGE)
 }

@@ -57,9 +57,7 @@ pub(crate) async fn run_job<S: Store + Leases>(
 /// What a job does for each ID, for logs: its URL or its command (as written, `${VAR}`
 /// unexpanded).
 fn work(spec: &JobSpec) -> &str {
-    spec.exec
-        .as_ref()
-        .map_or(spec.request.url.as_str(), |e| e.command.as_str())
+    spec.work.describe()
 }
 
 /// The library's [`Job`] for a job (or a rerun, with [`Job::rerun`]) the command line

@@ -157,9 +157,9 @@ pub(crate) async fn describe<S: Store>(
             "input": spec.input.path.display().to_string(),
             "input_format": spec.input.format.to_string(),
             "input_bytes": spec.fingerprint.len,
-            "url": spec.request.url,
-            "method": spec.request.method,
-            "exec": spec.exec.as_ref().map(|e| &e.command),
+            "url": spec.work.request().map_or("", |r| r.url.as_str()),
+            "method": spec.work.request().map_or("GET", |r| r.method.as_str()),
+            "exec": spec.work.exec().map(|e| &e.command),
             // Definitions as written: never a value.
             "credentials": spec.credentials.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "bucket_size": spec.bucket_size,
@@ -260,9 +260,10 @@ fn render_status(
         spec.input.format,
         s.rows_read,
         read,
-        match &spec.exec {
-            Some(exec) => format!("exec:       {}", exec.command),
-            None => format!("request:    {} {}", spec.request.method, spec.request.url),
+        match (spec.work.exec(), spec.work.request()) {
+            (Some(exec), _) => format!("exec:       {}", exec.command),
+            (None, Some(r)) => format!("request:    {} {}", r.method, r.url),
+            (None, None) => "request:    GET ".to_string(),
         },
         s.buckets_planned,
         s.buckets_committed,

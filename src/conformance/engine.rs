@@ -40,7 +40,7 @@ pub(super) async fn the_engine_stops_and_resumes_every_id_exactly_once<B: Backen
         ..JobRequest::default()
     };
     let spec = Arc::new(open_job(&*s, &request).await.unwrap());
-    let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+    let handler = Arc::new(HttpHandler::new(spec.work.request().unwrap()).unwrap());
     let opts = RunOptions {
         concurrency: 8,
         progress_interval: std::time::Duration::ZERO,

@@ -1,27 +1,40 @@
-//! The conformance suite: what every backend must do, asserted once.
+//! The store conformance suite: what every backend must do, asserted once (feature
+//! `conformance`).
 //!
-//! [`run_all`](suite::run_all) takes a [`Backend`](backend::Backend) (a factory that
-//! creates a store, "crashes" it and opens it again, and damages it) and checks the
-//! contract written on [`crate::store::backend`]: plans are durable once synced (the
-//! offset record is there before any item is dispatched), results replace by ID and a
-//! replay finds only pending IDs, commits are final and fenced by their lease, reruns move
-//! the job's counts once, a grown input plans on without calling old IDs again, damage is
-//! refused and never read as less data, and the real engine over the backend runs, stops,
-//! resumes and ends with every ID exactly once, every write and sync it made logged by
-//! [`crate::engine::audit::Audit`], which checks the engine's invariants 1 (an offset
-//! record is durable before its items are called) and 2 (a commit only after its results
-//! are durable). The sled backend, [`crate::store::mem::MemStore`], the in-memory store of
-//! a fleet ([`crate::store::mem::SharedMem`]) and PostgreSQL run it in `cargo test`; a new
-//! backend adds one test that calls [`run_all`](suite::run_all) with its factory.
+//! A library user who writes a [`Store`](crate::store::Store) of their own (with its
+//! [`Leases`](crate::store::Leases)) judges it with the same checks the crate's backends
+//! pass: implement [`Backend`] (a factory that creates a fresh store, "crashes" it and opens
+//! it again, and damages a result) and call [`run_all`] in a test, inside a multi-threaded
+//! Tokio runtime. It returns the first check that failed ([`CheckFailed`]):
 //!
-//! It lives above the store (it drives the engine, the job and the HTTP handler against
-//! the fake API), one file per kind of check: [`log`] (plans, results, commits, a grown
-//! input), [`reruns`], [`damage`], [`engine`] (the engine's invariants), [`quota`] (quota
-//! usage); the backends it runs against are in [`backends`]; [`backend`] says what the
-//! suite needs of one, [`fixtures`] holds the records the checks build, [`suite`] runs
-//! them all.
+//! ```ignore
+//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+//! async fn my_store_conforms() {
+//!     highwater::conformance::run_all(&mut MyBackend::new()).await.unwrap();
+//! }
+//! ```
+//!
+//! The checks follow the contract written on [`crate::store::backend`]: plans are durable
+//! once synced (the offset record is there before any item is dispatched), results replace
+//! by ID and a replay finds only pending IDs, commits are final and fenced by their lease,
+//! reruns move the job's counts once, a grown input plans on without calling old IDs again,
+//! damage is refused and never read as less data, quota usage is durable and never exceeds a
+//! limit, and the real engine over the backend runs, stops, resumes and ends with every ID
+//! exactly once, every write and sync it made logged by an audit that checks the engine's
+//! invariants 1 (an offset record is durable before its items are called) and 2 (a commit
+//! only after its results are durable). The sled backend,
+//! [`MemStore`](crate::store::mem::MemStore), the in-memory store of a fleet
+//! ([`SharedMem`](crate::store::mem::SharedMem)) and PostgreSQL run it in the crate's own
+//! tests.
+//!
+//! It lives above the store (it drives the engine, the job and the HTTP handler against the
+//! fake API of [`crate::demo`]), one file per kind of check: `log` (plans, results, commits,
+//! a grown input), `reruns`, `damage`, `engine` (the engine's invariants), `quota` (quota
+//! usage); `backend` says what the suite needs of a backend, `fixtures` holds the records
+//! the checks build, `suite` runs them all; the crate's own backends are in `backends`.
 
 mod backend;
+#[cfg(test)]
 mod backends;
 mod damage;
 mod engine;
@@ -30,4 +43,8 @@ mod log;
 mod quota;
 mod reruns;
 mod suite;
+#[cfg(test)]
 mod tests;
+
+pub use backend::Backend;
+pub use suite::{run_all, CheckFailed};

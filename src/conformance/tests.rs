@@ -11,45 +11,39 @@ use crate::store::*;
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_postgres_store_conforms() {
-    run_all(&mut PgBackend::new(false)).await;
+    run_all(&mut PgBackend::new(false)).await.unwrap();
 }
 
 /// The suite can fail on PostgreSQL too: a job whose crash loses its commits is caught.
 #[cfg(feature = "postgres")]
-#[test]
-fn a_postgres_store_that_loses_commits_fails_the_suite() {
-    let suite = std::thread::spawn(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(run_all(&mut PgBackend::new(true)));
-    });
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_store_that_loses_commits_fails_the_suite() {
+    let failed = run_all(&mut PgBackend::new(true)).await;
     assert!(
-        suite.join().is_err(),
+        failed.is_err(),
         "the suite passed a PostgreSQL store that loses commits"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sled_store_conforms() {
-    run_all(&mut SledBackend::new()).await;
+    run_all(&mut SledBackend::new()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_store_conforms() {
-    run_all(&mut MemBackend).await;
+    run_all(&mut MemBackend).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_store_of_a_fleet_conforms() {
-    run_all(&mut SharedMemBackend::new()).await;
+    run_all(&mut SharedMemBackend::new()).await.unwrap();
 }
 
-/// The suite can fail: a store that forgets its commits on a crash is caught.
-#[test]
-fn a_store_that_loses_synced_commits_fails_the_suite() {
+/// The suite can fail: a store that forgets its commits on a crash is caught, and the
+/// check that caught it named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_loses_synced_commits_fails_the_suite() {
     struct Forgetful;
     impl Backend for Forgetful {
         type S = MemStore;
@@ -68,16 +62,11 @@ fn a_store_that_loses_synced_commits_fails_the_suite() {
             MemBackend.damage_result(store, id)
         }
     }
-    let suite = std::thread::spawn(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(run_all(&mut Forgetful));
-    });
-    assert!(
-        suite.join().is_err(),
-        "the suite passed a store that loses commits"
+    let failed = run_all(&mut Forgetful)
+        .await
+        .expect_err("the suite passed a store that loses commits");
+    assert_eq!(
+        failed.check, "commits_are_final_and_fenced_by_their_lease",
+        "{failed}"
     );
 }

@@ -226,7 +226,7 @@ async fn exactly_once<S: Store>(store: &S, ids: &[String]) {
 
 /// Run a worker of the fleet's job in the background.
 fn spawn_run<S: Fleet>(store: Arc<S>, spec: Arc<JobSpec>) -> tokio::task::JoinHandle<RunSummary> {
-    let request = spec.request.clone();
+    let request = spec.work.request().unwrap().clone();
     spawn_run_against(store, spec, request)
 }
 
@@ -278,7 +278,7 @@ async fn three_workers_share_a_job_and_call_each_id_once<D: SharedJob>() {
         let store = f.db.worker().await;
         let (spec, api) = (f.spec.clone(), f.api.clone());
         runs.push(tokio::spawn(async move {
-            let handler = Arc::new(HttpHandler::new(&spec.request).unwrap());
+            let handler = Arc::new(HttpHandler::new(spec.work.request().unwrap()).unwrap());
             let counters = Arc::new(Counters::default());
             let summary = run(
                 store.clone(),
@@ -326,7 +326,7 @@ async fn a_worker_that_lost_its_buckets_writes_nothing_that_counts<D: SharedJob>
         }
         handle.stop();
     });
-    let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+    let handler = Arc::new(HttpHandler::new(f.spec.work.request().unwrap()).unwrap());
     let counters = Arc::new(Counters::default());
     run(
         planner,
@@ -416,7 +416,7 @@ async fn a_worker_whose_session_expired_calls_none_of_the_items_it_had_queued<D:
     .unwrap();
     let a = f.db.worker().await;
     let a_run = {
-        let mut request = f.spec.request.clone();
+        let mut request = f.spec.work.request().unwrap().clone();
         request.url = slow.url_template();
         spawn_run_against(a.clone(), f.spec.clone(), request)
     };
@@ -520,7 +520,7 @@ async fn a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others<D: SharedJo
     .unwrap();
     let a = f.db.worker().await;
     let a_run = {
-        let mut request = f.spec.request.clone();
+        let mut request = f.spec.work.request().unwrap().clone();
         request.url = slow.url_template();
         spawn_run_against(a.clone(), f.spec.clone(), request)
     };
@@ -572,7 +572,7 @@ async fn status_figures_counted_by_the_database_are_the_walks() {
         }
         handle.stop();
     });
-    let handler = Arc::new(HttpHandler::new(&f.spec.request).unwrap());
+    let handler = Arc::new(HttpHandler::new(f.spec.work.request().unwrap()).unwrap());
     run(
         a.clone(),
         f.spec.clone(),

@@ -76,7 +76,7 @@ use crate::progress::{Counters, RunSummary};
 use crate::spec::{JobSpec, RunOptions};
 use crate::store::{Fleet, FleetKind, FleetVisitor, Leases, Log, Store};
 
-#[cfg(test)]
+#[cfg(any(test, feature = "conformance"))]
 pub(crate) mod audit;
 mod batch;
 mod dispatcher;

@@ -60,7 +60,9 @@ pub(super) async fn url_job<S: Store>(
         },
         fingerprint,
     );
-    spec.request.url = url;
+    if let crate::spec::Work::Request(request) = &mut spec.work {
+        request.url = url;
+    }
     spec.bucket_size = bucket_size;
     store.put_job(&spec.to_stored()).await.unwrap();
     spec
@@ -86,7 +88,7 @@ async fn try_run_with<T: Store + Leases>(
     stop: Stop,
     durability: Durability,
 ) -> Result<RunSummary, EngineError> {
-    let handler = Arc::new(HttpHandler::new(&s.spec.request).unwrap());
+    let handler = Arc::new(HttpHandler::new(s.spec.work.request().unwrap()).unwrap());
     let opts = RunOptions {
         concurrency: 4,
         progress_interval: Duration::ZERO,

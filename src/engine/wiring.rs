@@ -129,7 +129,7 @@ where
 
     let workers = opts.concurrency.max(1);
     // A batch job's workers each take up to a batch of items at once.
-    let batch_size = spec.batch.as_ref().map_or(1, |b| b.size.max(1));
+    let batch_size = spec.work.ids_per_call();
     let queue = Arc::new(WorkQueue::new(work_queue(workers * batch_size)));
     let mut pool = JoinSet::new();
     let parked = Arc::new(Parked::for_concurrency(workers));

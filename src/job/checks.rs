@@ -7,7 +7,7 @@ use super::handler::job_handler;
 use super::request::JobRequest;
 use crate::input::Fingerprint;
 use crate::setting::Setting;
-use crate::spec::JobSpec;
+use crate::spec::{JobSpec, Work};
 
 /// What is wrong with the request whatever the job: a bucket size of 0, both a URL and a
 /// command, two quotas over one window.
@@ -43,34 +43,36 @@ pub(super) fn check_request(request: &JobRequest) -> Result<(), JobError> {
 
 /// Exit codes asked for a job that runs no command.
 pub(super) fn check_retry_exit_codes(request: &JobRequest, spec: &JobSpec) -> Result<(), JobError> {
-    if request.retry_exit_codes.is_some() && spec.exec.is_none() {
-        return Err(JobError::Usage(format!(
-            "{} applies to a job that runs a command ({}); this job calls a URL",
-            Setting::RetryExitCodes,
-            Setting::Exec
-        )));
+    if request.retry_exit_codes.is_some() && spec.work.exec().is_none() {
+        return Err(retry_exit_codes_without_command());
     }
     Ok(())
 }
 
+/// Exit codes asked for a job that runs no command: the error.
+pub(super) fn retry_exit_codes_without_command() -> JobError {
+    JobError::Usage(format!(
+        "{} applies to a job that runs a command ({}); this job calls a URL",
+        Setting::RetryExitCodes,
+        Setting::Exec
+    ))
+}
+
 /// Check the spec's request templates or command (their syntax, without the environment).
 pub(super) fn check_work(spec: &JobSpec) -> Result<(), JobError> {
-    if spec.handler.is_some() {
+    if let Work::Library { .. } = spec.work {
         // A library program's own handler: nothing stored to check.
         return Ok(());
     }
     check_credential_names(spec)?;
     let names: Vec<&str> = spec.credentials.iter().map(|c| c.name.as_str()).collect();
-    match (&spec.exec, &spec.batch) {
-        (Some(_), Some(_)) => {
-            return Err(JobError::Usage(format!(
-                "{} goes with a URL: a command is run once per ID",
-                Setting::BatchSize
-            )))
+    match &spec.work {
+        Work::Exec { exec, .. } => crate::handler::exec::check_command(exec, &names)?,
+        Work::Batch { request, batch } => {
+            crate::handler::http::check_batch(request, batch, &names)?
         }
-        (Some(exec), None) => crate::handler::exec::check_command(exec, &names)?,
-        (None, Some(batch)) => crate::handler::http::check_batch(&spec.request, batch, &names)?,
-        (None, None) => crate::handler::http::check_templates(&spec.request, &names)?,
+        Work::Request(request) => crate::handler::http::check_templates(request, &names)?,
+        Work::Library { .. } => {}
     }
     Ok(())
 }
@@ -108,7 +110,7 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     let (Some(input), true) = (&request.input, request.has_work()) else {
         return Ok(());
     };
-    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
+    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 })?;
     check_retry_exit_codes(request, &probe)?;
     check_work(&probe)?;
     crate::answer::Answer::compile(&probe.answer)?;
@@ -136,7 +138,7 @@ pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
     let (Some(input), true, None) = (&request.input, request.has_work(), &request.handler) else {
         return Ok(());
     };
-    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
+    let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 })?;
     job_handler(&probe)?;
     Ok(())
 }

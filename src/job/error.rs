@@ -53,6 +53,10 @@ pub enum JobError {
         Setting::Exec
     )]
     NoJob,
+    /// The job's work is a library program's own handler (named): there is no handler to
+    /// build from its spec; the program runs it.
+    #[error("the job is run by a library program (its handler {0:?}): its spec describes no work to build")]
+    LibraryHandler(String),
     /// The input holds no ID to plan.
     #[error("input {0} holds no IDs (it is empty or only blank lines)")]
     EmptyInput(std::path::PathBuf),

@@ -3,42 +3,48 @@
 //! process environment: the work of a job that is not a library program's own handler.
 
 use super::error::JobError;
-use crate::spec::JobSpec;
+use crate::spec::{JobSpec, Work};
 
 /// The handler a job's spec describes: its request or its command, with its answer checks
 /// and credentials, `${VAR}` expanded from the process environment.
 pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
     let answer = crate::answer::Answer::compile(&spec.answer)?;
     let env = |name: &str| std::env::var(name).ok();
-    let credentials = crate::handler::Credentials::build(
-        &spec.credentials,
-        spec.request.connect_timeout,
-        spec.request.timeout,
-        &env,
-    )?;
-    Ok(match &spec.exec {
-        Some(exec) => JobHandler::Exec(
-            crate::handler::exec::ExecHandler::with_credentials(
-                exec,
-                spec.request.timeout,
-                credentials,
-                &env,
-            )?
-            .with_answer(answer),
-        ),
-        None => {
-            let http = crate::handler::http::HttpHandler::with_credentials(
-                &spec.request,
-                credentials,
-                &env,
-            )?
-            .with_answer(answer);
-            JobHandler::Http(match &spec.batch {
-                Some(batch) => http.with_batch(batch)?,
-                None => http,
-            })
+    let (connect_timeout, timeout) = match &spec.work {
+        Work::Request(request) | Work::Batch { request, .. } => {
+            (request.connect_timeout, request.timeout)
         }
-    })
+        Work::Exec {
+            timeout,
+            connect_timeout,
+            ..
+        } => (*connect_timeout, *timeout),
+        Work::Library { name } => return Err(JobError::LibraryHandler(name.clone())),
+    };
+    let credentials =
+        crate::handler::Credentials::build(&spec.credentials, connect_timeout, timeout, &env)?;
+    let (request, batch) = match &spec.work {
+        Work::Exec { exec, .. } => {
+            return Ok(JobHandler::Exec(
+                crate::handler::exec::ExecHandler::with_credentials(
+                    exec,
+                    timeout,
+                    credentials,
+                    &env,
+                )?
+                .with_answer(answer),
+            ))
+        }
+        Work::Request(request) => (request, None),
+        Work::Batch { request, batch } => (request, Some(batch)),
+        Work::Library { name } => return Err(JobError::LibraryHandler(name.clone())),
+    };
+    let http = crate::handler::http::HttpHandler::with_credentials(request, credentials, &env)?
+        .with_answer(answer);
+    Ok(JobHandler::Http(match batch {
+        Some(batch) => http.with_batch(batch)?,
+        None => http,
+    }))
 }
 
 /// The handler of a job made from its spec: HTTP or exec.

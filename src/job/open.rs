@@ -4,11 +4,12 @@
 use crate::handler::exec::{ExecSpec, DEFAULT_RETRY_EXIT_CODES};
 use crate::input::Fingerprint;
 use crate::setting::Setting;
-use crate::spec::{JobSpec, SpecChange};
+use crate::spec::{JobSpec, SpecChange, Work};
 use crate::store::{now_ms, JobView, Store, StoreError};
 
 use super::checks::{
-    check_new_job, check_new_job_environment, check_request, check_retry_exit_codes, check_work,
+    check_new_job, check_new_job_environment, check_request, check_work,
+    retry_exit_codes_without_command,
 };
 use super::error::JobError;
 use super::folder_input;
@@ -75,7 +76,7 @@ pub(super) async fn open_checked<S: Store>(
             if environment {
                 check_new_job_environment(request)?;
             }
-            let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 });
+            let probe = request.new_spec(input, Fingerprint { len: 0, xxh3: 0 })?;
             let (input_files, fingerprint) = if crate::input::is_folder_input(&input.path) {
                 folder_input::plan(&input.path)?
             } else {
@@ -181,36 +182,42 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     if let Some(b) = request.bucket_size {
         asked.bucket_size = b;
     }
+    // The asked work, changed in the stored layout (a request beside a command, a handler's
+    // name or a batch endpoint), then read back as one kind of work.
+    let mut work = asked.work.to_fields();
     if let Some(m) = &request.method {
-        asked.request.method = m.to_ascii_uppercase();
+        work.request.method = m.to_ascii_uppercase();
     }
     if let Some(u) = &request.url {
-        asked.request.url = u.clone();
-        asked.exec = None;
+        work.request.url = u.clone();
+        work.exec = None;
     }
     if let Some(command) = &request.exec {
-        let retry_exit_codes = asked
+        let retry_exit_codes = work
             .exec
             .take()
             .map_or_else(|| DEFAULT_RETRY_EXIT_CODES.to_vec(), |e| e.retry_exit_codes);
-        asked.exec = Some(ExecSpec {
+        work.exec = Some(ExecSpec {
             command: command.clone(),
             retry_exit_codes,
         });
-        asked.request.url = String::new();
+        work.request.url = String::new();
     }
-    check_retry_exit_codes(request, &asked)?;
+    if request.retry_exit_codes.is_some() && work.exec.is_none() {
+        return Err(retry_exit_codes_without_command());
+    }
     if request.handler.is_some() || request.url.is_some() || request.exec.is_some() {
-        asked.handler = request.handler.clone();
+        work.handler = request.handler.clone();
     }
     if request.body.is_some() {
-        asked.request.body = request.body.clone();
-    }
-    if let Some(credentials) = &request.credentials {
-        asked.credentials = credentials.clone();
+        work.request.body = request.body.clone();
     }
     if request.batch.is_some() {
-        asked.batch = request.batch.clone();
+        work.batch = request.batch.clone();
+    }
+    asked.work = Work::from_fields(work).map_err(|e| JobError::Usage(e.to_string()))?;
+    if let Some(credentials) = &request.credentials {
+        asked.credentials = credentials.clone();
     }
     request.answer.apply(&mut asked.answer);
     crate::answer::Answer::compile(&asked.answer)?;

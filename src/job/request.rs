@@ -6,7 +6,9 @@ use std::time::Duration;
 use crate::answer::AnswerSpec;
 use crate::handler::exec::{ExecSpec, DEFAULT_RETRY_EXIT_CODES};
 use crate::input::{Fingerprint, InputSpec};
-use crate::spec::{JobSpec, DEFAULT_BUCKET_SIZE};
+use crate::spec::{JobSpec, Work, DEFAULT_BUCKET_SIZE};
+
+use super::error::JobError;
 
 /// Retry settings asked for on the command line; unset fields keep the stored (or default) ones.
 #[derive(Debug, Clone, Default)]
@@ -37,7 +39,7 @@ pub struct JobRequest {
     pub exec: Option<String>,
     /// Exit codes of an exec job's command that are retried.
     pub retry_exit_codes: Option<Vec<i32>>,
-    /// A library handler's name, in place of `url` (see [`JobSpec::handler`]).
+    /// A library handler's name, in place of `url` (see [`Work::Library`]).
     pub handler: Option<String>,
     /// Header templates, `Name: value`; given, they replace the stored ones.
     pub headers: Option<Vec<String>>,
@@ -105,17 +107,34 @@ impl AnswerRequest {
 
 impl JobRequest {
     pub(super) fn apply_operational(&self, spec: &mut JobSpec) {
-        if let Some(h) = &self.headers {
-            spec.request.headers = h.clone();
-        }
-        if let Some(t) = self.connect_timeout {
-            spec.request.connect_timeout = t;
-        }
-        if let Some(t) = self.timeout {
-            spec.request.timeout = t;
-        }
-        if let (Some(codes), Some(exec)) = (&self.retry_exit_codes, &mut spec.exec) {
-            exec.retry_exit_codes = codes.clone();
+        match &mut spec.work {
+            Work::Request(request) | Work::Batch { request, .. } => {
+                if let Some(h) = &self.headers {
+                    request.headers = h.clone();
+                }
+                if let Some(t) = self.connect_timeout {
+                    request.connect_timeout = t;
+                }
+                if let Some(t) = self.timeout {
+                    request.timeout = t;
+                }
+            }
+            Work::Exec {
+                exec,
+                timeout,
+                connect_timeout,
+            } => {
+                if let Some(t) = self.connect_timeout {
+                    *connect_timeout = t;
+                }
+                if let Some(t) = self.timeout {
+                    *timeout = t;
+                }
+                if let Some(codes) = &self.retry_exit_codes {
+                    exec.retry_exit_codes = codes.clone();
+                }
+            }
+            Work::Library { .. } => {}
         }
         if let Some(q) = &self.quotas {
             spec.quotas = q.clone();
@@ -132,21 +151,28 @@ impl JobRequest {
         self.url.is_some() || self.exec.is_some() || self.handler.is_some()
     }
 
-    pub(super) fn new_spec(&self, input: &InputSpec, fingerprint: Fingerprint) -> JobSpec {
+    /// The spec of a new job of `input`; a command asked with a batch endpoint is refused.
+    pub(super) fn new_spec(
+        &self,
+        input: &InputSpec,
+        fingerprint: Fingerprint,
+    ) -> Result<JobSpec, JobError> {
         let mut spec = JobSpec::new(input.clone(), fingerprint);
         spec.bucket_size = self.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE);
+        let mut work = spec.work.to_fields();
         if let Some(method) = &self.method {
-            spec.request.method = method.to_ascii_uppercase();
+            work.request.method = method.to_ascii_uppercase();
         }
-        spec.request.url = self.url.clone().unwrap_or_default();
-        spec.request.body = self.body.clone();
-        spec.exec = self.exec.as_ref().map(|command| ExecSpec {
+        work.request.url = self.url.clone().unwrap_or_default();
+        work.request.body = self.body.clone();
+        work.exec = self.exec.as_ref().map(|command| ExecSpec {
             command: command.clone(),
             retry_exit_codes: DEFAULT_RETRY_EXIT_CODES.to_vec(),
         });
-        spec.handler = self.handler.clone();
+        work.handler = self.handler.clone();
+        work.batch = self.batch.clone();
+        spec.work = Work::from_fields(work).map_err(|e| JobError::Usage(e.to_string()))?;
         spec.credentials = self.credentials.clone().unwrap_or_default();
-        spec.batch = self.batch.clone();
         self.answer.apply(&mut spec.answer);
         self.apply_operational(&mut spec);
         spec.columns = spec.columns_used();
@@ -155,6 +181,6 @@ impl JobRequest {
                 spec.columns.push(c.clone());
             }
         }
-        spec
+        Ok(spec)
     }
 }

@@ -39,7 +39,7 @@ async fn create_then_resume_keeps_templates_and_applies_operational_changes() {
     let created = open_job(&store, &request).await.unwrap();
     assert_eq!(created.bucket_size, DEFAULT_BUCKET_SIZE);
     assert_eq!(
-        created.request.headers,
+        created.work.request().unwrap().headers,
         vec!["Authorization: Bearer ${TOKEN}".to_string()]
     );
     let resume = JobRequest {
@@ -52,7 +52,10 @@ async fn create_then_resume_keeps_templates_and_applies_operational_changes() {
     };
     let resumed = open_job(&store, &resume).await.unwrap();
     assert_eq!(resumed.job_id, created.job_id);
-    assert_eq!(resumed.request.timeout, Duration::from_secs(3));
+    assert_eq!(
+        resumed.work.request().unwrap().timeout,
+        Duration::from_secs(3)
+    );
     assert_eq!(resumed.retry.max_attempts, 9);
     assert_eq!(stored_job(&store).await.unwrap().unwrap(), resumed);
 }
@@ -150,7 +153,10 @@ async fn request_changes_need_allow_spec_change_and_are_recorded() {
         ..change.clone()
     };
     let spec = open_job(&store, &allowed).await.unwrap();
-    assert_eq!(spec.request.url, "http://127.0.0.1:9/v2/{id}");
+    assert_eq!(
+        spec.work.request().unwrap().url,
+        "http://127.0.0.1:9/v2/{id}"
+    );
     assert_eq!(spec.history.len(), 1);
     assert_eq!(spec.history[0].command, "rerun");
     assert!(
@@ -316,7 +322,7 @@ async fn an_exec_job_stores_its_command_as_written() {
     request.headers = None;
     request.exec = Some("echo ${TOKEN} {id}".into());
     let created = open_job(&store, &request).await.unwrap();
-    let exec = created.exec.clone().unwrap();
+    let exec = created.work.exec().unwrap().clone();
     assert_eq!(exec.command, "echo ${TOKEN} {id}");
     assert_eq!(exec.retry_exit_codes, [75]);
     // Exit codes are operational; the command is part of the meaning.
@@ -325,7 +331,7 @@ async fn an_exec_job_stores_its_command_as_written() {
         ..JobRequest::default()
     };
     let resumed = open_job(&store, &codes).await.unwrap();
-    assert_eq!(resumed.exec.unwrap().retry_exit_codes, [75, 69]);
+    assert_eq!(resumed.work.exec().unwrap().retry_exit_codes, [75, 69]);
     let url = JobRequest {
         url: Some("http://127.0.0.1:9/{id}".into()),
         ..JobRequest::default()
@@ -341,8 +347,8 @@ async fn an_exec_job_stores_its_command_as_written() {
         ..JobRequest::default()
     };
     let spec = open_job(&store, &changed).await.unwrap();
-    assert_eq!(spec.exec.as_ref().unwrap().command, "printf %s {id}");
-    assert_eq!(spec.exec.unwrap().retry_exit_codes, [75, 69], "kept");
+    assert_eq!(spec.work.exec().unwrap().command, "printf %s {id}");
+    assert_eq!(spec.work.exec().unwrap().retry_exit_codes, [75, 69], "kept");
     // Exit codes for a job that calls a URL, and both at once, are refused.
     let (_d, store, mut request) = setup();
     request.retry_exit_codes = Some(vec![1]);

@@ -1,0 +1,148 @@
+//! One progress event: the figures a log reader needs to judge a run, and its human line.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::quota::pacer::PolicyState;
+use crate::quota::QuotaState;
+
+use super::durations::Durations;
+use crate::meter::Usage;
+
+/// One progress event: what a log reader needs to judge a run, in the spirit of Spark's
+/// `StreamingQueryProgress`. Figures named `run_*` and the rates and durations are this
+/// run's (the rates and durations over the last interval); the others are job-wide.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProgressEvent {
+    /// Always "progress", to tell these lines from log lines.
+    pub event: &'static str,
+    /// Stable across restarts.
+    pub job_id: String,
+    /// New each start.
+    pub run_id: String,
+    /// RFC 3339, UTC.
+    pub timestamp: String,
+    /// The last event of the run.
+    pub last: bool,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// Seconds since the previous event.
+    pub interval_s: f64,
+    /// Buckets committed, job-wide.
+    pub buckets_committed: u64,
+    /// Buckets planned, job-wide.
+    pub buckets_planned: u64,
+    /// Items with a final ok result, job-wide.
+    pub ok: u64,
+    /// Items with a final failed result, job-wide.
+    pub failed: u64,
+    /// Planned IDs without a final result yet, job-wide.
+    pub pending: u64,
+    /// Input rows read, job-wide (bad and duplicate rows included).
+    pub rows_read: u64,
+    /// Rows in the whole input, once counted in the background.
+    pub input_rows: Option<u64>,
+    /// Seconds until every input row is settled, at the last minute's speed (quota waits
+    /// included); none until `input_rows` is known, or while no row settles.
+    pub eta_s: Option<u64>,
+    /// Items this run finished ok.
+    pub run_ok: u64,
+    /// Items this run finished failed.
+    pub run_failed: u64,
+    /// Input rows the planner read per second over the interval.
+    pub input_rows_per_second: f64,
+    /// Items finished (ok or failed) per second over the interval.
+    pub processed_items_per_second: f64,
+    /// Attempts (first tries and retries) per second over the interval.
+    pub attempts_per_second: f64,
+    /// The rate limit in force (requests/s); none when unlimited.
+    pub effective_rate: Option<f64>,
+    /// `--rate`, the ceiling.
+    pub configured_rate: Option<f64>,
+    /// API calls under way at the event.
+    pub in_flight: u64,
+    /// Retries over the run.
+    pub retries: u64,
+    /// Answers 429 over the run.
+    pub throttled: u64,
+    /// Answers 503 over the run.
+    pub unavailable: u64,
+    /// Times the result writer's queue was full over the run.
+    pub writer_backpressure: u64,
+    /// Store syncs over the run.
+    pub store_syncs: u64,
+    /// Background flushes finished over the run (`--async-progress`; 0 otherwise).
+    pub checkpoints: u64,
+    /// Time per step over the interval.
+    pub duration_ms: Durations,
+    /// Where the job's quotas stand (none without quotas).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaState>,
+    /// The limits the API announced in its answers' headers (none if it announces none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub announced: Vec<PolicyState>,
+    /// What the calls cost, job-wide, as their answers said (none until one said).
+    #[serde(skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
+    /// What this run's calls cost.
+    #[serde(skip_serializing_if = "Usage::is_zero")]
+    pub run_usage: Usage,
+}
+
+impl ProgressEvent {
+    /// The human line.
+    pub fn render(&self) -> String {
+        let mut line = format!(
+            "progress: {} ok, {} failed, {} pending; {} of {} buckets committed; {:.1} items/s, {:.1} rows/s",
+            self.ok,
+            self.failed,
+            self.pending,
+            self.buckets_committed,
+            self.buckets_planned,
+            self.processed_items_per_second,
+            self.input_rows_per_second,
+        );
+        if let Some(rate) = self.effective_rate {
+            line.push_str(&format!(", rate limit {rate:.1}/s"));
+        }
+        match (self.input_rows, self.eta_s) {
+            (Some(total), Some(eta)) => line.push_str(&format!(
+                ", {} of {total} rows done, ETA {}",
+                self.rows_read.saturating_sub(self.pending),
+                humantime::format_duration(Duration::from_secs(eta))
+            )),
+            (Some(total), None) => line.push_str(&format!(", {total} rows in the input")),
+            _ => {}
+        }
+        line.push_str(&format!(
+            "; this run {} ok, {} failed, {} retries, {} answers 429, {} answers 503, {} in flight",
+            self.run_ok,
+            self.run_failed,
+            self.retries,
+            self.throttled,
+            self.unavailable,
+            self.in_flight
+        ));
+        let d = &self.duration_ms;
+        line.push_str(&format!(
+            "; time: API {:.0} ms, offsets {:.0}+{:.0} ms (write+sync), results {:.0}+{:.0} ms, commits {:.0} ms",
+            d.api_ms, d.offset_write_ms, d.offset_sync_ms, d.result_write_ms, d.result_sync_ms, d.commit_write_ms
+        ));
+        if !self.usage.is_zero() {
+            line.push_str(&format!(
+                "; usage {} (this run {})",
+                self.usage, self.run_usage
+            ));
+        }
+        for q in &self.quotas {
+            line.push_str("; ");
+            line.push_str(&q.render());
+        }
+        for a in &self.announced {
+            line.push_str("; ");
+            line.push_str(&a.render());
+        }
+        line
+    }
+}
