@@ -72,6 +72,7 @@ impl<H: Handler> ItemTask<H> {
                 first_at,
                 last_at,
                 last_latency,
+                estimate: &|| None,
             };
             let state = &state;
             let handler = &*self.handler;

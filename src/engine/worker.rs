@@ -20,6 +20,7 @@ use super::writer::{group_target, WriterMsg};
 use crate::failure::Failure;
 use crate::failure::Next;
 use crate::handler::{Answered, Handler};
+use crate::meter::Usage;
 use crate::progress::{Counters, HaltKind};
 use crate::quota::pacer::AnnouncedLimits;
 use crate::retry::{self, Charge, ItemOutcome};
@@ -265,6 +266,7 @@ impl<H: Handler> ItemTask<H> {
             first_at,
             last_at,
             last_latency,
+            estimate: &|| handler.estimate(id, row),
         };
         let state = &state;
         let outcome = retry::run(
@@ -376,6 +378,7 @@ impl<H: Handler> ItemTask<H> {
             first_at,
             last_at,
             last_latency,
+            estimate,
         } = *state;
         let counters = &self.counters;
         let throttle = &*self.throttle;
@@ -398,12 +401,16 @@ impl<H: Handler> ItemTask<H> {
         // attempts released together here (the API's first answer, a reset) then pass it
         // one by one, instead of spending at once the starts it let through while they
         // waited.
-        let paced_call = match announced {
+        let mut paced_call = match announced {
             None => None,
-            Some(a) => tokio::select! {
-                call = Box::pin(a.wait_among(throttle.fleet_workers())) => Some(call),
-                _ = stop.stopping() => return None,
-            },
+            Some(a) => {
+                // A limit that counts tokens takes what the call is expected to cost.
+                let cost = if a.counts_tokens() { estimate() } else { None };
+                tokio::select! {
+                    call = Box::pin(a.wait_for(throttle.fleet_workers(), cost)) => Some(call),
+                    _ = stop.stopping() => return None,
+                }
+            }
         };
         // Waiting for the rate limit or for the API to come back is given up on a
         // stop; a request already sent is let finish.
@@ -444,6 +451,9 @@ impl<H: Handler> ItemTask<H> {
         let result = Box::pin(call()).await;
         drop(in_flight);
         drop(quota_call);
+        if let (Some(a), Some(call)) = (announced, paced_call.as_mut()) {
+            a.settle(call, result.as_ref().ok().and_then(Answered::usage));
+        }
         drop(paced_call);
         let latency = start.elapsed();
         last_latency.store(latency.as_micros() as u64, Relaxed);
@@ -510,6 +520,8 @@ pub(super) struct AttemptState<'a, 's> {
     pub(super) first_at: &'a AtomicU64,
     pub(super) last_at: &'a AtomicU64,
     pub(super) last_latency: &'a AtomicU64,
+    /// What an attempt is expected to cost, for limits that count tokens (none: unknown).
+    pub(super) estimate: &'a (dyn Fn() -> Option<Usage> + Sync),
 }
 
 /// The controller task: adapt at every tick; halt the run when the API is out too long.

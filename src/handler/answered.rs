@@ -1,5 +1,5 @@
 //! What an attempt that got an answer made ([`Answered`]): a single ID's [`Output`] or a
-//! batch's [`BatchAnswer`], each with its HTTP status.
+//! batch's [`BatchAnswer`], each with its HTTP status (and what the call cost).
 
 use super::batch::BatchAnswer;
 use super::output::Output;
@@ -8,11 +8,20 @@ use super::output::Output;
 pub trait Answered {
     /// The answer's HTTP status; none for a handler without one (exec, closure).
     fn status(&self) -> Option<u16>;
+
+    /// What the call cost, when its answer said. None by default.
+    fn usage(&self) -> Option<crate::meter::Usage> {
+        None
+    }
 }
 
 impl Answered for Output {
     fn status(&self) -> Option<u16> {
         self.status
+    }
+
+    fn usage(&self) -> Option<crate::meter::Usage> {
+        self.usage
     }
 }
 

@@ -138,6 +138,42 @@ impl Handler for HttpHandler {
     fn announced_limits(&self) -> Option<Arc<AnnouncedLimits>> {
         Some(self.limits.clone())
     }
+
+    /// The request's body (its URL when it has none) at four bytes a token, read; and as
+    /// written, what the last answers wrote, within the body's `max_tokens` (or
+    /// `max_completion_tokens`, `max_output_tokens`) if it says
+    /// ([`AnnouncedLimits::output_estimate`]). The credentials are left out: a secret is
+    /// never rendered for an estimate.
+    fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        let row = row_values(row).ok()?;
+        let fill = Fill::One(id, row.as_ref());
+        let r = &self.request;
+        let sent = match &r.body {
+            Some(body) => fill.render(body, &[]),
+            None => fill.render(&r.url.template, &[]),
+        };
+        Some(crate::meter::Usage {
+            input: (sent.len() as u64).div_ceil(4).max(1),
+            output: self.limits.output_estimate(most_written(&sent)),
+        })
+    }
+}
+
+/// What a language-model request's JSON body says it may write at most, if it says.
+fn most_written(body: &str) -> Option<u64> {
+    if !body.contains("max_") {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Most {
+        max_tokens: Option<u64>,
+        max_completion_tokens: Option<u64>,
+        max_output_tokens: Option<u64>,
+    }
+    let most: Most = serde_json::from_str(body).ok()?;
+    most.max_tokens
+        .or(most.max_completion_tokens)
+        .or(most.max_output_tokens)
 }
 
 impl HttpHandler {

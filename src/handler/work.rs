@@ -45,6 +45,14 @@ pub trait Handler: Send + Sync + 'static {
     fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
         None
     }
+
+    /// What an attempt for `id` (with its row's kept columns `row`) is expected to cost,
+    /// asked before it starts while a limit the API announced counts tokens
+    /// ([`AnnouncedLimits::wait_for`]). None (unknown) by default.
+    fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        let _ = (id, row);
+        None
+    }
 }
 
 /// Any `Fn(String) -> Future<Output = Result<T, Failure>>` is a handler: the closure gets

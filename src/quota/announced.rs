@@ -8,13 +8,16 @@
 //! | GitHub | `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Used` | `x-ratelimit` | Unix epoch seconds |
 //! | Twitter/X | `x-rate-limit-limit`, `-remaining`, `-reset` | `x-rate-limit` | Unix epoch seconds |
 //! | OpenAI | `x-ratelimit-limit-requests`, `-remaining-requests`, `-reset-requests` | `requests` | a duration: `6m0s`, `20ms` |
+//! | OpenAI, tokens | `x-ratelimit-limit-tokens`, `-remaining-tokens`, `-reset-tokens` | `tokens` | a duration |
 //! | Anthropic | `anthropic-ratelimit-requests-limit`, `-remaining`, `-reset` | `anthropic-requests` | an RFC 3339 time |
+//! | Anthropic, tokens | `anthropic-ratelimit-{tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | `anthropic-tokens`, `anthropic-input-tokens`, `anthropic-output-tokens` | an RFC 3339 time |
 //!
 //! Servers do not always keep to their style, so every reset is read the same lenient way
 //! (`parse_reset`): a number of seconds is a Unix epoch time when above 10^9 (2001-09-09:
 //! no window is 31 years long) and seconds from now otherwise; a duration string, an RFC 3339
-//! time and an HTTP date are read too. A reset in the past reads as zero. OpenAI's and
-//! Anthropic's token families are left out: tokens are not requests.
+//! time and an HTTP date are read too. A reset in the past reads as zero. A limit counts
+//! calls ([`Unit::Calls`]) but for OpenAI's and Anthropic's token families, which count
+//! tokens (all of them, or those read or written): a call takes of them what it costs.
 //!
 //! The two IETF fields are Structured-Fields lists, read leniently (`parse_list`): a
 //! policy name may be a token as well as a quoted string, unknown parameters are ignored, and
@@ -29,6 +32,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderMap;
+
+use crate::meter::Unit;
 
 /// One limit a server announced on an answer: how many requests `remaining` of the policy
 /// may still be made until `reset` from now.
@@ -45,6 +50,8 @@ pub struct Announced {
     pub remaining: u64,
     /// Time from now until the window resets (its remaining is whole again).
     pub reset: Duration,
+    /// What the limit counts: calls, or a language model's tokens.
+    pub unit: Unit,
 }
 
 /// A reset number above this is Unix epoch seconds, at most this seconds from now.
@@ -54,6 +61,7 @@ const EPOCH_THRESHOLD: f64 = 1e9;
 /// requests used (which gives the remaining when only the limit is announced with it).
 struct Triplet {
     policy: &'static str,
+    unit: Unit,
     limit: &'static str,
     remaining: &'static str,
     reset: &'static str,
@@ -61,9 +69,10 @@ struct Triplet {
 }
 
 /// Every unnamed style, in the order their limits are returned.
-const TRIPLETS: [Triplet; 5] = [
+const TRIPLETS: [Triplet; 9] = [
     Triplet {
         policy: "ratelimit",
+        unit: Unit::Calls,
         limit: "ratelimit-limit",
         remaining: "ratelimit-remaining",
         reset: "ratelimit-reset",
@@ -71,6 +80,7 @@ const TRIPLETS: [Triplet; 5] = [
     },
     Triplet {
         policy: "x-ratelimit",
+        unit: Unit::Calls,
         limit: "x-ratelimit-limit",
         remaining: "x-ratelimit-remaining",
         reset: "x-ratelimit-reset",
@@ -78,6 +88,7 @@ const TRIPLETS: [Triplet; 5] = [
     },
     Triplet {
         policy: "x-rate-limit",
+        unit: Unit::Calls,
         limit: "x-rate-limit-limit",
         remaining: "x-rate-limit-remaining",
         reset: "x-rate-limit-reset",
@@ -85,6 +96,7 @@ const TRIPLETS: [Triplet; 5] = [
     },
     Triplet {
         policy: "requests",
+        unit: Unit::Calls,
         limit: "x-ratelimit-limit-requests",
         remaining: "x-ratelimit-remaining-requests",
         reset: "x-ratelimit-reset-requests",
@@ -92,9 +104,42 @@ const TRIPLETS: [Triplet; 5] = [
     },
     Triplet {
         policy: "anthropic-requests",
+        unit: Unit::Calls,
         limit: "anthropic-ratelimit-requests-limit",
         remaining: "anthropic-ratelimit-requests-remaining",
         reset: "anthropic-ratelimit-requests-reset",
+        used: None,
+    },
+    Triplet {
+        policy: "tokens",
+        unit: Unit::Tokens,
+        limit: "x-ratelimit-limit-tokens",
+        remaining: "x-ratelimit-remaining-tokens",
+        reset: "x-ratelimit-reset-tokens",
+        used: None,
+    },
+    Triplet {
+        policy: "anthropic-tokens",
+        unit: Unit::Tokens,
+        limit: "anthropic-ratelimit-tokens-limit",
+        remaining: "anthropic-ratelimit-tokens-remaining",
+        reset: "anthropic-ratelimit-tokens-reset",
+        used: None,
+    },
+    Triplet {
+        policy: "anthropic-input-tokens",
+        unit: Unit::InputTokens,
+        limit: "anthropic-ratelimit-input-tokens-limit",
+        remaining: "anthropic-ratelimit-input-tokens-remaining",
+        reset: "anthropic-ratelimit-input-tokens-reset",
+        used: None,
+    },
+    Triplet {
+        policy: "anthropic-output-tokens",
+        unit: Unit::OutputTokens,
+        limit: "anthropic-ratelimit-output-tokens-limit",
+        remaining: "anthropic-ratelimit-output-tokens-remaining",
+        reset: "anthropic-ratelimit-output-tokens-reset",
         used: None,
     },
 ];
@@ -166,6 +211,7 @@ fn read_ietf(headers: &HeaderMap, now: SystemTime) -> Vec<Announced> {
             window,
             remaining,
             reset,
+            unit: Unit::Calls,
         });
     }
     found
@@ -201,6 +247,7 @@ fn read_triplet(headers: &HeaderMap, now: SystemTime, style: &Triplet) -> Option
             window,
             remaining,
             reset,
+            unit: style.unit,
         }),
         _ => {
             tracing::debug!(
@@ -677,7 +724,13 @@ mod tests {
             window: window.map(Duration::from_secs),
             remaining,
             reset,
+            unit: Unit::Calls,
         }
+    }
+
+    /// [`announced`] of a limit counting `unit`.
+    fn counting(unit: Unit, a: Announced) -> Announced {
+        Announced { unit, ..a }
     }
 
     fn secs(n: u64) -> Duration {
@@ -758,6 +811,7 @@ mod tests {
                     window: Some(Duration::from_millis(1500)),
                     remaining: 4,
                     reset: secs(1),
+                    unit: Unit::Calls,
                 },
             ]
         );
@@ -907,7 +961,7 @@ mod tests {
     }
 
     #[test]
-    fn openai_requests_not_tokens() {
+    fn openai_requests_and_tokens() {
         let found = read(&[
             ("x-ratelimit-limit-requests", "60"),
             ("x-ratelimit-remaining-requests", "59"),
@@ -918,7 +972,13 @@ mod tests {
         ]);
         assert_eq!(
             found,
-            vec![announced("requests", Some(60), None, 59, secs(1))]
+            vec![
+                announced("requests", Some(60), None, 59, secs(1)),
+                counting(
+                    Unit::Tokens,
+                    announced("tokens", Some(150_000), None, 149_984, secs(360))
+                ),
+            ]
         );
         let found = read(&[
             ("x-ratelimit-remaining-requests", "0"),
@@ -966,16 +1026,42 @@ mod tests {
             ("anthropic-ratelimit-tokens-limit", "40000"),
             ("anthropic-ratelimit-tokens-remaining", "39000"),
             ("anthropic-ratelimit-tokens-reset", "2024-03-15T10:31:00Z"),
+            ("anthropic-ratelimit-input-tokens-limit", "30000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "29500"),
+            (
+                "anthropic-ratelimit-input-tokens-reset",
+                "2024-03-15T10:30:50Z",
+            ),
+            ("anthropic-ratelimit-output-tokens-limit", "8000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "7900"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2024-03-15T10:30:45Z",
+            ),
         ]);
         assert_eq!(
             found,
-            vec![announced(
-                "anthropic-requests",
-                Some(50),
-                None,
-                49,
-                secs(42)
-            )]
+            vec![
+                announced("anthropic-requests", Some(50), None, 49, secs(42)),
+                counting(
+                    Unit::Tokens,
+                    announced("anthropic-tokens", Some(40_000), None, 39_000, secs(60))
+                ),
+                counting(
+                    Unit::InputTokens,
+                    announced(
+                        "anthropic-input-tokens",
+                        Some(30_000),
+                        None,
+                        29_500,
+                        secs(50)
+                    )
+                ),
+                counting(
+                    Unit::OutputTokens,
+                    announced("anthropic-output-tokens", Some(8000), None, 7900, secs(45))
+                ),
+            ]
         );
         // A reset in the past reads as zero.
         let found = read(&[

@@ -49,6 +49,7 @@ use super::kept::KeptLimit;
 use super::learned::{
     lowered, relaxed, Known, LearnedWindow, Learner, Lesson, RELAX_AFTER, SAME_BOUNDARY,
 };
+use crate::meter::{Unit, Usage};
 
 /// A reset this much later than the known one starts a new window (servers round resets
 /// to whole seconds).
@@ -90,6 +91,10 @@ impl Default for AnnouncedLimits {
 #[derive(Debug, Default)]
 struct Inner {
     policies: HashMap<String, Policy>,
+    /// The serial of the next window a policy starts.
+    next_serial: u64,
+    /// The outputs of the last answers that said what they cost, oldest first.
+    outputs: std::collections::VecDeque<u64>,
     learner: Learner,
     /// The key of the next window learnt.
     next_key: u64,
@@ -134,7 +139,12 @@ fn unix_ms() -> u64 {
 
 #[derive(Debug, Clone)]
 struct Policy {
-    /// Calls this run may still start before `reset_at`.
+    /// What the limit counts: calls, or tokens.
+    unit: Unit,
+    /// Which window the policy is in: changes whenever a new one starts (a reservation
+    /// settles only in the window it was taken from).
+    window_serial: u64,
+    /// Calls (or tokens) this run may still spend before `reset_at`.
     remaining: u64,
     reset_at: Instant,
     limit: Option<u64>,
@@ -184,17 +194,48 @@ impl PolicyState {
     }
 }
 
-/// A call started under the announced limits, in flight until dropped.
-pub struct PacedCall(Option<Arc<InFlight>>);
+/// A call started under the announced limits, in flight until dropped, with what it took of
+/// the limits that count tokens (settled by [`AnnouncedLimits::settle`] once the call's cost
+/// is known).
+pub struct PacedCall {
+    in_flight: Option<Arc<InFlight>>,
+    reserved: Vec<Reserved>,
+}
+
+/// What a call took of one token-counting policy.
+#[derive(Debug, Clone)]
+struct Reserved {
+    policy: String,
+    window_serial: u64,
+    /// Per worker: the window's count was lowered by `amount × workers`.
+    amount: u64,
+    workers: u64,
+}
+
+impl PacedCall {
+    fn free() -> PacedCall {
+        PacedCall {
+            in_flight: None,
+            reserved: Vec::new(),
+        }
+    }
+}
 
 impl Drop for PacedCall {
     fn drop(&mut self) {
-        if let Some(n) = &self.0 {
+        if let Some(n) = &self.in_flight {
             n.calls.fetch_sub(1, Relaxed);
             n.ended.notify_waiters();
         }
     }
 }
+
+/// Outputs remembered for the estimate of the next call's ([`AnnouncedLimits::output_estimate`]).
+const OUTPUTS_KEPT: usize = 64;
+
+/// A call's output estimated before any answer said what outputs cost, and no request said
+/// its most.
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
 impl AnnouncedLimits {
     /// Limits with no policy known yet.
@@ -210,6 +251,7 @@ impl AnnouncedLimits {
         }
         let now = Instant::now();
         let mut inner = self.lock();
+        let inner = &mut *inner;
         let policies = &mut inner.policies;
         for a in announced {
             let reset_at = now + a.reset.min(MAX_WAIT);
@@ -225,11 +267,18 @@ impl AnnouncedLimits {
                     p.reset_at = reset_at;
                     p.limit = a.limit.or(p.limit);
                     p.window = a.window.or(p.window);
+                    p.unit = a.unit;
+                    p.window_serial = inner.next_serial;
+                    inner.next_serial += 1;
                 }
                 None => {
+                    let window_serial = inner.next_serial;
+                    inner.next_serial += 1;
                     policies.insert(
                         a.policy.clone(),
                         Policy {
+                            unit: a.unit,
+                            window_serial,
                             remaining: a.remaining,
                             reset_at,
                             limit: a.limit,
@@ -248,11 +297,20 @@ impl AnnouncedLimits {
         self.wait_among(1).await
     }
 
-    /// [`Self::wait`] for one of `workers` live workers of a fleet sharing the API's limits:
-    /// what an announced window has left (counted by the API for all of them) is divided
-    /// among them, each pacing its part until the reset, and a part under one call waits
-    /// for the reset. Learnt windows are this worker's own (learnt from its own calls).
+    /// [`Self::wait_for`] a call of unknown cost.
     pub async fn wait_among(&self, workers: u64) -> PacedCall {
+        self.wait_for(workers, None).await
+    }
+
+    /// [`Self::wait`] for one of `workers` live workers of a fleet sharing the API's limits,
+    /// for a call estimated to cost `cost`: what an announced window has left (counted by
+    /// the API for all of them) is divided among them, each pacing its part until the reset,
+    /// and a part under what the call takes waits for the reset. A call takes one of a
+    /// limit that counts calls, and its estimated tokens of one that counts tokens (none when
+    /// its cost is unknown: such a limit then holds it only once spent); what it took is
+    /// settled once its cost is known ([`Self::settle`]). Learnt windows are this worker's
+    /// own (learnt from its own calls).
+    pub async fn wait_for(&self, workers: u64, cost: Option<Usage>) -> PacedCall {
         let workers = workers.max(1);
         {
             let mut inner = self.lock();
@@ -282,7 +340,7 @@ impl AnnouncedLimits {
                 let answered = self.in_flight.answered.load(Relaxed);
                 let policies = &mut inner.policies;
                 if policies.is_empty() && hold.is_none() && answered {
-                    return PacedCall(None);
+                    return PacedCall::free();
                 }
                 let known = policies.len();
                 policies.retain(|_, p| p.roll(now, in_flight));
@@ -293,7 +351,7 @@ impl AnnouncedLimits {
                 }
                 let until = policies
                     .values()
-                    .filter_map(|p| p.free_at(now, workers))
+                    .filter_map(|p| p.free_at(now, workers, p.takes(cost, workers)))
                     .chain(hold)
                     .max();
                 match until {
@@ -302,11 +360,24 @@ impl AnnouncedLimits {
                     // workers are pacing, or that a killed run spent.
                     None if !self.in_flight.answered.load(Relaxed) && in_flight > 0 => None,
                     None => {
-                        for p in policies.values_mut() {
-                            p.take(now, workers);
+                        let mut reserved = Vec::new();
+                        for (name, p) in policies.iter_mut() {
+                            let amount = p.takes(cost, workers);
+                            p.take(now, workers, amount);
+                            if p.unit != Unit::Calls && amount > 0 {
+                                reserved.push(Reserved {
+                                    policy: name.clone(),
+                                    window_serial: p.window_serial,
+                                    amount,
+                                    workers,
+                                });
+                            }
                         }
                         self.in_flight.calls.fetch_add(1, Relaxed);
-                        return PacedCall(Some(self.in_flight.clone()));
+                        return PacedCall {
+                            in_flight: Some(self.in_flight.clone()),
+                            reserved,
+                        };
                     }
                     Some(until) => Some(until),
                 }
@@ -315,6 +386,57 @@ impl AnnouncedLimits {
                 Some(until) => tokio::time::sleep_until(until).await,
                 None => ended.await,
             }
+        }
+    }
+
+    /// Settle what `call` took of the limits that count tokens by what it cost, `actual`
+    /// (its answer's usage): the difference goes back to (or comes off) the window it was
+    /// taken from, if that window still runs. A call whose cost is unknown keeps what it
+    /// took. The output is remembered for the estimate of the next calls'.
+    pub fn settle(&self, call: &mut PacedCall, actual: Option<Usage>) {
+        let Some(actual) = actual else { return };
+        let mut inner = self.lock();
+        if inner.outputs.len() == OUTPUTS_KEPT {
+            inner.outputs.pop_front();
+        }
+        inner.outputs.push_back(actual.output);
+        for r in call.reserved.drain(..) {
+            let Some(p) = inner.policies.get_mut(&r.policy) else {
+                continue;
+            };
+            if p.window_serial != r.window_serial {
+                continue;
+            }
+            let spent = p.unit.of(Some(actual));
+            if spent < r.amount {
+                let back = (r.amount - spent).saturating_mul(r.workers);
+                p.remaining = p.remaining.saturating_add(back);
+                if let Some(limit) = p.limit {
+                    p.remaining = p.remaining.min(limit);
+                }
+            } else {
+                let more = (spent - r.amount).saturating_mul(r.workers);
+                p.remaining = p.remaining.saturating_sub(more);
+            }
+        }
+    }
+
+    /// Whether a limit known counts tokens: calls are then estimated before they start.
+    pub fn counts_tokens(&self) -> bool {
+        self.lock().policies.values().any(|p| p.unit != Unit::Calls)
+    }
+
+    /// The output tokens to expect of the next call, whose request says it writes at most
+    /// `most` (a `max_tokens`): the most any of the last answers wrote (a call writes what
+    /// its like wrote), within `most`; before any answer said, `most`, or
+    /// [`DEFAULT_OUTPUT_ESTIMATE`].
+    pub fn output_estimate(&self, most: Option<u64>) -> u64 {
+        let seen = self.lock().outputs.iter().copied().max();
+        match (seen, most) {
+            (Some(seen), Some(most)) => seen.min(most),
+            (Some(seen), None) => seen,
+            (None, Some(most)) => most,
+            (None, None) => DEFAULT_OUTPUT_ESTIMATE,
         }
     }
 
@@ -442,9 +564,13 @@ impl AnnouncedLimits {
             }
         }
         let reset_at = (self.origin + Duration::from_millis(window.reset_ms)).max(now);
+        let window_serial = inner.next_serial;
+        inner.next_serial += 1;
         inner.policies.insert(
             learned_name(key),
             Policy {
+                unit: Unit::Calls,
+                window_serial,
                 remaining: 0,
                 reset_at,
                 limit: Some(window.limit),
@@ -560,9 +686,13 @@ impl AnnouncedLimits {
                     let reset_at = now + Duration::from_millis(left);
                     let key = inner.next_key;
                     inner.next_key += 1;
+                    let window_serial = inner.next_serial;
+                    inner.next_serial += 1;
                     inner.policies.insert(
                         learned_name(key),
                         Policy {
+                            unit: Unit::Calls,
+                            window_serial,
                             remaining: 0,
                             reset_at,
                             limit: Some(part),
@@ -596,6 +726,9 @@ impl Policy {
                 while self.reset_at <= now {
                     self.reset_at += window;
                 }
+                // A window of its own: serials of announced windows are even, rolled ones
+                // odd, so that none is taken for another.
+                self.window_serial = self.window_serial.wrapping_add(1 << 32) | 1;
                 let mut limit = limit;
                 if let Some(l) = &mut self.learnt {
                     // Used whole again with no refusal: the API may allow more.
@@ -626,23 +759,44 @@ impl Policy {
         self.remaining / workers
     }
 
-    /// When the next call may start, if not now: at the reset when nothing remains (of this
-    /// worker's part), else at its paced start.
-    fn free_at(&self, now: Instant, workers: u64) -> Option<Instant> {
-        if self.part(workers) == 0 {
+    /// How much of this policy a call of `cost` takes (one call; or its tokens, at most this
+    /// worker's part of a whole window, so that a call larger than a window still goes once
+    /// the window is whole).
+    fn takes(&self, cost: Option<Usage>, workers: u64) -> u64 {
+        let amount = self.unit.of(cost);
+        match self.limit {
+            Some(limit) if self.unit != Unit::Calls => amount.min((limit / workers).max(1)),
+            _ => amount,
+        }
+    }
+
+    /// When a call taking `amount` may start, if not now: at the reset when less than it
+    /// remains (of this worker's part; a call of unknown tokens waits only for a spent
+    /// window), else at its paced start.
+    fn free_at(&self, now: Instant, workers: u64, amount: u64) -> Option<Instant> {
+        let part = self.part(workers);
+        if part == 0 || part < amount {
             return Some(self.reset_at);
         }
         (self.next_start > now).then_some(self.next_start)
     }
 
-    /// Take one call, and space the next: this worker's part spread until the reset.
-    fn take(&mut self, now: Instant, workers: u64) {
-        let part = u32::try_from(self.part(workers).max(1)).unwrap_or(u32::MAX);
-        let interval = self.reset_at.saturating_duration_since(now) / part;
+    /// Take `amount` (one call, or a call's tokens), and space the next: this worker's part
+    /// spread until the reset, each call spaced by the share of it it takes.
+    fn take(&mut self, now: Instant, workers: u64, amount: u64) {
+        if amount == 0 {
+            return;
+        }
+        let part = self.part(workers).max(1);
+        let left = self.reset_at.saturating_duration_since(now);
+        let share = (amount as f64 / part as f64).min(1.0);
+        let interval = left.mul_f64(share);
         // Each worker of the fleet is taken to start a call as this one does (the API's next
         // word only lowers the count within a window): so this worker's part is its share
         // of what remained, never calls the others made and the API has not counted yet.
-        self.remaining = self.remaining.saturating_sub(workers);
+        self.remaining = self
+            .remaining
+            .saturating_sub(amount.saturating_mul(workers));
         self.next_start = self.next_start.max(now) + interval;
     }
 }
@@ -663,7 +817,100 @@ mod tests {
             window: quota.map(|q| Duration::from_millis(q.1)),
             remaining,
             reset: Duration::from_millis(reset_ms),
+            unit: Unit::Calls,
         }
+    }
+
+    fn tokens(policy: &str, remaining: u64, reset_ms: u64, quota: (u64, u64)) -> Announced {
+        Announced {
+            unit: Unit::Tokens,
+            ..announced(policy, remaining, reset_ms, Some(quota))
+        }
+    }
+
+    fn cost(input: u64, output: u64) -> Option<Usage> {
+        Some(Usage { input, output })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_window_spaces_calls_by_what_they_take_and_settles_what_they_spent() {
+        let l = AnnouncedLimits::new();
+        l.observe(&[tokens("tokens", 1000, 1000, (1000, 1000))]);
+        assert!(l.counts_tokens());
+        let start = Instant::now();
+        // Calls of 100 tokens: ten in the window, spread over it; the eleventh waits for
+        // the next window.
+        let mut calls = Vec::new();
+        for _ in 0..10 {
+            calls.push(l.wait_for(1, cost(60, 40)).await);
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(1000),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(850),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(l.states()[0].remaining, 0);
+        // Nine cost half their estimate: what they did not spend is back in the window. The
+        // tenth spent more than it took: the rest comes off.
+        for call in &mut calls[..9] {
+            l.settle(call, cost(30, 20));
+        }
+        assert_eq!(l.states()[0].remaining, 450);
+        l.settle(&mut calls[9], cost(150, 50));
+        assert_eq!(l.states()[0].remaining, 350);
+        // Settled again: nothing moves.
+        l.settle(&mut calls[9], cost(0, 0));
+        assert_eq!(l.states()[0].remaining, 350);
+        assert!(start.elapsed() < Duration::from_millis(1000));
+        drop(calls);
+        // The window's calls are spaced to its end: the next call starts in the next one, and
+        // what it spent is settled there; a call taken in it settles nothing in another.
+        let mut next = l.wait_for(1, cost(200, 100)).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(1000),
+            "the next window"
+        );
+        assert_eq!(l.states()[0].remaining, 700);
+        l.settle(&mut next, cost(100, 0));
+        assert_eq!(l.states()[0].remaining, 900);
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        // (The call still in flight is counted in the new window, as an API may count it.)
+        let mut late = l.wait_for(1, cost(100, 0)).await;
+        assert_eq!(l.states()[0].remaining, 899);
+        l.settle(&mut next, cost(0, 0));
+        assert_eq!(l.states()[0].remaining, 899);
+        l.settle(&mut late, cost(100, 50));
+        assert_eq!(l.states()[0].remaining, 849);
+        assert_eq!(l.output_estimate(Some(500)), 50, "the most an answer wrote");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_larger_than_a_window_goes_once_it_is_whole_and_unknown_costs_wait_only_for_a_spent_one(
+    ) {
+        let l = AnnouncedLimits::new();
+        l.observe(&[tokens("tokens", 100, 1000, (1000, 1000))]);
+        let start = Instant::now();
+        drop(l.wait_for(1, cost(5000, 0)).await);
+        assert!(start.elapsed() >= Duration::from_millis(1000));
+        assert!(start.elapsed() < Duration::from_millis(2000));
+        // The window is spent by it: a call of unknown cost waits for the next one.
+        assert_eq!(l.states()[0].remaining, 0);
+        let at = Instant::now();
+        drop(l.wait_for(1, None).await);
+        assert!(at.elapsed() > Duration::ZERO);
+        // In a whole window, calls of unknown cost are not held.
+        let at = Instant::now();
+        for _ in 0..5 {
+            drop(l.wait_for(1, None).await);
+        }
+        assert_eq!(at.elapsed(), Duration::ZERO);
+        assert_eq!(l.output_estimate(None), DEFAULT_OUTPUT_ESTIMATE);
+        assert_eq!(l.output_estimate(Some(64)), 64);
     }
 
     #[tokio::test(start_paused = true)]
