@@ -22,6 +22,7 @@ mod bad_input;
 mod batches;
 mod crash;
 mod credentials;
+mod credit;
 mod damaged_state;
 mod dashboard;
 mod durability;
