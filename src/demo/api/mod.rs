@@ -68,14 +68,15 @@
 //! # Files
 //!
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
-//! answer), `answers` (the bodies), `profile` (the realistic answer of [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener),
-//! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
-//! `windows` (the quota windows and their headers), `auth` (the token endpoint and the
-//! token check), `llm` (the language-model API: its configuration, meter, headers and bodies),
-//! `llm_route` (its routes), `seen` (the requests kept for a test to check), `echo` (errors quoting the
-//! request), `batch` (the batch endpoint), `request` (the body cap and percent-decoding every
-//! route shares), `shared` (the state the server's tasks share), `lock` (locking it despite a
-//! panicked task) and `fake_api` (the [`FakeApi`] handle).
+//! answer), `answers` (the bodies), `profile` (the realistic answer of
+//! [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener), `calls`
+//! (call counts and timestamps), `capacity` (the hidden capacity's token bucket), `windows`
+//! (the quota windows and their headers), `auth` (the token endpoint and the token check),
+//! `llm` (the language-model API: its configuration, meter, headers and bodies),
+//! `llm_route` (its routes), `seen` (the requests kept for a test to check), `echo` (errors
+//! quoting the request), `batch` (the batch endpoint), `request` (the body cap and
+//! percent-decoding every route shares), `shared` (the state the server's tasks share),
+//! `lock` (locking it despite a panicked task) and `fake_api` (the [`FakeApi`] handle).
 
 mod answers;
 mod auth;

@@ -38,7 +38,7 @@
 //! # Credit
 //!
 //! [`LlmConfig::credit`] is the account's balance in tokens, spent as the window counts them
-//! (it may end below zero, held at zero). At zero every request is refused as
+//! (an answer may cost more than is left: the balance is then zero). At zero every request is refused as
 //! [`OutOfCredit`] says, before the window is looked at; [`super::FakeApi::add_credit`] tops
 //! it up while the server runs.
 //!
