@@ -17,6 +17,7 @@
 //! | `TimedOut` | retried (backoff) | slows down | evidence the API is out |
 //! | `Renewed` | retried at once; uses no attempt and no retry time (at most [`MAX_RENEWED_RETRIES`] in a row) | an answer | an answer |
 //! | `CredentialRejected` | stays pending: the run stops | - | - |
+//! | `OutOfCredit` | stays pending: the run stops | - | - |
 //!
 //! Retries count against the job's attempts and retry time, except attempts that fail
 //! while an outage is declared (see [`crate::throttle`]).
@@ -135,6 +136,11 @@ pub enum Next {
     /// source refuses the client): the run stops, the ID stays pending, and a resume once
     /// the credential is fixed calls it.
     CredentialRejected,
+    /// The other side says the account is out of credit (a metered API's 402, OpenAI's
+    /// `insufficient_quota`, Anthropic's "credit balance is too low"): waiting does not help,
+    /// only the account's owner does. The run stops, the ID stays pending, and a resume once
+    /// credit is added calls it.
+    OutOfCredit,
 }
 
 /// How many [`Next::Renewed`] retries in a row an item gets: past them, a refusal that a
@@ -143,10 +149,11 @@ pub const MAX_RENEWED_RETRIES: u32 = 3;
 
 impl Next {
     /// Whether the attempt is worth another one, and when: `None` for permanent (and for a
-    /// rejected credential, which stops the run instead), `Some(Some(0))` for at once.
+    /// rejected credential or a spent credit, which stop the run instead), `Some(Some(0))`
+    /// for at once.
     pub fn retry_after(self) -> Option<Option<Duration>> {
         match self {
-            Next::Permanent | Next::CredentialRejected => None,
+            Next::Permanent | Next::CredentialRejected | Next::OutOfCredit => None,
             Next::Renewed => Some(Some(Duration::ZERO)),
             Next::Retry { after }
             | Next::Pushback { after }
@@ -205,6 +212,12 @@ impl Failure {
     /// attempt, and the adaptive rate slows down.
     pub fn too_many(message: impl Into<String>, after: Option<Duration>) -> Failure {
         Failure::new(Next::TooMany { after }, message)
+    }
+
+    /// The other side says the account is out of credit: the run stops, the ID stays
+    /// pending.
+    pub fn out_of_credit(message: impl Into<String>) -> Failure {
+        Failure::new(Next::OutOfCredit, message)
     }
 
     /// The other side cannot be reached: retried; enough of these in a row is an outage
@@ -279,6 +292,7 @@ mod tests {
         assert_eq!(Next::TooMany { after }.retry_after(), Some(after));
         assert_eq!(Next::Unreachable { after: None }.retry_after(), Some(None));
         assert_eq!(Next::TimedOut.retry_after(), Some(None));
+        assert_eq!(Next::OutOfCredit.retry_after(), None);
         let f = Failure::too_many("slow down", after).status(429);
         assert_eq!((f.class, f.status), (ErrorClass::Handler, Some(429)));
         assert_eq!(Failure::timed_out("late").class, ErrorClass::Timeout);

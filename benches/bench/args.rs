@@ -129,6 +129,18 @@ modes:
     --repeat K        rounds [default: 1]
     --bin PATH, --before PATH   as for latency
 
+  tokens       a language-model API's token and request windows: the binary against the
+               fake API's OpenAI-shaped route (20,000 tokens and 60 requests per 10 s, 429
+               above either; 200 after 100-300 ms with 20-250 completion tokens) announcing
+               them in OpenAI's headers, Anthropic's (its Anthropic-shaped route) or none,
+               over a CSV of texts of 50-500 prompt tokens sent by a row template, no other
+               flag, started on a window's boundary; token goodput (tokens granted in the
+               windows the run spans whole against their 20,000), share of calls refused
+    --ids N           rows in the input [default: 200: three whole windows and a part]
+    --concurrency N   --concurrency of the binary [default: 16, the CLI's]
+    --repeat K        rounds [default: 1]
+    --bin PATH, --before PATH   as for latency
+
   parquet-input  the real binary over a Parquet input (one UTF8 column in row groups of
                100,000 rows, one null ID, written here with the parquet crate) and over the
                same IDs as text: elapsed, peak RSS and VmRSS at each tenth of the calls
@@ -175,6 +187,7 @@ pub enum Mode {
     Pg,
     Refusals,
     Windows,
+    Tokens,
     ParquetInput,
     Dashboard,
     Storage,
@@ -194,6 +207,7 @@ impl Mode {
             "pg" => Mode::Pg,
             "refusals" => Mode::Refusals,
             "windows" => Mode::Windows,
+            "tokens" => Mode::Tokens,
             "parquet-input" => Mode::ParquetInput,
             "dashboard" => Mode::Dashboard,
             "storage" => Mode::Storage,
@@ -215,6 +229,7 @@ impl Mode {
             Mode::Pg => (100_000, 16, 3),
             Mode::Refusals => (20_000, 16, 1),
             Mode::Windows => (400, 16, 1),
+            Mode::Tokens => (200, 16, 1),
             Mode::ParquetInput => (1_000_000, 32, 1),
             Mode::Dashboard => (200_000, 16, 3),
             Mode::Storage => (200_000, 32, 1),
@@ -354,6 +369,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Pg
                         | Mode::Refusals
                         | Mode::Windows
+                        | Mode::Tokens
                         | Mode::Storage
                 ) =>
             {
@@ -372,6 +388,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Pg
                         | Mode::Refusals
                         | Mode::Windows
+                        | Mode::Tokens
                         | Mode::ParquetInput
                         | Mode::Dashboard
                         | Mode::Storage
@@ -387,6 +404,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::Pg
                         | Mode::Refusals
                         | Mode::Windows
+                        | Mode::Tokens
                         | Mode::Storage
                 ) =>
             {

@@ -12,6 +12,7 @@
 //! cargo bench --bench bench -- pg [--ids N] [--workers N] [--ttls S,S] [--only PARTS]
 //! cargo bench --bench bench -- refusals [--ids N] [--rate R] [--before BIN]
 //! cargo bench --bench bench -- windows [--ids N] [--before BIN]
+//! cargo bench --bench bench -- tokens [--ids N] [--before BIN]
 //! cargo bench --bench bench -- dashboard [--ids N] [--repeat K]
 //! cargo bench --bench bench -- storage [--ids N] [--repeat K] [--before BIN]
 //! ```
@@ -39,7 +40,9 @@
 //! `refusals` ([`refusals`]) runs it against an API refusing some IDs every time, beside the
 //! same job without them: ok items/s, IDs failed, the rate limit. `windows` ([`windows`])
 //! runs it against an API with quota windows, announced in headers or given as `--quota`:
-//! goodput against what the windows allow, and 429s. `storage` ([`storage`]) measures the
+//! goodput against what the windows allow, and 429s. `tokens` ([`tokens`]) runs it against
+//! a language-model API limiting tokens and requests per window: token goodput against the
+//! limit, and the calls refused. `storage` ([`storage`]) measures the
 //! state's bytes per ID on realistic answers against its own zstd Parquet export.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 //!
@@ -85,6 +88,7 @@ mod rss;
 mod scratch;
 mod storage;
 mod throughput;
+mod tokens;
 mod trace;
 mod windows;
 
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Mode::Pg => pg::pg(&runtime, &args, &command),
         Mode::Refusals => refusals::refusals(&runtime, &args, &command),
         Mode::Windows => windows::windows(&runtime, &args, &command),
+        Mode::Tokens => tokens::tokens(&runtime, &args, &command),
         Mode::ParquetInput => parquet_input::parquet_input(&runtime, &args, &command),
         Mode::Dashboard => dashboard::dashboard(&runtime, &args, &command),
         Mode::Storage => storage::storage(&runtime, &args, &command),

@@ -21,6 +21,7 @@ pub(crate) const EXIT_CODES: &str = "Exit codes:
   4    a credential was rejected (fix it, then run the same command to resume)
   5    the job's budget (--quota N/job) is spent (raise it to go on)
   6    the store stopped answering (--store-timeout): restart with the same command
+  7    the API says the account is out of credit (add credit, then run the same command)
   130  stopped by a signal (run the same command again to resume)";
 
 #[derive(Debug, Parser)]

@@ -19,6 +19,8 @@ pub(crate) const FAILURES: u8 = 3;
 pub(crate) const CREDENTIAL: u8 = 4;
 /// The job's budget is spent: the user raises it and resumes.
 pub(crate) const BUDGET: u8 = 5;
+/// The API says the account is out of credit: its owner adds credit, the user resumes.
+pub(crate) const OUT_OF_CREDIT: u8 = 7;
 /// The store stopped answering (the watchdog): a supervisor restarts, the job resumes.
 pub(crate) const STALLED: u8 = 6;
 /// Stopped by a signal.
@@ -31,6 +33,7 @@ pub(crate) fn halt_code(kind: crate::progress::HaltKind) -> u8 {
         HaltKind::Internal | HaltKind::Outage | HaltKind::Failures => ERROR,
         HaltKind::CredentialRejected => CREDENTIAL,
         HaltKind::BudgetSpent => BUDGET,
+        HaltKind::OutOfCredit => OUT_OF_CREDIT,
     }
 }
 

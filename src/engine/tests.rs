@@ -507,3 +507,52 @@ async fn a_rejected_credential_halts_the_run_and_fails_no_id() {
         "e-120 stays pending: {record:?}"
     );
 }
+
+/// An API out of credit from `e-120` on (a 402 to it and to every later call): the run
+/// halts as out of credit, no ID fails, and `e-120` is left to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_out_of_credit_halts_the_run_and_fails_no_id() {
+    use crate::failure::Failure;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ids = ids(200);
+    let s = setup(&ids, 50, ApiConfig::fast()).await;
+    let spent = Arc::new(AtomicBool::new(false));
+    let handler = Arc::new(move |id: String| {
+        let spent = spent.clone();
+        async move {
+            if id == "e-120" {
+                spent.store(true, Ordering::SeqCst);
+            }
+            if spent.load(Ordering::SeqCst) {
+                return Err(Failure::out_of_credit("HTTP 402 Payment Required").status(402));
+            }
+            Ok(serde_json::json!({ "id": id }))
+        }
+    });
+    let opts = RunOptions {
+        concurrency: 4,
+        progress_interval: Duration::ZERO,
+        ..RunOptions::default()
+    };
+    let summary = run(
+        s.store.clone(),
+        s.spec.clone(),
+        handler,
+        &opts,
+        Arc::new(Counters::default()),
+        stop_pair().1,
+    )
+    .await
+    .unwrap();
+    let halted = summary.halted.expect("the run halted");
+    assert_eq!(halted.kind, crate::progress::HaltKind::OutOfCredit);
+    assert!(halted.reason.contains("out of credit"), "{}", halted.reason);
+    assert!(halted.reason.contains("HTTP 402"), "{}", halted.reason);
+    assert_eq!(summary.job.failed, 0);
+    assert!(summary.job.pending > 0);
+    let record = s.store.item("e-120").await.unwrap();
+    assert!(
+        record.as_ref().is_none_or(|r| !r.is_final()),
+        "e-120 stays pending: {record:?}"
+    );
+}

@@ -470,6 +470,16 @@ impl<H: Handler> ItemTask<H> {
             halt.halt(HaltKind::CredentialRejected, f.message.clone());
             return None;
         }
+        if let (Err(f), Some(Next::OutOfCredit)) = (&result, next) {
+            // Neither the ID's doing nor the rate's, and waiting does not help: the
+            // ID stays pending, and the run stops for credit to be added.
+            let reason = format!(
+                "the API says the account is out of credit ({}): add credit, then resume",
+                f.message
+            );
+            halt.halt(HaltKind::OutOfCredit, reason);
+            return None;
+        }
         let observed = Observed::of(&result, latency);
         if let Some(Some(after)) = next.and_then(Next::retry_after) {
             // A Retry-After about the ID it refused holds that ID only.

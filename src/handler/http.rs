@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | 429, or 403 with a rate-limit header saying nothing remains | `http` | too many: pushback using no attempt, after `Retry-After` (or the announced reset) |
 //! | 503, 529 ("overloaded"), with or without `Retry-After` | `http` | pushback, after `Retry-After` |
+//! | 402, 429 `insufficient_quota`, 400 "credit balance is too low" (read in `credit.rs`) | `http` | out of credit: the run stops |
 //! | 408 | `http` | retry, after `Retry-After` |
 //! | other 5xx | `http` | unreachable (a gateway's error), after `Retry-After` |
 //! | any other status outside 2xx | `http` | permanent |
@@ -452,8 +453,15 @@ impl HttpHandler {
                 .mask_prefix(&text, SNIPPET_BYTES)
                 .trim()
                 .to_string();
+            // Read before the status: OpenAI says "out of credit" with a 429, Anthropic with
+            // a 400, and neither is helped by waiting or is the ID's doing.
+            let next = if super::credit::out_of_credit(status.as_u16(), &bytes) {
+                Next::OutOfCredit
+            } else {
+                classify_status(status_code, retry_after)
+            };
             let failure = Failure {
-                next: classify_status(status_code, retry_after),
+                next,
                 class: ErrorClass::Http,
                 status: Some(status.as_u16()),
                 message: if snippet.is_empty() {

@@ -36,6 +36,7 @@ mod answered;
 pub mod batch;
 mod columns;
 mod credentials;
+mod credit;
 mod error;
 pub mod exec;
 pub mod http;

@@ -40,6 +40,8 @@ pub enum HaltKind {
     CredentialRejected,
     /// The job's budget (a quota over the whole job) is spent: a larger one continues it.
     BudgetSpent,
+    /// The API says the account is out of credit: the job resumes once credit is added.
+    OutOfCredit,
 }
 
 /// A run's halt: its kind and the message that says why.

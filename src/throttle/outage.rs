@@ -80,9 +80,11 @@ impl Observed {
                     _ => Observed::Down,
                 },
                 // An answer, even a refusal or one its checks refused: no pushback, no outage.
-                Next::Permanent | Next::Retry { .. } | Next::Renewed | Next::CredentialRejected => {
-                    Observed::Answered
-                }
+                Next::Permanent
+                | Next::Retry { .. }
+                | Next::Renewed
+                | Next::CredentialRejected
+                | Next::OutOfCredit => Observed::Answered,
             },
         }
     }

@@ -22,6 +22,7 @@ mod bad_input;
 mod batches;
 mod crash;
 mod credentials;
+mod credit;
 mod custom_store;
 mod damaged_state;
 mod dashboard;

@@ -92,6 +92,13 @@ impl CallCounter {
         shard.counts.get(id).copied().unwrap_or(0)
     }
 
+    /// Calls for `id` not refused ([`CallCounter::record`]'s `admitted`).
+    pub(super) fn admitted(&self, id: &str) -> u64 {
+        let shard = self.shard(xxh3_64(id.as_bytes()));
+        let calls = shard.counts.get(id).copied().unwrap_or(0);
+        calls - shard.rejected.get(id).copied().unwrap_or(0)
+    }
+
     pub(super) fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
     }

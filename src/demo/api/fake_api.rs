@@ -18,6 +18,7 @@ use super::batch;
 use super::calls::{duration_nanos, max_in_window, CallCounter};
 use super::capacity::Limiter;
 use super::faults::{ApiConfig, Fault};
+use super::llm::Meter;
 use super::lock::lock;
 use super::seen::{Seen, SeenRequest};
 use super::server::accept_loop;
@@ -43,6 +44,7 @@ impl FakeApi {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
+            llm: config.llm.clone().map(Meter::new),
             windows: Windows::new(&config.windows, config.announce),
             config,
             calls: CallCounter::new(),
@@ -352,6 +354,58 @@ impl FakeApi {
     /// Every token seen or issued so far (to check none leaked anywhere).
     pub fn tokens(&self) -> Vec<String> {
         self.shared.auth.tokens()
+    }
+
+    /// `http://127.0.0.1:PORT/v1/chat/completions`: the OpenAI-shaped route ([`ApiConfig::llm`]).
+    pub fn chat_completions_url(&self) -> String {
+        format!("http://{}/v1/chat/completions", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/v1/messages`: the Anthropic-shaped route ([`ApiConfig::llm`]).
+    pub fn messages_url(&self) -> String {
+        format!("http://{}/v1/messages", self.addr)
+    }
+
+    /// Calls for `id` that were let through (answered, or being answered): [`FakeApi::calls`]
+    /// without those the hidden capacity or the language-model routes refused (their window
+    /// or their credit).
+    pub fn admitted_calls(&self, id: &str) -> u64 {
+        self.shared.calls.admitted(id)
+    }
+
+    /// Adds `tokens` to the language-model routes' credit ([`super::LlmConfig::credit`]):
+    /// requests refused for want of credit are answered again once it is above zero. Nothing
+    /// without a credit limit.
+    pub fn add_credit(&self, tokens: u64) {
+        if let Some(meter) = &self.shared.llm {
+            meter.add_credit(tokens);
+        }
+    }
+
+    /// The language-model routes' credit left, in tokens (`None`: no limit, or no such routes).
+    pub fn credit(&self) -> Option<u64> {
+        self.shared.llm.as_ref().and_then(Meter::credit)
+    }
+
+    /// Tokens the language-model routes counted (prompts and completions) in each window that
+    /// counted any: (the window's start in milliseconds since the Unix epoch, its tokens), in
+    /// order.
+    pub fn tokens_per_window(&self) -> Vec<(u64, u64)> {
+        self.shared
+            .llm
+            .as_ref()
+            .map_or_else(Vec::new, Meter::granted)
+    }
+
+    /// Language-model requests refused 429 because their window was at its request or token
+    /// limit.
+    pub fn llm_rate_refusals(&self) -> u64 {
+        self.shared.llm.as_ref().map_or(0, Meter::rate_refusals)
+    }
+
+    /// Language-model requests refused because the credit was spent.
+    pub fn credit_refusals(&self) -> u64 {
+        self.shared.llm.as_ref().map_or(0, Meter::credit_refusals)
     }
 
     /// Stops accepting, closes all connections (in-flight requests get no answer) and

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::llm::LlmConfig;
 use super::windows::{Announce, ApiWindow};
 
 /// How the fake API behaves: latency and the share of faulty IDs.
@@ -65,6 +66,9 @@ pub struct ApiConfig {
     /// Successful answers are company profiles of about 2 KB ([`super::profile_body`]: nested,
     /// shaped like a real API's) instead of the small item. `false` in every constructor.
     pub profiles: bool,
+    /// The language-model routes' window, headers and credit ([`LlmConfig`]); without it they
+    /// answer 404. `None` in every constructor.
+    pub llm: Option<LlmConfig>,
 }
 
 impl ApiConfig {
@@ -89,6 +93,7 @@ impl ApiConfig {
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
             profiles: false,
+            llm: None,
         }
     }
 
@@ -114,6 +119,7 @@ impl ApiConfig {
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
             profiles: false,
+            llm: None,
         }
     }
 
@@ -139,6 +145,7 @@ impl ApiConfig {
             batch_omit_per_mille: 0,
             batch_poison_per_mille: 0,
             profiles: false,
+            llm: None,
         }
     }
 

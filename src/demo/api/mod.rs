@@ -19,6 +19,12 @@
 //!   64 KiB, larger answers 413).
 //! * `POST /oauth/token`: an OAuth2 token endpoint (client credentials grant; see
 //!   [`FakeApi::require_token`]).
+//! * `POST /v1/chat/completions` and `POST /v1/messages`: a language-model API, OpenAI's and
+//!   Anthropic's shapes, metered in requests and tokens per window, with the providers'
+//!   rate-limit headers and a credit that can run out ([`ApiConfig::llm`], [`LlmConfig`]; the
+//!   ID is the `id` query parameter, OpenAI's `user` or Anthropic's `metadata.user_id`).
+//!   Requests refused for their window or credit are calls of the ID, but not admitted ones
+//!   ([`FakeApi::admitted_calls`]); [`FakeApi::add_credit`] tops the credit up.
 //! * anything else: 404 `{"error":"no route"}`.
 //!
 //! Malformed requests (400, 413, 404 no route) are not counted as calls for any ID.
@@ -62,13 +68,15 @@
 //! # Files
 //!
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
-//! answer), `answers` (the bodies), `profile` (the realistic answer of [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener),
-//! `calls` (call counts and timestamps), `capacity` (the hidden capacity's token bucket),
-//! `windows` (the quota windows and their headers), `auth` (the token endpoint and the
-//! token check), `seen` (the requests kept for a test to check), `echo` (errors quoting the
-//! request), `batch` (the batch endpoint), `request` (the body cap and percent-decoding every
-//! route shares), `shared` (the state the server's tasks share), `lock` (locking it despite a
-//! panicked task) and `fake_api` (the [`FakeApi`] handle).
+//! answer), `answers` (the bodies), `profile` (the realistic answer of
+//! [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener), `calls`
+//! (call counts and timestamps), `capacity` (the hidden capacity's token bucket), `windows`
+//! (the quota windows and their headers), `auth` (the token endpoint and the token check),
+//! `llm` (the language-model API: its configuration, meter, headers and bodies),
+//! `llm_route` (its routes), `seen` (the requests kept for a test to check), `echo` (errors
+//! quoting the request), `batch` (the batch endpoint), `request` (the body cap and
+//! percent-decoding every route shares), `shared` (the state the server's tasks share),
+//! `lock` (locking it despite a panicked task) and `fake_api` (the [`FakeApi`] handle).
 
 mod answers;
 mod auth;
@@ -78,6 +86,8 @@ mod capacity;
 mod echo;
 mod fake_api;
 mod faults;
+mod llm;
+mod llm_route;
 mod lock;
 mod profile;
 mod request;
@@ -94,6 +104,7 @@ pub use auth::{TokenClientAuth, CLIENT_ID, CLIENT_SECRET};
 pub use calls::MAX_CALL_TIMES;
 pub use fake_api::FakeApi;
 pub use faults::{ApiConfig, Fault};
+pub use llm::{llm_content, LlmConfig, LlmHeaders, OutOfCredit, LABELS};
 pub use profile::profile_body;
 pub use seen::SeenRequest;
 pub use windows::{Announce, ApiWindow};

@@ -60,6 +60,11 @@ async fn item(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, DropC
     if req.uri().path() == "/batch" {
         return Ok(super::batch::handle(&shared, req).await);
     }
+    if super::llm_route::is_llm(req.uri().path()) {
+        return super::llm_route::handle(&shared, req)
+            .await
+            .ok_or(DropConnection);
+    }
     let seen = shared.seen.is_on().then(|| SeenRequest {
         method: req.method().to_string(),
         target: req

@@ -11,6 +11,7 @@ use super::auth::Auth;
 use super::calls::CallCounter;
 use super::capacity::Limiter;
 use super::faults::ApiConfig;
+use super::llm::Meter;
 use super::seen::Seen;
 use super::windows::Windows;
 
@@ -37,6 +38,8 @@ pub(super) struct Shared {
     pub(super) batch_requests: AtomicU64,
     /// Answers outside 2xx quote the request ([`FakeApi::echo_requests`]).
     pub(super) echo: AtomicBool,
+    /// The language-model routes' window and credit ([`ApiConfig::llm`]), if configured.
+    pub(super) llm: Option<Meter>,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops

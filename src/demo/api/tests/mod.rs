@@ -1,5 +1,5 @@
 //! The fake API's tests: routes, faults, the outage switch, the hidden capacity, the quota
-//! windows, call counts.
+//! windows, the language-model routes, call counts.
 
 use super::calls::{max_in_window, CallCounter};
 use super::capacity::Bucket;
@@ -20,6 +20,7 @@ use xxhash_rust::xxh3::xxh3_64;
 mod answers;
 mod calls;
 mod capacity;
+mod llm;
 mod outage;
 mod windows;
 
