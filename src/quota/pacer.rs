@@ -146,6 +146,10 @@ struct Policy {
     window_serial: u64,
     /// Calls (or tokens) this run may still spend before `reset_at`.
     remaining: u64,
+    /// Times the API's word lowered `remaining` below the run's own count: a word counts the
+    /// calls it answered at what they spent, so a reservation taken before it is settled
+    /// by it.
+    words: u64,
     reset_at: Instant,
     limit: Option<u64>,
     window: Option<Duration>,
@@ -207,6 +211,8 @@ pub struct PacedCall {
 struct Reserved {
     policy: String,
     window_serial: u64,
+    /// The policy's [`Policy::words`] when it was taken.
+    words: u64,
     /// Per worker: the window's count was lowered by `amount × workers`.
     amount: u64,
     workers: u64,
@@ -230,6 +236,16 @@ impl Drop for PacedCall {
     }
 }
 
+/// What a call in flight is expected to write: the most the last answers wrote, or
+/// [`DEFAULT_OUTPUT_ESTIMATE`] before any said.
+fn expected_output(outputs: &std::collections::VecDeque<u64>) -> u64 {
+    outputs
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(DEFAULT_OUTPUT_ESTIMATE)
+}
+
 /// Outputs remembered for the estimate of the next call's ([`AnnouncedLimits::output_estimate`]).
 const OUTPUTS_KEPT: usize = 64;
 
@@ -250,13 +266,28 @@ impl AnnouncedLimits {
             return;
         }
         let now = Instant::now();
+        // The calls in flight but the one answered: the API has not counted what they write.
+        let others = self.in_flight.calls.load(Relaxed).saturating_sub(1);
         let mut inner = self.lock();
         let inner = &mut *inner;
+        let writing = expected_output(&inner.outputs);
         let policies = &mut inner.policies;
         for a in announced {
             let reset_at = now + a.reset.min(MAX_WAIT);
+            // A limit counting what calls write has that much less left than the API says.
+            let unwritten = match a.unit {
+                Unit::Tokens | Unit::OutputTokens => others.saturating_mul(writing),
+                Unit::Calls | Unit::InputTokens => 0,
+            };
+            let a = &Announced {
+                remaining: a.remaining.saturating_sub(unwritten),
+                ..a.clone()
+            };
             match policies.get_mut(&a.policy) {
                 Some(p) if reset_at < p.reset_at + NEW_WINDOW_AFTER && now < p.reset_at => {
+                    if a.remaining < p.remaining {
+                        p.words += 1;
+                    }
                     p.remaining = p.remaining.min(a.remaining);
                     p.reset_at = p.reset_at.min(reset_at);
                     p.limit = a.limit.or(p.limit);
@@ -279,6 +310,7 @@ impl AnnouncedLimits {
                         Policy {
                             unit: a.unit,
                             window_serial,
+                            words: 0,
                             remaining: a.remaining,
                             reset_at,
                             limit: a.limit,
@@ -338,12 +370,13 @@ impl AnnouncedLimits {
                 let mut inner = self.lock();
                 let hold = inner.hold_until.filter(|&h| h > now);
                 let answered = self.in_flight.answered.load(Relaxed);
-                let policies = &mut inner.policies;
-                if policies.is_empty() && hold.is_none() && answered {
+                if inner.policies.is_empty() && hold.is_none() && answered {
                     return PacedCall::free();
                 }
-                let known = policies.len();
-                policies.retain(|_, p| p.roll(now, in_flight));
+                let known = inner.policies.len();
+                let writing = expected_output(&inner.outputs);
+                let policies = &mut inner.policies;
+                policies.retain(|_, p| p.roll(now, in_flight, writing));
                 if policies.len() < known {
                     // A window whose next one nobody described ended: what the API allows
                     // now is unknown again, so the next call probes it alone.
@@ -368,6 +401,7 @@ impl AnnouncedLimits {
                                 reserved.push(Reserved {
                                     policy: name.clone(),
                                     window_serial: p.window_serial,
+                                    words: p.words,
                                     amount,
                                     workers,
                                 });
@@ -391,8 +425,9 @@ impl AnnouncedLimits {
 
     /// Settle what `call` took of the limits that count tokens by what it cost, `actual`
     /// (its answer's usage): the difference goes back to (or comes off) the window it was
-    /// taken from, if that window still runs. A call whose cost is unknown keeps what it
-    /// took. The output is remembered for the estimate of the next calls'.
+    /// taken from, if that window still runs and no word of the API lowered the count since
+    /// (the API's count holds what its answers cost). A call whose cost is unknown keeps
+    /// what it took. The output is remembered for the estimate of the next calls'.
     pub fn settle(&self, call: &mut PacedCall, actual: Option<Usage>) {
         let Some(actual) = actual else { return };
         let mut inner = self.lock();
@@ -404,7 +439,8 @@ impl AnnouncedLimits {
             let Some(p) = inner.policies.get_mut(&r.policy) else {
                 continue;
             };
-            if p.window_serial != r.window_serial {
+            // Another window's, or the API's word came since: it settled the call already.
+            if p.window_serial != r.window_serial || p.words != r.words {
                 continue;
             }
             let spent = p.unit.of(Some(actual));
@@ -486,7 +522,10 @@ impl AnnouncedLimits {
         let in_flight = self.in_flight.calls.load(Relaxed);
         let mut inner = self.lock();
         inner.hold_until = inner.hold_until.max(Some(reset_at));
-        inner.policies.retain(|_, p| p.roll(now, in_flight));
+        let writing = expected_output(&inner.outputs);
+        inner
+            .policies
+            .retain(|_, p| p.roll(now, in_flight, writing));
         // The learner counts this worker's calls: it is told, and tells, this worker's part
         // of a limit, which the fleet's is `workers` times.
         let workers = inner.workers.max(1);
@@ -571,6 +610,7 @@ impl AnnouncedLimits {
             Policy {
                 unit: Unit::Calls,
                 window_serial,
+                words: 0,
                 remaining: 0,
                 reset_at,
                 limit: Some(window.limit),
@@ -693,6 +733,7 @@ impl AnnouncedLimits {
                         Policy {
                             unit: Unit::Calls,
                             window_serial,
+                            words: 0,
                             remaining: 0,
                             reset_at,
                             limit: Some(part),
@@ -716,8 +757,11 @@ impl AnnouncedLimits {
 
 impl Policy {
     /// Bring the window up to `now`: whole again once its reset passed, when its quota and
-    /// length are known. Returns whether the policy still holds anything back.
-    fn roll(&mut self, now: Instant, in_flight: u64) -> bool {
+    /// length are known, less what the `in_flight` calls (each expected to write `writing`
+    /// tokens) may still spend in it: their calls, which the API may count in the new
+    /// window, or the tokens they write, which it counts when it answers. Returns whether
+    /// the policy still holds anything back.
+    fn roll(&mut self, now: Instant, in_flight: u64, writing: u64) -> bool {
         if now < self.reset_at {
             return true;
         }
@@ -745,7 +789,13 @@ impl Policy {
                         tracing::debug!(limit, "a learnt API limit relaxed");
                     }
                 }
-                self.remaining = limit.saturating_sub(in_flight);
+                let carried = match self.unit {
+                    Unit::Calls => in_flight,
+                    // A prompt is counted when it arrives: in the window that ended.
+                    Unit::InputTokens => 0,
+                    Unit::Tokens | Unit::OutputTokens => in_flight.saturating_mul(writing),
+                };
+                self.remaining = limit.saturating_sub(carried);
                 true
             }
             // Nothing known of the next window: free until an answer says more.
@@ -879,14 +929,33 @@ mod tests {
         l.settle(&mut next, cost(100, 0));
         assert_eq!(l.states()[0].remaining, 900);
         tokio::time::advance(Duration::from_millis(1000)).await;
-        // (The call still in flight is counted in the new window, as an API may count it.)
+        // The call still in flight writes in the new window what the last answers wrote at
+        // most (50): that much is kept for it.
         let mut late = l.wait_for(1, cost(100, 0)).await;
-        assert_eq!(l.states()[0].remaining, 899);
+        assert_eq!(l.states()[0].remaining, 1000 - 50 - 100);
         l.settle(&mut next, cost(0, 0));
-        assert_eq!(l.states()[0].remaining, 899);
+        assert_eq!(l.states()[0].remaining, 850);
         l.settle(&mut late, cost(100, 50));
-        assert_eq!(l.states()[0].remaining, 849);
+        assert_eq!(l.states()[0].remaining, 800);
         assert_eq!(l.output_estimate(Some(500)), 50, "the most an answer wrote");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_apis_word_on_tokens_keeps_back_what_the_calls_in_flight_will_write() {
+        let l = AnnouncedLimits::new();
+        l.observe(&[tokens("tokens", 10_000, 5000, (10_000, 5000))]);
+        let mut calls = Vec::new();
+        for _ in 0..3 {
+            calls.push(l.wait_for(1, cost(100, 100)).await);
+        }
+        // One answered, writing 80: the API's word counts it, not the two still writing.
+        l.settle(&mut calls[0], cost(100, 80));
+        l.observe(&[tokens("tokens", 9_000, 4000, (10_000, 5000))]);
+        assert_eq!(l.states()[0].remaining, 9_000 - 2 * 80);
+        // A call-counting limit keeps back nothing.
+        l.observe(&[announced("requests", 50, 4000, None)]);
+        let requests = l.states().into_iter().find(|s| s.policy == "requests");
+        assert_eq!(requests.map(|s| s.remaining), Some(50));
     }
 
     #[tokio::test(start_paused = true)]

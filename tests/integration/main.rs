@@ -53,4 +53,5 @@ mod rows;
 mod stalled_store;
 mod stop_and_resume;
 mod throttle;
+mod tokens;
 mod usage;

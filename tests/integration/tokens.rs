@@ -1,0 +1,120 @@
+//! A language-model API's token windows, announced in OpenAI's or Anthropic's headers, are
+//! kept: each call takes of them what it is expected to cost and settles what it spent, so
+//! the job spends the windows with almost no call refused, and every ID is answered once.
+//! What each answer cost is kept with its result and adds up to what the API counted.
+
+use std::time::Duration;
+
+use highwater::demo::api::{ApiConfig, LlmConfig, LlmHeaders};
+
+use crate::harness::*;
+
+/// Rows to do.
+const ROWS: usize = 150;
+/// Tokens a window allows.
+const TOKENS: u64 = 5_000;
+/// Completion tokens an answer writes at most.
+const MOST_WRITTEN: u64 = 120;
+/// Calls at once.
+const CONCURRENCY: u64 = 8;
+
+fn api(headers: LlmHeaders) -> ApiConfig {
+    ApiConfig {
+        latency_min: Duration::from_millis(20),
+        latency_max: Duration::from_millis(60),
+        llm: Some(LlmConfig {
+            headers,
+            completion_tokens: (20, MOST_WRITTEN),
+            // The requests never bind: the tokens do (about 200 a call, 25 calls a window).
+            ..LlmConfig::new(TOKENS, 1000, Duration::from_secs(2))
+        }),
+        ..ApiConfig::fast()
+    }
+}
+
+/// Texts of 200 to 800 bytes (50 to 200 prompt tokens).
+fn rows() -> Vec<(String, String)> {
+    (0..ROWS)
+        .map(|i| {
+            let id = format!("t{i:03}");
+            let text = format!(
+                "ticket {i}: {}",
+                "the printer is on fire. ".repeat(8 + i % 25)
+            );
+            (id, text)
+        })
+        .collect()
+}
+
+fn token_windows_are_kept(headers: LlmHeaders, anthropic: bool) {
+    let h = Harness::new(api(headers));
+    let rows = rows();
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["id", "text"]).unwrap();
+    for (id, text) in &rows {
+        w.write_record([id, text]).unwrap();
+    }
+    let input = h.file("tickets.csv", w.into_inner().unwrap());
+    let (url, body) = if anthropic {
+        (
+            h.api.messages_url(),
+            r#"{"model": "claude-test", "max_tokens": 300, "messages": [{"role": "user", "content": {text:json}}], "metadata": {"user_id": "{id}"}}"#,
+        )
+    } else {
+        (
+            h.api.chat_completions_url(),
+            r#"{"model": "gpt-test", "max_tokens": 300, "messages": [{"role": "user", "content": {text:json}}], "user": "{id}"}"#,
+        )
+    };
+    let state = h.state();
+    let concurrency = CONCURRENCY.to_string();
+    let extra = [
+        "--id-column",
+        "id",
+        "--method",
+        "POST",
+        "--body",
+        body,
+        "--concurrency",
+        &concurrency,
+    ];
+    h.run_new(&state, &input, &url, &extra).expect_code(0);
+
+    // Every ID answered once.
+    let export = h.export(&state);
+    assert_eq!(export.len(), ROWS);
+    for (id, _) in &rows {
+        assert_eq!(h.api.admitted_calls(id), 1, "{id} answered once");
+    }
+    // Almost no call refused: the job kept to the windows the API announced.
+    let refused = h.api.llm_rate_refusals();
+    let calls = ROWS as u64 + refused;
+    assert!(
+        refused * 50 <= calls,
+        "{refused} of {calls} calls refused (more than 2%): {:?}",
+        h.api.tokens_per_window()
+    );
+    // No window counted more than it allows, but for completions of calls in flight at its
+    // end (the API counts a completion when it answers it).
+    for (start, tokens) in h.api.tokens_per_window() {
+        assert!(
+            tokens <= TOKENS + CONCURRENCY * MOST_WRITTEN,
+            "the window at {start} counted {tokens} tokens"
+        );
+    }
+    // What each answer said it cost adds up to what the API counted.
+    let counted: u64 = h.api.tokens_per_window().iter().map(|(_, t)| t).sum();
+    let usage = &h.status(&state)["stats"]["usage"];
+    let kept = usage["input"].as_u64().unwrap() + usage["output"].as_u64().unwrap();
+    assert_eq!(kept, counted, "{usage}");
+}
+
+#[test]
+fn token_windows_announced_in_openai_headers_are_kept() {
+    token_windows_are_kept(LlmHeaders::OpenAi, false);
+}
+
+#[test]
+fn token_windows_announced_in_anthropic_headers_are_kept() {
+    token_windows_are_kept(LlmHeaders::Anthropic, true);
+}
