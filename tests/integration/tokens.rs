@@ -118,3 +118,64 @@ fn token_windows_announced_in_openai_headers_are_kept() {
 fn token_windows_announced_in_anthropic_headers_are_kept() {
     token_windows_are_kept(LlmHeaders::Anthropic, true);
 }
+
+/// README's language-model job, word for word but for the API's address: every ticket's
+/// label kept as JSON, its tokens counted.
+#[test]
+fn the_readme_language_model_job_runs_as_written() {
+    let h = Harness::new(api(LlmHeaders::OpenAi));
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("## A language-model job")
+        .nth(1)
+        .expect("README has a language-model job");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    let command: String = block
+        .lines()
+        .filter(|l| !l.starts_with("export "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(command.starts_with("highwater run "), "{command}");
+    let command = command.replacen("highwater", BIN, 1).replace(
+        "https://api.openai.com/v1/chat/completions",
+        &h.api.chat_completions_url(),
+    );
+    let rows = rows();
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["id", "text"]).unwrap();
+    for (id, text) in &rows {
+        w.write_record([id, text]).unwrap();
+    }
+    let dir = h.path("readme");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tickets.csv"), w.into_inner().unwrap()).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&command)
+        .current_dir(&dir)
+        .env("OPENAI_API_KEY", "sk-test-readme")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = dir.join("tickets");
+    let export = h.export(&state);
+    assert_eq!(export.len(), ROWS);
+    for ((id, text), record) in rows.iter().zip(&export) {
+        let expected: serde_json::Value =
+            serde_json::from_str(&highwater::demo::api::llm_content(id, text)).unwrap();
+        assert_eq!(record["body"], expected, "{record}");
+        assert!(record["usage"]["output"].as_u64().unwrap() > 0, "{record}");
+    }
+    let status = h.run(&["status", "--state", p(&state)]);
+    assert!(status.stdout.contains("usage:"), "{}", status.stdout);
+}
