@@ -184,6 +184,7 @@ pub(crate) fn lower_thread_priority() {
 
 /// Whether a process with this pid exists (a zombie included: the caller tells those
 /// apart). Elsewhere than Unix: assumed to.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn process_exists(pid: u32) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
         return false;

@@ -13,23 +13,24 @@ use crate::failure::{Failure, Next};
 use crate::secrets::Secrets;
 
 /// The largest margin before `expires_in` runs out at which a token is renewed.
-pub const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
+pub(crate) const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
 
 /// A credential's value as read for one request: the secret and its generation.
 #[derive(Clone)]
-pub struct CredentialValue {
+pub(crate) struct CredentialValue {
     generation: u64,
     secret: Arc<str>,
 }
 
 impl CredentialValue {
     /// The secret itself, to put in a request. Never log it.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.secret
     }
 
+    #[cfg(test)]
     /// Which value of the credential this is: 1 for the first, one more per renewal.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 }
@@ -45,7 +46,7 @@ impl fmt::Debug for CredentialValue {
 
 /// What a refusal of a value leads to ([`Credential::refused`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// A newer value is there: retry with it.
     Renewed,
     /// The value was renewed because of a refusal and refused again before anything
@@ -54,7 +55,7 @@ pub enum Refusal {
 }
 
 /// A credential shared by every request of a run (behind an `Arc`): see the module doc.
-pub struct Credential {
+pub(crate) struct Credential {
     name: String,
     source: CredentialSource,
     /// Renew at least this often.
@@ -114,7 +115,11 @@ impl fmt::Debug for Credential {
 impl Credential {
     /// A credential named `name` (as `${NAME}` in templates) from `source`, renewed at least
     /// every `every` if given. Its first value is fetched by the first [`Credential::get`].
-    pub fn new(name: impl Into<String>, source: CredentialSource, every: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        name: impl Into<String>,
+        source: CredentialSource,
+        every: Option<Duration>,
+    ) -> Self {
         let secrets = Secrets::new();
         for secret in source.secrets() {
             secrets.add(&secret);
@@ -131,12 +136,12 @@ impl Credential {
     }
 
     /// The name templates know it by.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Values fetched so far (the first one included).
-    pub fn renewals(&self) -> u64 {
+    pub(crate) fn renewals(&self) -> u64 {
         self.renewals.load(Relaxed)
     }
 
@@ -149,7 +154,7 @@ impl Credential {
     /// A due value that has not expired yet outlives a renewal that fails for now: it is
     /// used meanwhile, and the renewal tried again after a backoff (1 s, doubling up to
     /// 30 s), so a token endpoint's blip during the margin before expiry costs no request.
-    pub async fn get(&self) -> Result<CredentialValue, CredentialError> {
+    pub(crate) async fn get(&self) -> Result<CredentialValue, CredentialError> {
         let now = Instant::now();
         let (seen, tries) = {
             let state = self.state();
@@ -179,7 +184,7 @@ impl Credential {
 
     /// The other side refused `used` (HTTP 401, or 403 when the job says so): renew from
     /// it, once however many requests report it, and say whether to retry or stop.
-    pub async fn refused(&self, used: &CredentialValue) -> Result<Refusal, CredentialError> {
+    pub(crate) async fn refused(&self, used: &CredentialValue) -> Result<Refusal, CredentialError> {
         let tries = {
             let state = self.state();
             let current = state.value.as_ref().map_or(0, |v| v.generation);
@@ -199,7 +204,7 @@ impl Credential {
     /// The attempt that used `used` was refused (`failure`, its 401): renew, and return the
     /// failure with what happens next: [`Next::Renewed`] (retry at once with the new value),
     /// [`Next::CredentialRejected`] (the run stops), or the source out of reach (retried).
-    pub async fn after_refusal(&self, used: &CredentialValue, failure: Failure) -> Failure {
+    pub(crate) async fn after_refusal(&self, used: &CredentialValue, failure: Failure) -> Failure {
         match self.refused(used).await {
             Ok(Refusal::Renewed) => Failure {
                 next: Next::Renewed,
@@ -219,7 +224,7 @@ impl Credential {
 
     /// A request made with `used` succeeded (or was refused for a reason not its
     /// credential's): the value works.
-    pub fn accepted(&self, used: &CredentialValue) {
+    pub(crate) fn accepted(&self, used: &CredentialValue) {
         let mut state = self.state();
         if state.value.as_ref().map(|v| v.generation) == Some(used.generation) {
             state.proven = true;
@@ -316,15 +321,16 @@ impl Credential {
         }
     }
 
+    #[cfg(test)]
     /// `text` with every secret of this credential (each value it had, its client secret,
     /// what was expanded to define it) replaced by [`crate::secrets::MASK`].
-    pub fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         self.secrets.mask(text)
     }
 
     /// Its secrets: each value it had and its source's, and whatever a caller adds (the
     /// values expanded to define it). [`Secrets::feed`] them to a job's masker.
-    pub fn secrets(&self) -> &Secrets {
+    pub(crate) fn secrets(&self) -> &Secrets {
         &self.secrets
     }
 }
@@ -332,7 +338,7 @@ impl Credential {
 /// How long a value is used before it is renewed: its lifetime minus the margin (the
 /// smaller of 10% and [`MAX_EXPIRY_MARGIN`]), or `every`, whichever is shorter; `None`
 /// when neither is known (renewed only when refused).
-pub fn due_in(expires_in: Option<Duration>, every: Option<Duration>) -> Option<Duration> {
+pub(crate) fn due_in(expires_in: Option<Duration>, every: Option<Duration>) -> Option<Duration> {
     let by_expiry = expires_in.map(|life| life - (life / 10).min(MAX_EXPIRY_MARGIN));
     match (by_expiry, every) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -20,10 +20,10 @@
 //! | an ID that makes no valid request | `request` | permanent |
 //!
 //! Every answer's rate-limit headers (`RateLimit`/`RateLimit-Policy`, `X-RateLimit-*` and the
-//! like: [`crate::quota::announced`]) feed the handler's [`AnnouncedLimits`], which paces the
+//! like: `crate::quota::announced`) feed the handler's [`AnnouncedLimits`], which paces the
 //! run's attempts ([`Handler::announced_limits`]); so does every answer's status: a 429 with
 //! its `Retry-After`, or a call the API counted, from which it learns the windows nobody
-//! announces ([`crate::quota::learned`]).
+//! announces (`crate::quota::learned`).
 //!
 //! A usable `Retry-After` (seconds or HTTP date, in the future) replaces the backoff interval
 //! for that wait; zero, negative or unparseable values fall back to backoff so a server can

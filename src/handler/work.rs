@@ -41,7 +41,7 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// The limits the API announced in its answers, if the handler reads them: every
-    /// attempt of the run waits for them ([`AnnouncedLimits::wait`]). None by default.
+    /// attempt of the run waits for them (`AnnouncedLimits::wait`). None by default.
     fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
         None
     }

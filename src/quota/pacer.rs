@@ -52,10 +52,10 @@ use super::learned::{
 
 /// A reset this much later than the known one starts a new window (servers round resets
 /// to whole seconds).
-pub const NEW_WINDOW_AFTER: Duration = Duration::from_millis(1100);
+pub(crate) const NEW_WINDOW_AFTER: Duration = Duration::from_millis(1100);
 
 /// The longest wait an announcement can impose (a reset further away is read as this).
-pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// The limits the API announced (or the run learnt from its refusals), and the pacing they
 /// impose.
@@ -103,7 +103,7 @@ struct Inner {
 /// they take what the API announces it has left as if it were not there until their next
 /// heartbeat counts it (a fleet's heartbeats are at most a second apart), and a newcomer
 /// spending its part meanwhile would overspend the window they share.
-pub const JOIN_SETTLE: Duration = Duration::from_secs(2);
+pub(crate) const JOIN_SETTLE: Duration = Duration::from_secs(2);
 
 /// The most windows learnt at once; past it, the one with the fewest refusals is dropped.
 const MAX_LEARNED: usize = 4;
@@ -149,25 +149,25 @@ struct Policy {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyState {
     /// The policy's name as the API announced it.
-    pub policy: String,
+    pub(crate) policy: String,
     /// Calls this run may still start before the reset.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Calls the window allows, if the API said.
-    pub limit: Option<u64>,
+    pub(crate) limit: Option<u64>,
     /// Time until its window resets.
     #[serde(rename = "reset_in_ms", with = "crate::serde_millis")]
-    pub reset_in: Duration,
+    pub(crate) reset_in: Duration,
     /// The window's length (ms), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
+    pub(crate) window_ms: Option<u64>,
     /// For a window the API did not announce: the refusals it was learnt from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned_from: Option<u64>,
+    pub(crate) learned_from: Option<u64>,
 }
 
 impl PolicyState {
     /// The words a progress line or `status` gives it.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let of = self.limit.map(|l| format!(" of {l}")).unwrap_or_default();
         let left = format!(
             "{}{of} left, resets in {:.1}s",
@@ -185,7 +185,7 @@ impl PolicyState {
 }
 
 /// A call started under the announced limits, in flight until dropped.
-pub struct PacedCall(Option<Arc<InFlight>>);
+pub(crate) struct PacedCall(Option<Arc<InFlight>>);
 
 impl Drop for PacedCall {
     fn drop(&mut self) {
@@ -198,12 +198,12 @@ impl Drop for PacedCall {
 
 impl AnnouncedLimits {
     /// Limits with no policy known yet.
-    pub fn new() -> AnnouncedLimits {
+    pub(crate) fn new() -> AnnouncedLimits {
         AnnouncedLimits::default()
     }
 
     /// Learn from one answer's announcements.
-    pub fn observe(&self, announced: &[Announced]) {
+    pub(crate) fn observe(&self, announced: &[Announced]) {
         self.in_flight.answered.store(true, Relaxed);
         if announced.is_empty() {
             return;
@@ -243,8 +243,9 @@ impl AnnouncedLimits {
         }
     }
 
+    #[cfg(test)]
     /// Wait until every announced policy allows a call, and take one from each.
-    pub async fn wait(&self) -> PacedCall {
+    pub(crate) async fn wait(&self) -> PacedCall {
         self.wait_among(1).await
     }
 
@@ -252,7 +253,7 @@ impl AnnouncedLimits {
     /// what an announced window has left (counted by the API for all of them) is divided
     /// among them, each pacing its part until the reset, and a part under one call waits
     /// for the reset. Learnt windows are this worker's own (learnt from its own calls).
-    pub async fn wait_among(&self, workers: u64) -> PacedCall {
+    pub(crate) async fn wait_among(&self, workers: u64) -> PacedCall {
         let workers = workers.max(1);
         {
             let mut inner = self.lock();
@@ -319,7 +320,7 @@ impl AnnouncedLimits {
     }
 
     /// Where each announced policy stands.
-    pub fn states(&self) -> Vec<PolicyState> {
+    pub(crate) fn states(&self) -> Vec<PolicyState> {
         let now = Instant::now();
         let inner = self.lock();
         let mut states: Vec<PolicyState> = inner
@@ -348,7 +349,7 @@ impl AnnouncedLimits {
     }
 
     /// A call sent at `sent` was answered, and not refused for the rate: the API counted it.
-    pub fn accepted(&self, sent: Instant) {
+    pub(crate) fn accepted(&self, sent: Instant) {
         self.in_flight.answered.store(true, Relaxed);
         let at = self.ms(sent);
         self.lock().learner.accepted(at);
@@ -357,7 +358,7 @@ impl AnnouncedLimits {
     /// A call sent at `sent` was refused for the rate (429), the API saying to try again
     /// after `retry_after` (from now): every attempt holds until then, and the learner reads
     /// the refusal.
-    pub fn refused(&self, sent: Instant, retry_after: Duration) {
+    pub(crate) fn refused(&self, sent: Instant, retry_after: Duration) {
         self.in_flight.answered.store(true, Relaxed);
         let now = Instant::now();
         let reset_at = now + retry_after.min(MAX_WAIT);
@@ -460,8 +461,9 @@ impl AnnouncedLimits {
         );
     }
 
+    #[cfg(test)]
     /// The windows learnt from refusals, as they stand (to keep with the job).
-    pub fn learned(&self) -> Vec<LearnedWindow> {
+    pub(crate) fn learned(&self) -> Vec<LearnedWindow> {
         let now = Instant::now();
         let inner = self.lock();
         let mut found: Vec<(u64, LearnedWindow)> = inner
@@ -485,7 +487,7 @@ impl AnnouncedLimits {
     }
 
     /// The windows learnt from refusals as the job keeps them (their limits the fleet's).
-    pub fn kept(&self) -> Vec<KeptLimit> {
+    pub(crate) fn kept(&self) -> Vec<KeptLimit> {
         let now = Instant::now();
         let now_unix = unix_ms();
         let inner = self.lock();
@@ -518,7 +520,7 @@ impl AnnouncedLimits {
     /// whole, and a learnt phase is only as exact as the API's whole-second `Retry-After`
     /// (late, never early: so the wait ends in a window the API counts afresh). Returns how
     /// many windows changed.
-    pub fn adopt(&self, kept: &[KeptLimit]) -> usize {
+    pub(crate) fn adopt(&self, kept: &[KeptLimit]) -> usize {
         let now = Instant::now();
         let now_unix = unix_ms();
         let mut inner = self.lock();
