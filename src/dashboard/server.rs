@@ -24,15 +24,15 @@ use super::source::{DashboardError, FailureQuery, Reading, Wants};
 use crate::job::JobPlace;
 
 /// How long a reading serves requests while a run is active.
-pub const FRESH_LIVE: Duration = Duration::from_secs(1);
+pub(crate) const FRESH_LIVE: Duration = Duration::from_secs(1);
 /// How long a reading serves requests while no run is active.
-pub const FRESH_IDLE: Duration = Duration::from_secs(10);
+pub(crate) const FRESH_IDLE: Duration = Duration::from_secs(10);
 
 /// Connections served at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 /// Failed items a failures answer lists at most.
-pub const MAX_FAILURES_LISTED: usize = 5000;
+pub(crate) const MAX_FAILURES_LISTED: usize = 5000;
 
 pub use crate::listen::{bind, BindError};
 

@@ -19,7 +19,7 @@ mod pg;
 #[cfg(test)]
 mod tests;
 
-pub use dir::{MadeDir, StateDirPlace, READ_CACHE_BYTES};
+pub use dir::StateDirPlace;
 #[cfg(feature = "postgres")]
 pub use job_place::Crew;
 pub use job_place::{HistoryError, JobPlace, Look, OpenedStore, PlaceNames};
