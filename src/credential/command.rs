@@ -20,14 +20,14 @@ const STDERR_TAIL_BYTES: usize = 1000;
 
 /// A command printing the value: program and arguments, already split.
 #[derive(Debug, Clone)]
-pub(crate) struct CommandSource {
+pub struct CommandSource {
     argv: Vec<String>,
     timeout: Duration,
 }
 
 impl CommandSource {
     /// Run `argv` (program first), allowing it `timeout`. `None` if `argv` is empty.
-    pub(crate) fn new(argv: Vec<String>, timeout: Duration) -> Option<CommandSource> {
+    pub fn new(argv: Vec<String>, timeout: Duration) -> Option<CommandSource> {
         (!argv.is_empty()).then_some(CommandSource { argv, timeout })
     }
 

@@ -5,14 +5,14 @@ use std::fmt;
 use std::time::Duration;
 
 /// Text that stands for a secret in messages.
-pub(crate) const REDACTED: &str = "<redacted>";
+pub const REDACTED: &str = "<redacted>";
 
 /// A fresh value from a source, and how long it lives if the source said so.
-pub(crate) struct Fetched {
+pub struct Fetched {
     /// The secret itself: never logged (its `Debug` shows [`REDACTED`]).
-    pub(crate) value: String,
+    pub value: String,
     /// How long the value lives, if the source said (OAuth2's `expires_in`); none: until refused.
-    pub(crate) expires_in: Option<Duration>,
+    pub expires_in: Option<Duration>,
 }
 
 impl fmt::Debug for Fetched {

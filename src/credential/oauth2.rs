@@ -31,17 +31,17 @@ use crate::secrets::Secrets;
 
 /// How to ask for tokens.
 #[derive(Clone)]
-pub(crate) struct OAuth2Config {
+pub struct OAuth2Config {
     /// The token endpoint's URL.
-    pub(crate) token_url: String,
+    pub token_url: String,
     /// The client ID, expanded.
-    pub(crate) client_id: String,
+    pub client_id: String,
     /// The client secret, expanded: never logged.
-    pub(crate) client_secret: String,
+    pub client_secret: String,
     /// The scope asked for, if any.
-    pub(crate) scope: Option<String>,
+    pub scope: Option<String>,
     /// How the client authenticates to the token endpoint.
-    pub(crate) client_auth: ClientAuth,
+    pub client_auth: ClientAuth,
 }
 
 /// How an OAuth2 client authenticates to the token endpoint (RFC 6749 2.3.1; the names are
@@ -58,7 +58,7 @@ pub enum ClientAuth {
 
 impl ClientAuth {
     /// The default: left out of a stored spec, so specs stored before it read the same.
-    pub(crate) fn is_basic(&self) -> bool {
+    pub fn is_basic(&self) -> bool {
         *self == ClientAuth::Basic
     }
 }
@@ -81,7 +81,7 @@ impl fmt::Debug for OAuth2Config {
 }
 
 /// A token endpoint and the client asking it.
-pub(crate) struct OAuth2Source {
+pub struct OAuth2Source {
     config: OAuth2Config,
     client: reqwest::Client,
 }
@@ -109,7 +109,7 @@ struct ErrorAnswer {
 impl OAuth2Source {
     /// Ask `config.token_url` for tokens, with these timeouts. The error says why the HTTP
     /// client cannot be built.
-    pub(crate) fn new(
+    pub fn new(
         config: OAuth2Config,
         connect_timeout: Duration,
         timeout: Duration,

@@ -13,24 +13,23 @@ use crate::failure::{Failure, Next};
 use crate::secrets::Secrets;
 
 /// The largest margin before `expires_in` runs out at which a token is renewed.
-pub(crate) const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
+pub const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
 
 /// A credential's value as read for one request: the secret and its generation.
 #[derive(Clone)]
-pub(crate) struct CredentialValue {
+pub struct CredentialValue {
     generation: u64,
     secret: Arc<str>,
 }
 
 impl CredentialValue {
     /// The secret itself, to put in a request. Never log it.
-    pub(crate) fn expose(&self) -> &str {
+    pub fn expose(&self) -> &str {
         &self.secret
     }
 
-    #[cfg(test)]
     /// Which value of the credential this is: 1 for the first, one more per renewal.
-    pub(crate) fn generation(&self) -> u64 {
+    pub fn generation(&self) -> u64 {
         self.generation
     }
 }
@@ -46,7 +45,7 @@ impl fmt::Debug for CredentialValue {
 
 /// What a refusal of a value leads to ([`Credential::refused`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// A newer value is there: retry with it.
     Renewed,
     /// The value was renewed because of a refusal and refused again before anything
@@ -55,7 +54,7 @@ pub(crate) enum Refusal {
 }
 
 /// A credential shared by every request of a run (behind an `Arc`): see the module doc.
-pub(crate) struct Credential {
+pub struct Credential {
     name: String,
     source: CredentialSource,
     /// Renew at least this often.
@@ -115,11 +114,7 @@ impl fmt::Debug for Credential {
 impl Credential {
     /// A credential named `name` (as `${NAME}` in templates) from `source`, renewed at least
     /// every `every` if given. Its first value is fetched by the first [`Credential::get`].
-    pub(crate) fn new(
-        name: impl Into<String>,
-        source: CredentialSource,
-        every: Option<Duration>,
-    ) -> Self {
+    pub fn new(name: impl Into<String>, source: CredentialSource, every: Option<Duration>) -> Self {
         let secrets = Secrets::new();
         for secret in source.secrets() {
             secrets.add(&secret);
@@ -136,12 +131,12 @@ impl Credential {
     }
 
     /// The name templates know it by.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Values fetched so far (the first one included).
-    pub(crate) fn renewals(&self) -> u64 {
+    pub fn renewals(&self) -> u64 {
         self.renewals.load(Relaxed)
     }
 
@@ -154,7 +149,7 @@ impl Credential {
     /// A due value that has not expired yet outlives a renewal that fails for now: it is
     /// used meanwhile, and the renewal tried again after a backoff (1 s, doubling up to
     /// 30 s), so a token endpoint's blip during the margin before expiry costs no request.
-    pub(crate) async fn get(&self) -> Result<CredentialValue, CredentialError> {
+    pub async fn get(&self) -> Result<CredentialValue, CredentialError> {
         let now = Instant::now();
         let (seen, tries) = {
             let state = self.state();
@@ -184,7 +179,7 @@ impl Credential {
 
     /// The other side refused `used` (HTTP 401, or 403 when the job says so): renew from
     /// it, once however many requests report it, and say whether to retry or stop.
-    pub(crate) async fn refused(&self, used: &CredentialValue) -> Result<Refusal, CredentialError> {
+    pub async fn refused(&self, used: &CredentialValue) -> Result<Refusal, CredentialError> {
         let tries = {
             let state = self.state();
             let current = state.value.as_ref().map_or(0, |v| v.generation);
@@ -204,7 +199,7 @@ impl Credential {
     /// The attempt that used `used` was refused (`failure`, its 401): renew, and return the
     /// failure with what happens next: [`Next::Renewed`] (retry at once with the new value),
     /// [`Next::CredentialRejected`] (the run stops), or the source out of reach (retried).
-    pub(crate) async fn after_refusal(&self, used: &CredentialValue, failure: Failure) -> Failure {
+    pub async fn after_refusal(&self, used: &CredentialValue, failure: Failure) -> Failure {
         match self.refused(used).await {
             Ok(Refusal::Renewed) => Failure {
                 next: Next::Renewed,
@@ -224,7 +219,7 @@ impl Credential {
 
     /// A request made with `used` succeeded (or was refused for a reason not its
     /// credential's): the value works.
-    pub(crate) fn accepted(&self, used: &CredentialValue) {
+    pub fn accepted(&self, used: &CredentialValue) {
         let mut state = self.state();
         if state.value.as_ref().map(|v| v.generation) == Some(used.generation) {
             state.proven = true;
@@ -321,16 +316,15 @@ impl Credential {
         }
     }
 
-    #[cfg(test)]
     /// `text` with every secret of this credential (each value it had, its client secret,
     /// what was expanded to define it) replaced by [`crate::secrets::MASK`].
-    pub(crate) fn redact(&self, text: &str) -> String {
+    pub fn redact(&self, text: &str) -> String {
         self.secrets.mask(text)
     }
 
     /// Its secrets: each value it had and its source's, and whatever a caller adds (the
     /// values expanded to define it). [`Secrets::feed`] them to a job's masker.
-    pub(crate) fn secrets(&self) -> &Secrets {
+    pub fn secrets(&self) -> &Secrets {
         &self.secrets
     }
 }
@@ -338,7 +332,7 @@ impl Credential {
 /// How long a value is used before it is renewed: its lifetime minus the margin (the
 /// smaller of 10% and [`MAX_EXPIRY_MARGIN`]), or `every`, whichever is shorter; `None`
 /// when neither is known (renewed only when refused).
-pub(crate) fn due_in(expires_in: Option<Duration>, every: Option<Duration>) -> Option<Duration> {
+pub fn due_in(expires_in: Option<Duration>, every: Option<Duration>) -> Option<Duration> {
     let by_expiry = expires_in.map(|life| life - (life / 10).min(MAX_EXPIRY_MARGIN));
     match (by_expiry, every) {
         (Some(a), Some(b)) => Some(a.min(b)),

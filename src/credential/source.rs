@@ -8,7 +8,7 @@ use super::oauth2::OAuth2Source;
 use crate::secrets::Secrets;
 
 /// Where a credential's values come from.
-pub(crate) enum CredentialSource {
+pub enum CredentialSource {
     /// A command whose standard output (trimmed) is the value.
     Command(CommandSource),
     /// An OAuth2 client-credentials grant.

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::command::CommandSource;
-use super::fetched::Fetched;
-use super::renewal::{due_in, Refusal};
 use super::*;
 use crate::failure::Next;
 

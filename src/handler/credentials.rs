@@ -46,7 +46,7 @@ impl Credentials {
     }
 
     /// Credentials a library program made itself; `renew_on_403`: a 403 refuses them too.
-    pub(crate) fn from_list(list: Vec<Arc<Credential>>, renew_on_403: bool) -> Credentials {
+    pub fn from_list(list: Vec<Arc<Credential>>, renew_on_403: bool) -> Credentials {
         let secrets = Secrets::new();
         for c in &list {
             c.secrets().feed(&secrets);
@@ -144,7 +144,7 @@ impl Credentials {
     }
 
     /// The credentials, in order.
-    pub(crate) fn list(&self) -> &[Arc<Credential>] {
+    pub fn list(&self) -> &[Arc<Credential>] {
         &self.list
     }
 

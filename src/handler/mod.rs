@@ -14,7 +14,7 @@
 //! - [`exec::ExecHandler`]: one process per ID from the job's command.
 //!
 //! The HTTP and exec handlers read the job's [`Credentials`] (see [`crate::credential`]) for
-//! each attempt; a library user's handler can hold a `crate::credential::Credential` and
+//! each attempt; a library user's handler can hold a [`crate::credential::Credential`] and
 //! read it the same way.
 //!
 //! ```
