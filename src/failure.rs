@@ -15,7 +15,7 @@
 //! | `TooMany` | retried (backoff, or `after`); uses no attempt, only retry time | slows down | an answer |
 //! | `Unreachable` | retried (backoff, or `after`) | - | evidence the API is out |
 //! | `TimedOut` | retried (backoff) | slows down | evidence the API is out |
-//! | `Renewed` | retried at once; uses no attempt and no retry time (at most [`MAX_RENEWED_RETRIES`] in a row) | an answer | an answer |
+//! | `Renewed` | retried at once; uses no attempt and no retry time (at most `MAX_RENEWED_RETRIES` in a row) | an answer | an answer |
 //! | `CredentialRejected` | stays pending: the run stops | - | - |
 //! | `OutOfCredit` | stays pending: the run stops | - | - |
 //!
@@ -145,7 +145,7 @@ pub enum Next {
 
 /// How many [`Next::Renewed`] retries in a row an item gets: past them, a refusal that a
 /// fresh credential does not cure (an API that answers 401 for this ID alone) fails the ID.
-pub const MAX_RENEWED_RETRIES: u32 = 3;
+pub(crate) const MAX_RENEWED_RETRIES: u32 = 3;
 
 impl Next {
     /// Whether the attempt is worth another one, and when: `None` for permanent (and for a

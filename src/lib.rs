@@ -10,7 +10,7 @@
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next (its
 //! message masked of the job's [`secrets`]);
-//! [`retry`] runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
+//! `retry` runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! The front door is at the root: a [`Job`] runs a [`Handler`] (any async closure, or
@@ -59,7 +59,7 @@ pub mod plan;
 pub mod progress;
 pub mod quota;
 pub mod rerun;
-pub mod retry;
+mod retry;
 pub mod secrets;
 mod serde_millis;
 mod setting;
@@ -67,7 +67,7 @@ pub mod sink;
 pub mod spec;
 pub mod store;
 pub mod throttle;
-pub mod watchdog;
+mod watchdog;
 
 // The front door: what a library program names to define, run and read back a job.
 pub use failure::{ErrorClass, Failure, Next};

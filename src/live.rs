@@ -7,6 +7,9 @@
 //! age how the runner stands; once the store is free, a snapshot not marked finished alone
 //! says the last runner died.
 
+// Parts only the command line uses are dead code in the library alone.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,89 +18,89 @@ use serde::{Deserialize, Serialize};
 use crate::store::StoreStats;
 
 /// The file's name in the state directory.
-pub const LIVE_FILE: &str = "live.json";
+pub(crate) const LIVE_FILE: &str = "live.json";
 
 /// A snapshot older than this, from a process that no longer updates it, is stale.
-pub const STALE_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// What a running process says about itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LiveSnapshot {
     /// The run's process id (tells a live run from a dead one).
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// The job's id, stable across runs.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// The run's id, new each start.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// Unix milliseconds.
-    pub started_ms: u64,
+    pub(crate) started_ms: u64,
     /// When the snapshot was last written (Unix milliseconds); older than [`STALE_AFTER`] from a live pid: stale.
-    pub updated_ms: u64,
+    pub(crate) updated_ms: u64,
     /// The run ended (cleanly: finished, stopped or halted); `outcome` says how.
-    pub finished: bool,
+    pub(crate) finished: bool,
     /// "finished", "halted", "stopped", "not finished" or "failed"; none while running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
+    pub(crate) outcome: Option<String>,
     /// Items finished per second over the last minute (less early in the run).
-    pub items_per_second: f64,
+    pub(crate) items_per_second: f64,
     /// Items finished per second over the whole run.
     #[serde(default)]
-    pub average_items_per_second: f64,
+    pub(crate) average_items_per_second: f64,
     /// The rate limit in force, requests per second (none: no limit).
-    pub effective_rate: Option<f64>,
+    pub(crate) effective_rate: Option<f64>,
     /// Seconds left at the last minute's speed, once the input's size is known.
-    pub eta_seconds: Option<u64>,
+    pub(crate) eta_seconds: Option<u64>,
     /// Job-wide figures: the store's at the start plus this run's.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// IDs failed, job-wide.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Planned IDs without a final result, job-wide.
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Buckets committed, job-wide.
-    pub buckets_committed: u64,
+    pub(crate) buckets_committed: u64,
     /// Buckets planned, job-wide.
-    pub buckets_planned: u64,
+    pub(crate) buckets_planned: u64,
     /// Input rows read, job-wide (bad and duplicate rows included).
-    pub rows_read: u64,
+    pub(crate) rows_read: u64,
     /// Rows in the whole input, once counted.
-    pub input_rows: Option<u64>,
+    pub(crate) input_rows: Option<u64>,
     /// This run's figures.
-    pub run_ok: u64,
+    pub(crate) run_ok: u64,
     /// Items this run finished failed.
-    pub run_failed: u64,
+    pub(crate) run_failed: u64,
     /// Retries this run made.
-    pub retries: u64,
+    pub(crate) retries: u64,
     /// Answers 429 this run got.
-    pub throttled: u64,
+    pub(crate) throttled: u64,
     /// API calls under way now.
-    pub in_flight: u64,
+    pub(crate) in_flight: u64,
     /// Where the job's quotas stand (none in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub quotas: Vec<crate::quota::QuotaState>,
+    pub(crate) quotas: Vec<crate::quota::QuotaState>,
     /// The limits the API announced (none in snapshots of older versions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub announced: Vec<crate::quota::pacer::PolicyState>,
+    pub(crate) announced: Vec<crate::quota::pacer::PolicyState>,
     /// Where the run serves the job's dashboard (`host:port`), if it does: a reader that
     /// cannot open the store the run holds reaches the run's own readings there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dashboard: Option<String>,
+    pub(crate) dashboard: Option<String>,
     /// What the calls cost, job-wide, as their answers said.
     #[serde(default, skip_serializing_if = "crate::meter::Usage::is_zero")]
-    pub usage: crate::meter::Usage,
+    pub(crate) usage: crate::meter::Usage,
 }
 
 /// The live file of the state directory `state`.
-pub fn path(state: &Path) -> PathBuf {
+pub(crate) fn path(state: &Path) -> PathBuf {
     state.join(LIVE_FILE)
 }
 
 /// The temporary file a snapshot is written to before it is renamed over [`LIVE_FILE`].
 /// A fixed name: the only writer is the run holding the store's lock, and a file left by a
 /// crash is simply overwritten by the next run.
-pub const LIVE_TMP: &str = "live.json.tmp";
+pub(crate) const LIVE_TMP: &str = "live.json.tmp";
 
 /// Replace the snapshot atomically.
-pub fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
+pub(crate) fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(snapshot).expect("snapshots serialize");
     let tmp = state.join(LIVE_TMP);
     std::fs::write(&tmp, &bytes)?;
@@ -105,13 +108,13 @@ pub fn publish(state: &Path, snapshot: &LiveSnapshot) -> std::io::Result<()> {
 }
 
 /// The last snapshot, if there is a readable one.
-pub fn read(state: &Path) -> Option<LiveSnapshot> {
+pub(crate) fn read(state: &Path) -> Option<LiveSnapshot> {
     let bytes = std::fs::read(path(state)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Whether a process with this pid exists.
-pub fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     // A zombie (dead, not yet reaped by its parent) still answers signal 0.
     crate::os::process_exists(pid) && i32::try_from(pid).is_ok_and(|pid| !is_zombie(pid))
 }
@@ -144,7 +147,7 @@ pub enum Runner {
 
 impl LiveSnapshot {
     /// How the runner of a snapshot read while the store is locked stands.
-    pub fn runner(&self, now_ms: u64) -> Runner {
+    pub(crate) fn runner(&self, now_ms: u64) -> Runner {
         if self.finished {
             Runner::Finished
         } else if !pid_alive(self.pid) || self.pid == std::process::id() {
@@ -158,7 +161,7 @@ impl LiveSnapshot {
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time.
-pub fn format_ms(ms: u64) -> String {
+pub(crate) fn format_ms(ms: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
@@ -167,7 +170,7 @@ impl LiveSnapshot {
     /// of a free store gives. What a live run does not track (IDs planned are ok + failed +
     /// pending; duplicates, bad lines and input bytes read are left at 0; the input is read
     /// to its end once every row of a counted input is read).
-    pub fn stats(&self) -> StoreStats {
+    pub(crate) fn stats(&self) -> StoreStats {
         StoreStats {
             buckets_planned: self.buckets_planned,
             buckets_committed: self.buckets_committed,
@@ -186,7 +189,7 @@ impl LiveSnapshot {
     }
 
     /// Human text for `status` while the run is live.
-    pub fn render(&self, state: &Path, runner: Runner, now_ms: u64) -> String {
+    pub(crate) fn render(&self, state: &Path, runner: Runner, now_ms: u64) -> String {
         let age = Duration::from_secs(now_ms.saturating_sub(self.updated_ms) / 1000);
         let how = match runner {
             Runner::Live => "running".to_string(),

@@ -21,16 +21,16 @@ use crate::monitor::RunView;
 use crate::progress::LATENCY_BUCKETS;
 
 /// The content type of the text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub use crate::listen::{bind, BindError};
 
 /// Connections served at once; more are closed at once (a scraper needs one or two).
-pub const MAX_CONNECTIONS: usize = 32;
+pub(crate) const MAX_CONNECTIONS: usize = 32;
 
 /// Serve scrapes until the task is aborted. Headers must arrive within hyper's header-read
 /// timeout (30 s), so a client that opens a connection and sends nothing cannot hold it
-/// forever; beyond [`MAX_CONNECTIONS`] new connections are closed unanswered.
+/// forever; beyond `MAX_CONNECTIONS` new connections are closed unanswered.
 pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -77,7 +77,7 @@ fn answer(req: &Request<Incoming>, view: &RunView) -> Response<Full<Bytes>> {
 }
 
 /// The whole exposition.
-pub fn render(view: &RunView) -> String {
+pub(crate) fn render(view: &RunView) -> String {
     let counters = &view.counters;
     let run = counters.snapshot();
     let job = view.figures(&run);

@@ -37,61 +37,62 @@ pub enum EventFormat {
 }
 
 /// What the monitor of a run is told at the start.
-pub struct MonitorConfig {
+pub(crate) struct MonitorConfig {
     /// The job's input, whose rows are counted in the background for the total and the ETA.
-    pub input: InputSpec,
+    pub(crate) input: InputSpec,
     /// The directory `live.json` is published in (`status` reads it); `None`: not published.
-    pub state: Option<PathBuf>,
+    pub(crate) state: Option<PathBuf>,
     /// Time between progress events.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How progress events are written.
-    pub format: EventFormat,
+    pub(crate) format: EventFormat,
     /// Show the terminal bar (standard error is a terminal and not `-q`). Built without the
     /// feature `progress-bar`, no bar is shown and progress events are written instead.
-    pub bar: bool,
+    pub(crate) bar: bool,
     /// The run's concurrency cap, for the falling-behind diagnosis.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// `--rate`, if given.
-    pub configured_rate: Option<f64>,
+    pub(crate) configured_rate: Option<f64>,
     /// How often a sample of the run goes to the job's history (`DIR/history.log`, beside
     /// `live.json`; zero: no history).
-    pub history_interval: Duration,
+    pub(crate) history_interval: Duration,
     /// The job's spec as stored, for the history's record of the run's start.
-    pub spec: serde_json::Value,
+    pub(crate) spec: serde_json::Value,
     /// Where the history goes without a state directory (a PostgreSQL job's store).
-    pub history_sink: Option<HistorySink>,
+    pub(crate) history_sink: Option<HistorySink>,
 }
 
 /// Keeps a record of the job's history (as JSON) somewhere other than a state directory;
 /// the future it returns ends when the record is kept.
-pub type HistorySink = Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type HistorySink =
+    Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What the monitor, the metrics endpoint and the end of the run share.
 pub struct RunView {
     /// The run's live counters.
-    pub counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     /// The store's figures when the run started.
-    pub start: StoreStats,
+    pub(crate) start: StoreStats,
     /// The job's id, stable across runs.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// This run's id, new each start.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// When the run started, for rates and elapsed times.
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// When the run started, in Unix milliseconds.
-    pub started_ms: u64,
+    pub(crate) started_ms: u64,
     /// This worker among the job's (a shared store's session), for the metrics' `worker`
     /// label; `None` for a job with one worker at a time.
-    pub worker: Option<String>,
+    pub(crate) worker: Option<String>,
     /// Where the run serves the job's dashboard (`host:port`), if it does.
-    pub dashboard: Option<String>,
+    pub(crate) dashboard: Option<String>,
     /// Rows in the whole input, once counted (`u64::MAX` until then).
     total_rows: AtomicU64,
 }
 
 impl RunView {
     /// The view of a run starting now from `start`, with a new run id; the input's total is known only if `start` read it to its end.
-    pub fn new(counters: Arc<Counters>, start: StoreStats, job_id: String) -> RunView {
+    pub(crate) fn new(counters: Arc<Counters>, start: StoreStats, job_id: String) -> RunView {
         let total = if start.input_exhausted {
             start.rows_read
         } else {
@@ -111,11 +112,11 @@ impl RunView {
     }
 
     /// The view of one worker of a shared job ([`RunView::worker`]).
-    pub fn with_worker(self, worker: Option<String>) -> RunView {
+    pub(crate) fn with_worker(self, worker: Option<String>) -> RunView {
         RunView { worker, ..self }
     }
 
-    /// The view of a run that serves the job's dashboard at `addr` ([`RunView::dashboard`]).
+    /// The view of a run that serves the job's dashboard at `addr`.
     pub fn with_dashboard(self, addr: Option<String>) -> RunView {
         RunView {
             dashboard: addr,
@@ -124,12 +125,12 @@ impl RunView {
     }
 
     /// Rows in the whole input, once counted; none before.
-    pub fn total_rows(&self) -> Option<u64> {
+    pub(crate) fn total_rows(&self) -> Option<u64> {
         Some(self.total_rows.load(Relaxed)).filter(|n| *n != u64::MAX)
     }
 
     /// Job-wide figures: the store's at the start plus `run`.
-    pub fn figures(&self, run: &CounterSnapshot) -> JobFigures {
+    pub(crate) fn figures(&self, run: &CounterSnapshot) -> JobFigures {
         JobFigures::new(&self.start, run)
     }
 
@@ -237,7 +238,7 @@ fn new_run_id() -> String {
 }
 
 /// The running monitor; [`Monitor::finish`] writes the last event and snapshot.
-pub struct Monitor {
+pub(crate) struct Monitor {
     view: Arc<RunView>,
     config: Arc<MonitorConfig>,
     task: tokio::task::JoinHandle<State>,
@@ -383,7 +384,7 @@ impl State {
 
 impl Monitor {
     /// Start the monitor's tasks (events, bar, live snapshot, history) for the run `view` shows.
-    pub fn start(view: Arc<RunView>, config: MonitorConfig) -> Monitor {
+    pub(crate) fn start(view: Arc<RunView>, config: MonitorConfig) -> Monitor {
         let config = Arc::new(config);
         let counting = Arc::new(AtomicBool::new(true));
         if view.total_rows().is_none() {
@@ -410,7 +411,7 @@ impl Monitor {
 
     /// The run ended: the last progress event, and the snapshot marked finished with
     /// `outcome`. The bar is cleared.
-    pub async fn finish(self, outcome: &str) {
+    pub(crate) async fn finish(self, outcome: &str) {
         self.counting.store(false, Relaxed);
         self.stop.notify_one();
         let run = self.view.counters.snapshot();

@@ -10,7 +10,7 @@
 /// directory's files (sled's, the results log, positions, the ID index and lists), the
 /// input, the runtime's own (epoll, eventfds), a metrics listener, and connections being
 /// replaced.
-pub const RESERVED_FILES: u64 = 64;
+pub(crate) const RESERVED_FILES: u64 = 64;
 
 /// The process may not open enough files for the requests it is asked to keep in flight.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub struct TooFewFiles {
 }
 
 /// Raise the soft limit on open files to the hard limit, and check that `in_flight`
-/// connections (plus [`RESERVED_FILES`]) fit under it. Returns the limit in force.
+/// connections (plus `RESERVED_FILES`) fit under it. Returns the limit in force.
 pub fn open_files_for(in_flight: u64) -> Result<Option<u64>, TooFewFiles> {
     let Some(limit) = raise_open_files() else {
         return Ok(None);
@@ -86,7 +86,7 @@ fn raise_open_files() -> Option<u64> {
 /// group of its own (so [`kill_process_group`] reaches everything it starts), and, on
 /// Linux, the kernel sends it `SIGKILL` when the thread that forked it ends (so it dies
 /// with highwater, even when highwater is killed with `SIGKILL`).
-pub fn contain_child(command: &mut tokio::process::Command) {
+pub(crate) fn contain_child(command: &mut tokio::process::Command) {
     #[cfg(unix)]
     command.process_group(0);
     #[cfg(target_os = "linux")]
@@ -120,7 +120,7 @@ pub fn contain_child(command: &mut tokio::process::Command) {
 
 /// Send `SIGKILL` to the process group `group` (a child contained by [`contain_child`] and
 /// all it started). A group that is gone already is not an error.
-pub fn kill_process_group(group: u32) {
+pub(crate) fn kill_process_group(group: u32) {
     #[cfg(unix)]
     {
         if let Ok(group) = libc::pid_t::try_from(group) {
@@ -184,6 +184,7 @@ pub(crate) fn lower_thread_priority() {
 
 /// Whether a process with this pid exists (a zombie included: the caller tells those
 /// apart). Elsewhere than Unix: assumed to.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn process_exists(pid: u32) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
         return false;

@@ -30,7 +30,7 @@ pub enum PlanError {
 }
 
 /// Reads the input from the planner's position and cuts buckets.
-pub struct Planner {
+pub(crate) struct Planner {
     reader: InputReader,
     state: PlannerState,
     bucket_size: u64,
@@ -40,7 +40,7 @@ pub struct Planner {
 
 impl Planner {
     /// Start planning at `state` (the stored position) with an opened reader at that cursor.
-    pub fn new(
+    pub(crate) fn new(
         reader: InputReader,
         state: PlannerState,
         bucket_size: u64,
@@ -57,7 +57,7 @@ impl Planner {
     }
 
     /// The position after the last bucket returned.
-    pub fn state(&self) -> PlannerState {
+    pub(crate) fn state(&self) -> PlannerState {
         self.state
     }
 
@@ -65,7 +65,7 @@ impl Planner {
     /// the buckets and the planner position after them; no buckets once the input is
     /// exhausted. Duplicates are judged by `store`, which notes every ID read: all the
     /// batch's IDs in one call.
-    pub async fn next_batch(
+    pub(crate) async fn next_batch(
         &mut self,
         store: &impl Store,
         min_rows: u64,

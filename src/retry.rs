@@ -18,7 +18,7 @@ use crate::spec::RetryPolicy;
 /// How an item (or a batch of items, with the batch's parts as `T`) ended. `errors` lists
 /// every failed attempt's error, oldest first.
 #[derive(Debug)]
-pub enum ItemOutcome<T = Output> {
+pub(crate) enum ItemOutcome<T = Output> {
     /// An attempt succeeded: the item is done.
     Ok {
         /// What the handler returned.
@@ -43,7 +43,7 @@ pub enum ItemOutcome<T = Output> {
 
 /// Whether an attempt counts against the item's attempts and retry time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Charge {
+pub(crate) enum Charge {
     /// The attempt uses one of the item's attempts.
     Counted,
     /// The API refused the call to slow the client down (429): not the ID's doing, so it
@@ -67,7 +67,11 @@ pub enum Charge {
 /// [`MAX_RENEWED_RETRIES`] times in a row (then the refusal is the ID's: it fails). `stopping` resolves when the run is
 /// shutting down: the loop then gives up instead of waiting for a backoff to pass, and the
 /// item is [`ItemOutcome::Abandoned`].
-pub async fn run<T, F, Fut, S>(policy: &RetryPolicy, mut attempt: F, stopping: S) -> ItemOutcome<T>
+pub(crate) async fn run<T, F, Fut, S>(
+    policy: &RetryPolicy,
+    mut attempt: F,
+    stopping: S,
+) -> ItemOutcome<T>
 where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Option<(Result<T, Failure>, Charge, Duration)>>,

@@ -304,7 +304,7 @@ impl JobSpec {
 
     /// A reader of the job's input from `cursor` on, reading only what the job's fingerprint
     /// covers (of a folder, the files planned), and the kept columns beside each ID.
-    pub fn input_reader(&self, cursor: Cursor) -> Result<InputReader, InputError> {
+    pub(crate) fn input_reader(&self, cursor: Cursor) -> Result<InputReader, InputError> {
         let mut reader = InputReader::open_planned(
             &self.input,
             &self.input_files,
@@ -317,7 +317,7 @@ impl JobSpec {
 
     /// The fingerprint of the job's input as it is now, to compare with [`JobSpec::fingerprint`]:
     /// of a folder, of the files planned (files added since are not looked at).
-    pub fn input_fingerprint_now(&self) -> Result<Fingerprint, InputError> {
+    pub(crate) fn input_fingerprint_now(&self) -> Result<Fingerprint, InputError> {
         if self.input_files.is_empty() {
             Fingerprint::of_file(&self.input.path)
         } else {

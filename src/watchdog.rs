@@ -22,6 +22,9 @@
 //! Only calls that must answer in time are watched: a backend that waits out an outage on
 //! purpose (PostgreSQL's reconnecting steps, which log as they wait) is not stalled.
 
+// Parts only the command line uses are dead code in the library alone.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -29,13 +32,13 @@ use std::time::{Duration, Instant};
 
 /// A watched call that has not returned within the bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stall {
+pub(crate) struct Stall {
     /// What the call does ("sled flush", "store sync"...).
-    pub op: &'static str,
+    pub(crate) op: &'static str,
     /// How long it has waited when reported.
-    pub waited: Duration,
+    pub(crate) waited: Duration,
     /// How many watched calls were in progress then (this one included).
-    pub in_progress: usize,
+    pub(crate) in_progress: usize,
 }
 
 impl fmt::Display for Stall {
@@ -54,10 +57,10 @@ impl fmt::Display for Stall {
 }
 
 /// What a stall does: called once per stalled call, on the watchdog's thread.
-pub type OnStall = Box<dyn Fn(&Stall) + Send + Sync>;
+pub(crate) type OnStall = Box<dyn Fn(&Stall) + Send + Sync>;
 
 /// Notices watched calls that do not return within a bound; see the module's doc.
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     inner: Arc<Inner>,
 }
 
@@ -79,7 +82,7 @@ struct Calls {
 
 /// A call in progress, from [`Watchdog::watch`] or [`watch`]; the call ends when this drops.
 #[must_use = "the call is watched while this lives"]
-pub struct Watch {
+pub(crate) struct Watch {
     call: Option<(Arc<Inner>, u64)>,
 }
 
@@ -149,7 +152,10 @@ fn tick(bound: Duration) -> Duration {
 impl Watchdog {
     /// A watchdog reporting calls that have not returned within `bound` to `on_stall`. Its
     /// thread ends when the watchdog is dropped.
-    pub fn new(bound: Duration, on_stall: impl Fn(&Stall) + Send + Sync + 'static) -> Watchdog {
+    pub(crate) fn new(
+        bound: Duration,
+        on_stall: impl Fn(&Stall) + Send + Sync + 'static,
+    ) -> Watchdog {
         let inner = Arc::new(Inner {
             bound,
             on_stall: Box::new(on_stall),
@@ -179,13 +185,8 @@ impl Watchdog {
         Watchdog { inner }
     }
 
-    /// The bound a call may take.
-    pub fn bound(&self) -> Duration {
-        self.inner.bound
-    }
-
     /// Watch the call `op` until the returned [`Watch`] drops.
-    pub fn watch(&self, op: &'static str) -> Watch {
+    pub(crate) fn watch(&self, op: &'static str) -> Watch {
         let mut calls = self.inner.lock();
         let n = calls.next;
         calls.next += 1;
@@ -209,17 +210,17 @@ static INSTALLED: OnceLock<Watchdog> = OnceLock::new();
 /// The process already has a watchdog: [`install`] was called before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a store watchdog is already installed")]
-pub struct AlreadyInstalled;
+pub(crate) struct AlreadyInstalled;
 
 /// Make `watchdog` the one that every store of this process reports its calls to ([`watch`]).
 /// Once per process.
-pub fn install(watchdog: Watchdog) -> Result<(), AlreadyInstalled> {
+pub(crate) fn install(watchdog: Watchdog) -> Result<(), AlreadyInstalled> {
     INSTALLED.set(watchdog).map_err(|_| AlreadyInstalled)
 }
 
 /// Watch the call `op` with the installed watchdog, if there is one, until the returned
 /// [`Watch`] drops.
-pub fn watch(op: &'static str) -> Watch {
+pub(crate) fn watch(op: &'static str) -> Watch {
     match INSTALLED.get() {
         Some(w) => w.watch(op),
         None => Watch { call: None },

@@ -12,22 +12,23 @@ use crate::history::{self, Record};
 use crate::live::Runner;
 
 /// The span the summary's ETA is smoothed over.
-pub const ETA_WINDOW_MS: u64 = 10 * 60 * 1000;
+pub(crate) const ETA_WINDOW_MS: u64 = 10 * 60 * 1000;
 
 /// Points of each history series at most, unless asked otherwise.
-pub const DEFAULT_POINTS: usize = 2000;
+pub(crate) const DEFAULT_POINTS: usize = 2000;
 
 /// Cells of the bucket map at most, unless asked otherwise.
-pub const DEFAULT_CELLS: usize = 2000;
+pub(crate) const DEFAULT_CELLS: usize = 2000;
 
 /// What a page says of the parts a running job's lock keeps from it.
-pub const LOCKED_NOTE: &str = "a run holds this state directory: the bucket map, the failures \
+pub(crate) const LOCKED_NOTE: &str =
+    "a run holds this state directory: the bucket map, the failures \
      and the error classes are read from the store, which only one process may open, and \
      are shown once no run holds it (or live, by a run that serves its own dashboard); figures, charts and the spec come from what the run \
      publishes (live.json, history.log)";
 
 /// `GET /api/summary`.
-pub fn summary(r: &Reading) -> Value {
+pub(crate) fn summary(r: &Reading) -> Value {
     let stats = r.stats.clone().unwrap_or_default();
     let input_rows = input_rows(r);
     let eta = smoothed_speed(&r.history).map(|rate| {
@@ -156,7 +157,7 @@ fn smoothed_speed(history: &[Record]) -> Option<f64> {
 }
 
 /// `GET /api/history?points=N`.
-pub fn history(r: &Reading, points: usize) -> Value {
+pub(crate) fn history(r: &Reading, points: usize) -> Value {
     serde_json::to_value(history::downsample(&r.history, points)).unwrap_or_default()
 }
 
@@ -178,7 +179,7 @@ fn total_buckets(r: &Reading, planned: u64) -> u64 {
 /// (one bucket a cell when they are few) with its buckets by state: committed without
 /// failures, committed with failures, planned but not committed (in flight, or left open
 /// by a stopped run), not planned yet. The cells' counts add up to the job's buckets.
-pub fn buckets(r: &Reading, cells: usize) -> Value {
+pub(crate) fn buckets(r: &Reading, cells: usize) -> Value {
     let stats = r.stats.clone().unwrap_or_default();
     let Some(all) = &r.buckets else {
         let total = total_buckets(r, stats.buckets_planned);
@@ -247,7 +248,7 @@ pub fn buckets(r: &Reading, cells: usize) -> Value {
 }
 
 /// `GET /api/failures?class=&bucket=&limit=`.
-pub fn failures(r: &Reading) -> Value {
+pub(crate) fn failures(r: &Reading) -> Value {
     match &r.failures {
         Some(f) => json!({
             "available": true,
@@ -266,7 +267,7 @@ pub fn failures(r: &Reading) -> Value {
 
 /// `GET /api/workers`: a PostgreSQL job's workers (host, heartbeat, share, figures); for a
 /// state directory, its one runner.
-pub fn workers(r: &Reading) -> Value {
+pub(crate) fn workers(r: &Reading) -> Value {
     match &r.workers {
         Some(w) => json!({"fleet": true, "workers": w}),
         None => json!({

@@ -9,13 +9,13 @@ const UPLOT_JS: &str = include_str!("../../assets/uplot/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("../../assets/uplot/uPlot.min.css");
 
 /// The live page: it fetches its data from the server that serves it.
-pub fn live() -> String {
+pub(crate) fn live() -> String {
     render(None)
 }
 
 /// A report: the page with `data` (`{"summary":..,"history":..,"buckets":..,"failures":..,
 /// "workers":..}`) embedded.
-pub fn report(data: &Value) -> String {
+pub(crate) fn report(data: &Value) -> String {
     render(Some(data))
 }
 

@@ -29,20 +29,20 @@ use super::source::{DashboardError, FailureQuery, Reading, Wants};
 use crate::job::JobPlace;
 
 /// How long a reading serves requests while a run is active.
-pub const FRESH_LIVE: Duration = Duration::from_secs(1);
+pub(crate) const FRESH_LIVE: Duration = Duration::from_secs(1);
 /// How long a failures reading serves the same query while a run is active (an open page
 /// refreshes its table about once a minute; a failures walk reads every bucket not
 /// committed yet).
-pub const FRESH_FAILURES_LIVE: Duration = Duration::from_secs(5);
+pub(crate) const FRESH_FAILURES_LIVE: Duration = Duration::from_secs(5);
 
 /// How long a reading serves requests while no run is active.
-pub const FRESH_IDLE: Duration = Duration::from_secs(10);
+pub(crate) const FRESH_IDLE: Duration = Duration::from_secs(10);
 
 /// Connections served at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 /// Failed items a failures answer lists at most.
-pub const MAX_FAILURES_LISTED: usize = 5000;
+pub(crate) const MAX_FAILURES_LISTED: usize = 5000;
 
 pub use crate::listen::{bind, BindError};
 
@@ -59,7 +59,7 @@ struct Shared<P> {
 }
 
 /// How long a relayed request may take.
-pub const RELAY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const RELAY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the run that published `live` serves its dashboard, as this machine reaches it (an
 /// unspecified address, the run listening on every interface, is reached on loopback).

@@ -36,7 +36,7 @@ pub enum DashboardError {
 
 /// What a reading should take beyond the job's figures.
 #[derive(Debug, Clone, Default)]
-pub struct Wants {
+pub(crate) struct Wants {
     /// Every bucket's state (the bucket map).
     pub buckets: bool,
     /// Failed items.
@@ -45,7 +45,7 @@ pub struct Wants {
 
 /// Which failed items to list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FailureQuery {
+pub(crate) struct FailureQuery {
     /// Only this error class (its name); none: every class.
     pub class: Option<String>,
     /// Only the buckets from the first to the last (both included).
@@ -57,7 +57,7 @@ pub struct FailureQuery {
 /// One failed item as the page lists it (the answer's body is left out: an API may echo a
 /// request's secret in it).
 #[derive(Debug, Clone, Serialize)]
-pub struct FailureRow {
+pub(crate) struct FailureRow {
     /// The item's ID.
     pub id: String,
     /// Its job bucket.
@@ -78,7 +78,7 @@ pub struct FailureRow {
 
 /// The failures a query matched.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Failures {
+pub(crate) struct Failures {
     /// Failed items the query matched, listed or not.
     pub matched: u64,
     /// The listed ones, at most the query's `limit`.
@@ -87,7 +87,7 @@ pub struct Failures {
 
 /// What one look at the job found.
 #[derive(Debug, Clone, Default)]
-pub struct Reading {
+pub(crate) struct Reading {
     /// The directory or the job, as shown.
     pub shown: String,
     /// The store could be read (false: a run holds the state directory's lock).
@@ -117,7 +117,7 @@ pub struct Reading {
 }
 
 /// One look at the job at `place`.
-pub async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, DashboardError> {
+pub(crate) async fn read<P: JobPlace>(place: &P, wants: &Wants) -> Result<Reading, DashboardError> {
     let names = place.names();
     let mut reading = Reading {
         shown: names.shown,

@@ -34,7 +34,7 @@ pub struct BatchAnswer {
 /// Whether a batch request's failure may be one of its IDs' doing, so that the batch is worth
 /// asking again in halves: refused for good with a 4xx that is not about the credential or
 /// the rate (401, 407, 429).
-pub fn may_be_one_ids(error: &Failure) -> bool {
+pub(crate) fn may_be_one_ids(error: &Failure) -> bool {
     error.next == crate::failure::Next::Permanent
         && error.class == crate::failure::ErrorClass::Http
         && matches!(error.status, Some(400..=499))

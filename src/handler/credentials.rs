@@ -26,7 +26,7 @@ use crate::setting::Setting;
 
 /// The exit code by which an exec job's command says its credential was refused
 /// (`EX_NOPERM` of sysexits.h): the credential is renewed and the ID run again.
-pub const REFUSED_EXIT_CODE: i32 = 77;
+pub(crate) const REFUSED_EXIT_CODE: i32 = 77;
 
 /// A job's credentials, in the order of its spec (a template's credential slot is an index
 /// into them). Cheap to clone.

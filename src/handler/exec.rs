@@ -9,7 +9,7 @@
 //! standard input and inherits the environment and working directory. Each of the job's
 //! credentials is also in its environment, under the credential's name, and a `${NAME}` of
 //! one in the command is its current value; a process that exits with
-//! [`REFUSED_EXIT_CODE`] says the credential was refused: it is renewed and the ID run
+//! `REFUSED_EXIT_CODE` says the credential was refused: it is renewed and the ID run
 //! again ([`super::Credentials`]).
 //!
 //! | the process | class | next |
@@ -18,19 +18,19 @@
 //! | exits with a code of `retry_exit_codes` (default 75, `EX_TEMPFAIL`) | `exit` | retry |
 //! | runs past the timeout: its whole process group is killed | `timeout` | timed out |
 //! | exits with any other code, or is killed by a signal | `exit` | permanent |
-//! | writes more than [`MAX_OUTPUT_BYTES`] to standard output | `body` | permanent |
+//! | writes more than `MAX_OUTPUT_BYTES` to standard output | `body` | permanent |
 //! | cannot be started: not found, not executable | `request` | permanent |
 //! | cannot be started for now (too many processes or open files) | `request` | retry |
 //!
 //! Standard output is stored as JSON when it is one JSON document, else as a JSON string,
 //! trailing newlines removed (as `$(...)` does in a shell). A failure's message ends with the
-//! last [`STDERR_TAIL_BYTES`] of standard error, masked ([`crate::secrets`]) of the `${VAR}`
+//! last `STDERR_TAIL_BYTES` of standard error, masked ([`crate::secrets`]) of the `${VAR}`
 //! values the command expanded and of every value its credentials had.
 //!
 //! No process outlives highwater or its attempt: each runs in its own process group, killed
 //! whole at the timeout, when its attempt is abandoned (a stop) and after it exits (its
 //! stray background children); on Linux each also gets `SIGKILL` when highwater dies, even
-//! by `SIGKILL` ([`crate::os::contain_child`]). That parent-death signal fires when the
+//! by `SIGKILL` (`crate::os::contain_child`). That parent-death signal fires when the
 //! *thread* that forked the child ends, and the async runtime's threads come and go, so
 //! every process is forked by one spawner thread that lives as long as the process.
 
@@ -57,10 +57,10 @@ use crate::secrets::Secrets;
 use crate::setting::Setting;
 
 /// The largest standard output kept (as for an HTTP answer body); more fails the ID.
-pub const MAX_OUTPUT_BYTES: usize = super::http::MAX_BODY_BYTES;
+pub(crate) const MAX_OUTPUT_BYTES: usize = super::http::MAX_BODY_BYTES;
 
 /// How much of the end of standard error a failure's message keeps.
-pub const STDERR_TAIL_BYTES: usize = 2000;
+pub(crate) const STDERR_TAIL_BYTES: usize = 2000;
 
 /// The exit code retried by default: `EX_TEMPFAIL` of sysexits.h.
 pub const DEFAULT_RETRY_EXIT_CODES: [i32; 1] = [75];
@@ -152,7 +152,7 @@ fn parse(
 
 /// Check the command's syntax without the environment: what must hold before a job is
 /// stored. `credentials`: the names of the job's credentials.
-pub fn check_command(spec: &ExecSpec, credentials: &[&str]) -> Result<(), HandlerError> {
+pub(crate) fn check_command(spec: &ExecSpec, credentials: &[&str]) -> Result<(), HandlerError> {
     parse(&spec.command, &|_| Some("x".into()), credentials).map(|_| ())
 }
 

@@ -4,7 +4,7 @@
 //! Owns the request templates ([`RequestSpec`]: `{id}` placed and encoded for where it
 //! stands, `${VAR}` expanded from the environment once, when the handler is built), the one
 //! shared reqwest client (rustls, keep-alive pool, explicit timeouts), and the reading of an
-//! answer: the HTTP status first ([`classify_status`]), then, for a 2xx answer, the job's
+//! answer: the HTTP status first (`classify_status`), then, for a 2xx answer, the job's
 //! answer checks ([`crate::answer`]). What each failure means:
 //!
 //! | what happened | class | next |
@@ -17,14 +17,14 @@
 //! | any other status outside 2xx | `http` | permanent |
 //! | no answer within `timeout` | `timeout` | timed out |
 //! | connection refused, reset or dropped | `connect`, `connection` | unreachable |
-//! | a body that cannot be read, or larger than [`MAX_BODY_BYTES`] | `body` | retry |
+//! | a body that cannot be read, or larger than `MAX_BODY_BYTES` | `body` | retry |
 //! | an ID that makes no valid request | `request` | permanent |
 //!
 //! Every answer's rate-limit headers (`RateLimit`/`RateLimit-Policy`, `X-RateLimit-*` and the
-//! like: [`crate::quota::announced`]) feed the handler's [`AnnouncedLimits`], which paces the
+//! like: `crate::quota::announced`) feed the handler's [`AnnouncedLimits`], which paces the
 //! run's attempts ([`Handler::announced_limits`]); so does every answer's status: a 429 with
 //! its `Retry-After`, or a call the API counted, from which it learns the windows nobody
-//! announces ([`crate::quota::learned`]).
+//! announces (`crate::quota::learned`).
 //!
 //! A usable `Retry-After` (seconds or HTTP date, in the future) replaces the backoff interval
 //! for that wait; zero, negative or unparseable values fall back to backoff so a server can
@@ -64,13 +64,13 @@ use crate::serde_millis;
 use crate::setting::Setting;
 
 /// Largest answer body we keep; a larger one fails the attempt.
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 16 << 20;
 
 /// How much of an answer outside 2xx its failure quotes.
 const SNIPPET_BYTES: usize = 200;
 
 /// The longest `Retry-After` we honour; a larger one is clamped to this.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 
 /// The request made for each ID, as templates (stored in the job's spec as written).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,7 +143,7 @@ impl Handler for HttpHandler {
     /// The request's body (its URL when it has none) at four bytes a token, read; and as
     /// written, what the last answers wrote, within the body's `max_tokens` (or
     /// `max_completion_tokens`, `max_output_tokens`) if it says
-    /// ([`AnnouncedLimits::output_estimate`]). The credentials are left out: a secret is
+    /// (at most 256 before any answer said). The credentials are left out: a secret is
     /// never rendered for an estimate.
     fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
         let row = row_values(row).ok()?;
@@ -532,7 +532,7 @@ fn proxy_in_env() -> bool {
 /// that are not about load, a steady few percent or the same IDs refused every time, do not
 /// move the rate, see [`crate::throttle`]), 408 a retry, another 5xx evidence that the API
 /// may be out, anything else a refusal for good.
-pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
+pub(crate) fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
     match status {
         429 => Next::TooMany { after: retry_after },
         503 | 529 => Next::Pushback { after: retry_after },
@@ -544,7 +544,7 @@ pub fn classify_status(status: u16, retry_after: Option<Duration>) -> Next {
 
 /// Parse a `Retry-After` value (delay-seconds or HTTP-date) into a usable wait, or `None`
 /// when it is zero, in the past, or unparseable.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     let wait = if let Ok(secs) = value.parse::<u64>() {
         Duration::from_secs(secs)
@@ -732,7 +732,10 @@ impl Compiled {
 
 /// Check the request templates' syntax (method, URL, headers, body) without the environment:
 /// what must hold before a job is stored. `credentials`: the names of the job's credentials.
-pub fn check_templates(spec: &RequestSpec, credentials: &[&str]) -> Result<(), HandlerError> {
+pub(crate) fn check_templates(
+    spec: &RequestSpec,
+    credentials: &[&str],
+) -> Result<(), HandlerError> {
     let compiled = Compiled::new(spec, &|_| Some("x".into()), credentials)?;
     let batch = compiled.url.template.has_ids()
         || compiled.body.as_ref().is_some_and(Template::has_ids)
@@ -780,7 +783,7 @@ fn check_batch_templates(r: &Compiled) -> Result<(), HandlerError> {
 }
 
 /// Check a batch job's request and split program (without the environment).
-pub fn check_batch(
+pub(crate) fn check_batch(
     spec: &RequestSpec,
     batch: &BatchSpec,
     credentials: &[&str],

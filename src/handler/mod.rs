@@ -46,8 +46,9 @@ mod work;
 
 pub use answered::Answered;
 pub(crate) use columns::columns_used;
-pub use credentials::{Credentials, REFUSED_EXIT_CODE};
+pub use credentials::Credentials;
 pub use error::HandlerError;
-pub use output::{millis, Output};
+pub(crate) use output::millis;
+pub use output::Output;
 pub use template::expand_env;
 pub use work::Handler;

@@ -62,7 +62,7 @@ impl From<serde_json::Value> for Output {
 }
 
 /// How long an attempt took, in whole milliseconds, for records.
-pub fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
 }
 

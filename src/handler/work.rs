@@ -41,14 +41,15 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// The limits the API announced in its answers, if the handler reads them: every
-    /// attempt of the run waits for them ([`AnnouncedLimits::wait`]). None by default.
+    /// attempt of the run waits for them (`AnnouncedLimits::wait`). None by default.
     fn announced_limits(&self) -> Option<std::sync::Arc<AnnouncedLimits>> {
         None
     }
 
     /// What an attempt for `id` (with its row's kept columns `row`) is expected to cost,
     /// asked before it starts while a limit the API announced counts tokens
-    /// ([`AnnouncedLimits::wait_for`]). None (unknown) by default.
+    /// (a call then takes what it is expected to cost of such a limit). None (unknown) by
+    /// default.
     fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
         let _ = (id, row);
         None

@@ -21,29 +21,29 @@ use std::path::{Path, PathBuf};
 use super::record::Record;
 
 /// The file's name in the state directory.
-pub const HISTORY_FILE: &str = "history.log";
+pub(crate) const HISTORY_FILE: &str = "history.log";
 
 /// Samples kept at most before the file is thinned.
-pub const MAX_SAMPLES: usize = 6000;
+pub(crate) const MAX_SAMPLES: usize = 6000;
 
 /// The history file could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: cannot read the job's history: {source}")]
 pub struct HistoryReadError {
     /// The history file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The operating system's error.
-    pub source: std::io::Error,
+    pub(crate) source: std::io::Error,
 }
 
 /// The path of the history file of a state directory.
-pub fn path(dir: &Path) -> PathBuf {
+pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join(HISTORY_FILE)
 }
 
 /// Every whole, intact record of the history of the state directory `dir`, oldest first;
 /// none if it has no history file.
-pub fn read(dir: &Path) -> Result<Vec<Record>, HistoryReadError> {
+pub(crate) fn read(dir: &Path) -> Result<Vec<Record>, HistoryReadError> {
     let path = path(dir);
     let file = match File::open(&path) {
         Ok(f) => f,
@@ -89,7 +89,7 @@ fn decode(line: &str) -> Option<Record> {
 
 /// The history file of a state directory, open for appending by the run that holds it.
 #[derive(Debug)]
-pub struct HistoryFile {
+pub(crate) struct HistoryFile {
     path: PathBuf,
     file: File,
     samples: usize,
@@ -98,12 +98,12 @@ pub struct HistoryFile {
 
 impl HistoryFile {
     /// Open (or create) the history file of `dir` for appending, cutting a torn last line.
-    pub fn open(dir: &Path) -> std::io::Result<HistoryFile> {
+    pub(crate) fn open(dir: &Path) -> std::io::Result<HistoryFile> {
         Self::open_with_limit(dir, MAX_SAMPLES)
     }
 
     /// [`HistoryFile::open`], thinning past `max_samples` samples (at least 16).
-    pub fn open_with_limit(dir: &Path, max_samples: usize) -> std::io::Result<HistoryFile> {
+    pub(crate) fn open_with_limit(dir: &Path, max_samples: usize) -> std::io::Result<HistoryFile> {
         let path = path(dir);
         let mut file = OpenOptions::new()
             .read(true)
@@ -137,7 +137,7 @@ impl HistoryFile {
     /// Append one record, durably (one `fdatasync`, a record every `--history-interval`:
     /// a power cut loses at most the record being written); thin the file when it holds too
     /// many samples.
-    pub fn append(&mut self, record: &Record) -> std::io::Result<()> {
+    pub(crate) fn append(&mut self, record: &Record) -> std::io::Result<()> {
         self.file.write_all(encode(record).as_bytes())?;
         self.file.sync_data()?;
         if matches!(record, Record::Sample(_)) {
@@ -149,8 +149,9 @@ impl HistoryFile {
         Ok(())
     }
 
+    #[cfg(test)]
     /// Samples in the file.
-    pub fn samples(&self) -> usize {
+    pub(crate) fn samples(&self) -> usize {
         self.samples
     }
 

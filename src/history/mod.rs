@@ -6,15 +6,18 @@
 //! only ever `${VAR}` references) and a [`Sample`] every `--history-interval` (10 s by
 //! default) and at the run's end. Counters in a sample are cumulative over its run, so a
 //! restart is explicit (a new run id) and a lost sample loses nothing but resolution.
-//! [`Sampler`] turns the live counters into samples; [`file`](mod@file) keeps them in the state
-//! directory; [`series`] turns them into the downsampled columns a chart draws.
+//! `Sampler` turns the live counters into samples; `file` keeps them in the state
+//! directory; `series` turns them into the downsampled columns a chart draws.
 
-pub mod file;
+pub(crate) mod file;
 mod record;
 mod sampler;
-pub mod series;
+#[cfg(feature = "dashboard")]
+pub(crate) mod series;
 
-pub use file::{HistoryFile, HistoryReadError, HISTORY_FILE};
+pub(crate) use file::HistoryFile;
+pub use file::HistoryReadError;
 pub use record::{Answers, RateCause, Record, RunStart, Sample};
-pub use sampler::{percentile_ms, Sampler, DEFAULT_INTERVAL};
-pub use series::{downsample, HistorySeries};
+pub(crate) use sampler::{Sampler, DEFAULT_INTERVAL};
+#[cfg(feature = "dashboard")]
+pub(crate) use series::downsample;

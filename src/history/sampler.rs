@@ -7,12 +7,12 @@ use crate::failure::ErrorClass;
 use crate::progress::{CounterSnapshot, Counters, JobFigures, LATENCY_BUCKETS};
 
 /// The default time between two samples.
-pub const DEFAULT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const DEFAULT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Turns a run's live counters into [`Sample`]s; remembers the latency histogram of the
 /// previous sample, so each sample's percentiles cover only its interval.
 #[derive(Debug)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     run_id: String,
     worker: Option<String>,
     configured_rate: Option<f64>,
@@ -21,7 +21,11 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for run `run_id` (of `worker`, in a shared job), whose rate is `configured_rate` when not lowered.
-    pub fn new(run_id: String, worker: Option<String>, configured_rate: Option<f64>) -> Sampler {
+    pub(crate) fn new(
+        run_id: String,
+        worker: Option<String>,
+        configured_rate: Option<f64>,
+    ) -> Sampler {
         Sampler {
             run_id,
             worker,
@@ -31,7 +35,7 @@ impl Sampler {
     }
 
     /// The sample now: `run` is a copy of `counters`, `job` the job-wide figures from it.
-    pub fn sample(
+    pub(crate) fn sample(
         &mut self,
         counters: &Counters,
         run: &CounterSnapshot,
@@ -118,7 +122,7 @@ fn answers(counters: &Counters) -> Answers {
 /// The `q` quantile (0..1), in milliseconds, of a latency histogram given as cumulative
 /// counts per [`LATENCY_BUCKETS`] bound followed by the total; linear within a bucket, the
 /// last bound for the overflow. None for an empty histogram.
-pub fn percentile_ms(cumulative: &[u64], q: f64) -> Option<f64> {
+pub(crate) fn percentile_ms(cumulative: &[u64], q: f64) -> Option<f64> {
     let total = *cumulative.last()?;
     if total == 0 {
         return None;

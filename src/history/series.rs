@@ -44,63 +44,63 @@ struct Point {
 
 /// A run's start, as the charts mark it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunMark {
+pub(crate) struct RunMark {
     /// Unix seconds.
-    pub t: f64,
+    pub(crate) t: f64,
     /// The run's id.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The run's process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// The worker, for a shared job's run.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker: Option<String>,
+    pub(crate) worker: Option<String>,
 }
 
 /// The history's columns, all of the same length (uPlot's layout).
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct HistorySeries {
+pub(crate) struct HistorySeries {
     /// Samples in the whole history.
-    pub samples: usize,
+    pub(crate) samples: usize,
     /// Unix seconds of each point.
-    pub t: Vec<f64>,
+    pub(crate) t: Vec<f64>,
     /// Items finished (ok or failed) per second.
-    pub items_per_s: Vec<f64>,
+    pub(crate) items_per_s: Vec<f64>,
     /// Items finished ok per second.
-    pub ok_per_s: Vec<f64>,
+    pub(crate) ok_per_s: Vec<f64>,
     /// Items finished failed per second.
-    pub failed_per_s: Vec<f64>,
+    pub(crate) failed_per_s: Vec<f64>,
     /// Retries per second.
-    pub retries_per_s: Vec<f64>,
+    pub(crate) retries_per_s: Vec<f64>,
     /// Attempts per second.
-    pub requests_per_s: Vec<f64>,
+    pub(crate) requests_per_s: Vec<f64>,
     /// Answers 2xx per second.
-    pub answers_2xx_per_s: Vec<f64>,
+    pub(crate) answers_2xx_per_s: Vec<f64>,
     /// Answers 3xx per second.
-    pub answers_3xx_per_s: Vec<f64>,
+    pub(crate) answers_3xx_per_s: Vec<f64>,
     /// Answers 4xx per second.
-    pub answers_4xx_per_s: Vec<f64>,
+    pub(crate) answers_4xx_per_s: Vec<f64>,
     /// Answers 5xx per second.
-    pub answers_5xx_per_s: Vec<f64>,
+    pub(crate) answers_5xx_per_s: Vec<f64>,
     /// Attempts without an HTTP status per second.
-    pub transport_per_s: Vec<f64>,
+    pub(crate) transport_per_s: Vec<f64>,
     /// The rate limit in force (none: no limit) and what set it.
-    pub rate_limit: Vec<Option<f64>>,
+    pub(crate) rate_limit: Vec<Option<f64>>,
     /// What set `rate_limit`.
-    pub rate_cause: Vec<RateCause>,
+    pub(crate) rate_cause: Vec<RateCause>,
     /// Median attempt latency (ms); the mean of merged samples; none without attempts.
-    pub p50_ms: Vec<Option<f64>>,
+    pub(crate) p50_ms: Vec<Option<f64>>,
     /// 90th percentile latency (ms); the highest of merged samples.
-    pub p90_ms: Vec<Option<f64>>,
+    pub(crate) p90_ms: Vec<Option<f64>>,
     /// 99th percentile latency (ms); the highest of merged samples.
-    pub p99_ms: Vec<Option<f64>>,
+    pub(crate) p99_ms: Vec<Option<f64>>,
     /// API calls under way (summed over concurrent runs).
-    pub in_flight: Vec<f64>,
+    pub(crate) in_flight: Vec<f64>,
     /// Job-wide items settled (ok + failed).
-    pub done: Vec<f64>,
+    pub(crate) done: Vec<f64>,
     /// Job-wide buckets committed.
-    pub buckets_committed: Vec<f64>,
+    pub(crate) buckets_committed: Vec<f64>,
     /// Every run's start (the first one is the job's first run): restarts are the others.
-    pub runs: Vec<RunMark>,
+    pub(crate) runs: Vec<RunMark>,
 }
 
 /// The history `records` as at most `points` points (at least 2).
@@ -108,7 +108,7 @@ pub struct HistorySeries {
 /// Runs one after the other (restarts) are merged sample by sample. Runs at the same time
 /// (the workers of a PostgreSQL job each write their own samples) are merged by time slot,
 /// where their counts, rates and calls in flight add up.
-pub fn downsample(records: &[Record], points: usize) -> HistorySeries {
+pub(crate) fn downsample(records: &[Record], points: usize) -> HistorySeries {
     let points = points.max(2);
     let mut runs = Vec::new();
     let mut raw: Vec<Point> = Vec::new();

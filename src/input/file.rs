@@ -14,7 +14,7 @@ use super::spec::{InputFormat, InputSpec};
 
 /// Longest line we accept: a longer one is a bad line, so a file without newlines cannot
 /// make us allocate without bound.
-pub const MAX_LINE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_LINE_BYTES: usize = 1 << 20;
 
 /// Reads rows from one input file (text, CSV, JSONL or Parquet), starting at a [`Cursor`].
 pub(super) struct FileReader {

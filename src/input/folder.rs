@@ -55,7 +55,7 @@ impl InputFile {
 
 /// Whether `name` is a data file's name: not hidden (`.`), not a name Spark or Hadoop writes
 /// beside the data (`_SUCCESS`, `_committed_…` and any other `_` name, `….crc` checksums).
-pub fn is_data_name(name: &str) -> bool {
+pub(crate) fn is_data_name(name: &str) -> bool {
     !(name.starts_with('.') || name.starts_with('_') || name.ends_with(".crc"))
 }
 
@@ -72,12 +72,12 @@ fn split(input: &Path) -> (&Path, Option<&str>) {
 
 /// Whether `input` names a folder input: a folder, or a glob whose last component holds a
 /// `*` (any run of characters).
-pub fn is_folder_input(input: &Path) -> bool {
+pub(crate) fn is_folder_input(input: &Path) -> bool {
     input.is_dir() || split(input).1.is_some()
 }
 
 /// The folder holding a folder input's files (the folder itself, or a glob's folder).
-pub fn folder_of(input: &Path) -> &Path {
+pub(crate) fn folder_of(input: &Path) -> &Path {
     split(input).0
 }
 
@@ -104,7 +104,7 @@ fn glob_matches(pattern: &str, name: &str) -> bool {
 /// The data files of the folder input `input`, by name in byte order: the regular files
 /// directly in the folder (or those a glob matches), not recursive, names that are not data
 /// skipped ([`is_data_name`]). A data file whose name is not UTF-8 is refused.
-pub fn list(input: &Path) -> Result<Vec<String>, InputError> {
+pub(crate) fn list(input: &Path) -> Result<Vec<String>, InputError> {
     let (dir, pattern) = split(input);
     let read_err = |source| InputError::Read {
         path: dir.to_owned(),
@@ -174,7 +174,7 @@ pub fn format_of(input: &Path) -> Result<&'static str, InputError> {
 }
 
 /// The fingerprint of each data file of the folder input `input` as it is now, in name order.
-pub fn fingerprint_files(input: &Path) -> Result<Vec<InputFile>, InputError> {
+pub(crate) fn fingerprint_files(input: &Path) -> Result<Vec<InputFile>, InputError> {
     list(input)?
         .into_iter()
         .map(|name| {
@@ -190,7 +190,7 @@ pub fn fingerprint_files(input: &Path) -> Result<Vec<InputFile>, InputError> {
 
 /// The fingerprint of a folder input: its length is the files' total length (what a
 /// [`Cursor`]'s byte counts up to), its hash that of every file's name, length and hash.
-pub fn fingerprint(files: &[InputFile]) -> Fingerprint {
+pub(crate) fn fingerprint(files: &[InputFile]) -> Fingerprint {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for f in files {
         hasher.update(&(f.name.len() as u64).to_le_bytes());
@@ -206,7 +206,10 @@ pub fn fingerprint(files: &[InputFile]) -> Fingerprint {
 
 /// The planned files of the folder input `input` hashed again as they are now: equal to the
 /// job's fingerprint when none changed (files added since are not looked at).
-pub fn fingerprint_planned(input: &Path, planned: &[InputFile]) -> Result<Fingerprint, InputError> {
+pub(crate) fn fingerprint_planned(
+    input: &Path,
+    planned: &[InputFile],
+) -> Result<Fingerprint, InputError> {
     let now = planned
         .iter()
         .map(|f| {

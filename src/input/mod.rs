@@ -12,9 +12,9 @@
 //! one page and batch of the ID column) in memory.
 //!
 //! The parts, one file each: `spec` (the [`InputSpec`] and its [`InputFormat`]), `row` (a
-//! [`Row`] and the [`Cursor`] of the next one), `error`, `fingerprint`, `file` (reading
+//! `Row` and the [`Cursor`] of the next one), `error`, `fingerprint`, `file` (reading
 //! one file of any format), `parquet` (a Parquet file's rows), `folder` (a folder of files
-//! read as one, each by `file`) and `reader` (the [`InputReader`] that opens either).
+//! read as one, each by `file`) and `reader` (the `InputReader` that opens either).
 
 mod error;
 mod file;
@@ -28,15 +28,17 @@ mod spec;
 mod tests;
 
 pub use error::InputError;
-pub use file::MAX_LINE_BYTES;
 pub use fingerprint::Fingerprint;
-pub use folder::{
+pub use folder::format_of as folder_format;
+pub use folder::InputFile;
+pub(crate) use folder::{
     fingerprint as folder_fingerprint, fingerprint_files as folder_files,
-    fingerprint_planned as folder_fingerprint_planned, folder_of, format_of as folder_format,
-    is_data_name, is_folder_input, list as folder_list, InputFile,
+    fingerprint_planned as folder_fingerprint_planned, folder_of, is_folder_input,
+    list as folder_list,
 };
 #[cfg(test)]
 pub(crate) use parquet::test_file as parquet_test_file;
-pub use reader::InputReader;
-pub use row::{Cursor, Row};
-pub use spec::{format_from_extension, InputFormat, InputSpec};
+pub(crate) use reader::InputReader;
+pub use row::Cursor;
+pub use spec::format_from_extension;
+pub use spec::{InputFormat, InputSpec};

@@ -11,7 +11,7 @@ use super::spec::InputSpec;
 
 /// Reads rows from an input file (or a folder of files read as one), starting at a
 /// [`Cursor`].
-pub struct InputReader {
+pub(crate) struct InputReader {
     inner: Inner,
 }
 
@@ -26,7 +26,7 @@ enum Inner {
 
 impl InputReader {
     /// Open `spec.path` and position it at `cursor` (use `Cursor::default()` for the start).
-    pub fn open(spec: &InputSpec, cursor: Cursor) -> Result<InputReader, InputError> {
+    pub(crate) fn open(spec: &InputSpec, cursor: Cursor) -> Result<InputReader, InputError> {
         Self::open_bounded(spec, cursor, u64::MAX)
     }
 
@@ -34,7 +34,7 @@ impl InputReader {
     /// fingerprint covers. Rows appended later (a producer still writing the file, maybe in
     /// the middle of a line) are not this job's input until a later run checks them as a
     /// grown input. A Parquet file cannot grow: its footer says where it ends.
-    pub fn open_bounded(
+    pub(crate) fn open_bounded(
         spec: &InputSpec,
         cursor: Cursor,
         end: u64,
@@ -44,7 +44,7 @@ impl InputReader {
 
     /// [`InputReader::open_bounded`] of a job's input: a folder input reads the `files` the
     /// job planned (every data file in it now when empty); a file ignores them.
-    pub fn open_planned(
+    pub(crate) fn open_planned(
         spec: &InputSpec,
         files: &[InputFile],
         cursor: Cursor,
@@ -65,7 +65,7 @@ impl InputReader {
     /// Read the values of `columns` (CSV columns, JSONL fields, Parquet columns) beside each
     /// row's ID, into [`Row::values`]. A column the file's header or schema lacks is an error
     /// here; a row without a value for one is a bad row. A text input has no columns.
-    pub fn keep_columns(&mut self, columns: &[String]) -> Result<(), InputError> {
+    pub(crate) fn keep_columns(&mut self, columns: &[String]) -> Result<(), InputError> {
         if columns.is_empty() {
             return Ok(());
         }
@@ -76,7 +76,7 @@ impl InputReader {
     }
 
     /// The input file's path, for messages (of a folder, the file being read).
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         match &self.inner {
             Inner::File(file) => file.path(),
             Inner::Folder { rows, .. } => rows.path(),
@@ -85,7 +85,7 @@ impl InputReader {
 
     /// Of a folder input, the name of the file being read (the one of the row read last);
     /// `None` for a file input.
-    pub fn file_in_folder(&self) -> Option<&str> {
+    pub(crate) fn file_in_folder(&self) -> Option<&str> {
         match &self.inner {
             Inner::Folder { rows, .. } => rows.path().file_name().and_then(|n| n.to_str()),
             Inner::File(_) => None,
@@ -95,7 +95,7 @@ impl InputReader {
     /// How many rows the whole file holds, when its format says so without reading them (a
     /// Parquet file's footer; of a folder of Parquet files, the sum of their footers'); `None`
     /// for the line formats, which must be read to know.
-    pub fn rows_in_file(&self) -> Option<u64> {
+    pub(crate) fn rows_in_file(&self) -> Option<u64> {
         match &self.inner {
             Inner::File(file) => file.rows_in_file(),
             Inner::Folder { rows, .. } => rows.rows_in_files(),
@@ -103,7 +103,7 @@ impl InputReader {
     }
 
     /// Where the next row starts.
-    pub fn cursor(&self) -> Cursor {
+    pub(crate) fn cursor(&self) -> Cursor {
         match &self.inner {
             Inner::File(file) => file.cursor(),
             Inner::Folder { cursor, .. } => *cursor,
@@ -111,7 +111,7 @@ impl InputReader {
     }
 
     /// Read the next row; `None` at the end of the input.
-    pub fn next_row(&mut self) -> Result<Option<Row>, InputError> {
+    pub(crate) fn next_row(&mut self) -> Result<Option<Row>, InputError> {
         match &mut self.inner {
             Inner::File(file) => file.next_row(),
             Inner::Folder { rows, cursor } => {

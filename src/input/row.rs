@@ -18,7 +18,7 @@ pub struct Cursor {
 
 /// One data record of the input.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
+pub(crate) struct Row {
     /// 0-based row index: the position that decides the row's bucket.
     pub index: u64,
     /// 1-based line where the record starts (for Parquet, the 1-based row number), for

@@ -226,8 +226,8 @@ impl<H: Handler> Job<H, StateDirPlace> {
 
 impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
     /// Run the job `store` holds as `spec`, the job [`crate::job::open_job`] (or
-    /// [`crate::job::stored_job`]) returned for it, with `handler` (built for that spec:
-    /// [`crate::job::job_handler`] builds the one a spec's request or command names). For a
+    /// `crate::job::stored_job`) returned for it, with `handler` (built for that spec:
+    /// `crate::job::job_handler` builds the one a spec's request or command names). For a
     /// program that creates, checks or changes the job itself before running it, as the
     /// command line does; nothing is checked against the store again. `live.json` is written
     /// only where [`Job::live_dir`] says.
@@ -247,7 +247,7 @@ impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
         }
     }
 
-    /// Run rerun `number` (written ahead by [`crate::rerun::start`]) instead of the job's
+    /// Run rerun `number` (written ahead by `crate::rerun::start`) instead of the job's
     /// own buckets.
     pub fn rerun(mut self, number: u32) -> Self {
         if let Some(opened) = &mut self.store {

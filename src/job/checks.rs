@@ -105,7 +105,7 @@ pub(super) fn check_credential_names(spec: &JobSpec) -> Result<(), JobError> {
 /// What can be checked of a new job before its state directory exists: its request templates,
 /// answer checks and bucket size, and that its input can be opened. [`super::open_job`]
 /// checks the same.
-pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
+pub(crate) fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
     check_request(request)?;
     let (Some(input), true) = (&request.input, request.has_work()) else {
         return Ok(());
@@ -133,7 +133,7 @@ pub fn check_new_job(request: &JobRequest) -> Result<(), JobError> {
 /// Build the handler a new job's run would build, with the process environment: a
 /// `${VAR}` missing from it (a misspelt name) or a program not found is refused before the
 /// job is stored with it.
-pub fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
+pub(crate) fn check_new_job_environment(request: &JobRequest) -> Result<(), JobError> {
     // A library program's job does its work with its own handler: nothing to build here.
     let (Some(input), true, None) = (&request.input, request.has_work(), &request.handler) else {
         return Ok(());

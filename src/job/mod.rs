@@ -37,18 +37,17 @@ pub use crate::spec::{
 pub use crate::store::now_ms;
 
 pub use builder::{Job, JobInput, Opened, RunError};
-pub use checks::{check_new_job, check_new_job_environment};
 pub use error::JobError;
 pub use handler::{job_handler, JobHandler};
-pub use open::{join_job, open_job, stored_job};
+pub use open::open_job;
+pub use open::stored_job;
+pub use place::open_at;
 #[cfg(feature = "cli")]
 pub(crate) use place::open_made;
-pub use place::{
-    open_at, HistoryError, JobPlace, Look, MadeDir, OpenedStore, PlaceNames, RunningPlace,
-    StateDirPlace, READ_CACHE_BYTES,
-};
+pub use place::RunningPlace;
 #[cfg(feature = "postgres")]
 pub use place::{Crew, PgPlace};
+pub use place::{HistoryError, JobPlace, Look, OpenedStore, PlaceNames, StateDirPlace};
 pub use reporters::SecondSignal;
 pub use request::{AnswerRequest, JobRequest, RetryOverrides};
 pub use results::{Record, Results};

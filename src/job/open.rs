@@ -48,9 +48,9 @@ pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreErr
 /// Create the job in `store`, or resume the one it holds, and check the input.
 ///
 /// Creation needs an input and work for each ID (a URL, a command or a library handler;
-/// else [`JobError::NoJob`]); it runs the checks of a new job once ([`check_new_job`]),
+/// else [`JobError::NoJob`]); it runs the checks of a new job once (`check_new_job`),
 /// fingerprints the input and refuses an empty one, before the job is stored. The command
-/// line's [`super::open_at`] also builds its handler from the environment first, and undoes
+/// line's `super::open_at` also builds its handler from the environment first, and undoes
 /// what a refused creation made of its place. Resume refuses meaning-changing flags that differ from the stored ones and an input whose
 /// fingerprint changed; changed operational settings are stored.
 pub async fn open_job<S: Store>(store: &S, request: &JobRequest) -> Result<JobSpec, JobError> {
@@ -270,7 +270,7 @@ fn check_columns(stored: &JobSpec, asked: &JobSpec, request: &JobRequest) -> Res
 /// of the flags as a resume ([`open_job`]), the operational ones stored, but no input to
 /// check. The worker plans only if the stored input is here, unchanged; else the spec it
 /// gets has no input path, and other workers plan.
-pub async fn join_job<S: Store>(
+pub(crate) async fn join_job<S: Store>(
     store: &S,
     request: &JobRequest,
 ) -> Result<Option<JobSpec>, JobError> {

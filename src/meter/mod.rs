@@ -3,7 +3,7 @@
 //!
 //! [`Unit`] is what an API's limit counts (calls, or tokens), and how much of it a call of
 //! a given cost takes. [`Usage`] is a cost: kept with each result, added up per bucket in its commit record and
-//! over the job in its figures. [`read`] finds it in an answer: the `usage` an OpenAI-shaped
+//! over the job in its figures. [`usage_of`] finds it in an answer: the `usage` an OpenAI-shaped
 //! or Anthropic-shaped answer carries, with nothing to configure.
 
 mod read;

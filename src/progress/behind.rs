@@ -7,7 +7,7 @@ use super::durations::Durations;
 
 /// What limited a run over an interval.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct IntervalLoad {
+pub(crate) struct IntervalLoad {
     /// The interval's length in seconds.
     pub seconds: f64,
     /// Attempts started over the interval.
@@ -33,7 +33,11 @@ pub struct IntervalLoad {
 /// Why a run went slower than `configured` requests per second over an interval, if it
 /// did (below 80% of it). The first cause that fits wins: the API out, 429s, the adaptive
 /// rate down, latency against the concurrency cap, the store.
-pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> Option<String> {
+pub(crate) fn behind(
+    configured: f64,
+    effective: Option<f64>,
+    load: &IntervalLoad,
+) -> Option<String> {
     if load.seconds <= 0.0 {
         return None;
     }
@@ -100,14 +104,14 @@ pub fn behind(configured: f64, effective: Option<f64>, load: &IntervalLoad) -> O
 /// starting up, or nothing to do) is neither behind nor on time and resets the count; so
 /// does the tail of a job, where too few items are left to keep the rate.
 #[derive(Debug, Default)]
-pub struct Sustained {
+pub(crate) struct Sustained {
     /// Intervals in a row below the rate.
     behind: u32,
 }
 
 impl Sustained {
     /// The warning for this interval, if the run has now been behind for two in a row.
-    pub fn check(
+    pub(crate) fn check(
         &mut self,
         configured: f64,
         effective: Option<f64>,

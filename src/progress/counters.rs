@@ -127,12 +127,12 @@ impl Counters {
     }
 
     /// Called by the engine once it made the run's throttle.
-    pub fn attach_throttle(&self, throttle: Arc<Throttle>) {
+    pub(crate) fn attach_throttle(&self, throttle: Arc<Throttle>) {
         let _ = self.throttle.set(AttachedThrottle(throttle));
     }
 
     /// Called by the engine once it made the run's quota gate: where its quotas stand.
-    pub fn attach_quotas(&self, states: Arc<std::sync::Mutex<Vec<QuotaState>>>) {
+    pub(crate) fn attach_quotas(&self, states: Arc<std::sync::Mutex<Vec<QuotaState>>>) {
         let _ = self.quotas.set(states);
     }
 
@@ -146,7 +146,7 @@ impl Counters {
     }
 
     /// Called by the engine when the run's handler reads the limits the API announces.
-    pub fn attach_announced(&self, limits: Arc<AnnouncedLimits>) {
+    pub(crate) fn attach_announced(&self, limits: Arc<AnnouncedLimits>) {
         let _ = self.announced.set(limits);
     }
 
@@ -156,7 +156,7 @@ impl Counters {
     }
 
     /// The run's throttle, once the run started.
-    pub fn throttle(&self) -> Option<&Arc<Throttle>> {
+    pub(crate) fn throttle(&self) -> Option<&Arc<Throttle>> {
         self.throttle.get().map(|t| &t.0)
     }
 

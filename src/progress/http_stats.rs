@@ -7,7 +7,7 @@ use crate::failure::{ErrorClass, Failure};
 use crate::handler::Answered;
 
 /// Upper bounds (seconds) of the request latency histogram's buckets.
-pub const LATENCY_BUCKETS: [f64; 12] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
@@ -84,7 +84,7 @@ impl HttpStats {
             .collect()
     }
 
-    /// Cumulative counts per [`LATENCY_BUCKETS`] bound, then the total; and the sum in
+    /// Cumulative counts per `LATENCY_BUCKETS` bound, then the total; and the sum in
     /// seconds.
     pub fn latency(&self) -> (Vec<u64>, u64, f64) {
         let mut cumulative = Vec::with_capacity(LATENCY_BUCKETS.len());

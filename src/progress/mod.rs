@@ -6,7 +6,7 @@
 //!
 //! One concept per file: [`Counters`] and the [`HttpStats`] they hold; a
 //! [`CounterSnapshot`] of them; the [`JobFigures`] a run adds to the store's; the
-//! [`Durations`] of each step; a [`ProgressEvent`] and its line; falling [`behind`] the
+//! [`Durations`] of each step; a [`ProgressEvent`] and its line; falling `behind` the
 //! rate; the [`RunSummary`] and what [`Halted`] a run.
 //!
 //! [`StoreStats`]: crate::store::StoreStats
@@ -20,11 +20,13 @@ mod http_stats;
 mod snapshot;
 mod summary;
 
-pub use behind::{behind, IntervalLoad, Sustained};
-pub use counters::{Counters, InFlight};
+pub(crate) use behind::{IntervalLoad, Sustained};
+pub use counters::Counters;
 pub use durations::Durations;
 pub use event::ProgressEvent;
 pub use figures::JobFigures;
-pub use http_stats::{HttpStats, LATENCY_BUCKETS};
-pub use snapshot::{per_second, CounterSnapshot};
+pub use http_stats::HttpStats;
+pub(crate) use http_stats::LATENCY_BUCKETS;
+pub(crate) use snapshot::per_second;
+pub use snapshot::CounterSnapshot;
 pub use summary::{HaltKind, Halted, RunSummary};

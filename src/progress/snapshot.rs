@@ -64,7 +64,7 @@ impl CounterSnapshot {
 }
 
 /// Items per second, 0 for an empty interval.
-pub fn per_second(n: u64, elapsed: Duration) -> f64 {
+pub(crate) fn per_second(n: u64, elapsed: Duration) -> f64 {
     let secs = elapsed.as_secs_f64();
     if secs <= 0.0 {
         0.0

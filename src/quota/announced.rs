@@ -38,20 +38,20 @@ use crate::meter::Unit;
 /// One limit a server announced on an answer: how many requests `remaining` of the policy
 /// may still be made until `reset` from now.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Announced {
+pub(crate) struct Announced {
     /// The policy's name: the IETF draft's quoted name ("burst", "daily"), or a fixed name
     /// for unnamed styles ("x-ratelimit", "ratelimit", "x-rate-limit", "requests" for OpenAI's `-requests`, "anthropic-requests").
-    pub policy: String,
+    pub(crate) policy: String,
     /// The quota of the window, when announced.
-    pub limit: Option<u64>,
+    pub(crate) limit: Option<u64>,
     /// The window's length, when announced (`RateLimit-Policy`'s `w`).
-    pub window: Option<Duration>,
+    pub(crate) window: Option<Duration>,
     /// Requests that may still be made before the window resets.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Time from now until the window resets (its remaining is whole again).
-    pub reset: Duration,
+    pub(crate) reset: Duration,
     /// What the limit counts: calls, or a language model's tokens.
-    pub unit: Unit,
+    pub(crate) unit: Unit,
 }
 
 /// A reset number above this is Unix epoch seconds, at most this seconds from now.
@@ -150,7 +150,7 @@ const TRIPLETS: [Triplet; 9] = [
 ///
 /// The IETF draft's policies come first, in the order of the `RateLimit` field, then the
 /// unnamed styles in the order of the table in the module documentation.
-pub fn read_announced(headers: &HeaderMap, now: SystemTime) -> Vec<Announced> {
+pub(crate) fn read_announced(headers: &HeaderMap, now: SystemTime) -> Vec<Announced> {
     let mut found = read_ietf(headers, now);
     found.extend(
         TRIPLETS

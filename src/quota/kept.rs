@@ -40,7 +40,7 @@ impl KeptLimit {
         self.reset_unix_ms + (behind / length + 1) * length
     }
 
-    /// Whether `other` is the same window (its length within [`SAME_BOUNDARY`]).
+    /// Whether `other` is the same window (its length within `SAME_BOUNDARY`).
     pub fn same_window(&self, other: &KeptLimit) -> bool {
         self.length_ms.abs_diff(other.length_ms) <= SAME_BOUNDARY
     }

@@ -33,51 +33,51 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 /// Resets this close are the same boundary (`Retry-After` is whole seconds, rounded up).
-pub const SAME_BOUNDARY: u64 = 1100;
+pub(crate) const SAME_BOUNDARY: u64 = 1100;
 
 /// The shortest window learnt (ms): a shorter one is the API's burst, the throttle's matter.
-pub const MIN_LENGTH: u64 = 500;
+pub(crate) const MIN_LENGTH: u64 = 500;
 
 /// How long accepted calls are kept for counting (ms).
-pub const KEEP_MS: u64 = 3_600_000;
+pub(crate) const KEEP_MS: u64 = 3_600_000;
 
 /// How many accepted calls are kept at most.
-pub const KEEP_CALLS: usize = 1 << 18;
+pub(crate) const KEEP_CALLS: usize = 1 << 18;
 
 /// Windows used whole in a row, with no refusal, after which a learnt limit is raised.
-pub const RELAX_AFTER: u32 = 3;
+pub(crate) const RELAX_AFTER: u32 = 3;
 
 /// A window learnt from refusals: `limit` calls per `length_ms`, its current window ending at
 /// `reset_ms`, and how many refusals it was learnt or confirmed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LearnedWindow {
+pub(crate) struct LearnedWindow {
     /// Calls the window allows.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// The window's length (ms).
-    pub length_ms: u64,
+    pub(crate) length_ms: u64,
     /// When its current window ends (ms, on the learner's clock).
-    pub reset_ms: u64,
+    pub(crate) reset_ms: u64,
     /// The refusals it was learnt (and confirmed) from.
-    pub refusals: u64,
+    pub(crate) refusals: u64,
 }
 
 /// A window the run knows as the learner is asked about a refusal: a learnt one (`key`) or an
 /// announced one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Known {
+pub(crate) struct Known {
     /// The learnt window's key; none for an announced one.
-    pub learned: Option<u64>,
+    pub(crate) learned: Option<u64>,
     /// When its current window ends (ms).
-    pub reset_ms: u64,
+    pub(crate) reset_ms: u64,
     /// Its length (ms), if known.
-    pub length_ms: Option<u64>,
+    pub(crate) length_ms: Option<u64>,
     /// Its limit, if known.
-    pub limit: Option<u64>,
+    pub(crate) limit: Option<u64>,
 }
 
 /// What a refusal taught.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lesson {
+pub(crate) enum Lesson {
     /// A window not known yet; it replaces the learnt window `replaces` (the same length at
     /// another phase), if any.
     Window {
@@ -107,7 +107,7 @@ struct Episode {
 
 /// Reads refusals and accepted calls; says what they teach ([`Lesson`]).
 #[derive(Debug, Default)]
-pub struct Learner {
+pub(crate) struct Learner {
     /// When accepted calls started (ms), in order.
     accepted: VecDeque<u64>,
     first_call: Option<u64>,
@@ -119,13 +119,14 @@ pub struct Learner {
 }
 
 impl Learner {
+    #[cfg(test)]
     /// A learner that has seen nothing.
-    pub fn new() -> Learner {
+    pub(crate) fn new() -> Learner {
         Learner::default()
     }
 
     /// A call started at `at_ms` was accepted (answered, not refused for the rate).
-    pub fn accepted(&mut self, at_ms: u64) {
+    pub(crate) fn accepted(&mut self, at_ms: u64) {
         self.first_call = Some(self.first_call.map_or(at_ms, |f| f.min(at_ms)));
         let pos = self.accepted.partition_point(|&t| t <= at_ms);
         self.accepted.insert(pos, at_ms);
@@ -147,7 +148,7 @@ impl Learner {
     /// A call started at `at_ms` was refused for the rate, the API saying it may try again at
     /// `reset_ms`; `known` are the windows the run knows, as they stand. Returns what it
     /// teaches, if anything.
-    pub fn refused(&mut self, at_ms: u64, reset_ms: u64, known: &[Known]) -> Option<Lesson> {
+    pub(crate) fn refused(&mut self, at_ms: u64, reset_ms: u64, known: &[Known]) -> Option<Lesson> {
         self.first_call = Some(self.first_call.map_or(at_ms, |f| f.min(at_ms)));
         match &mut self.episode {
             Some(e) if e.reset_ms.abs_diff(reset_ms) <= SAME_BOUNDARY => {
@@ -251,7 +252,7 @@ impl Learner {
 /// it: by a tenth (at least one call), never below what was accepted. (The learnt window's
 /// phase is the refusals', rounded to whole seconds: what it counts is no exact count of the
 /// API's window, so one refusal does not cut it to that count.)
-pub fn lowered(limit: u64, accepted: u64) -> u64 {
+pub(crate) fn lowered(limit: u64, accepted: u64) -> u64 {
     limit
         .saturating_sub((limit / 10).max(1))
         .max(accepted)
@@ -260,7 +261,7 @@ pub fn lowered(limit: u64, accepted: u64) -> u64 {
 
 /// A learnt limit raised by a tenth (at least one call): the API accepted it whole for
 /// [`RELAX_AFTER`] windows without a refusal.
-pub fn relaxed(limit: u64) -> u64 {
+pub(crate) fn relaxed(limit: u64) -> u64 {
     limit + (limit / 10).max(1)
 }
 

@@ -7,7 +7,7 @@
 //! ([`AnnouncedLimits::wait`]), which takes one of its remaining calls and spaces starts
 //! `time to reset / remaining` apart. A worker of a fleet takes its part of what remains
 //! (the API counts every worker's calls): `remaining / live workers`, spaced `time to reset
-//! / its part` apart ([`AnnouncedLimits::wait_among`]); a worker joining a fleet already
+//! / its part` apart ([`AnnouncedLimits::wait_for`]); a worker joining a fleet already
 //! calling holds its calls for [`JOIN_SETTLE`], until the others count it. The adaptive
 //! controller and `--rate` apply beside it, each as its own wait: the stricter wins, and a
 //! 429 is still pushback.
@@ -53,10 +53,10 @@ use crate::meter::{Unit, Usage};
 
 /// A reset this much later than the known one starts a new window (servers round resets
 /// to whole seconds).
-pub const NEW_WINDOW_AFTER: Duration = Duration::from_millis(1100);
+pub(crate) const NEW_WINDOW_AFTER: Duration = Duration::from_millis(1100);
 
 /// The longest wait an announcement can impose (a reset further away is read as this).
-pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// The limits the API announced (or the run learnt from its refusals), and the pacing they
 /// impose.
@@ -108,7 +108,7 @@ struct Inner {
 /// they take what the API announces it has left as if it were not there until their next
 /// heartbeat counts it (a fleet's heartbeats are at most a second apart), and a newcomer
 /// spending its part meanwhile would overspend the window they share.
-pub const JOIN_SETTLE: Duration = Duration::from_secs(2);
+pub(crate) const JOIN_SETTLE: Duration = Duration::from_secs(2);
 
 /// The most windows learnt at once; past it, the one with the fewest refusals is dropped.
 const MAX_LEARNED: usize = 4;
@@ -163,25 +163,25 @@ struct Policy {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyState {
     /// The policy's name as the API announced it.
-    pub policy: String,
+    pub(crate) policy: String,
     /// Calls this run may still start before the reset.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Calls the window allows, if the API said.
-    pub limit: Option<u64>,
+    pub(crate) limit: Option<u64>,
     /// Time until its window resets.
     #[serde(rename = "reset_in_ms", with = "crate::serde_millis")]
-    pub reset_in: Duration,
+    pub(crate) reset_in: Duration,
     /// The window's length (ms), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
+    pub(crate) window_ms: Option<u64>,
     /// For a window the API did not announce: the refusals it was learnt from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned_from: Option<u64>,
+    pub(crate) learned_from: Option<u64>,
 }
 
 impl PolicyState {
     /// The words a progress line or `status` gives it.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let of = self.limit.map(|l| format!(" of {l}")).unwrap_or_default();
         let left = format!(
             "{}{of} left, resets in {:.1}s",
@@ -201,7 +201,7 @@ impl PolicyState {
 /// A call started under the announced limits, in flight until dropped, with what it took of
 /// the limits that count tokens (settled by [`AnnouncedLimits::settle`] once the call's cost
 /// is known).
-pub struct PacedCall {
+pub(crate) struct PacedCall {
     in_flight: Option<Arc<InFlight>>,
     reserved: Vec<Reserved>,
 }
@@ -251,16 +251,16 @@ const OUTPUTS_KEPT: usize = 64;
 
 /// A call's output estimated before any answer said what outputs cost, and no request said
 /// its most.
-pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
+pub(crate) const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
 impl AnnouncedLimits {
     /// Limits with no policy known yet.
-    pub fn new() -> AnnouncedLimits {
+    pub(crate) fn new() -> AnnouncedLimits {
         AnnouncedLimits::default()
     }
 
     /// Learn from one answer's announcements.
-    pub fn observe(&self, announced: &[Announced]) {
+    pub(crate) fn observe(&self, announced: &[Announced]) {
         self.in_flight.answered.store(true, Relaxed);
         if announced.is_empty() {
             return;
@@ -324,13 +324,15 @@ impl AnnouncedLimits {
         }
     }
 
+    #[cfg(test)]
     /// Wait until every announced policy allows a call, and take one from each.
-    pub async fn wait(&self) -> PacedCall {
+    pub(crate) async fn wait(&self) -> PacedCall {
         self.wait_among(1).await
     }
 
     /// [`Self::wait_for`] a call of unknown cost.
-    pub async fn wait_among(&self, workers: u64) -> PacedCall {
+    #[cfg(test)]
+    pub(crate) async fn wait_among(&self, workers: u64) -> PacedCall {
         self.wait_for(workers, None).await
     }
 
@@ -342,7 +344,7 @@ impl AnnouncedLimits {
     /// its cost is unknown: such a limit then holds it only once spent); what it took is
     /// settled once its cost is known ([`Self::settle`]). Learnt windows are this worker's
     /// own (learnt from its own calls).
-    pub async fn wait_for(&self, workers: u64, cost: Option<Usage>) -> PacedCall {
+    pub(crate) async fn wait_for(&self, workers: u64, cost: Option<Usage>) -> PacedCall {
         let workers = workers.max(1);
         {
             let mut inner = self.lock();
@@ -428,7 +430,7 @@ impl AnnouncedLimits {
     /// taken from, if that window still runs and no word of the API lowered the count since
     /// (the API's count holds what its answers cost). A call whose cost is unknown keeps
     /// what it took. The output is remembered for the estimate of the next calls'.
-    pub fn settle(&self, call: &mut PacedCall, actual: Option<Usage>) {
+    pub(crate) fn settle(&self, call: &mut PacedCall, actual: Option<Usage>) {
         let Some(actual) = actual else { return };
         let mut inner = self.lock();
         if inner.outputs.len() == OUTPUTS_KEPT {
@@ -458,7 +460,7 @@ impl AnnouncedLimits {
     }
 
     /// Whether a limit known counts tokens: calls are then estimated before they start.
-    pub fn counts_tokens(&self) -> bool {
+    pub(crate) fn counts_tokens(&self) -> bool {
         self.lock().policies.values().any(|p| p.unit != Unit::Calls)
     }
 
@@ -466,7 +468,7 @@ impl AnnouncedLimits {
     /// `most` (a `max_tokens`): the most any of the last answers wrote (a call writes what
     /// its like wrote), within `most`; before any answer said, `most`, or
     /// [`DEFAULT_OUTPUT_ESTIMATE`].
-    pub fn output_estimate(&self, most: Option<u64>) -> u64 {
+    pub(crate) fn output_estimate(&self, most: Option<u64>) -> u64 {
         let seen = self.lock().outputs.iter().copied().max();
         match (seen, most) {
             (Some(seen), Some(most)) => seen.min(most),
@@ -477,7 +479,7 @@ impl AnnouncedLimits {
     }
 
     /// Where each announced policy stands.
-    pub fn states(&self) -> Vec<PolicyState> {
+    pub(crate) fn states(&self) -> Vec<PolicyState> {
         let now = Instant::now();
         let inner = self.lock();
         let mut states: Vec<PolicyState> = inner
@@ -506,7 +508,7 @@ impl AnnouncedLimits {
     }
 
     /// A call sent at `sent` was answered, and not refused for the rate: the API counted it.
-    pub fn accepted(&self, sent: Instant) {
+    pub(crate) fn accepted(&self, sent: Instant) {
         self.in_flight.answered.store(true, Relaxed);
         let at = self.ms(sent);
         self.lock().learner.accepted(at);
@@ -515,7 +517,7 @@ impl AnnouncedLimits {
     /// A call sent at `sent` was refused for the rate (429), the API saying to try again
     /// after `retry_after` (from now): every attempt holds until then, and the learner reads
     /// the refusal.
-    pub fn refused(&self, sent: Instant, retry_after: Duration) {
+    pub(crate) fn refused(&self, sent: Instant, retry_after: Duration) {
         self.in_flight.answered.store(true, Relaxed);
         let now = Instant::now();
         let reset_at = now + retry_after.min(MAX_WAIT);
@@ -626,8 +628,9 @@ impl AnnouncedLimits {
         );
     }
 
+    #[cfg(test)]
     /// The windows learnt from refusals, as they stand (to keep with the job).
-    pub fn learned(&self) -> Vec<LearnedWindow> {
+    pub(crate) fn learned(&self) -> Vec<LearnedWindow> {
         let now = Instant::now();
         let inner = self.lock();
         let mut found: Vec<(u64, LearnedWindow)> = inner
@@ -651,7 +654,7 @@ impl AnnouncedLimits {
     }
 
     /// The windows learnt from refusals as the job keeps them (their limits the fleet's).
-    pub fn kept(&self) -> Vec<KeptLimit> {
+    pub(crate) fn kept(&self) -> Vec<KeptLimit> {
         let now = Instant::now();
         let now_unix = unix_ms();
         let inner = self.lock();
@@ -684,7 +687,7 @@ impl AnnouncedLimits {
     /// whole, and a learnt phase is only as exact as the API's whole-second `Retry-After`
     /// (late, never early: so the wait ends in a window the API counts afresh). Returns how
     /// many windows changed.
-    pub fn adopt(&self, kept: &[KeptLimit]) -> usize {
+    pub(crate) fn adopt(&self, kept: &[KeptLimit]) -> usize {
         let now = Instant::now();
         let now_unix = unix_ms();
         let mut inner = self.lock();

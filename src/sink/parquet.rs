@@ -1,8 +1,8 @@
 //! Parquet export: a job's results as a Parquet file, one row per unique ID, in input order.
 //!
 //! Owns the file's schema and its writing, streamed in row groups so memory stays flat
-//! however many IDs the job has (a row group is cut at [`ROW_GROUP_ROWS`] rows or
-//! [`ROW_GROUP_BYTES`] of buffered values, whichever comes first). The fixed columns:
+//! however many IDs the job has (a row group is cut at `ROW_GROUP_ROWS` rows or
+//! `ROW_GROUP_BYTES` of buffered values, whichever comes first). The fixed columns:
 //!
 //! | column        | Parquet type                 | nulls                 |
 //! |---------------|------------------------------|-----------------------|
@@ -46,14 +46,14 @@ use super::records::for_each;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
 /// Rows per row group at most.
-pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+pub(crate) const ROW_GROUP_ROWS: usize = 128 * 1024;
 /// Buffered value bytes per row group at most (bodies can be large).
-pub const ROW_GROUP_BYTES: usize = 32 << 20;
+pub(crate) const ROW_GROUP_BYTES: usize = 32 << 20;
 /// Flattened columns at most: results keyed by data (an ID per key) are not a table.
-pub const MAX_FLAT_FIELDS: usize = 1000;
+pub(crate) const MAX_FLAT_FIELDS: usize = 1000;
 
 /// The fixed columns, in order.
-pub const FIXED: [&str; 8] = [
+pub(crate) const FIXED: [&str; 8] = [
     "id",
     "status",
     "http_status",

@@ -27,10 +27,11 @@ pub use backend::{
     Leases, Log, NoFleet, RerunBucketState, Store,
 };
 pub use error::{ExportError, StoreError};
+pub(crate) use records::{class_label, class_name};
 pub use records::{
-    class_label, class_name, now_ms, BadLine, CommitRecord, ItemRecord, ItemStatus, JobBucketShare,
-    OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunOffset, RerunRecord,
-    RerunSelection, RerunStats, StoreStats, StoredJob, Tally, FORMAT_VERSION,
+    now_ms, BadLine, CommitRecord, ItemRecord, ItemStatus, JobBucketShare, OffsetRecord,
+    PlannedBucket, PlannerState, RerunBucket, RerunOffset, RerunRecord, RerunSelection, RerunStats,
+    StoreStats, StoredJob, Tally, FORMAT_VERSION,
 };
 pub use sled_store::SledStore;
 pub use view::JobView;

@@ -127,7 +127,7 @@ pub struct Tally {
     pub ok: u64,
     /// Records with status failed.
     pub failed: u64,
-    /// The failed records by error class name ([`class_name`]).
+    /// The failed records by error class name (`class_name`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
     /// What the counted records' calls cost.
@@ -153,12 +153,12 @@ impl Tally {
 }
 
 /// The error class of a failed record, as `failures --class` names it.
-pub fn class_name(record: &ItemRecord) -> String {
+pub(crate) fn class_name(record: &ItemRecord) -> String {
     class_label(record.class)
 }
 
 /// The name a failure class is counted under ("unknown" for none).
-pub fn class_label(class: Option<ErrorClass>) -> String {
+pub(crate) fn class_label(class: Option<ErrorClass>) -> String {
     class.map_or_else(|| "unknown".to_string(), |c| c.to_string())
 }
 
@@ -355,7 +355,7 @@ pub struct JobBucketShare {
     pub ok: u64,
     /// Of its IDs in the rerun bucket, those failed before the rerun.
     pub failed: u64,
-    /// The failed ones by error class name ([`class_name`]).
+    /// The failed ones by error class name (`class_name`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failed_by_class: BTreeMap<String, u64>,
     /// What the calls of its IDs in the rerun bucket had cost before the rerun.

@@ -4,7 +4,7 @@
 //!
 //! Written once over the [`Store`] primitives ([`JobView`], implemented for every store), so
 //! a backend implements none of it. Walks read the logs a page of buckets at a time
-//! ([`PAGE`]): memory stays flat however many buckets a job has.
+//! (`PAGE`): memory stays flat however many buckets a job has.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -16,10 +16,10 @@ use super::{
 };
 
 /// Buckets read per call of [`Store::buckets`] in a walk.
-pub const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// A callback a walk calls for each record it yields.
-pub type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>;
+pub(crate) type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>;
 
 /// Derived reads and writes of a job, for every [`Store`].
 pub trait JobView: Store {
@@ -402,7 +402,7 @@ impl<S: Store> JobView for S {}
 
 /// Write commit records of `log` under `lease`: a job's as they are, a rerun's with the
 /// counts they move in the job's commit log. Callers made the buckets' results durable.
-pub async fn commit<S: Store + Leases>(
+pub(crate) async fn commit<S: Store + Leases>(
     store: &S,
     lease: &Lease,
     log: Log,

@@ -10,19 +10,19 @@ use std::time::Duration;
 /// Constants of the control law (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct ControlSettings {
-    pub kp: f64,
-    pub ki: f64,
-    pub kd: f64,
+    pub(crate) kp: f64,
+    pub(crate) ki: f64,
+    pub(crate) kd: f64,
     /// Relative increase per tick while the API keeps up.
-    pub increase: f64,
+    pub(crate) increase: f64,
     /// Latency above this multiple of its baseline counts as pushback...
-    pub latency_factor: f64,
+    pub(crate) latency_factor: f64,
     /// ...when it is also at least this much above the baseline: on a fast API (a loopback
     /// server answers in 0.2 ms) three times the baseline is scheduling noise of the client's
     /// own machine, not the API slowing down.
-    pub latency_min_rise: Duration,
-    pub min_rate: f64,
-    pub ceiling: f64,
+    pub(crate) latency_min_rise: Duration,
+    pub(crate) min_rate: f64,
+    pub(crate) ceiling: f64,
 }
 
 impl ControlSettings {
@@ -43,18 +43,18 @@ impl ControlSettings {
 /// What the API said during one tick.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct TickSignals {
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// Attempts that got an answer or failed.
-    pub attempts: u64,
+    pub(crate) attempts: u64,
     /// 429s, 503s and timeouts.
-    pub pushback: u64,
+    pub(crate) pushback: u64,
     /// The lowest latency of a successful attempt over the tick, if any. The lowest, not
     /// the mean: an attempt's latency is measured inside our own runtime, so it includes
     /// the time a ready task waits for a busy machine to run it. That delay strikes some
     /// attempts and not others, while an API that queues requests slows every one of them;
     /// the minimum over a tick sees the second and not the first (delay-based congestion
     /// control, TCP Vegas and BBR, filters round-trip times by their minimum likewise).
-    pub min_latency: Option<Duration>,
+    pub(crate) min_latency: Option<Duration>,
 }
 
 /// Share of attempts that may be pushback without the API being called overloaded: a 503 or
@@ -324,7 +324,7 @@ impl RateController {
 }
 
 /// A concurrency limit that can shrink and grow: permits of the engine's semaphore.
-pub struct AdaptiveConcurrency {
+pub(crate) struct AdaptiveConcurrency {
     pub(super) permits: Arc<tokio::sync::Semaphore>,
     pub(super) limit: AtomicU64,
     pub(super) max: u64,
@@ -334,7 +334,7 @@ pub struct AdaptiveConcurrency {
 
 impl AdaptiveConcurrency {
     /// Calls allowed at once now.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit.load(Relaxed)
     }
 
@@ -375,7 +375,7 @@ impl AdaptiveConcurrency {
     }
 
     /// Called when a permit is released: keep it if shrinkage is owed.
-    pub fn settle(&self) {
+    pub(crate) fn settle(&self) {
         while self.owed.load(Relaxed) > 0 {
             let Ok(p) = self.permits.try_acquire() else {
                 return;

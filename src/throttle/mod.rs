@@ -41,7 +41,7 @@
 //! The parts, one file each: `rate` (the `--rate` value and the limiter), `controller`
 //! (the control law, its pushback filter, adaptive concurrency), `repeats` (refusals bound
 //! to IDs), `outage` (what an attempt tells the throttle, outage detection and probes),
-//! `options` (what a run asks of the throttle) and `pacing` (the [`Throttle`] that ties
+//! `options` (what a run asks of the throttle) and `pacing` (the `Throttle` that ties
 //! them together for a run, with the fleet's hold on a worker).
 
 mod controller;
@@ -53,8 +53,7 @@ mod repeats;
 #[cfg(test)]
 mod tests;
 
-pub use controller::AdaptiveConcurrency;
 pub use options::ThrottleOptions;
-pub use outage::{ItemHistory, Observed};
-pub use pacing::Throttle;
+pub(crate) use outage::{ItemHistory, Observed};
+pub(crate) use pacing::Throttle;
 pub use rate::Rate;

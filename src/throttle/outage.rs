@@ -31,7 +31,7 @@ pub(crate) const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 /// API pushback (for the adaptive controller) and to possible-outage evidence (for the
 /// outage gate). See [`Observed::of`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observed {
+pub(crate) enum Observed {
     /// A 2xx answer, with its latency.
     Success(Duration),
     /// An answer that says "overloaded": 503 or 529, with or without `Retry-After` (rate
@@ -66,7 +66,7 @@ impl Observed {
     /// | refused connection, 502, 504 | no | yes, whatever the ID |
     /// | dropped connection, other 5xx | no | yes, unless the ID fails alone |
     /// | any other failure (4xx, unreadable body, bad request) | no | no |
-    pub fn of<T>(result: &Result<T, Failure>, latency: Duration) -> Observed {
+    pub(crate) fn of<T>(result: &Result<T, Failure>, latency: Duration) -> Observed {
         match result {
             Ok(_) => Observed::Success(latency),
             // The handler decided what happens next; whether the request reached the other
@@ -120,7 +120,7 @@ impl Observed {
 /// What the throttle knows of one item's earlier attempts, kept by the item while it is
 /// attempted (see [`Throttle::charge`](crate::throttle::Throttle::charge)).
 #[derive(Debug, Default)]
-pub struct ItemHistory {
+pub(crate) struct ItemHistory {
     /// A possible-outage failure of this ID was found to be its own: the API answered
     /// another request after it failed, or no outage showed while it waited for evidence.
     pub(super) fails_alone: std::sync::atomic::AtomicBool,

@@ -55,7 +55,7 @@ impl Default for TickCounters {
 /// Paces attempts for a whole run: the rate limit, the adaptive controller, and the outage
 /// gate that holds every attempt back while the API is out, letting one probe through at
 /// growing intervals.
-pub struct Throttle {
+pub(crate) struct Throttle {
     options: ThrottleOptions,
     limiter: Option<RateLimiter>,
     pub(super) controller: Mutex<Option<RateController>>,
@@ -86,12 +86,12 @@ pub struct Throttle {
     fleet_changed: tokio::sync::Notify,
     /// Attempts answered 429 over the run, for reports and for the pushback filter, which
     /// never learns a 429 as the API's weather.
-    pub throttled: AtomicU64,
+    pub(crate) throttled: AtomicU64,
     /// Attempts answered "overloaded" (503, 529) over the run, for reports.
-    pub unavailable: AtomicU64,
+    pub(crate) unavailable: AtomicU64,
     /// Refusals (503, 529, timeouts) taken as their IDs', not the rate's, over the run
     /// (see `repeats`).
-    pub refused_ids: AtomicU64,
+    pub(crate) refused_ids: AtomicU64,
     /// The live workers of this worker's fleet, itself among them (0: alone, or not
     /// counted yet).
     fleet_workers: AtomicU64,
@@ -114,7 +114,7 @@ const PAUSE_MARGIN: Duration = Duration::from_millis(500);
 impl Throttle {
     /// A throttle for a run whose item concurrency is bounded by `permits` (holding
     /// `max_concurrency` permits).
-    pub fn new(
+    pub(crate) fn new(
         options: ThrottleOptions,
         permits: Arc<tokio::sync::Semaphore>,
         max_concurrency: usize,
@@ -198,18 +198,18 @@ impl Throttle {
 
     /// Note the live workers of this worker's fleet (itself among them), as its store last
     /// counted them.
-    pub fn count_fleet(&self, workers: u32) {
+    pub(crate) fn count_fleet(&self, workers: u32) {
         self.fleet_workers.store(u64::from(workers), Relaxed);
     }
 
     /// The live workers of this worker's fleet, itself among them: 1 when alone (or not
     /// counted yet).
-    pub fn fleet_workers(&self) -> u64 {
+    pub(crate) fn fleet_workers(&self) -> u64 {
         self.fleet_workers.load(Relaxed).max(1)
     }
 
     /// The rate limit in force, if any (none while an adaptive limit is still unlimited).
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         self.limiter
             .as_ref()
             .map(RateLimiter::rate)
@@ -217,7 +217,7 @@ impl Throttle {
     }
 
     /// The adaptive concurrency limit, when concurrency is what adapts.
-    pub fn concurrency(&self) -> Option<&AdaptiveConcurrency> {
+    pub(crate) fn concurrency(&self) -> Option<&AdaptiveConcurrency> {
         self.concurrency.as_ref()
     }
 
@@ -225,7 +225,7 @@ impl Throttle {
     /// controller runs inside it), and a share of 0 holds every attempt until a share is
     /// granted. `None`: the fleet has no rate limit, the run's own applies. A throttle
     /// without a rate limiter (not adaptive, no rate) cannot follow a share.
-    pub fn follow_fleet(
+    pub(crate) fn follow_fleet(
         &self,
         share: Option<f64>,
         burst: Option<u32>,
@@ -268,7 +268,7 @@ impl Throttle {
     /// Hold every attempt for `pause` from now (the API said `Retry-After`). Returns
     /// whether this extends the pause in force by more than a little (worth telling the
     /// other workers).
-    pub fn pause_for(&self, pause: Duration) -> bool {
+    pub(crate) fn pause_for(&self, pause: Duration) -> bool {
         let until = tokio::time::Instant::now() + pause;
         let extended = {
             let mut f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
@@ -310,7 +310,7 @@ impl Throttle {
 
     /// Wait until an attempt may start: the fleet's hold, the outage gate (one probe at a time while the API
     /// is out), then the rate limit. Returns whether this attempt is a probe.
-    pub async fn before_attempt(&self) -> bool {
+    pub(crate) async fn before_attempt(&self) -> bool {
         self.fleet_gate().await;
         let probe = loop {
             let notified = self.outage_changed.notified();
@@ -339,7 +339,7 @@ impl Throttle {
     }
 
     /// One controller tick: read and reset the tick's signals, adapt rate or concurrency.
-    pub fn on_tick(&self, elapsed: Duration) {
+    pub(crate) fn on_tick(&self, elapsed: Duration) {
         let attempts = self.tick.attempts.swap(0, Relaxed);
         let pushback = self.tick.pushback.swap(0, Relaxed);
         let refusals = TickRefusals {
@@ -433,7 +433,7 @@ impl Throttle {
     /// left, a tick can be nothing else), and an overload refuses fresh attempts too.
     /// Such a refusal's `Retry-After` is the API's word to the whole client, and its item's
     /// worker waits with it; any other refusal is its ID's, and holds that ID only.
-    pub fn refused_for_the_rate(&self, observed: Observed) -> bool {
+    pub(crate) fn refused_for_the_rate(&self, observed: Observed) -> bool {
         match observed {
             Observed::TooMany => true,
             Observed::Pushback | Observed::Timeout => {
@@ -457,24 +457,24 @@ impl Throttle {
     }
 
     /// The share of fresh attempts refused for their IDs (not the rate), as of the last tick.
-    pub fn refused_ids_share(&self) -> f64 {
+    pub(crate) fn refused_ids_share(&self) -> f64 {
         f64::from_bits(self.bound_share.load(Relaxed))
     }
 
     /// The controller tick interval.
-    pub fn tick_interval(&self) -> Duration {
+    pub(crate) fn tick_interval(&self) -> Duration {
         self.options.tick
     }
 
     /// The longest outage tolerated.
-    pub fn max_outage(&self) -> Duration {
+    pub(crate) fn max_outage(&self) -> Duration {
         self.options.max_outage
     }
 }
 
 impl Throttle {
     /// How long the API has been out, if it is.
-    pub fn outage(&self) -> Option<Duration> {
+    pub(crate) fn outage(&self) -> Option<Duration> {
         self.outage
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -506,7 +506,12 @@ impl Throttle {
     /// An attempt of an ID whose last attempt was refused (503, 529, timeout) is counted as a
     /// repeat, so the throttle can tell refusals bound to IDs from refusals of the rate (see
     /// [`crate::throttle`]).
-    pub async fn charge(&self, observed: Observed, probe: bool, history: &ItemHistory) -> bool {
+    pub(crate) async fn charge(
+        &self,
+        observed: Observed,
+        probe: bool,
+        history: &ItemHistory,
+    ) -> bool {
         let refused = observed.may_repeat();
         self.tick.refused.fetch_add(u64::from(refused), Relaxed);
         if history.refused.swap(refused, Relaxed) {

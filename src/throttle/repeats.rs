@@ -48,13 +48,13 @@ pub(crate) const PROOF_WAIT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TickRefusals {
     /// Every attempt of the tick.
-    pub attempts: u64,
+    pub(crate) attempts: u64,
     /// Attempts refused (503, 529, a timeout).
-    pub refused: u64,
+    pub(crate) refused: u64,
     /// Attempts of IDs whose last attempt was refused.
-    pub repeats: u64,
+    pub(crate) repeats: u64,
     /// Of the repeats, those refused again.
-    pub repeats_refused: u64,
+    pub(crate) repeats_refused: u64,
 }
 
 /// The window over which refusals are told apart (see the module doc).

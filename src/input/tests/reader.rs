@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::input::{Cursor, Fingerprint, InputFormat, InputReader, InputSpec, MAX_LINE_BYTES};
+use crate::input::file::MAX_LINE_BYTES;
+use crate::input::{Cursor, Fingerprint, InputFormat, InputReader, InputSpec};
 
 fn write(content: &[u8], ext: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();

@@ -16,7 +16,7 @@ use crate::store::sled_store::{OpenMode, SledStore, DEFAULT_CACHE_BYTES, REOPEN_
 use crate::store::StoreError;
 
 /// The sled page cache of a reader (a look, an export): small, it reads what it needs once.
-pub const READ_CACHE_BYTES: u64 = 16 << 20;
+pub(crate) const READ_CACHE_BYTES: u64 = 16 << 20;
 
 /// A state directory (the sled store).
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@ mod running;
 #[cfg(test)]
 mod tests;
 
-pub use dir::{MadeDir, StateDirPlace, READ_CACHE_BYTES};
+pub use dir::StateDirPlace;
 #[cfg(feature = "postgres")]
 pub use job_place::Crew;
 pub use job_place::{HistoryError, JobPlace, Look, OpenedStore, PlaceNames};

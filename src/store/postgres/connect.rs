@@ -289,7 +289,10 @@ impl fmt::Debug for PgTarget {
 }
 
 /// Open one connection with `options`' timeouts; its driver runs on the current runtime.
-pub async fn connect(target: &PgTarget, options: &ConnectOptions) -> Result<Client, PgError> {
+pub(crate) async fn connect(
+    target: &PgTarget,
+    options: &ConnectOptions,
+) -> Result<Client, PgError> {
     let mut config = target.config.clone();
     if !target.connect_timeout_set {
         config.connect_timeout(options.connect_timeout);
@@ -411,7 +414,7 @@ fn with_default_port(url: &str, port: &str) -> String {
 
 /// `url` with the userinfo's password and any `password=` parameter replaced by `***`:
 /// for messages about a URL that did not parse.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((s, r)) => (Some(s), r),
         None => (None, url),

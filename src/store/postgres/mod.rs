@@ -89,9 +89,10 @@ pub(crate) mod test_db;
 #[cfg(test)]
 mod tests;
 
-pub use connect::{connect, redact_url, ConnectOptions, PgTarget};
+pub(crate) use connect::redact_url;
+pub use connect::{ConnectOptions, PgTarget};
 pub use error::PgError;
 pub use open::PgOpen;
-pub use session::WorkerRow;
+pub(crate) use session::WorkerRow;
 pub use state::PgStore;
-pub use stats::Planning;
+pub(crate) use stats::Planning;

@@ -25,7 +25,7 @@ pub(super) const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from
 /// request. After this many bytes written since the last open, or `REOPEN_SHARE` of the
 /// store's size on disk if that is more, a sync reopens the database, which writes a new
 /// snapshot; the replay after a crash is then bounded by that many bytes.
-pub const REOPEN_AFTER_BYTES: u64 = 64 << 20;
+pub(crate) const REOPEN_AFTER_BYTES: u64 = 64 << 20;
 
 /// An open itself costs time and memory in proportion to the store (reading the snapshot:
 /// about 0.7 s and 370 MB at 10M results), so a large store is reopened less often: after
@@ -271,7 +271,7 @@ impl SledStore {
         Ok(true)
     }
 
-    /// Reopen after at least `bytes` written instead of [`REOPEN_AFTER_BYTES`] (still at
+    /// Reopen after at least `bytes` written instead of `REOPEN_AFTER_BYTES` (still at
     /// least `REOPEN_SHARE` of the store's size).
     pub fn set_reopen_after(&self, bytes: u64) {
         self.reopen_after.store(bytes, Ordering::Relaxed);

@@ -101,7 +101,8 @@ use sled_files::SledFiles;
 use upgrade::*;
 
 pub(crate) use dir::{write_atomically, MARKER};
-pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES, REOPEN_AFTER_BYTES};
+pub(crate) use handle::REOPEN_AFTER_BYTES;
+pub use handle::{set_release_memory_hook, DEFAULT_CACHE_BYTES};
 
 use super::*;
 use crate::input::{Cursor, Fingerprint};
@@ -121,7 +122,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The ID index's file in a state directory.
-pub const INDEX_FILE: &str = "ids.idx";
+pub(crate) const INDEX_FILE: &str = "ids.idx";
 
 /// A state directory, opened and locked for this process.
 pub struct SledStore {

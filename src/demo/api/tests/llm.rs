@@ -196,12 +196,16 @@ async fn openai_route_answers_a_completion_with_its_usage_and_headers() {
         header(&headers, "x-ratelimit-reset-requests"),
         header(&headers, "x-ratelimit-reset-tokens")
     );
-    // highwater reads the requests' family.
+    // highwater reads both families: the requests', and the tokens'.
     let announced = read_announced(&headers, SystemTime::now());
-    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert_eq!(announced.len(), 2, "{announced:?}");
     assert_eq!(
         (announced[0].policy.as_str(), announced[0].remaining),
         ("requests", 9)
+    );
+    assert_eq!(
+        (announced[1].policy.as_str(), announced[1].remaining),
+        ("tokens", 990)
     );
     // The same prompt, the same answer; the ID from the query wins over `user`.
     let url = format!("{}?id=from%20query", api.chat_completions_url());
