@@ -206,6 +206,25 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     if request.retry_exit_codes.is_some() && work.exec.is_none() {
         return Err(retry_exit_codes_without_command());
     }
+    if work.exec.is_some() {
+        // A command's job keeps no request: what would shape one is refused, never dropped.
+        let http: Vec<String> = [
+            (request.method.is_some(), Setting::Method),
+            (request.body.is_some(), Setting::Body),
+        ]
+        .iter()
+        .filter(|(given, _)| *given)
+        .map(|(_, s)| s.to_string())
+        .collect();
+        if !http.is_empty() {
+            return Err(JobError::Usage(format!(
+                "{} shape an HTTP request, but this job runs a command ({}); give {} to call an API instead",
+                http.join(" and "),
+                Setting::Exec,
+                Setting::Url
+            )));
+        }
+    }
     if request.handler.is_some() || request.url.is_some() || request.exec.is_some() {
         work.handler = request.handler.clone();
     }

@@ -447,3 +447,29 @@ esac
         run.stderr
     );
 }
+
+/// A command's job keeps no HTTP request: a resume that gives what would shape one is
+/// refused with the reason, never run as if it had not been given.
+#[test]
+fn a_resume_of_a_command_job_refuses_what_shapes_an_http_request() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &["a".to_string(), "b".to_string()]);
+    let state = h.state();
+    h.run(&[
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--exec",
+        "echo {id}",
+    ])
+    .expect_code(0);
+    for extra in [&["--method", "POST"][..], &["--body", "{id}"][..]] {
+        let mut args = vec!["run", "--state", p(&state)];
+        args.extend_from_slice(extra);
+        h.run(&args)
+            .expect_refused(2, &[extra[0], "runs a command", "--exec", "--url"]);
+    }
+    assert_eq!(h.status(&state)["stats"]["ok"], 2);
+}
