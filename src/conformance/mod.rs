@@ -5,14 +5,9 @@
 //! [`Leases`](crate::store::Leases)) judges it with the same checks the crate's backends
 //! pass: implement [`Backend`] (a factory that creates a fresh store, "crashes" it and opens
 //! it again, and damages a result) and call [`run_all`] in a test, inside a multi-threaded
-//! Tokio runtime. It returns the first check that failed ([`CheckFailed`]):
-//!
-//! ```ignore
-//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-//! async fn my_store_conforms() {
-//!     highwater::conformance::run_all(&mut MyBackend::new()).await.unwrap();
-//! }
-//! ```
+//! Tokio runtime (`#[tokio::test(flavor = "multi_thread")]`): it returns the first check
+//! that failed ([`CheckFailed`]). The crate's `tests/integration/custom_store.rs` does so for
+//! a store of its own, through the public API only.
 //!
 //! The checks follow the contract written on [`crate::store::backend`]: plans are durable
 //! once synced (the offset record is there before any item is dispatched), results replace
