@@ -87,6 +87,9 @@ pub struct LiveSnapshot {
     /// What the calls cost, job-wide, as their answers said.
     #[serde(default, skip_serializing_if = "crate::meter::Usage::is_zero")]
     pub(crate) usage: crate::meter::Usage,
+    /// What the job spent by its prices, its projection and its budget (none if unpriced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) spend: Option<crate::meter::Spend>,
 }
 
 /// The live file of the state directory `state`.
@@ -255,6 +258,9 @@ impl LiveSnapshot {
         if !self.usage.is_zero() {
             text.push_str(&format!("usage:      {}\n", self.usage));
         }
+        if let Some(spend) = &self.spend {
+            text.push_str(&format!("spend:      {}\n", spend.render()));
+        }
         if let Some(addr) = &self.dashboard {
             text.push_str(&format!("dashboard:  http://{addr}/ (served by the run)\n"));
         }
@@ -295,6 +301,7 @@ mod tests {
             announced: Vec::new(),
             dashboard: None,
             usage: Default::default(),
+            spend: None,
         }
     }
 

@@ -120,6 +120,30 @@ pub(crate) fn render(view: &RunView) -> String {
             (r#"{kind="output"}"#.into(), run.usage.output as f64),
         ],
     );
+    if let Some(spend) = view.spend(&job) {
+        metric(
+            "highwater_job_spend",
+            "gauge",
+            "What the job's calls cost so far by its prices, in units of its currency.",
+            &[(String::new(), spend.spent.units())],
+        );
+        if let Some(p) = spend.projected {
+            metric(
+                "highwater_job_spend_projected",
+                "gauge",
+                "What the whole job will cost at its spend per row so far.",
+                &[(String::new(), p.units())],
+            );
+        }
+        if let Some(b) = spend.budget {
+            metric(
+                "highwater_job_budget",
+                "gauge",
+                "The most the job may spend by its prices.",
+                &[(String::new(), b.units())],
+            );
+        }
+    }
     let mut by_status: Vec<(String, f64)> = counters
         .http
         .statuses()

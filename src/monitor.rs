@@ -86,6 +86,8 @@ pub struct RunView {
     pub(crate) worker: Option<String>,
     /// Where the run serves the job's dashboard (`host:port`), if it does.
     pub(crate) dashboard: Option<String>,
+    /// The job's prices and budget, if it is priced: its spend is reported.
+    pub(crate) pricing: Option<(crate::meter::Prices, Option<crate::meter::Money>)>,
     /// Rows in the whole input, once counted (`u64::MAX` until then).
     total_rows: AtomicU64,
 }
@@ -107,6 +109,7 @@ impl RunView {
             started_ms: now_ms(),
             worker: None,
             dashboard: None,
+            pricing: None,
             total_rows: AtomicU64::new(total),
         }
     }
@@ -114,6 +117,30 @@ impl RunView {
     /// The view of one worker of a shared job ([`RunView::worker`]).
     pub(crate) fn with_worker(self, worker: Option<String>) -> RunView {
         RunView { worker, ..self }
+    }
+
+    /// The view of a run of a job with `prices` (and `budget`): its spend is reported.
+    pub(crate) fn with_prices(
+        self,
+        prices: Option<crate::meter::Prices>,
+        budget: Option<crate::meter::Money>,
+    ) -> RunView {
+        RunView {
+            pricing: prices.map(|p| (p, budget)),
+            ..self
+        }
+    }
+
+    /// The job's spend at `f`, if it is priced: projected over the input's rows once counted.
+    pub(crate) fn spend(&self, f: &JobFigures) -> Option<crate::meter::Spend> {
+        let (prices, budget) = self.pricing?;
+        Some(crate::meter::Spend::new(
+            prices,
+            f.usage,
+            f.rows_done,
+            self.total_rows(),
+            budget,
+        ))
     }
 
     /// The view of a run that serves the job's dashboard at `addr`.
@@ -205,6 +232,7 @@ impl RunView {
             announced: self.counters.announced_states(),
             dashboard: self.dashboard.clone(),
             usage: f.usage,
+            spend: self.spend(&f),
         }
     }
 }
@@ -621,6 +649,7 @@ fn report(
         announced: view.counters.announced_states(),
         usage: f.usage,
         run_usage: now.usage,
+        spend: view.spend(&f),
     };
     match config.format {
         EventFormat::Json => {

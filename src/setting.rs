@@ -51,6 +51,12 @@ pub enum Setting {
     Rate,
     /// The calls allowed per window (quotas, the job's budget).
     Quota,
+    /// The price of a token read (input).
+    PriceInput,
+    /// The price of a token written (output).
+    PriceOutput,
+    /// The most the job may spend, by its prices.
+    Budget,
     /// How many IDs are worked on at once.
     Concurrency,
     /// Skip input lines without a usable ID instead of stopping.
@@ -104,6 +110,9 @@ impl Setting {
             Setting::MaxOutage => "max_outage",
             Setting::Rate => "rate",
             Setting::Quota => "quotas",
+            Setting::PriceInput => "price_input",
+            Setting::PriceOutput => "price_output",
+            Setting::Budget => "budget",
             Setting::Concurrency => "concurrency",
             Setting::SkipBadLines => "skip_bad_lines",
             Setting::AllowSpecChange => "allow_spec_change",

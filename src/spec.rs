@@ -91,6 +91,12 @@ pub struct JobSpec {
     /// The calls the API allows per window, every one kept (none in specs stored before);
     /// their usage is stored with the job ([`crate::quota`]).
     pub quotas: Vec<crate::quota::Quota>,
+    /// What calls cost: the prices of a token read and of one written (none: not priced;
+    /// none in specs stored before).
+    pub prices: Option<crate::meter::Prices>,
+    /// The most the job may spend by its prices, every run and worker together (none: no
+    /// budget; none in specs stored before).
+    pub budget: Option<crate::meter::Money>,
     /// Unix time (ms) of creation.
     pub created_at_ms: u64,
     /// Changes of the spec since creation, oldest first.
@@ -146,6 +152,12 @@ struct JobSpecWire {
     /// their usage is stored with the job ([`crate::quota`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     quotas: Vec<crate::quota::Quota>,
+    /// What calls cost (none: not priced; none in specs stored before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prices: Option<crate::meter::Prices>,
+    /// The most the job may spend (none: no budget; none in specs stored before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget: Option<crate::meter::Money>,
     /// Unix time (ms) of creation.
     created_at_ms: u64,
     /// Changes of the spec since creation, oldest first.
@@ -174,6 +186,8 @@ impl TryFrom<JobSpecWire> for JobSpec {
             credentials: w.credentials,
             retry: w.retry,
             quotas: w.quotas,
+            prices: w.prices,
+            budget: w.budget,
             created_at_ms: w.created_at_ms,
             history: w.history,
         })
@@ -203,6 +217,8 @@ impl From<JobSpec> for JobSpecWire {
             credentials: s.credentials,
             retry: s.retry,
             quotas: s.quotas,
+            prices: s.prices,
+            budget: s.budget,
             created_at_ms: s.created_at_ms,
             history: s.history,
         }
@@ -257,9 +273,30 @@ impl JobSpec {
             credentials: Vec::new(),
             retry: RetryPolicy::default(),
             quotas: Vec::new(),
+            prices: None,
+            budget: None,
             created_at_ms: crate::store::now_ms(),
             history: Vec::new(),
         }
+    }
+
+    /// Every quota the job keeps: its quotas and its budget in money (a quota of money over
+    /// the whole job, valued by its prices).
+    pub fn kept_quotas(&self) -> Vec<crate::quota::Quota> {
+        let mut quotas = self.quotas.clone();
+        if let (Some(budget), Some(prices)) = (self.budget, self.prices) {
+            quotas.push(crate::quota::Quota {
+                limit: budget.0,
+                window: crate::quota::Window::Job,
+                unit: crate::meter::Unit::Money(prices),
+            });
+        }
+        quotas
+    }
+
+    /// What `usage` cost by the job's prices (none when it has none).
+    pub fn spend(&self, usage: crate::meter::Usage) -> Option<crate::meter::Money> {
+        self.prices.map(|p| p.cost(usage))
     }
 
     /// The columns the request or command names (`{column}`), which [`JobSpec::columns`]

@@ -19,7 +19,7 @@ pub(crate) const EXIT_CODES: &str = "Exit codes:
   2    usage error
   3    the run completed but some IDs failed permanently
   4    a credential was rejected (fix it, then run the same command to resume)
-  5    the job's budget (--quota N/job) is spent (raise it to go on)
+  5    the job's budget (--budget, or --quota N/job) is spent (raise it to go on)
   6    the store stopped answering (--store-timeout): restart with the same command
   7    the API says the account is out of credit (add credit, then run the same command)
   130  stopped by a signal (run the same command again to resume)";
@@ -242,8 +242,23 @@ pub(crate) struct RunArgs {
     /// (fixed windows aligned on UTC: on the hour, at midnight), 600/10min,rolling, or a
     /// budget for the whole job, 1000000/job. Usage is stored with the job; given on a
     /// resume, the list replaces the stored one (`--quota none` removes them all).
+    /// A quota may count a language model's tokens instead of calls: 90000tokens/min,
+    /// 40000input-tokens/min, 8000output-tokens/min, 5000000tokens/job.
     #[arg(long = "quota", value_name = "CALLS/WINDOW", value_parser = quota)]
     pub(crate) quotas: Vec<Option<crate::quota::Quota>>,
+    /// The price of the tokens a call reads (the prompt), per million tokens as price lists
+    /// give it: 2.50, 2.50/1M, 0.0025/1K. Stored with the job; the spend is shown by
+    /// status, the progress line and the dashboard.
+    #[arg(long, value_name = "PRICE")]
+    pub(crate) price_input: Option<crate::meter::Price>,
+    /// The price of the tokens a call writes (the answer), as --price-input.
+    #[arg(long, value_name = "PRICE")]
+    pub(crate) price_output: Option<crate::meter::Price>,
+    /// The most the job may spend by its prices, every run together (25, 12.50): the run
+    /// stops with exit code 5 before a call could pass it; a larger budget goes on (`none`
+    /// removes it).
+    #[arg(long, value_name = "AMOUNT", value_parser = budget)]
+    pub(crate) budget: Option<Option<crate::meter::Money>>,
     /// Requests that may start at once above the rate: the API sees at most R*t + N in any
     /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
     /// worth at high ones), enough to make up for late timer wake-ups without tuning.
@@ -465,6 +480,20 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
+/// A `--budget`, or `none` (no budget).
+fn budget(s: &str) -> Result<Option<crate::meter::Money>, String> {
+    if s.trim() == "none" {
+        return Ok(None);
+    }
+    let amount: crate::meter::Money = s
+        .parse()
+        .map_err(|e: crate::meter::MoneyParseError| e.to_string())?;
+    if amount.0 == 0 {
+        return Err("a budget of 0 allows nothing (`none` removes the budget)".into());
+    }
+    Ok(Some(amount))
+}
+
 /// A `--quota`, or `none` (no quota at all).
 fn quota(s: &str) -> Result<Option<crate::quota::Quota>, String> {
     if s.trim() == "none" {
@@ -612,6 +641,9 @@ impl RunArgs {
                 keep_body: self.keep_body.then_some(true),
             },
             quotas: self.quota_list()?,
+            price_input: self.price_input,
+            price_output: self.price_output,
+            budget: self.budget,
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })

@@ -138,13 +138,15 @@ pub(crate) async fn describe<S: Store>(
     let stats = store.stats().await?;
     let bad = store.bad_lines(5).await?;
     let failures = sink::FailureSummary::of(store, FAILED_BUCKETS_SHOWN).await?;
-    let quotas: Vec<_> = if spec.quotas.is_empty() {
+    let kept = spec.kept_quotas();
+    let quotas: Vec<_> = if kept.is_empty() {
         Vec::new()
     } else {
         let ledger = store.quota_ledger().await?;
         let now = crate::store::now_ms();
-        spec.quotas.iter().map(|q| ledger.state(q, now)).collect()
+        kept.iter().map(|q| ledger.state(q, now)).collect()
     };
+    let spend = spend_of(spec, &stats);
     let learned = store.learned_limits().await?;
     let mut reruns = Vec::new();
     for r in store.reruns().await? {
@@ -182,6 +184,7 @@ pub(crate) async fn describe<S: Store>(
             "spec_history": spec.history,
             "quotas": quotas,
             "learned_limits": learned,
+            "spend": spend,
         });
         if let Some((w, _)) = &workers {
             value["workers"] = w.clone();
@@ -201,6 +204,9 @@ pub(crate) async fn describe<S: Store>(
             ));
         }
         text.push_str(&render_status(state, spec, &stats, &bad));
+        if let Some(spend) = &spend {
+            text.push_str(&format!("spend:      {}\n", spend.render()));
+        }
         text.push_str(&failures.render());
         for q in &quotas {
             text.push_str(&format!("quotas:     {}\n", q.render()));
@@ -228,6 +234,27 @@ pub(crate) async fn describe<S: Store>(
         }
         text
     })
+}
+
+/// What a priced job spent, from its store's figures: projected over the input's rows
+/// (estimated from the part read while it is not read to its end).
+fn spend_of(spec: &JobSpec, stats: &crate::store::StoreStats) -> Option<crate::meter::Spend> {
+    let prices = spec.prices?;
+    let total = if stats.input_exhausted {
+        Some(stats.rows_read)
+    } else {
+        (stats.input_bytes_read > 0).then(|| {
+            (stats.rows_read as f64 * spec.fingerprint.len as f64 / stats.input_bytes_read as f64)
+                .round() as u64
+        })
+    };
+    Some(crate::meter::Spend::new(
+        prices,
+        stats.usage,
+        stats.rows_read.saturating_sub(stats.pending),
+        total,
+        spec.budget,
+    ))
 }
 
 /// How many buckets committed with failures `status` lists (it counts them all).

@@ -38,8 +38,8 @@ pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: B
     // No sync: a reservation is durable when it returns.
     let s = b.crash(s);
     let ledger = s.quota_ledger().await.unwrap();
-    assert_eq!(ledger.used(&hourly.window, now_ms()), 50);
-    assert_eq!(ledger.used(&budget.window, now_ms()), 80);
+    assert_eq!(ledger.used(&hourly, now_ms()), 50);
+    assert_eq!(ledger.used(&budget, now_ms()), 80);
     let g = s.reserve_quota(&[want(hourly, 1)], now_ms()).await.unwrap();
     assert_eq!(g[0].calls, 0);
     assert!(g[0].frees_at_ms.is_some_and(|at| at > now));

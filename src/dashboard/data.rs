@@ -76,9 +76,30 @@ pub(crate) fn summary(r: &Reading) -> Value {
         "eta_seconds": eta.and_then(|(_, eta)| eta).or(r.live.as_ref().and_then(|l| l.eta_seconds)),
         "runs": runs,
         "limits": limits(r),
+        "spend": spend(r, &stats, input_rows),
         "spec": r.spec,
         "spec_history": spec_history,
     })
+}
+
+/// What a priced job spent (by the prices its spec keeps), projected over the input's rows.
+fn spend(
+    r: &Reading,
+    stats: &crate::store::StoreStats,
+    input_rows: Option<u64>,
+) -> Option<crate::meter::Spend> {
+    let spec = r.spec.as_ref()?;
+    let prices: crate::meter::Prices = serde_json::from_value(spec.get("prices")?.clone()).ok()?;
+    let budget = spec
+        .get("budget")
+        .and_then(|b| serde_json::from_value::<crate::meter::Money>(b.clone()).ok());
+    Some(crate::meter::Spend::new(
+        prices,
+        stats.usage,
+        stats.rows_read.saturating_sub(stats.pending),
+        input_rows,
+        budget,
+    ))
 }
 
 /// The limits pacing the job, a line each, as progress lines and `status` word them: while a

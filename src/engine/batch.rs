@@ -73,6 +73,7 @@ impl<H: Handler> ItemTask<H> {
                 last_at,
                 last_latency,
                 estimate: &|| None,
+                most: &|| None,
             };
             let state = &state;
             let handler = &*self.handler;

@@ -76,8 +76,9 @@ where
     if let Some(announced) = handler.announced_limits() {
         counters.attach_announced(announced);
     }
-    let quotas = (!spec.quotas.is_empty()).then(|| {
-        let gate = QuotaGate::new(spec.quotas.clone(), store.clone());
+    let kept = spec.kept_quotas();
+    let quotas = (!kept.is_empty()).then(|| {
+        let gate = QuotaGate::new(kept, store.clone());
         counters.attach_quotas(gate.states());
         Arc::new(gate)
     });

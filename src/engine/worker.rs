@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Notify, Semaphore, SemaphorePermit};
 use super::item::Item;
 use super::member::Member;
 use super::queue::WorkQueue;
-use super::quotas::{QuotaGate, QuotaStop};
+use super::quotas::{Cost, QuotaGate, QuotaStop, Spent};
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
 use crate::failure::Failure;
@@ -267,6 +267,7 @@ impl<H: Handler> ItemTask<H> {
             last_at,
             last_latency,
             estimate: &|| handler.estimate(id, row),
+            most: &|| handler.most(id, row),
         };
         let state = &state;
         let outcome = retry::run(
@@ -379,6 +380,7 @@ impl<H: Handler> ItemTask<H> {
             last_at,
             last_latency,
             estimate,
+            most,
         } = *state;
         let counters = &self.counters;
         let throttle = &*self.throttle;
@@ -418,24 +420,33 @@ impl<H: Handler> ItemTask<H> {
             probe = Box::pin(throttle.before_attempt()) => probe,
             _ = stop.stopping() => return None,
         };
-        // A call of every quota, held until the answer: waiting for a spent window
-        // uses none of the item's attempts; a spent budget leaves the item pending.
+        // A call of every quota (its cost, of a quota of tokens or money), held until the
+        // answer: waiting for a spent window uses none of the item's attempts; a spent budget
+        // leaves the item pending.
         let quota_call = match quotas {
             None => None,
-            Some(q) => tokio::select! {
-                taken = Box::pin(q.acquire()) => match taken {
-                    Ok(call) => Some(call),
-                    Err(e) => {
-                        let kind = match e {
-                            QuotaStop::Spent(_) => HaltKind::BudgetSpent,
-                            QuotaStop::Store(_) => HaltKind::Internal,
-                        };
-                        halt.halt(kind, e.to_string());
-                        return None;
-                    }
-                },
-                _ = stop.stopping() => return None,
-            },
+            Some(q) => {
+                let cost = Cost {
+                    expected: if q.metered() { estimate() } else { None },
+                    most: if q.priced() { most() } else { None },
+                };
+                tokio::select! {
+                    taken = Box::pin(q.acquire(cost)) => match taken {
+                        Ok(call) => Some(call),
+                        Err(e) => {
+                            let kind = match e {
+                                QuotaStop::Spent(..) => HaltKind::BudgetSpent,
+                                QuotaStop::TooCostly { .. } | QuotaStop::Store(_) => {
+                                    HaltKind::Internal
+                                }
+                            };
+                            halt.halt(kind, e.to_string());
+                            return None;
+                        }
+                    },
+                    _ = stop.stopping() => return None,
+                }
+            }
         };
         let at = now_ms();
         let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
@@ -450,7 +461,15 @@ impl<H: Handler> ItemTask<H> {
         let start = Instant::now();
         let result = Box::pin(call()).await;
         drop(in_flight);
-        drop(quota_call);
+        if let Some(call) = quota_call {
+            call.settle(match &result {
+                Ok(answer) => answer.usage().map_or(Spent::Unknown, Spent::Reported),
+                // An error the API answered with is not billed; an answer refused by its
+                // checks was, and a call with no answer may have been.
+                Err(f) if f.status.is_some_and(|s| !(200..300).contains(&s)) => Spent::Nothing,
+                Err(_) => Spent::Unknown,
+            });
+        }
         if let (Some(a), Some(call)) = (announced, paced_call.as_mut()) {
             a.settle(call, result.as_ref().ok().and_then(Answered::usage));
         }
@@ -532,6 +551,8 @@ pub(super) struct AttemptState<'a, 's> {
     pub(super) last_latency: &'a AtomicU64,
     /// What an attempt is expected to cost, for limits that count tokens (none: unknown).
     pub(super) estimate: &'a (dyn Fn() -> Option<Usage> + Sync),
+    /// What an attempt may cost at the most, for a budget in money (none: unknown).
+    pub(super) most: &'a (dyn Fn() -> Option<Usage> + Sync),
 }
 
 /// The controller task: adapt at every tick; halt the run when the API is out too long.

@@ -158,6 +158,31 @@ impl Handler for HttpHandler {
             output: self.limits.output_estimate(most_written(&sent)),
         })
     }
+
+    /// Read: a token per byte of the request's body (its URL when it has none), which a
+    /// byte-level tokenizer (every language-model API's) never exceeds; written: the body's
+    /// `max_tokens` (or `max_completion_tokens`, `max_output_tokens`), which the API never
+    /// exceeds, or without one four times what the last answers wrote (at least 4,096): a
+    /// guess, since nothing then bounds an answer.
+    fn most(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        let row = row_values(row).ok()?;
+        let fill = Fill::One(id, row.as_ref());
+        let r = &self.request;
+        let sent = match &r.body {
+            Some(body) => fill.render(body, &[]),
+            None => fill.render(&r.url.template, &[]),
+        };
+        let output = most_written(&sent).unwrap_or_else(|| {
+            self.limits
+                .output_estimate(None)
+                .saturating_mul(4)
+                .max(4096)
+        });
+        Some(crate::meter::Usage {
+            input: (sent.len() as u64).max(1),
+            output,
+        })
+    }
 }
 
 /// What a language-model request's JSON body says it may write at most, if it says.

@@ -54,6 +54,16 @@ pub trait Handler: Send + Sync + 'static {
         let _ = (id, row);
         None
     }
+
+    /// What an attempt for `id` may cost at the most, asked before it starts while the job
+    /// has a budget in money (a call then holds its most of the budget until its answer
+    /// says what it cost, so that calls in flight never overspend it). None (unknown) by
+    /// default: the call then holds what it is expected to cost ([`Handler::estimate`]),
+    /// and a budget may be overspent by what calls in flight cost beyond it.
+    fn most(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        let _ = (id, row);
+        None
+    }
 }
 
 /// Any `Fn(String) -> Future<Output = Result<T, Failure>>` is a handler: the closure gets

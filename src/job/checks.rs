@@ -10,14 +10,11 @@ use crate::setting::Setting;
 use crate::spec::{JobSpec, Work};
 
 /// What is wrong with the request whatever the job: a bucket size of 0, both a URL and a
-/// command, two quotas over one window.
+/// command, two quotas of one unit over one window.
 pub(super) fn check_request(request: &JobRequest) -> Result<(), JobError> {
     if let Some(quotas) = &request.quotas {
         for (i, a) in quotas.iter().enumerate() {
-            if let Some(b) = quotas[..i]
-                .iter()
-                .find(|b| b.window.key() == a.window.key())
-            {
+            if let Some(b) = quotas[..i].iter().find(|b| b.key() == a.key()) {
                 return Err(JobError::Usage(format!(
                     "{} {b} and {a} count the same window: give one",
                     Setting::Quota
@@ -60,6 +57,15 @@ pub(super) fn retry_exit_codes_without_command() -> JobError {
 
 /// Check the spec's request templates or command (their syntax, without the environment).
 pub(super) fn check_work(spec: &JobSpec) -> Result<(), JobError> {
+    if spec.budget.is_some() && spec.prices.is_none_or(|p| p.is_free()) {
+        return Err(JobError::Usage(format!(
+            "a {} needs the prices that value the calls: give {} and {} (per million \
+             tokens)",
+            Setting::Budget,
+            Setting::PriceInput,
+            Setting::PriceOutput
+        )));
+    }
     if let Work::Library { .. } = spec.work {
         // A library program's own handler: nothing stored to check.
         return Ok(());

@@ -90,4 +90,18 @@ impl crate::handler::Handler for JobHandler {
             JobHandler::Exec(_) => None,
         }
     }
+
+    fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        match self {
+            JobHandler::Http(h) => h.estimate(id, row),
+            JobHandler::Exec(_) => None,
+        }
+    }
+
+    fn most(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
+        match self {
+            JobHandler::Http(h) => h.most(id, row),
+            JobHandler::Exec(_) => None,
+        }
+    }
 }

@@ -36,6 +36,33 @@ fn quota_change(stored: &JobSpec, request: &JobRequest) -> Option<String> {
     ))
 }
 
+/// The prices and the budget `request` changes, as lines of the spec history.
+fn money_changes(stored: &JobSpec, request: &JobRequest) -> Vec<String> {
+    let mut changes = Vec::new();
+    let prices = request.prices(stored.prices);
+    if prices != stored.prices {
+        let text = |p: Option<crate::meter::Prices>| {
+            p.map_or("none".to_string(), |p| {
+                format!("{} read, {} written", p.input, p.output)
+            })
+        };
+        changes.push(format!(
+            "prices changed from {} to {}",
+            text(stored.prices),
+            text(prices)
+        ));
+    }
+    if let Some(budget) = request.budget.filter(|b| *b != stored.budget) {
+        let text = |b: Option<crate::meter::Money>| b.map_or("none".into(), |b| b.to_string());
+        changes.push(format!(
+            "budget changed from {} to {} (what was spent so far is kept)",
+            text(stored.budget),
+            text(budget)
+        ));
+    }
+    changes
+}
+
 /// The job `store` holds, decoded.
 pub async fn stored_job<S: Store>(store: &S) -> Result<Option<JobSpec>, StoreError> {
     store
@@ -152,11 +179,15 @@ pub(super) async fn open_checked<S: Store>(
                     previous_input: None,
                 });
             }
-            if let Some(change) = quota_change(&asked, request) {
+            let changes: Vec<String> = quota_change(&asked, request)
+                .into_iter()
+                .chain(money_changes(&asked, request))
+                .collect();
+            if !changes.is_empty() {
                 asked.history.push(SpecChange {
                     at_ms: now_ms(),
                     command: request.command.clone(),
-                    changes: vec![change],
+                    changes,
                     previous_input: None,
                 });
             }

@@ -56,6 +56,7 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
             spec.job_id.to_string(),
         )
         .with_worker(worker_label(&store))
+        .with_prices(spec.prices, spec.budget)
         .with_dashboard(reporters.dashboard),
     );
     #[cfg(feature = "metrics")]

@@ -64,6 +64,12 @@ pub struct JobRequest {
     /// The quotas to keep, replacing the stored ones (a change is recorded in the spec
     /// history); `None` keeps the stored ones.
     pub quotas: Option<Vec<crate::quota::Quota>>,
+    /// The price of a token read, replacing the stored one (`None` keeps it).
+    pub price_input: Option<crate::meter::Price>,
+    /// The price of a token written, replacing the stored one (`None` keeps it).
+    pub price_output: Option<crate::meter::Price>,
+    /// The job's budget in money: `Some(None)` removes it, `None` keeps the stored one.
+    pub budget: Option<Option<crate::meter::Money>>,
     /// Accept a changed URL, command, method, body or answer check (recorded in the spec history).
     pub allow_spec_change: bool,
     /// The command asking ("run", "rerun"), for the spec history.
@@ -139,11 +145,31 @@ impl JobRequest {
         if let Some(q) = &self.quotas {
             spec.quotas = q.clone();
         }
+        spec.prices = self.prices(spec.prices);
+        if let Some(budget) = self.budget {
+            spec.budget = budget;
+        }
         let r = &self.retry;
         spec.retry.max_attempts = r.max_attempts.unwrap_or(spec.retry.max_attempts);
         spec.retry.initial = r.initial.unwrap_or(spec.retry.initial);
         spec.retry.max_interval = r.max_interval.unwrap_or(spec.retry.max_interval);
         spec.retry.max_elapsed = r.max_elapsed.unwrap_or(spec.retry.max_elapsed);
+    }
+
+    /// The prices the request asks for over `stored` (a price not given keeps its stored
+    /// value, or none).
+    pub(super) fn prices(
+        &self,
+        stored: Option<crate::meter::Prices>,
+    ) -> Option<crate::meter::Prices> {
+        if self.price_input.is_none() && self.price_output.is_none() {
+            return stored;
+        }
+        let stored = stored.unwrap_or_default();
+        Some(crate::meter::Prices {
+            input: self.price_input.unwrap_or(stored.input),
+            output: self.price_output.unwrap_or(stored.output),
+        })
     }
 
     /// Whether the request says what to do for each ID (needed to create a job).

@@ -1,7 +1,7 @@
-//! [`Unit`]: what an API's limit counts: calls, or tokens (all of them, or only those read or
-//! written), and how much of it a call takes ([`Unit::of`]).
+//! [`Unit`]: what a limit counts: calls, tokens (all of them, or only those read or
+//! written), or money by the job's prices, and how much of it a call takes ([`Unit::of`]).
 
-use super::Usage;
+use super::{Prices, Usage};
 
 /// What a limit counts.
 #[derive(
@@ -18,6 +18,9 @@ pub enum Unit {
     InputTokens,
     /// Tokens written (the answer).
     OutputTokens,
+    /// Money, in pico-units of the currency, as these prices value a call's tokens: a job's
+    /// budget (an API never announces one).
+    Money(Prices),
 }
 
 impl Unit {
@@ -30,16 +33,46 @@ impl Unit {
             (Unit::Tokens, Some(c)) => c.total(),
             (Unit::InputTokens, Some(c)) => c.input,
             (Unit::OutputTokens, Some(c)) => c.output,
+            (Unit::Money(prices), Some(c)) => prices.cost(c).0,
         }
     }
 
-    /// Its name, for messages: "calls", "tokens", "input tokens", "output tokens".
+    /// Whether the unit is settled by what calls cost (all but calls).
+    pub fn is_metered(self) -> bool {
+        self != Unit::Calls
+    }
+
+    /// The word a quota's text gives the unit after its number (`90000tokens/min`); none
+    /// for calls, which a quota counts unless told otherwise.
+    pub fn quota_word(self) -> Option<&'static str> {
+        match self {
+            Unit::Calls => None,
+            Unit::Tokens => Some("tokens"),
+            Unit::InputTokens => Some("input-tokens"),
+            Unit::OutputTokens => Some("output-tokens"),
+            Unit::Money(_) => Some("money"),
+        }
+    }
+
+    /// The unit a quota's text names (money is never written as a quota: it is a budget).
+    pub fn from_quota_word(word: &str) -> Option<Unit> {
+        Some(match word {
+            "calls" => Unit::Calls,
+            "tokens" => Unit::Tokens,
+            "input-tokens" => Unit::InputTokens,
+            "output-tokens" => Unit::OutputTokens,
+            _ => return None,
+        })
+    }
+
+    /// Its name, for messages: "calls", "tokens", "input tokens", "output tokens", "money".
     pub fn name(self) -> &'static str {
         match self {
             Unit::Calls => "calls",
             Unit::Tokens => "tokens",
             Unit::InputTokens => "input tokens",
             Unit::OutputTokens => "output tokens",
+            Unit::Money(_) => "money",
         }
     }
 }

@@ -88,6 +88,9 @@ pub struct ProgressEvent {
     /// What this run's calls cost.
     #[serde(skip_serializing_if = "Usage::is_zero")]
     pub run_usage: Usage,
+    /// What the job spent by its prices, its projection and its budget (none if unpriced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spend: Option<crate::meter::Spend>,
 }
 
 impl ProgressEvent {
@@ -134,6 +137,10 @@ impl ProgressEvent {
                 "; usage {} (this run {})",
                 self.usage, self.run_usage
             ));
+        }
+        if let Some(spend) = &self.spend {
+            line.push_str("; ");
+            line.push_str(&spend.render());
         }
         for q in &self.quotas {
             line.push_str("; ");

@@ -1,8 +1,8 @@
 //! The quota usage stored with a job ([`QuotaLedger`]) and the one way it changes: a
 //! reservation ([`QuotaLedger::reserve`]), which every store applies atomically and durably.
 //!
-//! Usage is kept per window (by [`Window::key`], so a changed limit keeps the count), as the
-//! calls reserved in each slot that still counts. Calls are reserved *before* they are made,
+//! Usage is kept per quota (by [`Quota::key`]: its unit and window, so a changed limit keeps
+//! the count), as the calls (units) reserved in each slot that still counts. Calls are reserved *before* they are made,
 //! a few at a time ([`chunk`]): a run killed at any moment has made at most what the ledger
 //! holds, so a resume (or another worker of a fleet, which reserves from the same ledger)
 //! never exceeds a window. What a killed run reserved and did not use stays counted until
@@ -61,24 +61,24 @@ pub fn chunk(quota: &Quota) -> u64 {
 }
 
 impl QuotaLedger {
-    /// Calls counted in `window` at `now_ms`.
-    pub fn used(&self, window: &Window, now_ms: u64) -> u64 {
-        self.windows.get(&window.key()).map_or(0, |slots| {
-            counted(slots, window, now_ms).map(|s| s.used).sum()
+    /// Calls (units) counted against `quota`'s window at `now_ms`.
+    pub fn used(&self, quota: &Quota, now_ms: u64) -> u64 {
+        self.windows.get(&quota.key()).map_or(0, |slots| {
+            counted(slots, &quota.window, now_ms).map(|s| s.used).sum()
         })
     }
 
     /// Where `quota` stands at `now_ms`, as stored.
     pub fn state(&self, quota: &Quota, now_ms: u64) -> QuotaState {
         let window = quota.window;
-        let slots = self.windows.get(&window.key());
+        let slots = self.windows.get(&quota.key());
         let first = slots
             .into_iter()
             .flatten()
             .filter(|s| window.counts(s.start_ms, now_ms))
             .map(|s| s.start_ms)
             .min();
-        let used = self.used(&window, now_ms);
+        let used = self.used(quota, now_ms);
         QuotaState {
             quota: quota.to_string(),
             limit: quota.limit,
@@ -86,6 +86,7 @@ impl QuotaLedger {
             frees_at_ms: first.and_then(|start| window.frees_at(start)),
             window_ms: window.length().map(|l| l.as_millis() as u64),
             exhausted: used >= quota.limit,
+            unit: quota.unit,
         }
     }
 
@@ -96,7 +97,7 @@ impl QuotaLedger {
             .iter()
             .map(|want| {
                 let window = want.quota.window;
-                let slots = self.windows.entry(window.key()).or_default();
+                let slots = self.windows.entry(want.quota.key()).or_default();
                 slots.retain(|s| window.counts(s.start_ms, now_ms));
                 let used: u64 = slots.iter().map(|s| s.used).sum();
                 let calls = want.calls.min(want.quota.limit.saturating_sub(used));
@@ -156,7 +157,11 @@ mod tests {
         assert_eq!((g[0].calls, g[0].used), (3, 3));
         // The old slot was dropped.
         assert_eq!(l.windows["2s"].len(), 1);
-        assert_eq!(l.used(&want("5/2s", 0).quota.window, t + 2000), 3);
+        assert_eq!(l.used(&want("5/2s", 0).quota, t + 2000), 3);
+        // Tokens over the same window are counted apart.
+        l.reserve(&[want("100tokens/2s", 40)], t + 2000);
+        assert_eq!(l.used(&want("5/2s", 0).quota, t + 2000), 3);
+        assert_eq!(l.used(&want("100tokens/2s", 0).quota, t + 2000), 40);
     }
 
     #[test]

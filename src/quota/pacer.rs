@@ -277,7 +277,8 @@ impl AnnouncedLimits {
             // A limit counting what calls write has that much less left than the API says.
             let unwritten = match a.unit {
                 Unit::Tokens | Unit::OutputTokens => others.saturating_mul(writing),
-                Unit::Calls | Unit::InputTokens => 0,
+                // An API announces no money.
+                Unit::Calls | Unit::InputTokens | Unit::Money(_) => 0,
             };
             let a = &Announced {
                 remaining: a.remaining.saturating_sub(unwritten),
@@ -797,6 +798,8 @@ impl Policy {
                     // A prompt is counted when it arrives: in the window that ended.
                     Unit::InputTokens => 0,
                     Unit::Tokens | Unit::OutputTokens => in_flight.saturating_mul(writing),
+                    // No API announces or refuses money.
+                    Unit::Money(_) => 0,
                 };
                 self.remaining = limit.saturating_sub(carried);
                 true

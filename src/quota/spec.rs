@@ -1,6 +1,13 @@
-//! A quota a job keeps: at most so many calls per window ([`Quota`]), its text (`50/2s`,
-//! `10000/h`, `15000/day`, `600/10min,rolling`, `1000000/job`), and the windows'
-//! arithmetic: which slot a moment falls in, which slots still count, when a window resets.
+//! A quota a job keeps: at most so many calls (or tokens) per window ([`Quota`]), its text
+//! (`50/2s`, `10000/h`, `15000/day`, `600/10min,rolling`, `1000000/job`, `90000tokens/min`),
+//! and the windows' arithmetic: which slot a moment falls in, which slots still count, when
+//! a window resets.
+//!
+//! A quota counts in a [`Unit`]: calls by default, or a language model's tokens (all of
+//! them, or only those read or written: `tokens`, `input-tokens`, `output-tokens` after the
+//! number), or money (a job's budget, built from its prices, never written as a quota's
+//! text). A quota of tokens takes a call's estimated cost before the call and is settled by
+//! the cost its answer reports (`engine::quotas`).
 //!
 //! A **fixed** window is aligned on the Unix epoch, as APIs count: an hour on the hour, a
 //! day at UTC midnight, two seconds on even seconds. A **rolling** window is the last
@@ -15,19 +22,45 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::meter::Unit;
+
 /// How many slots a rolling window's usage is kept in.
 pub const ROLLING_SLOTS: u64 = 20;
 
 /// The shortest window: shorter ones are a rate (`--rate`), not a quota.
 pub const MIN_WINDOW: Duration = Duration::from_millis(100);
 
-/// At most `limit` calls per `window`.
+/// At most `limit` calls (or units of another [`Unit`]) per `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
-    /// Calls allowed per window.
+    /// Calls (units) allowed per window.
     pub limit: u64,
     /// What the calls are counted over.
     pub window: Window,
+    /// What is counted: calls, tokens, or money (pico-units of the job's currency).
+    pub unit: Unit,
+}
+
+impl Quota {
+    /// A quota of `limit` calls per `window`.
+    pub fn calls(limit: u64, window: Window) -> Quota {
+        Quota {
+            limit,
+            window,
+            unit: Unit::Calls,
+        }
+    }
+
+    /// The quota without its limit, naming its usage in the store: a changed limit keeps
+    /// the usage counted so far. A quota of calls is named by its window alone (`2s`,
+    /// `1h,rolling`, `job`), as ledgers have always named it; one of another unit by the
+    /// unit and the window (`tokens:1min`, `money:job`).
+    pub fn key(&self) -> String {
+        match self.unit.quota_word() {
+            None => self.window.key(),
+            Some(word) => format!("{word}:{}", self.window.key()),
+        }
+    }
 }
 
 /// The window a quota counts calls over.
@@ -132,7 +165,8 @@ fn length_text(d: Duration) -> String {
 /// Why a quota's text was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{text:?}: {reason} (write e.g. 10000/h, 50/2s, 15000/day, 600/10min,rolling or 1000000/job)"
+    "{text:?}: {reason} (write e.g. 10000/h, 50/2s, 15000/day, 600/10min,rolling, 1000000/job \
+     or 90000tokens/min)"
 )]
 pub struct QuotaParseError {
     text: String,
@@ -151,13 +185,25 @@ impl FromStr for Quota {
             .trim()
             .split_once('/')
             .ok_or_else(|| err("no window: a quota is CALLS/WINDOW"))?;
+        let limit = limit.trim();
+        let digits = limit
+            .find(|c: char| !c.is_ascii_digit() && c != '_')
+            .unwrap_or(limit.len());
+        let (limit, unit) = limit.split_at(digits);
+        let unit = match unit.trim() {
+            "" | "calls" => Unit::Calls,
+            word => Unit::from_quota_word(word).ok_or_else(|| {
+                err(&format!(
+                    "unknown unit {word:?} (calls, tokens, input-tokens or output-tokens)"
+                ))
+            })?,
+        };
         let limit: u64 = limit
-            .trim()
             .replace('_', "")
             .parse()
             .map_err(|_| err("the number of calls is not a whole number"))?;
         if limit == 0 {
-            return Err(err("a quota of 0 calls allows nothing"));
+            return Err(err(&format!("a quota of 0 {} allows nothing", unit.name())));
         }
         let (window, rolling) = match window.trim().split_once(',') {
             Some((w, "rolling")) => (w.trim(), true),
@@ -175,6 +221,7 @@ impl FromStr for Quota {
             return Ok(Quota {
                 limit,
                 window: Window::Job,
+                unit,
             });
         }
         let length = window_length(window).ok_or_else(|| err("unknown window"))?;
@@ -188,6 +235,7 @@ impl FromStr for Quota {
             } else {
                 Window::Fixed { length }
             },
+            unit,
         })
     }
 }
@@ -217,7 +265,10 @@ fn window_length(w: &str) -> Option<Duration> {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.limit, self.window.key())
+        match self.unit.quota_word() {
+            None => write!(f, "{}/{}", self.limit, self.window.key()),
+            Some(word) => write!(f, "{}{word}/{}", self.limit, self.window.key()),
+        }
     }
 }
 
@@ -254,6 +305,15 @@ mod tests {
             ("1000000/job", "1000000/job"),
             ("5/1500ms", "5/1500ms"),
             ("450/15m", "450/15min"),
+            ("90000tokens/min", "90000tokens/1min"),
+            ("90_000 tokens/1min", "90000tokens/1min"),
+            (
+                "40000 input-tokens/1min,rolling",
+                "40000input-tokens/1min,rolling",
+            ),
+            ("8000output-tokens/1min", "8000output-tokens/1min"),
+            ("5000000tokens/job", "5000000tokens/job"),
+            ("10calls/h", "10/1h"),
         ] {
             assert_eq!(q(text).to_string(), back, "{text}");
             assert_eq!(q(back), q(text));
@@ -268,6 +328,10 @@ mod tests {
             "10/job,rolling",
             "-1/h",
             "10/",
+            "10 bananas/h",
+            "0tokens/min",
+            "tokens/min",
+            "10 money/job",
         ] {
             let e = bad.parse::<Quota>().unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("write e.g."), "{bad}: {e}");
@@ -306,7 +370,11 @@ mod tests {
         assert_eq!(j.slot(123), (0, u64::MAX));
         assert!(j.counts(0, u64::MAX - 1));
         assert_eq!(j.frees_at(0), None);
-        assert_eq!(q("5/2s").window.key(), q("7/2s").window.key());
-        assert_ne!(q("5/2s").window.key(), q("5/2s,rolling").window.key());
+        assert_eq!(q("5/2s").key(), q("7/2s").key());
+        assert_ne!(q("5/2s").key(), q("5/2s,rolling").key());
+        // A quota of calls keeps the name ledgers always gave it; tokens count apart.
+        assert_eq!(q("5/2s").key(), "2s");
+        assert_eq!(q("5tokens/2s").key(), "tokens:2s");
+        assert_ne!(q("5tokens/2s").key(), q("5input-tokens/2s").key());
     }
 }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::meter::{Money, Unit};
+
 /// Where one quota stands, for progress lines, `live.json` and `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaState {
@@ -19,12 +21,26 @@ pub struct QuotaState {
     pub window_ms: Option<u64>,
     /// Whether attempts are waiting for this window.
     pub exhausted: bool,
+    /// What the quota counts (calls in states written before quotas had a unit).
+    #[serde(default, skip_serializing_if = "is_calls")]
+    pub unit: Unit,
+}
+
+fn is_calls(unit: &Unit) -> bool {
+    *unit == Unit::Calls
 }
 
 impl QuotaState {
     /// The line a progress report adds for this quota.
     pub fn render(&self) -> String {
-        let mut s = format!("quota {}: {} of {} used", self.quota, self.used, self.limit);
+        let mut s = match self.unit {
+            Unit::Money(_) => format!(
+                "budget {}: {} spent or held for calls in flight",
+                Money(self.limit),
+                Money(self.used)
+            ),
+            _ => format!("quota {}: {} of {} used", self.quota, self.used, self.limit),
+        };
         if self.exhausted {
             match self.frees_at_ms {
                 Some(at) => s.push_str(&format!(
@@ -40,11 +56,12 @@ impl QuotaState {
     }
 }
 
-/// How long (seconds from `now_ms`) the quotas make `calls` more calls take at the least:
-/// the waits for their windows to free calls. `None` when a budget does not cover them.
+/// How long (seconds from `now_ms`) the quotas of calls make `calls` more calls take at the
+/// least: the waits for their windows to free calls. `None` when a budget does not cover
+/// them. (What calls will cost in tokens or money is not known ahead.)
 pub fn least_wait(states: &[QuotaState], calls: u64, now_ms: u64) -> Option<u64> {
     let mut wait = 0u64;
-    for s in states {
+    for s in states.iter().filter(|s| s.unit == Unit::Calls) {
         let left = s.limit.saturating_sub(s.used);
         if calls <= left {
             continue;
@@ -72,6 +89,7 @@ mod tests {
             frees_at_ms: window_ms.map(|_| 1_000_000 + frees_in_ms),
             window_ms,
             exhausted: used >= q.limit,
+            unit: q.unit,
         }
     }
 
