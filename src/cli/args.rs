@@ -258,7 +258,7 @@ pub(crate) struct RunArgs {
     /// stops with exit code 5 before a call could pass it; a larger budget goes on (`none`
     /// removes it).
     #[arg(long, value_name = "AMOUNT", value_parser = budget)]
-    pub(crate) budget: Option<Option<crate::meter::Money>>,
+    pub(crate) budget: Option<BudgetArg>,
     /// Requests that may start at once above the rate: the API sees at most R*t + N in any
     /// window of t seconds. Default: derived from the rate (2 at low rates, about 5 ms
     /// worth at high ones), enough to make up for late timer wake-ups without tuning.
@@ -480,10 +480,15 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 5m)"))
 }
 
+/// A `--budget`: an amount, or none (`none`). A type of its own: clap reads an
+/// `Option<Option<_>>` field as a flag whose value may be left out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BudgetArg(Option<crate::meter::Money>);
+
 /// A `--budget`, or `none` (no budget).
-fn budget(s: &str) -> Result<Option<crate::meter::Money>, String> {
+fn budget(s: &str) -> Result<BudgetArg, String> {
     if s.trim() == "none" {
-        return Ok(None);
+        return Ok(BudgetArg(None));
     }
     let amount: crate::meter::Money = s
         .parse()
@@ -491,7 +496,7 @@ fn budget(s: &str) -> Result<Option<crate::meter::Money>, String> {
     if amount.0 == 0 {
         return Err("a budget of 0 allows nothing (`none` removes the budget)".into());
     }
-    Ok(Some(amount))
+    Ok(BudgetArg(Some(amount)))
 }
 
 /// A `--quota`, or `none` (no quota at all).
@@ -643,7 +648,7 @@ impl RunArgs {
             quotas: self.quota_list()?,
             price_input: self.price_input,
             price_output: self.price_output,
-            budget: self.budget,
+            budget: self.budget.map(|b| b.0),
             allow_spec_change: self.allow_spec_change,
             command: "run".into(),
         })

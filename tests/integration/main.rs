@@ -34,6 +34,7 @@ mod inputs;
 mod jobs;
 mod lazyfs_model;
 mod limit_req;
+mod money;
 mod old_formats;
 mod parquet;
 #[cfg(feature = "postgres")]

@@ -179,3 +179,90 @@ fn the_readme_language_model_job_runs_as_written() {
     let status = h.run(&["status", "--state", p(&state)]);
     assert!(status.stdout.contains("usage:"), "{}", status.stdout);
 }
+
+/// The job's part of a token window, given as a quota (the API announces nothing): each
+/// call takes its expected tokens and settles what it spent, so no call is refused.
+fn token_quota_job(h: &Harness, state: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let rows = rows();
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["id", "text"]).unwrap();
+    for (id, text) in &rows {
+        w.write_record([id, text]).unwrap();
+    }
+    let input = h.file("tickets.csv", w.into_inner().unwrap());
+    let url = h.api.chat_completions_url();
+    let mut args = new_job_args(state, &input, &url);
+    let quota = format!("{TOKENS}tokens/2s");
+    let concurrency = CONCURRENCY.to_string();
+    args.extend([
+        "--id-column",
+        "id",
+        "--method",
+        "POST",
+        "--body",
+        r#"{"model": "gpt-test", "max_tokens": 300, "messages": [{"role": "user", "content": {text:json}}], "user": "{id}"}"#,
+        "--concurrency",
+        &concurrency,
+        "--quota",
+        &quota,
+    ]);
+    args.extend_from_slice(extra);
+    args.into_iter().map(String::from).collect()
+}
+
+#[test]
+fn a_token_quota_with_no_headers_gives_no_429() {
+    let h = Harness::new(api(LlmHeaders::None));
+    let state = h.state();
+    let args = token_quota_job(&h, &state, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    h.run(&args).expect_code(0);
+    assert_eq!(h.export(&state).len(), ROWS);
+    for (id, _) in &rows() {
+        assert_eq!(h.api.admitted_calls(id), 1, "{id} answered once");
+    }
+    assert_eq!(
+        h.api.llm_rate_refusals(),
+        0,
+        "{:?}",
+        h.api.tokens_per_window()
+    );
+    let status = h.status(&state);
+    assert_eq!(status["quotas"][0]["quota"], "5000tokens/2s", "{status}");
+}
+
+/// Killed twice in the middle of a window and resumed at once: the token quota is kept
+/// with the job, so no resume spends again what the killed run had taken of the window.
+#[test]
+fn two_kills_mid_window_and_resumes_never_exceed_a_token_window() {
+    let h = Harness::new(api(LlmHeaders::None));
+    let state = h.state();
+    let args = token_quota_job(&h, &state, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for kill in [20, 45] {
+        let mut child = h.spawn(&args);
+        assert!(h.wait_for_calls(&mut child, kill), "the run ended early");
+        signal(&child, libc::SIGKILL);
+        finish(child);
+    }
+    h.run(&args).expect_code(0);
+    let rows = rows();
+    let export = h.export(&state);
+    assert_eq!(export.len(), ROWS);
+    for ((id, _), record) in rows.iter().zip(&export) {
+        assert_eq!(record["id"], id.as_str());
+        assert_eq!(record["status"], "ok");
+    }
+    assert_eq!(
+        h.api.llm_rate_refusals(),
+        0,
+        "{:?}",
+        h.api.tokens_per_window()
+    );
+    for (start, tokens) in h.api.tokens_per_window() {
+        assert!(
+            tokens <= TOKENS,
+            "the window at {start} counted {tokens} tokens"
+        );
+    }
+}
