@@ -86,6 +86,10 @@ fn spent_message(quota: &Quota, left: &u64) -> String {
     }
 }
 
+/// The most one call may take of a quota: far beyond any real call, and small enough that
+/// the run's reserve, a signed count, never overflows.
+const MOST_TAKEN: u64 = 1 << 60;
+
 /// What a call is expected to cost, and at most, before it is made (each unknown if the
 /// handler cannot tell).
 #[derive(Debug, Clone, Copy, Default)]
@@ -174,25 +178,31 @@ impl QuotaCall {
             if cost > taken {
                 s.owed += cost - taken;
             } else if cost < taken {
-                if s.slot_ms != slot {
+                // Given back in the newest slot only: what an older slot's call did not
+                // spend is no use now (a fixed window's is gone; a rolling window's stays
+                // counted, which errs on the safe side).
+                if slot > s.slot_ms || s.returned == 0 {
                     *s = Settled {
                         slot_ms: slot,
                         returned: 0,
                         owed: s.owed,
                     };
                 }
-                s.returned += taken - cost;
+                if slot == s.slot_ms {
+                    s.returned += taken - cost;
+                }
             }
         }
         drop(settled);
         self.release();
-        self.shared.settles.notify_waiters();
     }
 
+    /// The call is no longer in flight: a spent budget waiting for it looks again.
     fn release(&mut self) {
         for (i, (taken, _)) in self.taken.iter_mut().enumerate() {
             self.shared.in_flight[i].fetch_sub(std::mem::take(taken), Relaxed);
         }
+        self.shared.settles.notify_waiters();
     }
 }
 
@@ -268,7 +278,8 @@ impl QuotaGate {
     pub(crate) async fn acquire(&self, cost: Cost) -> Result<QuotaCall, QuotaStop> {
         let takes: Vec<u64> = self.quotas.iter().map(|q| Self::take_of(q, cost)).collect();
         for (q, &take) in self.quotas.iter().zip(&takes) {
-            if take > q.limit && q.window != Window::Job {
+            // More than a whole window (or budget) allows, or than is counted exactly.
+            if take > q.limit || take > MOST_TAKEN {
                 return Err(QuotaStop::TooCostly {
                     quota: *q,
                     need: take,
@@ -370,9 +381,23 @@ impl QuotaGate {
                 let settles = self.shared.settles.notified();
                 tokio::pin!(settles);
                 settles.as_mut().enable();
-                if self.shared.in_flight[i].load(Relaxed) > 0 {
-                    settles.await;
-                    continue;
+                if self.quotas[i].unit.is_metered() {
+                    // Settled while the reservation was made, not counted yet: look again.
+                    let pending = {
+                        let settled = self
+                            .shared
+                            .settled
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        settled[i].returned > 0
+                    };
+                    if pending {
+                        continue;
+                    }
+                    if self.shared.in_flight[i].load(Relaxed) > 0 {
+                        settles.await;
+                        continue;
+                    }
                 }
                 return Err(QuotaStop::Spent(self.quotas[i], left));
             }

@@ -464,9 +464,15 @@ impl<H: Handler> ItemTask<H> {
         if let Some(call) = quota_call {
             call.settle(match &result {
                 Ok(answer) => answer.usage().map_or(Spent::Unknown, Spent::Reported),
-                // An error the API answered with is not billed; an answer refused by its
-                // checks was, and a call with no answer may have been.
-                Err(f) if f.status.is_some_and(|s| !(200..300).contains(&s)) => Spent::Nothing,
+                // A refusal the API answered with (4xx but a timeout) is not billed; an
+                // answer refused by its checks was, and a server error or a call with no
+                // answer may have been (a gateway's 504 after the model wrote).
+                Err(f)
+                    if f.status
+                        .is_some_and(|s| (400..500).contains(&s) && s != 408) =>
+                {
+                    Spent::Nothing
+                }
                 Err(_) => Spent::Unknown,
             });
         }

@@ -57,15 +57,7 @@ pub(super) fn retry_exit_codes_without_command() -> JobError {
 
 /// Check the spec's request templates or command (their syntax, without the environment).
 pub(super) fn check_work(spec: &JobSpec) -> Result<(), JobError> {
-    if spec.budget.is_some() && spec.prices.is_none_or(|p| p.is_free()) {
-        return Err(JobError::Usage(format!(
-            "a {} needs the prices that value the calls: give {} and {} (per million \
-             tokens)",
-            Setting::Budget,
-            Setting::PriceInput,
-            Setting::PriceOutput
-        )));
-    }
+    check_metered(spec)?;
     if let Work::Library { .. } = spec.work {
         // A library program's own handler: nothing stored to check.
         return Ok(());
@@ -81,6 +73,35 @@ pub(super) fn check_work(spec: &JobSpec) -> Result<(), JobError> {
         Work::Library { .. } => {}
     }
     Ok(())
+}
+
+/// A budget in money has both prices to value calls by (a free kind of token given as 0),
+/// and, as quotas of tokens, a job that can tell what a call may cost before it is made:
+/// neither a command's (its cost is known once it ran) nor a batch request's.
+fn check_metered(spec: &JobSpec) -> Result<(), JobError> {
+    let tokens = spec.quotas.iter().find(|q| q.unit.is_metered());
+    if spec.budget.is_some() && spec.prices.is_none_or(|p| p.is_free()) {
+        return Err(JobError::Usage(format!(
+            "a {} needs the prices that value the calls: give {} and {} (per million \
+             tokens)",
+            Setting::Budget,
+            Setting::PriceInput,
+            Setting::PriceOutput
+        )));
+    }
+    let what = match (spec.budget, tokens) {
+        (Some(_), _) => Setting::Budget.to_string(),
+        (None, Some(q)) => format!("{} {q}", Setting::Quota),
+        (None, None) => return Ok(()),
+    };
+    let why = match &spec.work {
+        Work::Exec { .. } => "a command's cost is known only once it ran",
+        Work::Batch { .. } => "a batch request's cost is not counted per call",
+        Work::Request(_) | Work::Library { .. } => return Ok(()),
+    };
+    Err(JobError::Usage(format!(
+        "{what} needs what a call may cost before it is made, and {why}: use a quota of calls"
+    )))
 }
 
 /// Credential names that templates can use (`${NAME}`: letters, digits, `_`), each once.

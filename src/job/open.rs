@@ -206,6 +206,7 @@ pub(super) async fn open_checked<S: Store>(
 /// `allow_spec_change`, accepted and recorded), the input not looked at. Operational flags
 /// are applied by the caller.
 fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobError> {
+    request.check_prices(stored.prices)?;
     let mut asked = stored.clone();
     if let Some(input) = &request.input {
         asked.input = input.clone();

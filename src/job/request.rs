@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::answer::AnswerSpec;
 use crate::handler::exec::{ExecSpec, DEFAULT_RETRY_EXIT_CODES};
 use crate::input::{Fingerprint, InputSpec};
+use crate::setting::Setting;
 use crate::spec::{JobSpec, Work, DEFAULT_BUCKET_SIZE};
 
 use super::error::JobError;
@@ -172,6 +173,22 @@ impl JobRequest {
         })
     }
 
+    /// Prices asked for a job that has none: both, or neither (one alone would leave the
+    /// other kind of token free without a word; a free kind is given as 0).
+    pub(super) fn check_prices(
+        &self,
+        stored: Option<crate::meter::Prices>,
+    ) -> Result<(), JobError> {
+        if stored.is_none() && self.price_input.is_some() != self.price_output.is_some() {
+            return Err(JobError::Usage(format!(
+                "give both {} and {} (0 for a kind of token that is free)",
+                Setting::PriceInput,
+                Setting::PriceOutput
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the request says what to do for each ID (needed to create a job).
     pub(super) fn has_work(&self) -> bool {
         self.url.is_some() || self.exec.is_some() || self.handler.is_some()
@@ -183,6 +200,7 @@ impl JobRequest {
         input: &InputSpec,
         fingerprint: Fingerprint,
     ) -> Result<JobSpec, JobError> {
+        self.check_prices(None)?;
         let mut spec = JobSpec::new(input.clone(), fingerprint);
         spec.bucket_size = self.bucket_size.unwrap_or(DEFAULT_BUCKET_SIZE);
         let mut work = spec.work.to_fields();

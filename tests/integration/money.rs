@@ -156,3 +156,50 @@ fn a_money_budget_stops_within_one_calls_most_of_its_cap_and_goes_on_when_raised
     h.resume(&state, &["--budget", "none"]).expect_code(0);
     assert!(h.status(&state)["spend"]["budget"].is_null());
 }
+
+/// A budget that could not be kept is refused before anything runs: without both prices,
+/// or for work whose calls' cost is not known before they are made (a command, a batch
+/// request); so is a quota of tokens for them.
+#[test]
+fn a_budget_that_could_not_be_kept_is_refused() {
+    let h = Harness::new(api());
+    let input = h.ids_file("ids.txt", &ids(5));
+    let url = h.api.chat_completions_url();
+    let state = h.state();
+    h.run_new(
+        &state,
+        &input,
+        &url,
+        &["--price-input", "2", "--budget", "1"],
+    )
+    .expect_refused(2, &["give both --price-input and --price-output"]);
+    let priced = ["--price-input", "2", "--price-output", "8", "--budget", "1"];
+    let exec = h.run(
+        &[
+            &["run", "--state", p(&state), "--input", p(&input)][..],
+            &["--exec", "echo {id}"],
+            &priced,
+        ]
+        .concat(),
+    );
+    exec.expect_refused(
+        2,
+        &["--budget needs what a call may cost", "a command's cost"],
+    );
+    let batch = h.run_new(
+        &state,
+        &input,
+        &url,
+        &[
+            &["--batch-size", "5", "--split", ".[] | {key: .id, value: .}"][..],
+            &["--quota", "1000tokens/min"],
+        ]
+        .concat(),
+    );
+    batch.expect_refused(
+        2,
+        &["--quota 1000tokens/1min needs", "a batch request's cost"],
+    );
+    assert!(!state.exists() || h.status(&state)["job_id"].is_null());
+    assert_eq!(h.api.total_calls(), 0);
+}
