@@ -100,7 +100,7 @@ fn check_metered(spec: &JobSpec) -> Result<(), JobError> {
         Work::Request(_) | Work::Library { .. } => return Ok(()),
     };
     Err(JobError::Usage(format!(
-        "{what} needs what a call may cost before it is made, and {why}: use a quota of calls"
+        "{what} needs what a call may cost before it is made, and {why}: keep to a quota of calls"
     )))
 }
 
