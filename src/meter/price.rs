@@ -146,14 +146,20 @@ impl FromStr for Price {
 }
 
 impl fmt::Display for Money {
-    /// Two decimals, or four below 10 (a small job's spend is still seen).
+    /// Two decimals, or four below 10 (a small job's spend is still seen), rounded half up
+    /// from the exact amount.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let units = self.units();
-        if units >= 10.0 {
-            write!(f, "{units:.2}")
-        } else {
-            write!(f, "{units:.4}")
-        }
+        let decimals: u32 = if self.0 >= 10 * PICO { 2 } else { 4 };
+        let step = PICO / 10u64.pow(decimals);
+        let shown = self.0 / step + u64::from(self.0 % step >= step / 2);
+        let scale = 10u64.pow(decimals);
+        write!(
+            f,
+            "{}.{:0width$}",
+            shown / scale,
+            shown % scale,
+            width = decimals as usize
+        )
     }
 }
 
@@ -223,6 +229,14 @@ mod tests {
         assert_eq!(cost, "3.5".parse().unwrap());
         assert_eq!(cost.to_string(), "3.5000");
         assert_eq!(Money(25 * PICO).to_string(), "25.00");
+        // Rounded from the exact amount, never through a float.
+        assert_eq!("9.99996".parse::<Money>().unwrap().to_string(), "10.0000");
+        assert_eq!("9.99994".parse::<Money>().unwrap().to_string(), "9.9999");
+        assert_eq!("0.00005".parse::<Money>().unwrap().to_string(), "0.0001");
+        assert_eq!(
+            "12345678.905".parse::<Money>().unwrap().to_string(),
+            "12345678.91"
+        );
         // Sums of many small costs stay exact.
         let one = prices.cost(Usage {
             input: 7,
