@@ -4,7 +4,9 @@
 //! 250 completion tokens, and announces the window in OpenAI's headers, in Anthropic's (on
 //! its Anthropic-shaped route) or not at all. The input is a CSV of texts from 200 to 2,000
 //! bytes (50 to 500 prompt tokens), sent in a JSON body made by the job's row template; the
-//! run has no flag beyond the defaults. Each run starts on a window's boundary. Per case:
+//! run has no flag beyond the defaults, but in the last case, where the API announces nothing
+//! and the job is given the window as a quota of tokens (`--quota 20000tokens/10s`). Each run
+//! starts on a window's boundary. Per case:
 //! token goodput (the tokens the API granted in the windows the run spanned whole, against
 //! the 20,000 each allows) and the share of calls refused.
 
@@ -31,11 +33,18 @@ enum Route {
     Anthropic,
 }
 
-/// The cases: the headers the API announces, and the route (and body shape) called.
-const CASES: [(&str, LlmHeaders, Route); 3] = [
-    ("OpenAI headers", LlmHeaders::OpenAi, Route::OpenAi),
-    ("Anthropic headers", LlmHeaders::Anthropic, Route::Anthropic),
-    ("no headers", LlmHeaders::None, Route::OpenAi),
+/// The cases: the headers the API announces, the route (and body shape) called, and the
+/// job's flags beyond the defaults.
+const CASES: [(&str, LlmHeaders, Route, &[&str]); 4] = [
+    ("OpenAI headers", LlmHeaders::OpenAi, Route::OpenAi, &[]),
+    ("Anthropic headers", LlmHeaders::Anthropic, Route::Anthropic, &[]),
+    ("no headers", LlmHeaders::None, Route::OpenAi, &[]),
+    (
+        "no headers, --quota 20000tokens/10s",
+        LlmHeaders::None,
+        Route::OpenAi,
+        &["--quota", "20000tokens/10s"],
+    ),
 ];
 
 fn config(headers: LlmHeaders) -> ApiConfig {
@@ -123,14 +132,14 @@ pub fn tokens(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Resul
         .chain(args.before.as_deref().map(|b| ("before", b)))
         .collect();
     let mut rows = String::new();
-    for (case, (name, headers, route)) in CASES.into_iter().enumerate() {
+    for (case, (name, headers, route, flags)) in CASES.into_iter().enumerate() {
         let mut cells = Vec::new();
         for (label, bin) in &bins {
             let mut goodputs = Vec::new();
             let mut refused = Vec::new();
             for round in 0..args.repeat {
                 let state = tmp.join(format!("{case}-{label}-{round}"));
-                let r = run(rt, bin, args, headers, route, &input, &state)?;
+                let r = run(rt, bin, args, (headers, route, flags), &input, &state)?;
                 eprintln!(
                     "{name}, {label}: token goodput {:.3} of {TOKENS} per window, {:.2}% of \
                      calls refused ({} calls; tokens in the whole windows {:?})",
@@ -167,8 +176,7 @@ fn run(
     rt: &tokio::runtime::Runtime,
     bin: &Path,
     args: &Args,
-    headers: LlmHeaders,
-    route: Route,
+    (headers, route, flags): (LlmHeaders, Route, &[&str]),
     input: &Path,
     state: &Path,
 ) -> Result<Run> {
@@ -180,6 +188,7 @@ fn run(
     cmd.extend(
         ["--id-column", "id", "--method", "POST", "--body", body]
             .iter()
+            .chain(flags)
             .map(|s| s.to_string()),
     );
     let log = state.with_extension("log");
