@@ -62,6 +62,16 @@ pub struct AnswerSpec {
     /// With `extract`: store the raw body beside its output.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep_body: bool,
+    /// jq over the answer: what the call cost, for an API whose answers carry no usage of a
+    /// language model's shape (a number of units, or `{input, output}`). None: read the
+    /// shapes [`crate::meter::usage_of`] knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<String>,
+    /// jq over the request's body as sent (without credentials): what a call is expected
+    /// to cost, and at the most (a number, or `{input, output}`). None: the body's size and
+    /// its `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<String>,
 }
 
 impl AnswerSpec {
@@ -245,6 +255,10 @@ pub struct Answer {
     retry_if: Option<Program>,
     extract: Option<Program>,
     keep_body: bool,
+    usage: Option<Program>,
+    estimate: Option<Program>,
+    /// A usage or estimate program failed once already (said once, then quietly).
+    meter_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Answer {
@@ -261,7 +275,85 @@ impl Answer {
             retry_if: compile(Setting::RetryIf, &spec.retry_if)?,
             extract: compile(Setting::Extract, &spec.extract)?,
             keep_body: spec.keep_body,
+            usage: compile(Setting::Usage, &spec.usage)?,
+            estimate: compile(Setting::Estimate, &spec.estimate)?,
+            meter_failed: Default::default(),
         })
+    }
+
+    /// What the call of an answer (`body` as it came, before any extract) cost: by the
+    /// job's usage program, with `$status` and `$headers` bound, or else as a language
+    /// model's answer says ([`crate::meter::usage_of`]). A program that fails or gives no
+    /// cost leaves it unknown (said once per run, as a warning).
+    pub fn usage<'h, H>(
+        &self,
+        status: Option<u16>,
+        headers: impl FnOnce() -> H,
+        body: &[u8],
+    ) -> Option<crate::meter::Usage>
+    where
+        H: Iterator<Item = (&'h str, &'h [u8])>,
+    {
+        let Some(program) = &self.usage else {
+            return crate::meter::usage_of(body);
+        };
+        let vars = [
+            status.map_or(Val::Null, |s| Val::from(s as isize)),
+            headers_val(headers()),
+        ];
+        self.cost(Setting::Usage, program, body, &vars)
+    }
+
+    /// What a call whose request body is `sent` is expected to cost (and at the most), by
+    /// the job's estimate program; none without one.
+    pub fn estimate(&self, sent: &str) -> Option<crate::meter::Usage> {
+        let program = self.estimate.as_ref()?;
+        let vars = [Val::Null, headers_val(std::iter::empty())];
+        self.cost(Setting::Estimate, program, sent.as_bytes(), &vars)
+    }
+
+    /// Whether the job estimates its calls with a program of its own.
+    pub fn has_estimate(&self) -> bool {
+        self.estimate.is_some()
+    }
+
+    /// `program`'s first output over `text` (JSON, or a string when it is not) as a cost.
+    fn cost(
+        &self,
+        what: Setting,
+        program: &Program,
+        text: &[u8],
+        vars: &[Val; 2],
+    ) -> Option<crate::meter::Usage> {
+        let text = text.trim_ascii();
+        let input = match jaq_json::read::parse_single(text) {
+            Ok(v) => v,
+            Err(_) => Val::from(String::from_utf8_lossy(text).into_owned()),
+        };
+        let outcome = match program.run(input, vars, |_| true) {
+            Run::Error(e) => Err(e),
+            Run::Values(values) => match values.first() {
+                None => Err("it gave no value".to_string()),
+                Some(v) => serde_json::from_str::<serde_json::Value>(&v.to_string())
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| crate::meter::Usage::from_json(&v)),
+            },
+        };
+        match outcome {
+            Ok(usage) => usage,
+            Err(e) => {
+                if !self
+                    .meter_failed
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "{what} {:?} failed ({e}): that call's cost is not counted (said once)",
+                        program.source
+                    );
+                }
+                None
+            }
+        }
     }
 
     fn has_programs(&self) -> bool {

@@ -57,6 +57,10 @@ pub enum Setting {
     PriceOutput,
     /// The most the job may spend, by its prices.
     Budget,
+    /// The jq program reading what a call cost from its answer.
+    Usage,
+    /// The jq program estimating what a call will cost from its request.
+    Estimate,
     /// How many IDs are worked on at once.
     Concurrency,
     /// Skip input lines without a usable ID instead of stopping.
@@ -113,6 +117,8 @@ impl Setting {
             Setting::PriceInput => "price_input",
             Setting::PriceOutput => "price_output",
             Setting::Budget => "budget",
+            Setting::Usage => "usage",
+            Setting::Estimate => "estimate",
             Setting::Concurrency => "concurrency",
             Setting::SkipBadLines => "skip_bad_lines",
             Setting::AllowSpecChange => "allow_spec_change",

@@ -37,7 +37,12 @@ enum Route {
 /// job's flags beyond the defaults.
 const CASES: [(&str, LlmHeaders, Route, &[&str]); 4] = [
     ("OpenAI headers", LlmHeaders::OpenAi, Route::OpenAi, &[]),
-    ("Anthropic headers", LlmHeaders::Anthropic, Route::Anthropic, &[]),
+    (
+        "Anthropic headers",
+        LlmHeaders::Anthropic,
+        Route::Anthropic,
+        &[],
+    ),
     ("no headers", LlmHeaders::None, Route::OpenAi, &[]),
     (
         "no headers, --quota 20000tokens/10s",

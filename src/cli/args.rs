@@ -332,6 +332,18 @@ pub(crate) struct RunArgs {
     /// With --extract: keep the raw body too (stored as {"extract": ..., "raw": ...}).
     #[arg(long)]
     pub(crate) keep_body: bool,
+    /// jq over the whole answer ($status, $headers bound): what the call cost, for an API
+    /// metered otherwise than a language model's usage: a number of units, or {input,
+    /// output}. E.g. '.meta.credits_used' or '$headers["x-credits"] | tonumber'. '' removes
+    /// it.
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) usage: Option<String>,
+    /// jq over the request's body as sent: what a call will cost, for token quotas and the
+    /// announced token limits (expected) and a --budget (at the most): a number, or {input,
+    /// output}. E.g. '{input: (.messages[0].content | length / 3), output: .max_tokens}'.
+    /// '' removes it.
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) estimate: Option<String>,
 }
 
 /// `--oauth2-client-auth`.
@@ -644,6 +656,8 @@ impl RunArgs {
                 retry_if: self.retry_if.clone(),
                 extract: self.extract.clone(),
                 keep_body: self.keep_body.then_some(true),
+                usage: self.usage.clone(),
+                estimate: self.estimate.clone(),
             },
             quotas: self.quota_list()?,
             price_input: self.price_input,

@@ -36,6 +36,8 @@ fn flag(setting: &Setting) -> Option<String> {
         Setting::PriceInput => "--price-input",
         Setting::PriceOutput => "--price-output",
         Setting::Budget => "--budget",
+        Setting::Usage => "--usage",
+        Setting::Estimate => "--estimate",
         Setting::Concurrency => "--concurrency",
         Setting::SkipBadLines => "--skip-bad-lines",
         Setting::AllowSpecChange => "--allow-spec-change",

@@ -336,7 +336,7 @@ impl ExecHandler {
             }
         }
         let out = trim_newlines(out);
-        let usage = crate::meter::usage_of(&out);
+        let usage = self.answer.usage(None, std::iter::empty, &out);
         let result = self.answer.judge(None, std::iter::empty, out)?;
         Ok(Output {
             usage,

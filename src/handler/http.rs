@@ -140,11 +140,11 @@ impl Handler for HttpHandler {
         Some(self.limits.clone())
     }
 
-    /// The request's body (its URL when it has none) at four bytes a token, read; and as
-    /// written, what the last answers wrote, within the body's `max_tokens` (or
-    /// `max_completion_tokens`, `max_output_tokens`) if it says
-    /// (at most 256 before any answer said). The credentials are left out: a secret is
-    /// never rendered for an estimate.
+    /// The job's estimate program over the request's body, if it has one; else the body
+    /// (its URL when it has none) at four bytes a token, read; and as written, what the last
+    /// answers wrote, within the body's `max_tokens` (or `max_completion_tokens`,
+    /// `max_output_tokens`) if it says (at most 256 before any answer said). The credentials
+    /// are left out: a secret is never rendered for an estimate.
     fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
         let row = row_values(row).ok()?;
         let fill = Fill::One(id, row.as_ref());
@@ -153,6 +153,9 @@ impl Handler for HttpHandler {
             Some(body) => fill.render(body, &[]),
             None => fill.render(&r.url.template, &[]),
         };
+        if self.answer.has_estimate() {
+            return self.answer.estimate(&sent);
+        }
         Some(crate::meter::Usage {
             input: (sent.len() as u64).div_ceil(4).max(1),
             output: self.limits.output_estimate(most_written(&sent)),
@@ -172,6 +175,10 @@ impl Handler for HttpHandler {
             Some(body) => fill.render(body, &[]),
             None => fill.render(&r.url.template, &[]),
         };
+        // The job's own estimate is its word for the most too.
+        if self.answer.has_estimate() {
+            return self.answer.estimate(&sent);
+        }
         let output = most_written(&sent).unwrap_or_else(|| {
             self.limits
                 .output_estimate(None)
@@ -308,7 +315,11 @@ impl HttpHandler {
             )));
         }
         let (status, headers, bytes) = self.exchange(Fill::One(id, row.as_ref())).await?;
-        let usage = crate::meter::usage_of(&bytes);
+        let usage = self.answer.usage(
+            Some(status),
+            || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+            &bytes,
+        );
         let result = self.answer.judge(
             Some(status),
             || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),

@@ -36,9 +36,29 @@ fn quota_change(stored: &JobSpec, request: &JobRequest) -> Option<String> {
     ))
 }
 
-/// The prices and the budget `request` changes, as lines of the spec history.
+/// The prices, the budget and the cost programs `request` changes, as lines of the spec
+/// history.
 fn money_changes(stored: &JobSpec, request: &JobRequest) -> Vec<String> {
     let mut changes = Vec::new();
+    let program = |p: &Option<String>| p.as_deref().map_or("none".into(), |p| format!("{p:?}"));
+    for (setting, asked, was) in [
+        (Setting::Usage, &request.answer.usage, &stored.answer.usage),
+        (
+            Setting::Estimate,
+            &request.answer.estimate,
+            &stored.answer.estimate,
+        ),
+    ] {
+        let Some(asked) = asked else { continue };
+        let asked = Some(asked.clone()).filter(|p| !p.trim().is_empty());
+        if asked != *was {
+            changes.push(format!(
+                "{setting} changed from {} to {}",
+                program(was),
+                program(&asked)
+            ));
+        }
+    }
     let prices = request.prices(stored.prices);
     if prices != stored.prices {
         let text = |p: Option<crate::meter::Prices>| {
@@ -181,7 +201,7 @@ pub(super) async fn open_checked<S: Store>(
             }
             let changes: Vec<String> = quota_change(&asked, request)
                 .into_iter()
-                .chain(money_changes(&asked, request))
+                .chain(money_changes(&stored, request))
                 .collect();
             if !changes.is_empty() {
                 asked.history.push(SpecChange {

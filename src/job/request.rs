@@ -91,6 +91,10 @@ pub struct AnswerRequest {
     pub extract: Option<String>,
     /// With `extract`: store the raw body beside its output.
     pub keep_body: Option<bool>,
+    /// jq program: what a call cost, read from its answer.
+    pub usage: Option<String>,
+    /// jq program: what a call will cost, from its request's body.
+    pub estimate: Option<String>,
 }
 
 impl AnswerRequest {
@@ -106,6 +110,8 @@ impl AnswerRequest {
         program(&self.fail_if, &mut spec.fail_if);
         program(&self.retry_if, &mut spec.retry_if);
         program(&self.extract, &mut spec.extract);
+        program(&self.usage, &mut spec.usage);
+        program(&self.estimate, &mut spec.estimate);
         if let Some(keep) = self.keep_body {
             spec.keep_body = keep;
         }

@@ -26,6 +26,37 @@ impl Usage {
         self.input.saturating_add(self.output)
     }
 
+    /// A cost as a user's program gives it: a number of units (counted as input), or an
+    /// object of `input` and `output` numbers (either may be left out); null for none.
+    /// Fractions are rounded to whole units.
+    pub fn from_json(value: &serde_json::Value) -> Result<Option<Usage>, String> {
+        let units = |v: &serde_json::Value, what: &str| -> Result<u64, String> {
+            match v.as_f64() {
+                Some(n) if n >= 0.0 && n.is_finite() => Ok(n.round() as u64),
+                _ => Err(format!("{what} is {v}, not a number of units of 0 or more")),
+            }
+        };
+        match value {
+            serde_json::Value::Null => Ok(None),
+            serde_json::Value::Number(_) => Ok(Some(Usage {
+                input: units(value, "the cost")?,
+                output: 0,
+            })),
+            serde_json::Value::Object(o)
+                if o.keys().all(|k| k == "input" || k == "output") && !o.is_empty() =>
+            {
+                let field = |k: &str| o.get(k).map_or(Ok(0), |v| units(v, k));
+                Ok(Some(Usage {
+                    input: field("input")?,
+                    output: field("output")?,
+                }))
+            }
+            other => Err(format!(
+                "it gave {other}, not a number or an object of input and output"
+            )),
+        }
+    }
+
     /// Add `other` (saturating: a sum never wraps).
     pub fn add(&mut self, other: Usage) {
         self.input = self.input.saturating_add(other.input);
@@ -51,5 +82,38 @@ impl std::iter::Sum for Usage {
 impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} in + {} out", self.input, self.output)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_programs_cost_is_a_number_or_input_and_output() {
+        let u = |i, o| {
+            Some(Usage {
+                input: i,
+                output: o,
+            })
+        };
+        assert_eq!(Usage::from_json(&json!(12)), Ok(u(12, 0)));
+        assert_eq!(Usage::from_json(&json!(2.6)), Ok(u(3, 0)));
+        assert_eq!(
+            Usage::from_json(&json!({"input": 5, "output": 7})),
+            Ok(u(5, 7))
+        );
+        assert_eq!(Usage::from_json(&json!({"output": 7})), Ok(u(0, 7)));
+        assert_eq!(Usage::from_json(&json!(null)), Ok(None));
+        for bad in [
+            json!(-1),
+            json!("12"),
+            json!({"in": 1}),
+            json!({}),
+            json!([1]),
+        ] {
+            assert!(Usage::from_json(&bad).is_err(), "{bad}");
+        }
     }
 }

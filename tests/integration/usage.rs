@@ -150,3 +150,101 @@ fn answers_without_usage_cost_nothing_to_report() {
         .stdout
         .contains("usage:"));
 }
+
+/// An API metered otherwise (credits in its body, or in a header) is read by the job's own
+/// usage program, with `$headers` bound; a program that fails on an answer leaves that
+/// call's cost unknown, with one warning, and fails no ID.
+#[test]
+fn a_usage_program_reads_what_another_api_counts() {
+    let h = Harness::new(ApiConfig::fast());
+    // A command whose answers say what they cost in credits: ID n costs n credits.
+    let script = h.file(
+        "credits.sh",
+        "printf '{\"n\":%s,\"meta\":{\"credits\":%s}}\\n' \"$1\" \"$1\"\n",
+    );
+    let ids: Vec<String> = (1..=40).map(|i| i.to_string()).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let command = format!("sh {} {{id}}", p(&script));
+    h.run(&[
+        "run",
+        "--state",
+        p(&state),
+        "--input",
+        p(&input),
+        "--exec",
+        &command,
+        "--usage",
+        ".meta.credits",
+    ])
+    .expect_code(0);
+    let export = h.export(&state);
+    for (i, record) in export.iter().enumerate() {
+        assert_eq!(record["usage"]["input"], (i + 1) as u64, "{record}");
+    }
+    let status = h.status(&state);
+    assert_eq!(status["stats"]["usage"]["input"], 40 * 41 / 2, "{status}");
+
+    // An HTTP API's header, by `$headers`; a program that fails says so once and fails
+    // nothing.
+    let state = h.path("http");
+    h.run_new(
+        &state,
+        &input,
+        &h.url(),
+        &["--usage", r#"$headers["content-length"] | tonumber"#],
+    )
+    .expect_code(0);
+    let export = h.export(&state);
+    assert!(export
+        .iter()
+        .all(|r| r["usage"]["input"].as_u64().unwrap() > 0));
+    let broken = h.path("broken");
+    let run = h.run_new(
+        &broken,
+        &input,
+        &h.url(),
+        &["--usage", ".no.such | tonumber"],
+    );
+    run.expect_code(0)
+        .expect_stderr("that call's cost is not counted");
+    assert_eq!(
+        run.stderr
+            .matches("that call's cost is not counted")
+            .count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(h.status(&broken)["stats"].get("usage").is_none());
+}
+
+/// The job's own estimate of a call is what a token quota takes of it before the call:
+/// one above a whole window stops the run at once, naming the quota.
+#[test]
+fn an_estimate_program_is_what_a_call_takes_of_a_token_quota() {
+    let h = Harness::new(ApiConfig::fast());
+    let input = h.ids_file("ids.txt", &ids(10));
+    let state = h.state();
+    h.run_new(
+        &state,
+        &input,
+        &h.url(),
+        &[
+            "--quota",
+            "1000tokens/1min",
+            "--estimate",
+            "{input: 1500, output: 10}",
+        ],
+    )
+    .expect_refused(1, &["expected to cost 1510 tokens", "1000tokens/1min"]);
+    assert_eq!(h.api.total_calls(), 0);
+    // A smaller estimate goes through, and the change is kept in the job's history.
+    h.resume(&state, &["--estimate", "{input: 10}"])
+        .expect_code(0);
+    let status = h.status(&state);
+    assert!(
+        status.to_string().contains("estimate changed from"),
+        "{status}"
+    );
+}
