@@ -1,5 +1,6 @@
 //! Quota usage: reservations are durable when they return, concurrent ones never grant more
-//! than a limit leaves, and the ledger reads back after a crash.
+//! than a limit leaves, calls given back are free again, quotas of other units count apart,
+//! and the ledger reads back after a crash.
 
 use super::backend::Backend;
 use crate::quota::{Quota, QuotaWant};
@@ -10,7 +11,7 @@ pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: B
     // Windows no test outlives: a rolling hour and the job's budget.
     let hourly: Quota = "50/1h,rolling".parse().unwrap();
     let budget: Quota = "80/job".parse().unwrap();
-    let want = |quota, calls| QuotaWant { quota, calls };
+    let want = |quota, calls| QuotaWant::new(quota, calls);
     let now = now_ms();
     let g = s
         .reserve_quota(&[want(hourly, 30), want(budget, 30)], now)
@@ -43,6 +44,26 @@ pub(super) async fn quota_reservations_are_durable_and_never_exceed_a_limit<B: B
     let g = s.reserve_quota(&[want(hourly, 1)], now_ms()).await.unwrap();
     assert_eq!(g[0].calls, 0);
     assert!(g[0].frees_at_ms.is_some_and(|at| at > now));
+    // Calls given back (a run ending with calls in hand) are free again, durably; a quota of
+    // tokens over the same window counts apart.
+    let back = QuotaWant {
+        give_back: Some(crate::quota::SlotUse {
+            start_ms: 0,
+            used: 25,
+        }),
+        ..want(budget, 5)
+    };
+    let tokens: Quota = "1000tokens/job".parse().unwrap();
+    let g = s
+        .reserve_quota(&[back, want(tokens, 700)], now_ms())
+        .await
+        .unwrap();
+    assert_eq!((g[0].calls, g[0].used), (5, 60), "25 given back, 5 taken");
+    assert_eq!((g[1].calls, g[1].used), (700, 700));
+    let s = b.crash(s);
+    let ledger = s.quota_ledger().await.unwrap();
+    assert_eq!(ledger.used(&budget, now_ms()), 60);
+    assert_eq!(ledger.used(&tokens, now_ms()), 700);
 }
 
 /// The windows learnt from refusals: none kept at first; what is kept reads back whole,

@@ -29,7 +29,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
 use crate::meter::{Money, Unit, Usage};
-use crate::quota::{chunk, Quota, QuotaGrant, QuotaState, QuotaWant, Window};
+use crate::quota::{chunk, Quota, QuotaGrant, QuotaState, QuotaWant, SlotUse, Window};
 use crate::store::{now_ms, Store, StoreError};
 
 /// Where the gate reserves calls: the job's store.
@@ -291,20 +291,7 @@ impl QuotaGate {
         let mut local = self.local.lock().await;
         loop {
             let now = now_ms();
-            {
-                let mut settled = self
-                    .shared
-                    .settled
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                for (l, s) in local.iter_mut().zip(settled.iter_mut()) {
-                    l.available -= s.owed as i64;
-                    if s.slot_ms == l.slot_ms {
-                        l.available += s.returned as i64;
-                    }
-                    *s = Settled::default();
-                }
-            }
+            self.fold_settled(&mut local);
             // Units reserved in a slot that has passed are no use now; owed ones still are.
             for (q, l) in self.quotas.iter().zip(local.iter_mut()) {
                 if l.slot_ms != Some(q.window.slot(now).0) {
@@ -344,10 +331,7 @@ impl QuotaGate {
                     };
                     let short = (needs[i] - l.available) as u64;
                     carries.push(carry);
-                    let want = QuotaWant {
-                        quota: *q,
-                        calls: Self::chunk_of(q).max(short) + carry,
-                    };
+                    let want = QuotaWant::new(*q, Self::chunk_of(q).max(short) + carry);
                     (i, want)
                 })
                 .unzip();
@@ -417,6 +401,60 @@ impl QuotaGate {
                     s.exhausted = false;
                 }
             }
+        }
+    }
+
+    /// Give back to the store what this run holds and did not spend, once its calls are
+    /// done (a run ending, halted or stopped): a resume, a rerun or another worker may spend
+    /// it. What calls still in flight hold stays counted (they may be billed).
+    pub(crate) async fn give_back(&self) -> Result<(), StoreError> {
+        let mut local = self.local.lock().await;
+        self.fold_settled(&mut local);
+        let now = now_ms();
+        let wants: Vec<QuotaWant> = self
+            .quotas
+            .iter()
+            .zip(local.iter())
+            .filter_map(|(q, l)| {
+                let slot = l.slot_ms.filter(|&s| q.window.counts(s, now))?;
+                (l.available > 0).then(|| QuotaWant {
+                    give_back: Some(SlotUse {
+                        start_ms: slot,
+                        used: l.available as u64,
+                    }),
+                    ..QuotaWant::new(*q, 0)
+                })
+            })
+            .collect();
+        if wants.is_empty() {
+            return Ok(());
+        }
+        let grants = self.book.reserve(&wants, now).await?;
+        for l in local.iter_mut() {
+            l.available = l.available.min(0);
+        }
+        let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+        for (want, grant) in wants.iter().zip(&grants) {
+            if let Some(i) = self.quotas.iter().position(|q| *q == want.quota) {
+                states[i].used = grant.used;
+            }
+        }
+        Ok(())
+    }
+
+    /// Count what settled calls gave back and owe into `local`.
+    fn fold_settled(&self, local: &mut [Local]) {
+        let mut settled = self
+            .shared
+            .settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (l, s) in local.iter_mut().zip(settled.iter_mut()) {
+            l.available -= s.owed as i64;
+            if s.slot_ms == l.slot_ms {
+                l.available += s.returned as i64;
+            }
+            *s = Settled::default();
         }
     }
 
@@ -659,5 +697,31 @@ mod tests {
             gate.acquire(cost).await,
             Err(QuotaStop::TooCostly { need: 100, .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_run_gives_back_what_it_holds_and_did_not_spend() {
+        let store = Arc::new(MemStore::new());
+        let budget = money("0.05");
+        let gate = QuotaGate::new(vec![budget, "100/job".parse().unwrap()], store.clone());
+        let cost = Cost {
+            expected: Some(SPENT),
+            most: Some(MOST),
+        };
+        for _ in 0..3 {
+            gate.acquire(cost)
+                .await
+                .unwrap()
+                .settle(Spent::Reported(SPENT));
+        }
+        // One call still in flight at the end keeps its most counted.
+        let in_flight = gate.acquire(cost).await.unwrap();
+        gate.give_back().await.unwrap();
+        let ledger = store.quota_ledger().await.unwrap();
+        let each = budget.unit.of(Some(SPENT));
+        let most = budget.unit.of(Some(MOST));
+        assert_eq!(ledger.used(&budget, now_ms()), 3 * each + most);
+        assert_eq!(ledger.used(&"100/job".parse().unwrap(), now_ms()), 4);
+        drop(in_flight);
     }
 }

@@ -165,6 +165,13 @@ where
     let written = writer
         .await
         .map_err(|e| EngineError::Internal(format!("result writer: {e}")))?;
+    if let Some(gate) = &quotas {
+        // The calls are done: what the run holds of its quotas and did not spend is the
+        // job's again (a failure leaves it counted, never lost).
+        if let Err(e) = gate.give_back().await {
+            tracing::warn!("cannot give back the quota this run did not spend: {e}");
+        }
+    }
     if let (Some(keeper), Some(limits)) = (keeper, handler.announced_limits()) {
         keeper.abort();
         // What the run learnt last, kept before its store closes.

@@ -38,6 +38,21 @@ pub struct QuotaWant {
     pub quota: Quota,
     /// Calls wanted in its current slot.
     pub calls: u64,
+    /// Calls (units) given back first: reserved before in the slot starting at its
+    /// `start_ms` and not spent (a run ending with calls in hand, calls that cost less than
+    /// they held). Never more than the slot holds; nothing once the slot stopped counting.
+    pub give_back: Option<SlotUse>,
+}
+
+impl QuotaWant {
+    /// `calls` of `quota`, nothing given back.
+    pub fn new(quota: Quota, calls: u64) -> QuotaWant {
+        QuotaWant {
+            quota,
+            calls,
+            give_back: None,
+        }
+    }
 }
 
 /// What a reservation got of one quota.
@@ -99,6 +114,12 @@ impl QuotaLedger {
                 let window = want.quota.window;
                 let slots = self.windows.entry(want.quota.key()).or_default();
                 slots.retain(|s| window.counts(s.start_ms, now_ms));
+                if let Some(back) = want.give_back {
+                    if let Some(s) = slots.iter_mut().find(|s| s.start_ms == back.start_ms) {
+                        s.used = s.used.saturating_sub(back.used);
+                    }
+                    slots.retain(|s| s.used > 0);
+                }
                 let used: u64 = slots.iter().map(|s| s.used).sum();
                 let calls = want.calls.min(want.quota.limit.saturating_sub(used));
                 let (slot_ms, _) = window.slot(now_ms);
@@ -137,10 +158,33 @@ mod tests {
     use super::*;
 
     fn want(q: &str, calls: u64) -> QuotaWant {
-        QuotaWant {
-            quota: q.parse().unwrap(),
-            calls,
-        }
+        QuotaWant::new(q.parse().unwrap(), calls)
+    }
+
+    #[test]
+    fn calls_given_back_free_their_slot_never_below_nothing() {
+        let mut l = QuotaLedger::default();
+        let budget = want("100/job", 60);
+        l.reserve(&[budget], 5);
+        let back = |used| QuotaWant {
+            give_back: Some(SlotUse { start_ms: 0, used }),
+            ..want("100/job", 0)
+        };
+        let g = l.reserve(&[back(25)], 6);
+        assert_eq!((g[0].calls, g[0].used), (0, 35));
+        // More than the slot holds: it is emptied, never below.
+        assert_eq!(l.reserve(&[back(500)], 7)[0].used, 0);
+        // A slot that stopped counting takes nothing back.
+        l.reserve(&[want("5/2s", 5)], 1_000_000);
+        let late = QuotaWant {
+            give_back: Some(SlotUse {
+                start_ms: 1_000_000,
+                used: 5,
+            }),
+            ..want("5/2s", 1)
+        };
+        let g = l.reserve(&[late], 1_002_000);
+        assert_eq!((g[0].calls, g[0].used), (1, 1));
     }
 
     #[test]

@@ -265,9 +265,11 @@ fn window_length(w: &str) -> Option<Duration> {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.unit.quota_word() {
-            None => write!(f, "{}/{}", self.limit, self.window.key()),
-            Some(word) => write!(f, "{}{word}/{}", self.limit, self.window.key()),
+        match (self.unit, self.unit.quota_word()) {
+            // A budget in money is never written as a quota: it reads as one.
+            (Unit::Money(_), _) => write!(f, "budget {}", crate::meter::Money(self.limit)),
+            (_, None) => write!(f, "{}/{}", self.limit, self.window.key()),
+            (_, Some(word)) => write!(f, "{}{word}/{}", self.limit, self.window.key()),
         }
     }
 }

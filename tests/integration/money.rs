@@ -110,6 +110,12 @@ fn a_money_budget_stops_within_one_calls_most_of_its_cap_and_goes_on_when_raised
     // Every call answered was kept: what the API was paid for is in the results.
     let admitted: u64 = rows.iter().map(|(id, _)| h.api.admitted_calls(id)).sum();
     assert_eq!(admitted, done.len() as u64, "every paid call kept");
+    // What the budget counts is what was spent, to the pico-unit: every call settled by its
+    // answer's usage, and what the run held and did not spend given back at its end.
+    let usage = &status["stats"]["usage"];
+    let pico = usage["input"].as_u64().unwrap() * 2_000_000
+        + usage["output"].as_u64().unwrap() * 8_000_000;
+    assert_eq!(status["quotas"][0]["used"].as_u64(), Some(pico), "{status}");
     // The spend as `status` shows it, with its projection and the budget.
     assert!(
         (status["spend"]["spent"].as_f64().unwrap() - first).abs() < 1e-9,
