@@ -380,6 +380,79 @@ fn two_workers_share_one_quota_window() {
     );
 }
 
+/// Two workers share the job's budget in money through the database: together they stop
+/// (exit 5, nothing failed) never above it, and what the budget counts is what they spent,
+/// to the pico-unit (each gave back what it held and did not spend); a larger budget
+/// finishes the job, every ID answered once.
+#[test]
+fn two_workers_share_one_budget_in_money() {
+    use highwater::demo::api::{LlmConfig, LlmHeaders};
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(5),
+        latency_max: Duration::from_millis(20),
+        llm: Some(LlmConfig {
+            headers: LlmHeaders::None,
+            completion_tokens: (20, 100),
+            ..LlmConfig::new(100_000_000, 1_000_000, Duration::from_secs(60))
+        }),
+        ..ApiConfig::fast()
+    });
+    let fleet = fleet(&h);
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["id", "text"]).unwrap();
+    let ids: Vec<String> = (0..80).map(|i| format!("m{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let text = format!("product {i}: {}", "a lamp of brass. ".repeat(6 + i % 30));
+        w.write_record([id.as_str(), text.as_str()]).unwrap();
+    }
+    let input = h.file("products.csv", w.into_inner().unwrap());
+    let url = h.api.chat_completions_url();
+    let body = r#"{"model": "gpt-test", "max_tokens": 100, "messages": [{"role": "user", "content": {text:json}}], "user": "{id}"}"#;
+    let priced = [
+        "--url",
+        url.as_str(),
+        "--method",
+        "POST",
+        "--body",
+        body,
+        "--id-column",
+        "id",
+        "--bucket-size",
+        "5",
+        "--concurrency",
+        "4",
+        "--price-input",
+        "2",
+        "--price-output",
+        "8",
+        "--budget",
+        "0.015",
+    ];
+    let mut first = fleet.create(&input, &priced);
+    assert!(h.wait_for_calls(&mut first, 1));
+    let second = fleet.join(&["--concurrency", "4"]);
+    for run in crate::fleet::finish_within(vec![first, second], 120) {
+        run.expect_code(5);
+    }
+    let status = fleet.status();
+    assert_eq!(status["stats"]["failed"], 0, "{status}");
+    let usage = &status["stats"]["usage"];
+    let pico = usage["input"].as_u64().unwrap() * 2_000_000
+        + usage["output"].as_u64().unwrap() * 8_000_000;
+    assert!(pico <= 15_000_000_000, "spent {pico} pico-units of 0.015");
+    assert_eq!(status["quotas"][0]["used"].as_u64(), Some(pico), "{status}");
+    let done = status["stats"]["ok"].as_u64().unwrap();
+    assert!(done > 0 && done < 80, "{status}");
+    // Raised: the fleet's next worker finishes the job, every ID answered once.
+    let mut raised = priced.to_vec();
+    *raised.last_mut().unwrap() = "1";
+    let rest = fleet.create(&input, &raised);
+    finish(rest).expect_code(0);
+    for id in &ids {
+        assert_eq!(h.api.admitted_calls(id), 1, "{id} answered once");
+    }
+}
+
 /// Workers of one job pacing by the windows the API announces (it counts every worker's
 /// calls, as an API counts per key): each takes its part of what the API says remains, a
 /// newcomer holds until the others count it, and a window ending with its next one unknown
