@@ -146,6 +146,12 @@ enum Run {
 
 impl Program {
     fn compile(what: Setting, source: &str) -> Result<Program, AnswerError> {
+        Program::compile_with(what, source, &["$status", "$headers"])
+    }
+
+    /// Compile `source` with `globals` bound (their values are given to [`Program::run`] in
+    /// the same order).
+    fn compile_with(what: Setting, source: &str, globals: &[&str]) -> Result<Program, AnswerError> {
         let refuse = |reason: String| AnswerError {
             what: what.clone(),
             program: source.to_string(),
@@ -170,7 +176,7 @@ impl Program {
             .map_err(|errors| refuse(load_errors(source, errors)))?;
         let filter = Compiler::default()
             .with_funs(funs)
-            .with_global_vars(["$status", "$headers"])
+            .with_global_vars(globals.iter().copied())
             .compile(modules)
             .map_err(|errors| refuse(compile_errors(errors)))?;
         Ok(Program {
@@ -180,8 +186,8 @@ impl Program {
     }
 
     /// Run on `input`, stopping at the first output that `enough` accepts.
-    fn run(&self, input: Val, vars: &[Val; 2], enough: impl Fn(&Val) -> bool) -> Run {
-        let ctx = Ctx::<data::JustLut<Val>>::new(&self.filter.lut, Vars::new(vars.clone()));
+    fn run(&self, input: Val, vars: &[Val], enough: impl Fn(&Val) -> bool) -> Run {
+        let ctx = Ctx::<data::JustLut<Val>>::new(&self.filter.lut, Vars::new(vars.iter().cloned()));
         let mut values = Vec::new();
         for out in self.filter.id.run((ctx, input)) {
             match out {
@@ -593,6 +599,67 @@ impl Answer {
             parts.push((id, result));
         }
         Ok(parts)
+    }
+}
+
+/// A jq program of a paginated job (what is kept of a page, or where the next page is),
+/// run over a page's body parsed as JSON with `$status`, `$headers`, `$page` (the page's
+/// number, from 0) and `$count` (the items kept of the page; null for the items program)
+/// bound.
+#[derive(Debug)]
+pub(crate) struct PageProgram(Program);
+
+/// What a page's programs see beside its body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PageVars<'a> {
+    /// The page's HTTP status.
+    pub(crate) status: u16,
+    /// The page's headers, as received.
+    pub(crate) headers: &'a [(&'a str, &'a [u8])],
+    /// The page's number, from 0.
+    pub(crate) page: u32,
+    /// The items kept of the page (none while they are being counted).
+    pub(crate) count: Option<u32>,
+}
+
+impl PageProgram {
+    /// Compile `source`, the program of the setting `what`.
+    pub(crate) fn compile(what: Setting, source: &str) -> Result<PageProgram, AnswerError> {
+        Program::compile_with(what, source, &["$status", "$headers", "$page", "$count"])
+            .map(PageProgram)
+    }
+
+    /// The program as written.
+    pub(crate) fn source(&self) -> &str {
+        &self.0.source
+    }
+
+    /// Every output of the program on `body`, or jq's message when it errors.
+    pub(crate) fn outputs(
+        &self,
+        body: &serde_json::Value,
+        vars: PageVars<'_>,
+    ) -> Result<Vec<serde_json::Value>, String> {
+        let input = jaq_json::read::parse_single(body.to_string().as_bytes())
+            .map_err(|e| format!("the page is not JSON: {e}"))?;
+        let vars = [
+            Val::from(vars.status as isize),
+            headers_val(vars.headers.iter().copied()),
+            Val::from(vars.page as isize),
+            vars.count.map_or(Val::Null, |c| Val::from(c as isize)),
+        ];
+        match self.0.run(input, &vars, |_| false) {
+            Run::Error(e) => Err(e),
+            Run::Values(values) => values
+                .into_iter()
+                .map(|v| {
+                    let text = v.to_string();
+                    serde_json::from_str(&text).map_err(|_| {
+                        format!("gave {}, which is not JSON", snippet(text.as_bytes()))
+                    })
+                })
+                .collect(),
+        }
     }
 }
 

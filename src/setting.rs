@@ -43,6 +43,18 @@ pub enum Setting {
     BatchSize,
     /// The jq program splitting a batch answer into each ID's value.
     Split,
+    /// How the pages of one ID's answer are followed (the style of paging).
+    Paginate,
+    /// The jq program giving the items kept of each page.
+    Items,
+    /// The query parameter or body field a page's cursor, number or offset is written to.
+    PageParam,
+    /// The number of the first page (paging by page number).
+    PageStart,
+    /// Items in a full page: a page with fewer is the last.
+    PageSize,
+    /// The most pages followed for one ID.
+    MaxPages,
     /// The limit of permanently failed IDs in a run.
     MaxFailures,
     /// How long the API may stay unreachable before the run stops.
@@ -110,6 +122,12 @@ impl Setting {
             Setting::KeepBody => "keep_body",
             Setting::BatchSize => "batch_size",
             Setting::Split => "split",
+            Setting::Paginate => "paginate",
+            Setting::Items => "items",
+            Setting::PageParam => "page_param",
+            Setting::PageStart => "page_start",
+            Setting::PageSize => "page_size",
+            Setting::MaxPages => "max_pages",
             Setting::MaxFailures => "max_failures",
             Setting::MaxOutage => "max_outage",
             Setting::Rate => "rate",

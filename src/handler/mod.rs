@@ -40,7 +40,9 @@ mod credit;
 mod error;
 pub mod exec;
 pub mod http;
+mod link;
 mod output;
+pub mod paginate;
 mod template;
 mod work;
 
