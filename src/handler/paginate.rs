@@ -1153,4 +1153,93 @@ mod tests {
         set_body_path(&mut nothing, "a.b", json!(1));
         assert_eq!(nothing, json!({"a": {"b": 1}}));
     }
+
+    /// The pager against the fake API's paginated routes: every item once, in order, and the
+    /// last page found by each style's own rule.
+    #[cfg(feature = "demo")]
+    mod against_the_fake_api {
+        use crate::demo::api::{ApiConfig, FakeApi};
+        use crate::handler::paginate::{
+            set_query, NextRequest, PageSeen, PageStyle, Pager, PaginateSpec,
+        };
+
+        /// Every item of `id`, walking the pages of `first` as the pager says.
+        async fn walk(c: &reqwest::Client, style: PageStyle, first: &str) -> (Vec<u64>, u32) {
+            let items = match style {
+                PageStyle::Cursor { .. } => ".data[]",
+                _ => ".[]",
+            };
+            let pager = Pager::compile(&PaginateSpec {
+                style,
+                items: items.into(),
+                max_pages: 100,
+            })
+            .unwrap();
+            let first = reqwest::Url::parse(first).unwrap();
+            let mut url = first.clone();
+            let (mut seen, mut pages, mut before) = (Vec::new(), 0, 0);
+            loop {
+                let resp = c.get(url.clone()).send().await.unwrap();
+                let status = resp.status().as_u16();
+                let headers: Vec<(String, Vec<u8>)> = resp
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                    .collect();
+                let headers: Vec<(&str, &[u8])> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                let body: serde_json::Value =
+                    serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+                let page = PageSeen {
+                    request_url: &url,
+                    status,
+                    headers: &headers,
+                    body: &body,
+                    page: pages,
+                    items_before: before,
+                };
+                let kept = pager.items(&page).unwrap();
+                let next = pager.next(&first, &page, kept.len() as u32).unwrap();
+                seen.extend(kept.iter().map(|i| i["k"].as_u64().unwrap()));
+                before += kept.len() as u64;
+                pages += 1;
+                url = match next {
+                    None => return (seen, pages),
+                    Some(NextRequest::Url(next)) => reqwest::Url::parse(&next).unwrap(),
+                    Some(NextRequest::Query(pairs)) => set_query(&first, &pairs),
+                    Some(NextRequest::Body(_)) => panic!("no body on these routes"),
+                };
+            }
+        }
+
+        #[tokio::test]
+        async fn the_pager_walks_every_route_to_its_end() {
+            let api = FakeApi::start(ApiConfig::fast()).await.unwrap();
+            let c = reqwest::Client::builder().no_proxy().build().unwrap();
+            let all = |n: u64| (0..n).collect::<Vec<u64>>();
+            let link = api.pages_link_url_template().replace("{id}", "p230-l") + "?per_page=50";
+            assert_eq!(walk(&c, PageStyle::Link, &link).await, (all(230), 5));
+            let cursor =
+                PageStyle::parse("cursor=.next_cursor", Some("cursor"), None, None).unwrap();
+            let url = api.pages_cursor_url_template().replace("{id}", "p230-c");
+            assert_eq!(walk(&c, cursor, &url).await, (all(230), 5));
+            let offset = PageStyle::parse("offset", Some("offset"), None, Some(50)).unwrap();
+            let url = api.pages_offset_url_template().replace("{id}", "p200-o") + "?limit=50";
+            assert_eq!(
+                walk(&c, offset, &url).await,
+                (all(200), 5),
+                "four full pages, then an empty one"
+            );
+            let page = PageStyle::parse("page", Some("page"), Some(1), Some(40)).unwrap();
+            let url = api.pages_link_url_template().replace("{id}", "p90-p") + "?per_page=40";
+            assert_eq!(
+                walk(&c, page, &url).await,
+                (all(90), 3),
+                "a short last page"
+            );
+            api.shutdown().await;
+        }
+    }
 }

@@ -20,6 +20,7 @@ use super::capacity::Limiter;
 use super::faults::{ApiConfig, Fault};
 use super::llm::Meter;
 use super::lock::lock;
+use super::pages;
 use super::seen::{Seen, SeenRequest};
 use super::server::accept_loop;
 use super::shared::{Control, SetDown, Shared};
@@ -103,6 +104,31 @@ impl FakeApi {
     /// The batch endpoint's URL for `{ids}` in the query (`http://127.0.0.1:PORT/batch?ids={ids}`).
     pub fn batch_url_template(&self) -> String {
         format!("http://{}/batch?ids={{ids}}", self.addr)
+    }
+
+    /// The paginated route with a `Link` header, for `{id}`
+    /// (`http://127.0.0.1:PORT/pages/link/{id}`): `page` from 1, `per_page` items a page.
+    pub fn pages_link_url_template(&self) -> String {
+        format!("http://{}/pages/link/{{id}}", self.addr)
+    }
+
+    /// The paginated route with a cursor in the body, for `{id}`
+    /// (`http://127.0.0.1:PORT/pages/cursor/{id}`): `cursor` from the last page, `limit` items
+    /// a page.
+    pub fn pages_cursor_url_template(&self) -> String {
+        format!("http://{}/pages/cursor/{{id}}", self.addr)
+    }
+
+    /// The paginated route by offset, for `{id}` (`http://127.0.0.1:PORT/pages/offset/{id}`):
+    /// `offset` items skipped, `limit` items a page.
+    pub fn pages_offset_url_template(&self) -> String {
+        format!("http://{}/pages/offset/{{id}}", self.addr)
+    }
+
+    /// Every item the paginated routes give for `id`, in order.
+    pub fn page_items(&self, id: &str) -> Vec<serde_json::Value> {
+        let count = pages::item_count(&self.shared.config, id);
+        (0..count).map(|k| pages::item(id, k)).collect()
     }
 
     /// Whether the batch endpoint leaves `id` out of answers to several IDs.

@@ -69,6 +69,9 @@ pub struct ApiConfig {
     /// The language-model routes' window, headers and credit ([`LlmConfig`]); without it they
     /// answer 404. `None` in every constructor.
     pub llm: Option<LlmConfig>,
+    /// Items of an ID on the paginated routes (`/pages/...`) when its ID does not say
+    /// (`p2000-...` has 2,000). 120 in every constructor.
+    pub page_items: u64,
 }
 
 impl ApiConfig {
@@ -94,6 +97,7 @@ impl ApiConfig {
             batch_poison_per_mille: 0,
             profiles: false,
             llm: None,
+            page_items: 120,
         }
     }
 
@@ -120,6 +124,7 @@ impl ApiConfig {
             batch_poison_per_mille: 0,
             profiles: false,
             llm: None,
+            page_items: 120,
         }
     }
 
@@ -146,6 +151,7 @@ impl ApiConfig {
             batch_poison_per_mille: 0,
             profiles: false,
             llm: None,
+            page_items: 120,
         }
     }
 

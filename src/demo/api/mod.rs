@@ -25,6 +25,9 @@
 //!   ID is the `id` query parameter, OpenAI's `user` or Anthropic's `metadata.user_id`).
 //!   Requests refused for their window or credit are calls of the ID, but not admitted ones
 //!   ([`FakeApi::admitted_calls`]); [`FakeApi::add_credit`] tops the credit up.
+//! * `GET /pages/link/{id}?page=N&per_page=M`, `GET /pages/cursor/{id}?cursor=C&limit=M` and
+//!   `GET /pages/offset/{id}?offset=N&limit=M`: one ID's items, page by page, as APIs
+//!   paginate them (a `Link` header, a cursor in the body, an offset); see `pages`.
 //! * anything else: 404 `{"error":"no route"}`.
 //!
 //! Malformed requests (400, 413, 404 no route) are not counted as calls for any ID.
@@ -74,7 +77,7 @@
 //! (the quota windows and their headers), `auth` (the token endpoint and the token check),
 //! `llm` (the language-model API: its configuration, meter, headers and bodies),
 //! `llm_route` (its routes), `seen` (the requests kept for a test to check), `echo` (errors
-//! quoting the request), `batch` (the batch endpoint), `request` (the body cap and
+//! quoting the request), `batch` (the batch endpoint), `pages` (the paginated routes), `request` (the body cap and
 //! percent-decoding every route shares), `shared` (the state the server's tasks share),
 //! `lock` (locking it despite a panicked task) and `fake_api` (the [`FakeApi`] handle).
 
@@ -89,6 +92,7 @@ mod faults;
 mod llm;
 mod llm_route;
 mod lock;
+mod pages;
 mod profile;
 mod request;
 mod routes;

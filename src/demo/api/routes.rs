@@ -60,6 +60,9 @@ async fn item(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, DropC
     if req.uri().path() == "/batch" {
         return Ok(super::batch::handle(&shared, req).await);
     }
+    if req.uri().path().starts_with(super::pages::PREFIX) {
+        return Ok(super::pages::handle(&shared, req));
+    }
     if super::llm_route::is_llm(req.uri().path()) {
         return super::llm_route::handle(&shared, req)
             .await

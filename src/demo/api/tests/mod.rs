@@ -22,6 +22,7 @@ mod calls;
 mod capacity;
 mod llm;
 mod outage;
+mod pages;
 mod windows;
 
 fn client() -> reqwest::Client {

@@ -1,0 +1,196 @@
+//! The fake API's paginated routes: one ID's items, page by page, in the three ways APIs
+//! paginate a list.
+//!
+//! An ID has [`item_count`] items, `{"id": "<id>", "k": k}` for `k` from 0: the number an ID
+//! starting `p<count>-` names (`p2000-a` has 2,000), else [`ApiConfig::page_items`]. A page
+//! holds [`DEFAULT_PAGE_SIZE`] items unless the request says otherwise (at most
+//! [`MAX_PAGE_SIZE`]).
+//!
+//! - `GET /pages/link/{id}?page=N&per_page=M` (`page` from 1): a JSON array, with a `Link`
+//!   header whose links are relative: `rel="next"` to the next page (none on the last page)
+//!   and `rel="last"`.
+//! - `GET /pages/cursor/{id}?cursor=C&limit=M`: `{"data": [...], "has_more": b,
+//!   "next_cursor": C'}`, `next_cursor` `""` on the last page; no cursor is the first page.
+//! - `GET /pages/offset/{id}?offset=N&limit=M`: a JSON array; the last page is short, or
+//!   empty when the items fill whole pages.
+//!
+//! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
+//! windows. A malformed request answers 400 and is no call.
+
+use std::time::{Instant, SystemTime};
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, LINK};
+use hyper::{Method, Request, StatusCode};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::answers::{bad_request, error_response, json_response, too_many_requests, Resp};
+use super::faults::ApiConfig;
+use super::request::decode;
+use super::seen::SeenRequest;
+use super::shared::Shared;
+use super::windows::epoch_ms;
+
+/// The paths of the paginated routes start with this.
+pub(super) const PREFIX: &str = "/pages/";
+
+/// Items a page when the request does not say.
+pub(super) const DEFAULT_PAGE_SIZE: u64 = 50;
+
+/// The most items a page holds, whatever the request asks.
+pub(super) const MAX_PAGE_SIZE: u64 = 1000;
+
+/// How many items `id` has: the count of a `p<count>-` prefix, else the configured default.
+pub(super) fn item_count(config: &ApiConfig, id: &str) -> u64 {
+    id.strip_prefix('p')
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(config.page_items)
+}
+
+/// Item `k` of `id`.
+pub(super) fn item(id: &str, k: u64) -> serde_json::Value {
+    serde_json::json!({"id": id, "k": k})
+}
+
+/// How a route names a page.
+enum Style {
+    Link,
+    Cursor,
+    Offset,
+}
+
+/// Answer a request under [`PREFIX`].
+pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path();
+    let rest = path.strip_prefix(PREFIX).unwrap_or("");
+    let (style, raw_id) = match rest.split_once('/') {
+        Some(("link", id)) => (Style::Link, id),
+        Some(("cursor", id)) => (Style::Cursor, id),
+        Some(("offset", id)) => (Style::Offset, id),
+        _ => return error_response(StatusCode::NOT_FOUND, "no route"),
+    };
+    if req.method() != Method::GET {
+        return error_response(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    }
+    let Some(id) = decode(raw_id, false).filter(|id| !id.is_empty()) else {
+        return bad_request();
+    };
+    let query = Query::of(req.uri().query().unwrap_or(""));
+    let Some(query) = query else {
+        return bad_request();
+    };
+    let size = match query.number(if matches!(style, Style::Link) {
+        "per_page"
+    } else {
+        "limit"
+    }) {
+        Ok(None) => DEFAULT_PAGE_SIZE,
+        Ok(Some(n)) if (1..=MAX_PAGE_SIZE).contains(&n) => n,
+        _ => return bad_request(),
+    };
+    let start = match style {
+        Style::Link => match query.number("page") {
+            Ok(None) => 0,
+            Ok(Some(page)) if page >= 1 => (page - 1).saturating_mul(size),
+            _ => return bad_request(),
+        },
+        Style::Cursor => match query.get("cursor") {
+            None | Some("") => 0,
+            Some(cursor) => match cursor.strip_prefix('k').and_then(|k| k.parse().ok()) {
+                Some(k) => k,
+                None => return bad_request(),
+            },
+        },
+        Style::Offset => match query.number("offset") {
+            Ok(n) => n.unwrap_or(0),
+            Err(()) => return bad_request(),
+        },
+    };
+    // A call of the ID, like a request to `/items`.
+    shared
+        .calls
+        .record(&id, xxh3_64(id.as_bytes()), true, Instant::now());
+    if shared.seen.is_on() {
+        shared.seen.record(
+            &id,
+            SeenRequest {
+                method: req.method().to_string(),
+                target: req
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(String::new, |p| p.to_string()),
+                body: String::new(),
+            },
+        );
+    }
+    let now = epoch_ms(SystemTime::now());
+    if let Err(retry_after) = shared.windows.admit(now) {
+        return too_many_requests("quota exceeded", Some(retry_after));
+    }
+    let count = item_count(&shared.config, &id);
+    let end = start.saturating_add(size).min(count);
+    let items: Vec<serde_json::Value> = (start.min(end)..end).map(|k| item(&id, k)).collect();
+    let more = end < count;
+    shared
+        .accepted
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut resp = match style {
+        Style::Link => {
+            let mut resp = json_response(&serde_json::Value::Array(items));
+            let page = start / size + 1;
+            let last = count.div_ceil(size).max(1);
+            let encoded = utf8_percent_encode(&id, NON_ALPHANUMERIC).to_string();
+            let at = |n: u64| format!("</pages/link/{encoded}?page={n}&per_page={size}>");
+            let mut links = Vec::new();
+            if more {
+                links.push(format!("{}; rel=\"next\"", at(page + 1)));
+            }
+            links.push(format!("{}; rel=\"last\"", at(last)));
+            if let Ok(value) = HeaderValue::from_str(&links.join(", ")) {
+                resp.headers_mut().insert(LINK, value);
+            }
+            resp
+        }
+        Style::Cursor => json_response(&serde_json::json!({
+            "data": items,
+            "has_more": more,
+            "next_cursor": if more { format!("k{end}") } else { String::new() },
+        })),
+        Style::Offset => json_response(&serde_json::Value::Array(items)),
+    };
+    shared.windows.announce(resp.headers_mut(), now);
+    resp
+}
+
+/// A request's query parameters, decoded.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    /// The parameters of `raw`; none when one does not decode to UTF-8.
+    fn of(raw: &str) -> Option<Query> {
+        raw.split('&')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                Some((decode(k, true)?, decode(v, true)?))
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Query)
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The parameter as a number: none when absent, an error when it is not one.
+    fn number(&self, name: &str) -> Result<Option<u64>, ()> {
+        self.get(name)
+            .map(|v| v.parse().map_err(|_| ()))
+            .transpose()
+    }
+}
