@@ -26,6 +26,7 @@ use crate::store::{StoreError, StoredJob};
 
 pub use crate::handler::exec::ExecSpec;
 pub use crate::handler::http::RequestSpec;
+pub use crate::handler::paginate::PaginateSpec;
 pub(crate) use work::WorkFields;
 pub use work::{Work, WorkConflict};
 
@@ -135,6 +136,10 @@ struct JobSpecWire {
     /// before, and for a job of one ID per request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     batch: Option<crate::handler::batch::BatchSpec>,
+    /// How the pages of each ID's answer are followed (none in specs stored before, and for
+    /// a job of one answer per ID). A spec with it is stored in encoding version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    paginate: Option<crate::handler::paginate::PaginateSpec>,
     /// The input columns kept of each row, for the templates' `{column}` slots and the
     /// export: fixed at creation (none in specs stored before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -180,6 +185,7 @@ impl TryFrom<JobSpecWire> for JobSpec {
                 exec: w.exec,
                 handler: w.handler,
                 batch: w.batch,
+                paginate: w.paginate,
             })?,
             columns: w.columns,
             answer: w.answer,
@@ -201,6 +207,7 @@ impl From<JobSpec> for JobSpecWire {
             exec,
             handler,
             batch,
+            paginate,
         } = s.work.to_fields();
         JobSpecWire {
             job_id: s.job_id,
@@ -212,6 +219,7 @@ impl From<JobSpec> for JobSpecWire {
             exec,
             handler,
             batch,
+            paginate,
             columns: s.columns,
             answer: s.answer,
             credentials: s.credentials,
@@ -308,27 +316,31 @@ impl JobSpec {
                 let fields = self.work.to_fields();
                 crate::handler::columns_used(&fields.request, Some(exec))
             }
-            Work::Request(request) | Work::Batch { request, .. } => {
+            Work::Request(request) | Work::Batch { request, .. } | Work::Paged { request, .. } => {
                 crate::handler::columns_used(request, None)
             }
         }
     }
 
-    /// The encoding [`JobSpec::to_stored`] writes: this struct as JSON.
-    pub const STORED_VERSION: u32 = 1;
+    /// The newest encoding [`JobSpec::to_stored`] writes: this struct as JSON, version 2 for
+    /// a job that pages ([`Work::Paged`]), so that a build that does not page refuses it
+    /// instead of making one request per ID; version 1 for every other job, which such a
+    /// build still reads.
+    pub const STORED_VERSION: u32 = 2;
 
     /// The spec as a store keeps it (opaque to the store).
     pub fn to_stored(&self) -> StoredJob {
+        let version = if self.work.paginate().is_some() { 2 } else { 1 };
         StoredJob {
             id: self.job_id.clone(),
-            version: Self::STORED_VERSION,
+            version,
             spec: serde_json::to_vec(self).expect("a job spec serializes"),
         }
     }
 
-    /// Decode what [`JobSpec::to_stored`] wrote.
+    /// Decode what [`JobSpec::to_stored`] wrote (version 1 or 2).
     pub fn from_stored(stored: &StoredJob) -> Result<JobSpec, StoreError> {
-        if stored.version != Self::STORED_VERSION {
+        if !(1..=Self::STORED_VERSION).contains(&stored.version) {
             return Err(StoreError::corrupt(format!(
                 "the job's spec is stored in encoding version {}; this highwater reads version {}",
                 stored.version,
@@ -447,6 +459,24 @@ impl JobSpec {
             })
         };
         cmp(&Setting::BatchSize, batch(&a), batch(&b));
+        let paginate = |w: &WorkFields, what: fn(&PaginateSpec) -> String| {
+            w.paginate.as_ref().map_or("none".into(), what)
+        };
+        cmp(
+            &Setting::Paginate,
+            paginate(&a, |p| p.style.to_string()),
+            paginate(&b, |p| p.style.to_string()),
+        );
+        cmp(
+            &Setting::Items,
+            paginate(&a, |p| format!("{:?}", p.items)),
+            paginate(&b, |p| format!("{:?}", p.items)),
+        );
+        cmp(
+            &Setting::MaxPages,
+            paginate(&a, |p| p.max_pages.to_string()),
+            paginate(&b, |p| p.max_pages.to_string()),
+        );
         out
     }
 }
@@ -602,5 +632,63 @@ mod tests {
         stored.spec = serde_json::to_vec(&json).unwrap();
         let refused = JobSpec::from_stored(&stored).unwrap_err();
         assert!(refused.to_string().contains("goes with a URL"), "{refused}");
+    }
+
+    #[test]
+    fn a_paged_spec_is_stored_in_version_2_and_others_stay_in_version_1() {
+        let mut spec = JobSpec::new(
+            InputSpec {
+                path: "ids.txt".into(),
+                format: InputFormat::Text,
+            },
+            Fingerprint { len: 1, xxh3: 2 },
+        );
+        assert_eq!(
+            spec.to_stored().version,
+            1,
+            "a build that does not page reads it"
+        );
+        let request = spec.work.request().unwrap().clone();
+        let paginate = PaginateSpec {
+            style: crate::handler::paginate::PageStyle::Link,
+            items: ".[]".into(),
+            max_pages: 500,
+        };
+        spec.work = Work::Paged {
+            request,
+            paginate: paginate.clone(),
+        };
+        let stored = spec.to_stored();
+        assert_eq!(stored.version, 2);
+        assert_eq!(JobSpec::from_stored(&stored).unwrap(), spec);
+        let json: serde_json::Value = serde_json::from_slice(&stored.spec).unwrap();
+        assert_eq!(json["paginate"]["style"]["kind"], "link");
+        assert_eq!(json["paginate"]["max_pages"], 500);
+        assert!(json["request"].is_object(), "the first request, as always");
+        let mut later = stored.clone();
+        later.version = 3;
+        let refused = JobSpec::from_stored(&later).unwrap_err();
+        assert!(
+            refused.to_string().contains("encoding version 3"),
+            "{refused}"
+        );
+        let mut changed = spec.clone();
+        if let Work::Paged { paginate, .. } = &mut changed.work {
+            paginate.max_pages = 10;
+            paginate.items = ".data[]".into();
+        }
+        let lines = spec.meaning_changes(&changed);
+        assert_eq!(
+            lines,
+            vec![
+                "items: stored \".[]\", given \".data[]\"".to_string(),
+                "max_pages: stored 500, given 10".to_string()
+            ]
+        );
+        let mut plain = spec.clone();
+        plain.work = Work::Request(plain.work.request().unwrap().clone());
+        assert!(spec
+            .meaning_changes(&plain)
+            .contains(&"paginate: stored link, given none".to_string()));
     }
 }

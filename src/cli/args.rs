@@ -130,6 +130,30 @@ pub(crate) struct RunArgs {
     /// ID (key the ID), e.g. '.results[] | {key: .id, value: .}'.
     #[arg(long, value_name = "JQ")]
     pub(crate) split: Option<String>,
+    /// Follow the pages of each ID's answer: link (the Link header's rel="next"),
+    /// next-url=JQ (a URL read from the body), cursor=JQ (a cursor read from the body, put at
+    /// --page-param), page or offset (counted, put at --page-param), or jq=PROGRAM. Needs
+    /// --items. Refused for now: the engine does not follow pages yet.
+    #[arg(long, value_name = "STYLE")]
+    pub(crate) paginate: Option<String>,
+    /// With --paginate: jq program whose outputs are the items kept of each page, e.g.
+    /// '.data[]'.
+    #[arg(long, value_name = "JQ")]
+    pub(crate) items: Option<String>,
+    /// With --paginate cursor, page or offset: the query parameter NAME its value replaces,
+    /// or body:PATH, the field of the JSON body it is set at (e.g. body:page.after).
+    #[arg(long, value_name = "NAME|body:PATH")]
+    pub(crate) page_param: Option<String>,
+    /// With --paginate page: the number of the first page [default: 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) page_start: Option<u64>,
+    /// With --paginate page or offset: the items of a full page (a page with fewer is the
+    /// last; without it, only an empty page is).
+    #[arg(long, value_name = "N")]
+    pub(crate) page_size: Option<u32>,
+    /// With --paginate: the most pages followed for one ID [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub(crate) max_pages: Option<u32>,
     /// Input columns (CSV or Parquet) or fields (JSONL) to keep of each row beside those a
     /// {column} of the templates names, for `export --columns`; fixed at creation.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
@@ -642,6 +666,7 @@ impl RunArgs {
             credentials: self.credentials()?,
             keep_columns: (!self.keep_columns.is_empty()).then(|| self.keep_columns.clone()),
             batch: self.batch()?,
+            paginate: self.paginate()?,
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,
             retry: RetryOverrides {
@@ -686,6 +711,74 @@ impl RunArgs {
                 .into()),
             _ => Err("--split and --batch-separator go with --batch-size N".into()),
         }
+    }
+
+    /// How the pages of each ID's answer are followed, as the flags say: `None` without
+    /// `--paginate`. Flags of paging without it, and what does not go with it, are refused.
+    fn paginate(&self) -> Result<Option<crate::handler::paginate::PaginateSpec>, String> {
+        use crate::handler::paginate::{PageStyle, Pager, PaginateSpec, DEFAULT_MAX_PAGES};
+        let Some(style) = &self.paginate else {
+            let stray: Vec<&str> = [
+                (self.items.is_some(), "--items"),
+                (self.page_param.is_some(), "--page-param"),
+                (self.page_start.is_some(), "--page-start"),
+                (self.page_size.is_some(), "--page-size"),
+                (self.max_pages.is_some(), "--max-pages"),
+            ]
+            .into_iter()
+            .filter_map(|(given, flag)| given.then_some(flag))
+            .collect();
+            return match stray.as_slice() {
+                [] => Ok(None),
+                [flag] => Err(format!("{flag} goes with --paginate STYLE")),
+                flags => Err(format!("{} go with --paginate STYLE", flags.join(", "))),
+            };
+        };
+        let refused: Vec<&str> = [
+            (
+                self.exec.is_some(),
+                "--exec (a command's output is one answer)",
+            ),
+            (
+                self.batch_size.is_some(),
+                "--batch-size (a batch answer is split by ID, not paged)",
+            ),
+            (
+                self.extract.is_some(),
+                "--extract (--items says what is kept of each page)",
+            ),
+            (self.keep_body, "--keep-body (a paged answer is its items)"),
+        ]
+        .into_iter()
+        .filter_map(|(given, flag)| given.then_some(flag))
+        .collect();
+        if !refused.is_empty() {
+            return Err(format!(
+                "--paginate does not go with {}",
+                refused.join(", nor with ")
+            ));
+        }
+        let Some(items) = &self.items else {
+            return Err(
+                "--paginate needs --items JQ: what is kept of each page, one item \
+                per output (e.g. '.data[]')"
+                    .into(),
+            );
+        };
+        let style = PageStyle::parse(
+            style,
+            self.page_param.as_deref(),
+            self.page_start,
+            self.page_size,
+        )
+        .map_err(|e| e.to_string())?;
+        let spec = PaginateSpec {
+            style,
+            items: items.clone(),
+            max_pages: self.max_pages.unwrap_or(DEFAULT_MAX_PAGES),
+        };
+        Pager::compile(&spec).map_err(|e| e.to_string())?;
+        Ok(Some(spec))
     }
 
     /// The credentials the flags define: `None` when no credential flag is given (a resume

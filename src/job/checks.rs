@@ -70,6 +70,11 @@ pub(super) fn check_work(spec: &JobSpec) -> Result<(), JobError> {
             crate::handler::http::check_batch(request, batch, &names)?
         }
         Work::Request(request) => crate::handler::http::check_templates(request, &names)?,
+        Work::Paged { request, paginate } => {
+            crate::handler::http::check_templates(request, &names)?;
+            crate::handler::paginate::Pager::compile(paginate)
+                .map_err(|e| JobError::Usage(e.to_string()))?;
+        }
         Work::Library { .. } => {}
     }
     Ok(())
@@ -97,7 +102,7 @@ fn check_metered(spec: &JobSpec) -> Result<(), JobError> {
     let why = match &spec.work {
         Work::Exec { .. } => "a command's cost is known only once it ran",
         Work::Batch { .. } => "a batch request's cost is not counted per call",
-        Work::Request(_) | Work::Library { .. } => return Ok(()),
+        Work::Request(_) | Work::Paged { .. } | Work::Library { .. } => return Ok(()),
     };
     Err(JobError::Usage(format!(
         "{what} needs what a call may cost before it is made, and {why}: keep to a quota of calls"

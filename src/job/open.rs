@@ -114,7 +114,11 @@ pub(super) async fn open_checked<S: Store>(
 ) -> Result<JobSpec, JobError> {
     use crate::input::Cursor;
     check_request(request)?;
-    match stored_job(store).await? {
+    let stored = stored_job(store).await?;
+    if request.paginate.is_some() || stored.as_ref().is_some_and(|s| s.work.paginate().is_some()) {
+        return Err(JobError::Usage(super::handler::not_paged_yet()));
+    }
+    match stored {
         None => {
             let (Some(input), true) = (&request.input, request.has_work()) else {
                 return Err(JobError::NoJob);
@@ -285,6 +289,9 @@ fn resumed_spec(stored: &JobSpec, request: &JobRequest) -> Result<JobSpec, JobEr
     }
     if request.batch.is_some() {
         work.batch = request.batch.clone();
+    }
+    if request.paginate.is_some() {
+        work.paginate = request.paginate.clone();
     }
     asked.work = Work::from_fields(work).map_err(|e| JobError::Usage(e.to_string()))?;
     if let Some(credentials) = &request.credentials {

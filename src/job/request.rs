@@ -54,6 +54,9 @@ pub struct JobRequest {
     /// The batch endpoint to call instead of one request per ID (`None` keeps the stored
     /// one, or none).
     pub batch: Option<crate::handler::batch::BatchSpec>,
+    /// How the pages of each ID's answer are followed (`None` keeps the stored way, or
+    /// none).
+    pub paginate: Option<crate::handler::paginate::PaginateSpec>,
     /// TCP connect timeout.
     pub connect_timeout: Option<Duration>,
     /// Whole-request timeout (an exec job's: the process's).
@@ -121,7 +124,7 @@ impl AnswerRequest {
 impl JobRequest {
     pub(super) fn apply_operational(&self, spec: &mut JobSpec) {
         match &mut spec.work {
-            Work::Request(request) | Work::Batch { request, .. } => {
+            Work::Request(request) | Work::Batch { request, .. } | Work::Paged { request, .. } => {
                 if let Some(h) = &self.headers {
                     request.headers = h.clone();
                 }
@@ -221,6 +224,7 @@ impl JobRequest {
         });
         work.handler = self.handler.clone();
         work.batch = self.batch.clone();
+        work.paginate = self.paginate.clone();
         spec.work = Work::from_fields(work).map_err(|e| JobError::Usage(e.to_string()))?;
         spec.credentials = self.credentials.clone().unwrap_or_default();
         self.answer.apply(&mut spec.answer);

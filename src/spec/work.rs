@@ -6,12 +6,14 @@ use std::time::Duration;
 use crate::handler::batch::BatchSpec;
 use crate::handler::exec::ExecSpec;
 use crate::handler::http::RequestSpec;
+use crate::handler::paginate::PaginateSpec;
 use crate::setting::Setting;
 
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT};
 
-/// What a job does for each ID: call a URL (one ID per request, or several through a batch
-/// endpoint), run a command, or run a library program's own handler.
+/// What a job does for each ID: call a URL (one ID per request, several through a batch
+/// endpoint, or page after page of one ID's answer), run a command, or run a library
+/// program's own handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
     /// An HTTP request for each ID.
@@ -22,6 +24,13 @@ pub enum Work {
         request: RequestSpec,
         /// How IDs are grouped into one request and its answer split back.
         batch: BatchSpec,
+    },
+    /// HTTP requests for each ID, one per page of its answer.
+    Paged {
+        /// The request for each ID's first page (the next pages' change it).
+        request: RequestSpec,
+        /// How the pages are followed and what is kept of each.
+        paginate: PaginateSpec,
     },
     /// A command run for each ID.
     Exec {
@@ -47,10 +56,23 @@ pub enum WorkConflict {
     /// A batch endpoint and a command: a command is run once per ID.
     #[error("{} goes with a URL: a command is run once per ID", Setting::BatchSize)]
     BatchWithCommand,
+    /// Pages of a batch endpoint's answer: a batch answer is split by ID, not paged.
+    #[error(
+        "{} and {} do not go together: a batch answer is split by ID, not paged",
+        Setting::Paginate,
+        Setting::BatchSize
+    )]
+    PaginateWithBatch,
+    /// Pages and a command: a command's output is one answer.
+    #[error(
+        "{} goes with a URL: a command's output is one answer",
+        Setting::Paginate
+    )]
+    PaginateWithCommand,
 }
 
 /// A job's work as a spec stores it: a request always, and beside it a command, a library
-/// handler's name or a batch endpoint. Specs are stored (and read by older versions) in this
+/// handler's name, a batch endpoint or how pages are followed. Specs are stored (and read by older versions) in this
 /// layout; [`Work`] is what it means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WorkFields {
@@ -62,6 +84,8 @@ pub(crate) struct WorkFields {
     pub(crate) handler: Option<String>,
     /// The batch endpoint the request calls.
     pub(crate) batch: Option<BatchSpec>,
+    /// How the pages of each ID's answer are followed.
+    pub(crate) paginate: Option<PaginateSpec>,
 }
 
 /// The request of a job that makes none: a GET of an empty URL template with the default
@@ -81,7 +105,9 @@ impl Work {
     /// The request this work makes for each ID (or batch), if it makes one.
     pub fn request(&self) -> Option<&RequestSpec> {
         match self {
-            Work::Request(request) | Work::Batch { request, .. } => Some(request),
+            Work::Request(request) | Work::Batch { request, .. } | Work::Paged { request, .. } => {
+                Some(request)
+            }
             Work::Exec { .. } | Work::Library { .. } => None,
         }
     }
@@ -98,6 +124,14 @@ impl Work {
     pub fn batch(&self) -> Option<&BatchSpec> {
         match self {
             Work::Batch { batch, .. } => Some(batch),
+            _ => None,
+        }
+    }
+
+    /// How the pages of each ID's answer are followed, if the work pages.
+    pub fn paginate(&self) -> Option<&PaginateSpec> {
+        match self {
+            Work::Paged { paginate, .. } => Some(paginate),
             _ => None,
         }
     }
@@ -119,7 +153,9 @@ impl Work {
     /// for a library handler).
     pub fn describe(&self) -> &str {
         match self {
-            Work::Request(request) | Work::Batch { request, .. } => &request.url,
+            Work::Request(request) | Work::Batch { request, .. } | Work::Paged { request, .. } => {
+                &request.url
+            }
             Work::Exec { exec, .. } => &exec.command,
             Work::Library { .. } => "",
         }
@@ -132,11 +168,16 @@ impl Work {
             exec: None,
             handler: None,
             batch: None,
+            paginate: None,
         };
         match self {
             Work::Request(request) => none(request.clone()),
             Work::Batch { request, batch } => WorkFields {
                 batch: Some(batch.clone()),
+                ..none(request.clone())
+            },
+            Work::Paged { request, paginate } => WorkFields {
+                paginate: Some(paginate.clone()),
                 ..none(request.clone())
             },
             Work::Exec {
@@ -155,25 +196,30 @@ impl Work {
     }
 
     /// The work the stored layout describes: a library handler's name first (its job
-    /// stores nothing else that counts), then a command, then a batch endpoint, then a
-    /// request. A command with a batch endpoint is refused.
+    /// stores nothing else that counts), then a command, then a batch endpoint, then pages,
+    /// then a request. A command with a batch endpoint or pages, and pages of a batch
+    /// endpoint, are refused.
     pub(crate) fn from_fields(fields: WorkFields) -> Result<Work, WorkConflict> {
         let WorkFields {
             request,
             exec,
             handler,
             batch,
+            paginate,
         } = fields;
-        Ok(match (handler, exec, batch) {
-            (Some(name), _, _) => Work::Library { name },
-            (None, Some(_), Some(_)) => return Err(WorkConflict::BatchWithCommand),
-            (None, Some(exec), None) => Work::Exec {
+        Ok(match (handler, exec, batch, paginate) {
+            (Some(name), _, _, _) => Work::Library { name },
+            (None, Some(_), Some(_), _) => return Err(WorkConflict::BatchWithCommand),
+            (None, Some(_), None, Some(_)) => return Err(WorkConflict::PaginateWithCommand),
+            (None, Some(exec), None, None) => Work::Exec {
                 exec,
                 timeout: request.timeout,
                 connect_timeout: request.connect_timeout,
             },
-            (None, None, Some(batch)) => Work::Batch { request, batch },
-            (None, None, None) => Work::Request(request),
+            (None, None, Some(_), Some(_)) => return Err(WorkConflict::PaginateWithBatch),
+            (None, None, Some(batch), None) => Work::Batch { request, batch },
+            (None, None, None, Some(paginate)) => Work::Paged { request, paginate },
+            (None, None, None, None) => Work::Request(request),
         })
     }
 }
@@ -181,6 +227,14 @@ impl Work {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn paginate() -> PaginateSpec {
+        PaginateSpec {
+            style: crate::handler::paginate::PageStyle::Link,
+            items: ".[]".into(),
+            max_pages: 10,
+        }
+    }
 
     fn request(url: &str) -> RequestSpec {
         RequestSpec {
@@ -214,6 +268,10 @@ mod tests {
             Work::Library {
                 name: "double".into(),
             },
+            Work::Paged {
+                request: request("http://x/{id}"),
+                paginate: paginate(),
+            },
         ] {
             assert_eq!(Work::from_fields(work.to_fields()), Ok(work.clone()));
         }
@@ -233,6 +291,7 @@ mod tests {
                 separator: ",".into(),
                 split: ".[]".into(),
             }),
+            paginate: None,
         };
         assert_eq!(
             Work::from_fields(fields(true, false)),
@@ -244,5 +303,39 @@ mod tests {
                 name: "mine".into()
             })
         );
+    }
+
+    #[test]
+    fn pages_go_with_a_request_alone() {
+        let paged = |exec: bool, batch: bool| WorkFields {
+            request: request("http://x/{id}"),
+            exec: exec.then(|| ExecSpec {
+                command: "true".into(),
+                retry_exit_codes: vec![75],
+            }),
+            handler: None,
+            batch: batch.then(|| BatchSpec {
+                size: 2,
+                separator: ",".into(),
+                split: ".[]".into(),
+            }),
+            paginate: Some(paginate()),
+        };
+        assert_eq!(
+            Work::from_fields(paged(true, false)),
+            Err(WorkConflict::PaginateWithCommand)
+        );
+        assert_eq!(
+            Work::from_fields(paged(false, true)),
+            Err(WorkConflict::PaginateWithBatch)
+        );
+        assert_eq!(
+            Work::from_fields(paged(true, true)),
+            Err(WorkConflict::BatchWithCommand)
+        );
+        let work = Work::from_fields(paged(false, false)).unwrap();
+        assert_eq!(work.paginate(), Some(&paginate()));
+        assert_eq!(work.describe(), "http://x/{id}");
+        assert_eq!(work.ids_per_call(), 1);
     }
 }

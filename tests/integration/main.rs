@@ -36,6 +36,7 @@ mod lazyfs_model;
 mod limit_req;
 mod money;
 mod old_formats;
+mod pages;
 mod parquet;
 #[cfg(feature = "postgres")]
 mod postgres;
