@@ -23,6 +23,10 @@
 //! A batch answer (several IDs per request, [`Splitter`]) is first split into each ID's
 //! value; the checks then judge each value as if it were that ID's own answer.
 //!
+//! A paginated job's programs (what is kept of each page, where the next page is) are
+//! compiled the same way (`PageProgram`), with `$page` and `$count` bound besides;
+//! [`crate::handler::paginate`] says what their outputs mean.
+//!
 //! The programs see only the answer: `env` and `$ENV` are left out, so a program cannot copy
 //! a secret from the environment into a result, and `halt` fails the one ID like any other
 //! error of a program (it never stops the process).

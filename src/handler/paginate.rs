@@ -280,24 +280,18 @@ impl PageStyle {
                 setting: Setting::PageSize,
             });
         }
-        let param = || param.clone().expect("a style that writes has its place");
-        Ok(match name {
-            "link" => PageStyle::Link,
-            "next-url" => PageStyle::NextUrl { program },
-            "cursor" => PageStyle::Cursor {
-                program,
-                param: param(),
-            },
-            "page" => PageStyle::Page {
-                param: param(),
+        Ok(match (name, param) {
+            ("link", _) => PageStyle::Link,
+            ("next-url", _) => PageStyle::NextUrl { program },
+            ("cursor", Some(param)) => PageStyle::Cursor { program, param },
+            ("page", Some(param)) => PageStyle::Page {
+                param,
                 start: start.unwrap_or(1),
                 size,
             },
-            "offset" => PageStyle::Offset {
-                param: param(),
-                size,
-            },
-            _ => PageStyle::Jq { program },
+            ("offset", Some(param)) => PageStyle::Offset { param, size },
+            ("jq", _) => PageStyle::Jq { program },
+            (style, _) => return Err(PaginateError::NeedsParam { style }),
         })
     }
 
@@ -540,10 +534,10 @@ impl Pager {
     fn jq_object(&self, object: serde_json::Map<String, Value>) -> Result<NextRequest, NextError> {
         let whole = Value::Object(object.clone());
         let one_of = "an object with one of url, query or body";
-        if object.len() != 1 {
+        let mut entries = object.into_iter();
+        let (Some((key, value)), None) = (entries.next(), entries.next()) else {
             return Err(self.malformed(&whole, one_of));
-        }
-        let (key, value) = object.into_iter().next().expect("one entry");
+        };
         match (key.as_str(), value) {
             ("url", Value::String(url)) if !url.is_empty() => Ok(NextRequest::Url(url)),
             ("url", _) => Err(self.malformed(&whole, "its url is not a URL string")),
