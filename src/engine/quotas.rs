@@ -19,9 +19,13 @@
 //!
 //! A fixed window's boundary: a call made just before it may reach the API just after, and
 //! count in the API's next window. So the first reservation in a new fixed window also takes
-//! what is still in flight: the API may count it there.
+//! what is still in flight, and what calls of the slot before took that ended after the
+//! boundary but before that reservation: the API may count them there.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -129,6 +133,12 @@ struct Shared {
     settled: Mutex<Vec<Settled>>,
     /// Told when a call settles (a spent budget waits for it).
     settles: Notify,
+    /// Per fixed-window quota, what calls taken in a slot that has passed and ended before
+    /// the run's first reservation in the new one took: the API may have counted them in
+    /// the new window (they reached it late), and no carry did.
+    crossed: Vec<AtomicU64>,
+    /// Per quota, the slot whose first reservation last carried the calls in flight.
+    carried_slot: Vec<AtomicU64>,
 }
 
 /// What settled calls gave back (in one slot) and owe (whatever their slot).
@@ -199,8 +209,19 @@ impl QuotaCall {
 
     /// The call is no longer in flight: a spent budget waiting for it looks again.
     fn release(&mut self) {
-        for (i, (taken, _)) in self.taken.iter_mut().enumerate() {
-            self.shared.in_flight[i].fetch_sub(std::mem::take(taken), Relaxed);
+        let now = now_ms();
+        for (i, (taken, slot)) in self.taken.iter_mut().enumerate() {
+            let taken = std::mem::take(taken);
+            let window = self.quotas[i].window;
+            if let (Window::Fixed { .. }, Some(slot)) = (window, *slot) {
+                let current = window.slot(now).0;
+                // Read before the call leaves the count in flight: a carry that saw it
+                // in flight has marked its slot by then (or counts it twice, never none).
+                if slot < current && self.shared.carried_slot[i].load(SeqCst) < current {
+                    self.shared.crossed[i].fetch_add(taken, SeqCst);
+                }
+            }
+            self.shared.in_flight[i].fetch_sub(taken, SeqCst);
         }
         self.shared.settles.notify_waiters();
     }
@@ -232,6 +253,8 @@ impl QuotaGate {
                 in_flight: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
                 settled: Mutex::new(vec![Settled::default(); quotas.len()]),
                 settles: Notify::new(),
+                crossed: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
+                carried_slot: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
             }),
             quotas,
             book,
@@ -325,7 +348,9 @@ impl QuotaGate {
                         Window::Fixed { .. }
                             if l.slot_ms.is_some_and(|s| s != q.window.slot(now).0) =>
                         {
-                            self.shared.in_flight[i].load(Relaxed)
+                            let in_flight = self.shared.in_flight[i].load(SeqCst);
+                            self.shared.carried_slot[i].store(q.window.slot(now).0, SeqCst);
+                            in_flight + self.shared.crossed[i].swap(0, SeqCst)
                         }
                         _ => 0,
                     };
@@ -723,5 +748,35 @@ mod tests {
         assert_eq!(ledger.used(&budget, now_ms()), 3 * each + most);
         assert_eq!(ledger.used(&"100/job".parse().unwrap(), now_ms()), 4);
         drop(in_flight);
+    }
+
+    /// A call taken just before a fixed window's boundary and ended just after it, before
+    /// any other reservation: the first reservation of the new window takes one more call
+    /// for it (the API may have counted it there).
+    #[tokio::test]
+    async fn a_call_that_ends_past_a_fixed_windows_boundary_counts_in_the_next_window() {
+        let quota: Quota = "100/400ms".parse().unwrap();
+        loop {
+            let store = Arc::new(MemStore::new());
+            let gate = QuotaGate::new(vec![quota], store.clone());
+            let (start, len) = quota.window.slot(now_ms());
+            if start + len - now_ms() < 150 {
+                tokio::time::sleep(Duration::from_millis(start + len - now_ms() + 5)).await;
+                continue;
+            }
+            let call = gate.acquire(Cost::default()).await.unwrap();
+            let next = start + len;
+            tokio::time::sleep(Duration::from_millis(next.saturating_sub(now_ms()) + 5)).await;
+            drop(call);
+            drop(gate.acquire(Cost::default()).await.unwrap());
+            let now = now_ms();
+            if quota.window.slot(now).0 != next {
+                // The machine was too slow for the scenario: try again.
+                continue;
+            }
+            let used = store.quota_ledger().await.unwrap().used(&quota, now);
+            assert_eq!(used, chunk(&quota) + 1, "a chunk and the call that crossed");
+            return;
+        }
     }
 }

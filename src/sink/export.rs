@@ -15,7 +15,8 @@ use super::records::for_each;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
 
 /// The columns of a JSONL or CSV export, in order (the JSONL export adds `attempt_errors`,
-/// `rerun` and `usage` when they have a value).
+/// `rerun` and `usage` when they have a value; the CSV export of a job whose answers
+/// reported usage adds `usage_input` and `usage_output` after `bucket`).
 pub const COLUMNS: [&str; 10] = [
     "id",
     "status",
@@ -90,10 +91,18 @@ pub async fn export(
             .await?
         }
         ExportFormat::Csv => {
+            let usage = !crate::store::JobView::stats(store).await?.usage.is_zero();
             let mut w = csv::Writer::from_writer(&mut *out);
             let header = COLUMNS[..8].iter().copied();
-            w.write_record(header.chain(columns.names().iter().map(String::as_str)))
-                .map_err(csv_io)?;
+            let usage_header = ["usage_input", "usage_output"]
+                .into_iter()
+                .filter(|_| usage);
+            w.write_record(
+                header
+                    .chain(usage_header)
+                    .chain(columns.names().iter().map(String::as_str)),
+            )
+            .map_err(csv_io)?;
             for_each(store, only, &mut |id, r| {
                 let status = match r.status {
                     ItemStatus::Ok => "ok",
@@ -115,8 +124,14 @@ pub async fn export(
                     &r.attempts.to_string(),
                     &r.bucket.to_string(),
                 ];
+                let units = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+                let costs = [
+                    units(r.usage.map(|u| u.input)),
+                    units(r.usage.map(|u| u.output)),
+                ];
+                let costs = costs.iter().map(String::as_str).filter(|_| usage);
                 let input = input.iter().map(|v| v.as_deref().unwrap_or_default());
-                w.write_record(fixed.into_iter().chain(input))
+                w.write_record(fixed.into_iter().chain(costs).chain(input))
                     .map_err(csv_io)?;
                 count += 1;
                 Ok(())

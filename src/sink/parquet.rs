@@ -13,7 +13,12 @@
 //! | `bucket`      | INT64                        | never                 |
 //! | `error_class` | BYTE_ARRAY (String)          | ok records            |
 //! | `error`       | BYTE_ARRAY (String)          | ok records            |
+//! | `usage_input` | INT64                        | no usage reported     |
+//! | `usage_output`| INT64                        | no usage reported     |
 //! | `body`        | BYTE_ARRAY (JSON)            | failed records        |
+//!
+//! The two `usage_` columns (what each ID's calls cost, [`crate::meter::Usage`]) are there
+//! only for a job whose answers reported usage: the files of other jobs are as before.
 //!
 //! The input columns asked for ([`InputColumns`]) follow, each a String column (null for a
 //! record without stored values).
@@ -303,11 +308,13 @@ struct Table {
     columns: Vec<Column>,
     flat: Option<FlatSchema>,
     body: bool,
+    /// The `usage_input` and `usage_output` columns are there (after `error`).
+    usage: bool,
     input: InputColumns,
 }
 
 impl Table {
-    fn new(flat: Option<FlatSchema>, input: InputColumns) -> Table {
+    fn new(flat: Option<FlatSchema>, input: InputColumns, usage: bool) -> Table {
         let mut schema = vec![
             string_type("id", false, false),
             string_type("status", false, false),
@@ -326,6 +333,12 @@ impl Table {
             Column::new(Values::Str(Vec::new()), true),
             Column::new(Values::Str(Vec::new()), true),
         ];
+        if usage {
+            for name in ["usage_input", "usage_output"] {
+                schema.push(plain_type(name, Physical::INT64, true));
+                columns.push(Column::new(Values::Int64(Vec::new()), true));
+            }
+        }
         let body = flat.as_ref().is_none_or(|f| f.other_bodies);
         if body {
             schema.push(string_type("body", true, true));
@@ -361,6 +374,7 @@ impl Table {
             columns,
             flat,
             body,
+            usage,
             input,
         }
     }
@@ -397,6 +411,25 @@ impl Table {
         let class = r.class.map(|k| k.to_string());
         c[5].str(class.as_deref().map(str::as_bytes));
         bytes += c[6].str(r.error.as_deref().map(str::as_bytes));
+        // The body's column, after the usage columns if there are.
+        let body_at = if self.usage { 9 } else { 7 };
+        if self.usage {
+            for (at, units) in [
+                (7, r.usage.map(|u| u.input)),
+                (8, r.usage.map(|u| u.output)),
+            ] {
+                match units {
+                    Some(n) => {
+                        c[at].present();
+                        let Values::Int64(v) = &mut c[at].values else {
+                            unreachable!()
+                        };
+                        v.push(i64::try_from(n).unwrap_or(i64::MAX));
+                    }
+                    None => c[at].null(),
+                }
+            }
+        }
         let inputs = self.input.texts(r);
         let first_input = c.len() - inputs.len();
         for (col, value) in c[first_input..].iter_mut().zip(&inputs) {
@@ -404,7 +437,7 @@ impl Table {
         }
         let body = r.body.as_deref();
         let Some(flat) = &self.flat else {
-            bytes += c[7].str(body.map(|b| b.get().as_bytes()));
+            bytes += c[body_at].str(body.map(|b| b.get().as_bytes()));
             return bytes;
         };
         let map: Option<HashMap<Cow<str>, &RawValue>> = body
@@ -412,10 +445,10 @@ impl Table {
             .map(|Fields(v)| v.into_iter().collect());
         let first = if self.body {
             let other = body.filter(|_| map.is_none());
-            bytes += c[7].str(other.map(|b| b.get().as_bytes()));
-            8
+            bytes += c[body_at].str(other.map(|b| b.get().as_bytes()));
+            body_at + 1
         } else {
-            7
+            body_at
         };
         for (i, (name, _, kind)) in flat.fields.iter().enumerate() {
             let col = &mut c[first + i];
@@ -558,7 +591,8 @@ async fn export_in_groups<W: Write + Send>(
              makes a column: export without flattening, or without that input column"
         )));
     }
-    let mut table = Table::new(flat, columns.clone());
+    let usage = !crate::store::JobView::stats(store).await?.usage.is_zero();
+    let mut table = Table::new(flat, columns.clone(), usage);
     let fields = table.schema.drain(..).map(Arc::new).collect();
     let schema = Type::group_type_builder("highwater_results")
         .with_fields(fields)

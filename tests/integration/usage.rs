@@ -88,6 +88,53 @@ fn what_each_call_cost_is_kept_with_its_result_and_added_up_for_the_job() {
         let id: u64 = row["id"].as_str().unwrap().parse().unwrap();
         assert_eq!(usage(&row["usage"]), (id, 1), "{row}");
     }
+    // The CSV and Parquet exports carry it in two columns of their own.
+    let csv = h.run(&["export", "--state", p(&state), "--format", "csv"]);
+    csv.expect_code(0);
+    let mut reader = csv::Reader::from_reader(csv.stdout.as_bytes());
+    let header = reader.headers().unwrap().clone();
+    let at = |name: &str| header.iter().position(|c| c == name).expect(name);
+    let (input_at, output_at) = (at("usage_input"), at("usage_output"));
+    assert_eq!(input_at, at("bucket") + 1);
+    for record in reader.records() {
+        let record = record.unwrap();
+        assert_eq!(record[input_at], record[0], "ID n costs n in");
+        assert_eq!(&record[output_at], "1");
+    }
+    let parquet = h.path("usage.parquet");
+    h.run(&[
+        "export",
+        "--state",
+        p(&state),
+        "--format",
+        "parquet",
+        "--output",
+        p(&parquet),
+    ])
+    .expect_code(0);
+    {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        use parquet::record::Field;
+        let file = SerializedFileReader::new(std::fs::File::open(&parquet).unwrap()).unwrap();
+        let mut rows = 0u64;
+        for row in file.get_row_iter(None).unwrap() {
+            let row = row.unwrap();
+            let get = |name: &str| {
+                row.get_column_iter()
+                    .find(|(n, _)| n.as_str() == name)
+                    .map(|(_, v)| v.clone())
+                    .expect(name)
+            };
+            let Field::Str(id) = get("id") else {
+                panic!("id")
+            };
+            let id: i64 = id.parse().unwrap();
+            assert_eq!(get("usage_input"), Field::Long(id));
+            assert_eq!(get("usage_output"), Field::Long(1));
+            rows += 1;
+        }
+        assert_eq!(rows, n);
+    }
     // The job's total, from the commit records.
     let all = n * (n + 1) / 2;
     let status = h.status(&state);
@@ -143,6 +190,14 @@ fn answers_without_usage_cost_nothing_to_report() {
     let h = Harness::new(ApiConfig::fast());
     let (_, state) = h.finished_job(&ids(50), &[]);
     assert!(h.export(&state).iter().all(|r| r.get("usage").is_none()));
+    // Nor do the CSV's columns change.
+    let csv = h.run(&["export", "--state", p(&state), "--format", "csv"]);
+    assert!(
+        csv.stdout
+            .starts_with("id,status,http_status,body,error,error_class,attempts,bucket\n"),
+        "{}",
+        csv.stdout
+    );
     let status = h.status(&state);
     assert!(status["stats"].get("usage").is_none(), "{status}");
     assert!(!h
