@@ -323,14 +323,19 @@ impl JobSpec {
     }
 
     /// The newest encoding [`JobSpec::to_stored`] writes: this struct as JSON, version 2 for
-    /// a job that pages ([`Work::Paged`]), so that a build that does not page refuses it
-    /// instead of making one request per ID; version 1 for every other job, which such a
-    /// build still reads.
+    /// a job that pages ([`Work::Paged`]) or has a budget in money, so that a build that
+    /// knows neither refuses it instead of making one request per ID or spending past the
+    /// budget it would not see; version 1 for every other job, which such a build still
+    /// reads.
     pub const STORED_VERSION: u32 = 2;
 
     /// The spec as a store keeps it (opaque to the store).
     pub fn to_stored(&self) -> StoredJob {
-        let version = if self.work.paginate().is_some() { 2 } else { 1 };
+        let version = if self.work.paginate().is_some() || self.budget.is_some() {
+            2
+        } else {
+            1
+        };
         StoredJob {
             id: self.job_id.clone(),
             version,
@@ -648,6 +653,17 @@ mod tests {
             1,
             "a build that does not page reads it"
         );
+        let mut budgeted = spec.clone();
+        budgeted.prices = Some(crate::meter::Prices::default());
+        assert_eq!(
+            budgeted.to_stored().version,
+            1,
+            "prices alone: nothing to overspend"
+        );
+        budgeted.budget = Some(crate::meter::Money(5));
+        let stored = budgeted.to_stored();
+        assert_eq!(stored.version, 2, "a build that knows no budget refuses it");
+        assert_eq!(JobSpec::from_stored(&stored).unwrap(), budgeted);
         let request = spec.work.request().unwrap().clone();
         let paginate = PaginateSpec {
             style: crate::handler::paginate::PageStyle::Link,
