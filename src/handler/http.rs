@@ -146,13 +146,7 @@ impl Handler for HttpHandler {
     /// `max_output_tokens`) if it says (at most 256 before any answer said). The credentials
     /// are left out: a secret is never rendered for an estimate.
     fn estimate(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
-        let row = row_values(row).ok()?;
-        let fill = Fill::One(id, row.as_ref());
-        let r = &self.request;
-        let sent = match &r.body {
-            Some(body) => fill.render(body, &[]),
-            None => fill.render(&r.url.template, &[]),
-        };
+        let sent = self.sent_for_cost(id, row)?;
         if self.answer.has_estimate() {
             return self.answer.estimate(&sent);
         }
@@ -168,13 +162,7 @@ impl Handler for HttpHandler {
     /// exceeds, or without one four times what the last answers wrote (at least 4,096): a
     /// guess, since nothing then bounds an answer.
     fn most(&self, id: &str, row: Option<&str>) -> Option<crate::meter::Usage> {
-        let row = row_values(row).ok()?;
-        let fill = Fill::One(id, row.as_ref());
-        let r = &self.request;
-        let sent = match &r.body {
-            Some(body) => fill.render(body, &[]),
-            None => fill.render(&r.url.template, &[]),
-        };
+        let sent = self.sent_for_cost(id, row)?;
         // The job's own estimate is its word for the most too.
         if self.answer.has_estimate() {
             return self.answer.estimate(&sent);
@@ -188,6 +176,21 @@ impl Handler for HttpHandler {
         Some(crate::meter::Usage {
             input: (sent.len() as u64).max(1),
             output,
+        })
+    }
+}
+
+impl HttpHandler {
+    /// What a call's cost is judged by before it is made: the request's body as sent (its
+    /// URL when it has none), rendered without credentials (a secret is never rendered for
+    /// an estimate); none when the row's values cannot be read.
+    fn sent_for_cost(&self, id: &str, row: Option<&str>) -> Option<String> {
+        let row = row_values(row).ok()?;
+        let fill = Fill::One(id, row.as_ref());
+        let r = &self.request;
+        Some(match &r.body {
+            Some(body) => fill.render(body, &[]),
+            None => fill.render(&r.url.template, &[]),
         })
     }
 }
