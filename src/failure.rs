@@ -56,11 +56,14 @@ pub enum ErrorClass {
     Handler,
     /// A batch endpoint's answers never mentioned the ID, even asked alone.
     Missing,
+    /// The pages of a paginated ID's answer could not all be followed: a next request that
+    /// loops back or is not one, more pages than the job allows.
+    Pagination,
 }
 
 impl ErrorClass {
     /// Every class, in a fixed order (for counting, and for `--class`).
-    pub const ALL: [ErrorClass; 10] = [
+    pub const ALL: [ErrorClass; 11] = [
         ErrorClass::Http,
         ErrorClass::Timeout,
         ErrorClass::Connect,
@@ -71,6 +74,7 @@ impl ErrorClass {
         ErrorClass::Exit,
         ErrorClass::Handler,
         ErrorClass::Missing,
+        ErrorClass::Pagination,
     ];
 
     /// The class's name, as stored and as `--class` takes it.
@@ -86,6 +90,7 @@ impl ErrorClass {
             ErrorClass::Exit => "exit",
             ErrorClass::Handler => "handler",
             ErrorClass::Missing => "missing",
+            ErrorClass::Pagination => "pagination",
         }
     }
 }

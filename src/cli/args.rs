@@ -133,27 +133,26 @@ pub(crate) struct RunArgs {
     /// Follow the pages of each ID's answer: link (the Link header's rel="next"),
     /// next-url=JQ (a URL read from the body), cursor=JQ (a cursor read from the body, put at
     /// --page-param), page or offset (counted, put at --page-param), or jq=PROGRAM. Needs
-    /// --items. Refused for now: the engine does not follow pages yet, so the paging flags
-    /// are hidden from --help until it does.
-    #[arg(long, value_name = "STYLE", hide = true)]
+    /// --items; each ID's result is its items of every page, in order.
+    #[arg(long, value_name = "STYLE")]
     pub(crate) paginate: Option<String>,
     /// With --paginate: jq program whose outputs are the items kept of each page, e.g.
     /// '.data[]'.
-    #[arg(long, value_name = "JQ", hide = true)]
+    #[arg(long, value_name = "JQ")]
     pub(crate) items: Option<String>,
     /// With --paginate cursor, page or offset: the query parameter NAME its value replaces,
     /// or body:PATH, the field of the JSON body it is set at (e.g. body:page.after).
-    #[arg(long, value_name = "NAME|body:PATH", hide = true)]
+    #[arg(long, value_name = "NAME|body:PATH")]
     pub(crate) page_param: Option<String>,
     /// With --paginate page: the number of the first page [default: 1].
-    #[arg(long, value_name = "N", hide = true)]
+    #[arg(long, value_name = "N")]
     pub(crate) page_start: Option<u64>,
     /// With --paginate page or offset: the items of a full page (a page with fewer is the
     /// last; without it, only an empty page is).
-    #[arg(long, value_name = "N", hide = true)]
+    #[arg(long, value_name = "N")]
     pub(crate) page_size: Option<u32>,
     /// With --paginate: the most pages followed for one ID [default: 10000].
-    #[arg(long, value_name = "N", hide = true)]
+    #[arg(long, value_name = "N")]
     pub(crate) max_pages: Option<u32>,
     /// Input columns (CSV or Parquet) or fields (JSONL) to keep of each row beside those a
     /// {column} of the templates names, for `export --columns`; fixed at creation.

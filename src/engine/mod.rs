@@ -86,6 +86,7 @@ mod fleet_tests;
 mod item;
 mod kept_limits;
 mod member;
+mod pages;
 mod planner;
 mod queue;
 mod quotas;

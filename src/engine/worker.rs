@@ -270,12 +270,18 @@ impl<H: Handler> ItemTask<H> {
             most: &|| handler.most(id, row),
         };
         let state = &state;
-        let outcome = retry::run(
-            &self.spec.retry,
-            |attempt| self.attempt(state, attempt, || handler.call_row(id, row)),
-            self.stop.stopping(),
-        )
-        .await;
+        let outcome = match self.spec.work.paginate() {
+            // Each page one request with its retries, the items joined (`pages.rs`).
+            Some(paginate) => Box::pin(self.pages(state, id, row, paginate)).await,
+            None => {
+                retry::run(
+                    &self.spec.retry,
+                    |attempt| self.attempt(state, attempt, || handler.call_row(id, row)),
+                    self.stop.stopping(),
+                )
+                .await
+            }
+        };
         let times = Times {
             first_ms: first_at.load(Relaxed),
             last_ms: last_at.load(Relaxed),

@@ -5,6 +5,7 @@ use std::future::Future;
 
 use super::batch;
 use super::output::Output;
+use super::page::{Page, PageAt};
 use crate::failure::Failure;
 use crate::quota::pacer::AnnouncedLimits;
 
@@ -37,6 +38,21 @@ pub trait Handler: Send + Sync + 'static {
         let _ = items;
         std::future::ready(Err(Failure::permanent(
             "this handler has no batch endpoint",
+        )))
+    }
+
+    /// One request for a page of `id`'s answer (with its row's kept columns `row`): the
+    /// items kept of it and the request for the next page ([`super::paginate`]). By default
+    /// the handler does not follow pages: the request fails for good.
+    fn call_page(
+        &self,
+        id: &str,
+        row: Option<&str>,
+        at: &PageAt,
+    ) -> impl Future<Output = Result<Page, Failure>> + Send {
+        let _ = (id, row, at);
+        std::future::ready(Err(Failure::permanent(
+            "this handler does not follow pages",
         )))
     }
 

@@ -23,7 +23,7 @@ pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
     };
     let credentials =
         crate::handler::Credentials::build(&spec.credentials, connect_timeout, timeout, &env)?;
-    let (request, batch) = match &spec.work {
+    let (request, batch, paginate) = match &spec.work {
         Work::Exec { exec, .. } => {
             return Ok(JobHandler::Exec(
                 crate::handler::exec::ExecHandler::with_credentials(
@@ -35,29 +35,18 @@ pub fn job_handler(spec: &JobSpec) -> Result<JobHandler, JobError> {
                 .with_answer(answer),
             ))
         }
-        Work::Request(request) => (request, None),
-        Work::Batch { request, batch } => (request, Some(batch)),
-        // The engine does not follow pages yet: one request per ID would keep the first
-        // page alone, silently.
-        Work::Paged { .. } => return Err(JobError::Usage(not_paged_yet())),
+        Work::Request(request) => (request, None, None),
+        Work::Batch { request, batch } => (request, Some(batch), None),
+        Work::Paged { request, paginate } => (request, None, Some(paginate)),
         Work::Library { name } => return Err(JobError::LibraryHandler(name.clone())),
     };
     let http = crate::handler::http::HttpHandler::with_credentials(request, credentials, &env)?
         .with_answer(answer);
-    Ok(JobHandler::Http(match batch {
-        Some(batch) => http.with_batch(batch)?,
-        None => http,
+    Ok(JobHandler::Http(match (batch, paginate) {
+        (Some(batch), _) => http.with_batch(batch)?,
+        (None, Some(paginate)) => http.with_pagination(paginate)?,
+        (None, None) => http,
     }))
-}
-
-/// Why a paginated job is refused: this build stores and checks how pages are followed, but
-/// its engine does not follow them yet.
-pub(super) fn not_paged_yet() -> String {
-    format!(
-        "{} is not available yet: this highwater checks how pages are followed but does not \
-         follow them; nothing was stored",
-        crate::setting::Setting::Paginate
-    )
 }
 
 /// The handler of a job made from its spec: HTTP or exec.
@@ -93,6 +82,20 @@ impl crate::handler::Handler for JobHandler {
             JobHandler::Http(h) => h.attempt_batch(items).await,
             JobHandler::Exec(_) => Err(crate::failure::Failure::permanent(
                 "a command has no batch endpoint",
+            )),
+        }
+    }
+
+    async fn call_page(
+        &self,
+        id: &str,
+        row: Option<&str>,
+        at: &crate::handler::PageAt,
+    ) -> Result<crate::handler::Page, crate::failure::Failure> {
+        match self {
+            JobHandler::Http(h) => h.attempt_page(id, row, at).await,
+            JobHandler::Exec(_) => Err(crate::failure::Failure::permanent(
+                "a command does not follow pages",
             )),
         }
     }

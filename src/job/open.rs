@@ -115,9 +115,6 @@ pub(super) async fn open_checked<S: Store>(
     use crate::input::Cursor;
     check_request(request)?;
     let stored = stored_job(store).await?;
-    if request.paginate.is_some() || stored.as_ref().is_some_and(|s| s.work.paginate().is_some()) {
-        return Err(JobError::Usage(super::handler::not_paged_yet()));
-    }
     match stored {
         None => {
             let (Some(input), true) = (&request.input, request.has_work()) else {

@@ -1,15 +1,179 @@
-//! Paginated jobs (`--paginate`): refused, with a usage error and nothing created, until the
-//! engine follows pages; flags of paging that do not fit are refused the same way.
+//! Paginated jobs (`--paginate`): every page of every ID followed in each style, its items
+//! joined in order into the ID's result; a page that fails is retried alone; a loop, a page
+//! parameter the API ignores and too many pages fail their ID alone; a run killed mid-ID
+//! resumes with every ID's items exactly once; flags of paging that do not fit are refused.
+
+use std::time::Duration;
 
 use highwater::demo::api::ApiConfig;
+use serde_json::Value;
 
 use crate::harness::*;
 
+/// Items a full page holds in these tests (the fake API's default too).
+const SIZE: u64 = 50;
+
+/// IDs of every shape of list: empty, one item, one full page, a short last page, 40 pages,
+/// the default count (120), and one that needs encoding in a URL.
+fn shapes() -> Vec<String> {
+    [
+        "p0-a",
+        "p1-b",
+        "p50-c",
+        "p120-d",
+        "p2000-e",
+        "plain",
+        "odd/é ?#&=",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The items the fake API holds for `id` (its count from a `p<count>-` prefix, else 120).
+fn count_of(id: &str) -> u64 {
+    id.strip_prefix('p')
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(120)
+}
+
+/// A style's name, its URL, its flags and the requests an ID of so many items makes.
+type Case<'a> = (&'a str, &'a str, Vec<&'a str>, &'a dyn Fn(u64) -> u64);
+
+/// Each ID's record is ok and its body every item of its list, in order.
+#[track_caller]
+fn check_items(h: &Harness, export: &[Value], ids: &[String]) {
+    let exported: Vec<&str> = export.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(exported, want, "every ID once, in input order");
+    for record in export {
+        let id = record["id"].as_str().unwrap();
+        assert_eq!(record["status"], "ok", "{record}");
+        let body = record["body"]
+            .as_array()
+            .expect("a paged result is an array");
+        let want = h.api.page_items(id);
+        assert_eq!(body.len(), want.len(), "{id}: items");
+        assert!(body == &want, "{id}: the items are the list's, in order");
+    }
+}
+
 #[test]
-fn a_paginated_run_is_refused_until_the_engine_follows_pages() {
+fn every_page_of_every_id_is_followed_in_each_style_and_its_items_kept_in_order() {
     let h = Harness::new(ApiConfig::fast());
-    let input = h.ids_file("ids.txt", &ids(5));
-    let url = h.api.pages_link_url_template();
+    let ids = shapes();
+    let input = h.ids_file("ids.txt", &ids);
+    let link = format!("{}?per_page={SIZE}", h.api.pages_link_url_template());
+    let cursor = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let cursor_post = h.api.pages_cursor_url_template();
+    let offset = format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
+    let size = SIZE.to_string();
+    // Requests an ID makes: while a next is found; a counted style asks past a full page.
+    let by_next = |c: u64| c.div_ceil(SIZE).max(1);
+    let by_count = |c: u64| c / SIZE + 1;
+    let cases: [Case; 6] = [
+        (
+            "link",
+            &link,
+            vec!["--paginate", "link", "--items", ".[]"],
+            &by_next,
+        ),
+        (
+            "cursor",
+            &cursor,
+            vec![
+                "--paginate",
+                "cursor=.next_cursor",
+                "--page-param",
+                "cursor",
+                "--items",
+                ".data[]",
+            ],
+            &by_next,
+        ),
+        (
+            "cursor in the body",
+            &cursor_post,
+            vec![
+                "--method",
+                "POST",
+                "--body",
+                r#"{"limit": 50, "user": "{id}"}"#,
+                "--paginate",
+                "cursor=.next_cursor",
+                "--page-param",
+                "body:cursor",
+                "--items",
+                ".data[]",
+            ],
+            &by_next,
+        ),
+        (
+            "jq",
+            &cursor,
+            vec![
+                "--paginate",
+                "jq=if .has_more then {query: {cursor: .next_cursor}} else null end",
+                "--items",
+                ".data[]",
+            ],
+            &by_next,
+        ),
+        (
+            "page",
+            &link,
+            vec![
+                "--paginate",
+                "page",
+                "--page-param",
+                "page",
+                "--page-size",
+                &size,
+                "--items",
+                ".[]",
+            ],
+            &by_count,
+        ),
+        (
+            "offset",
+            &offset,
+            vec![
+                "--paginate",
+                "offset",
+                "--page-param",
+                "offset",
+                "--page-size",
+                &size,
+                "--items",
+                ".[]",
+            ],
+            &by_count,
+        ),
+    ];
+    let mut calls_before = 0;
+    for (style, url, flags, requests) in cases {
+        let state = h.path(&format!("state-{}", style.replace(' ', "-")));
+        h.run_new(&state, &input, url, &flags).expect_code(0);
+        check_items(&h, &h.export(&state), &ids);
+        let want: u64 = ids.iter().map(|id| requests(count_of(id))).sum();
+        let calls = h.api.total_calls() - calls_before;
+        assert_eq!(calls, want, "{style}: one request per page, none again");
+        calls_before = h.api.total_calls();
+        let status = h.status(&state);
+        assert_eq!(status["stats"]["ok"], ids.len(), "{style}: {status}");
+    }
+}
+
+#[test]
+fn a_page_that_fails_is_retried_alone_and_the_ids_earlier_pages_are_not_asked_again() {
+    let h = Harness::new(ApiConfig {
+        page_unavailable_once: Some(3),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let ids: Vec<String> = (0..6).map(|i| format!("p200-{i}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?per_page={SIZE}", h.api.pages_link_url_template());
     let state = h.state();
     h.run_new(
         &state,
@@ -17,28 +181,153 @@ fn a_paginated_run_is_refused_until_the_engine_follows_pages() {
         &url,
         &["--paginate", "link", "--items", ".[]"],
     )
-    .expect_refused(2, &["--paginate is not available yet"]);
-    assert!(!state.exists(), "nothing is created for a paginated job");
-    // A job made without pages is not turned into one on resume either.
-    h.run_new(&state, &input, &h.url(), &[]).expect_code(0);
-    h.run_new(
-        &state,
-        &input,
-        &url,
-        &[
-            "--paginate",
-            "link",
-            "--items",
-            ".[]",
-            "--allow-spec-change",
-        ],
-    )
-    .expect_refused(2, &["--paginate is not available yet"]);
+    .expect_code(0);
+    let export = h.export(&state);
+    check_items(&h, &export, &ids);
+    for id in &ids {
+        let targets: Vec<String> = h.api.seen(id).into_iter().map(|r| r.target).collect();
+        let asked = |page: u64| {
+            targets
+                .iter()
+                .filter(|t| {
+                    let first = !t.contains("?page=");
+                    (page == 1 && first) || t.contains(&format!("?page={page}&"))
+                })
+                .count()
+        };
+        assert_eq!(
+            (asked(1), asked(2), asked(3), asked(4)),
+            (1, 1, 2, 1),
+            "{id}: only the page that failed is asked again: {targets:?}"
+        );
+        assert_eq!(targets.len(), 5, "{id}: {targets:?}");
+    }
+    for record in &export {
+        assert_eq!(record["attempts"], 5, "four pages and one retry: {record}");
+    }
+}
+
+#[test]
+fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
+    let h = Harness::new(ApiConfig::fast());
+    let cursor_url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let offset_url = format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
+    let size = SIZE.to_string();
+    let failed = |state: &std::path::Path, id: &str, says: &str| {
+        let export = h.export(state);
+        let record = export
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("{id} is exported"));
+        assert_eq!(record["status"], "failed", "{record}");
+        assert_eq!(record["error_class"], "pagination", "{record}");
+        let error = record["error"].as_str().unwrap();
+        assert!(error.contains(says), "{id}: {error:?} should say {says:?}");
+        export
+    };
+    let good = |export: &[Value], id: &str| {
+        let record = export.iter().find(|r| r["id"] == id).unwrap();
+        assert_eq!(record["status"], "ok", "{record}");
+        assert_eq!(
+            record["body"].as_array().unwrap().len() as u64,
+            count_of(id)
+        );
+    };
+
+    // A cursor that points back to an earlier page.
+    let ids: Vec<String> = ["p1000-a", "p1000-loop-b", "p300-c"]
+        .map(String::from)
+        .to_vec();
+    let input = h.ids_file("loop.txt", &ids);
+    let state = h.path("state-loop");
+    let cursor = [
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+    ];
+    h.run_new(&state, &input, &cursor_url, &cursor)
+        .expect_code(3);
+    let export = failed(&state, "p1000-loop-b", "the pages loop");
+    good(&export, "p1000-a");
+    good(&export, "p300-c");
+    // The loop is caught the first time it comes round: pages 1 to 5, then page 2 again.
+    assert_eq!(h.api.calls("p1000-loop-b"), 5);
+
+    // An offset the API ignores: every page is the first.
+    let ids: Vec<String> = ["p200-same-a", "p200-b"].map(String::from).to_vec();
+    let input = h.ids_file("same.txt", &ids);
+    let state = h.path("state-same");
+    let offset = [
+        "--paginate",
+        "offset",
+        "--page-param",
+        "offset",
+        "--page-size",
+        &size,
+        "--items",
+        ".[]",
+    ];
+    h.run_new(&state, &input, &offset_url, &offset)
+        .expect_code(3);
+    let export = failed(&state, "p200-same-a", "has the same items as page 1");
+    good(&export, "p200-b");
+
+    // More pages than the job allows.
+    let ids: Vec<String> = ["p1000-x", "p100-y"].map(String::from).to_vec();
+    let input = h.ids_file("many.txt", &ids);
+    let state = h.path("state-many");
+    let mut flags = cursor.to_vec();
+    flags.extend(["--max-pages", "3"]);
+    h.run_new(&state, &input, &cursor_url, &flags)
+        .expect_code(3);
+    let export = failed(&state, "p1000-x", "--max-pages is 3");
+    good(&export, "p100-y");
     assert_eq!(
-        h.api.total_calls(),
-        5,
-        "only the unpaginated run called the API"
+        h.api.calls("p1000-x"),
+        3,
+        "no page past the most is asked for"
     );
+}
+
+#[test]
+fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(1),
+        latency_max: Duration::from_millis(3),
+        ..ApiConfig::fast()
+    });
+    let ids: Vec<String> = (0..24).map(|i| format!("p2000-{i:02}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+        "--concurrency",
+        "4",
+    ]);
+    // Killed twice, each time mid-way through IDs of 40 pages.
+    for calls in [150, 500] {
+        let mut child = h.spawn(&args);
+        assert!(
+            h.wait_for_calls(&mut child, calls),
+            "the run ended before {calls} calls"
+        );
+        signal(&child, libc::SIGKILL);
+        finish(child);
+        args = vec!["run", "--state", p(&state)];
+        args.extend(QUICK);
+    }
+    h.resume(&state, &[]).expect_code(0);
+    check_items(&h, &h.export(&state), &ids);
 }
 
 #[test]

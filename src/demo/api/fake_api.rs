@@ -57,6 +57,7 @@ impl FakeApi {
             seen: Seen::default(),
             batch_requests: AtomicU64::new(0),
             echo: AtomicBool::new(false),
+            pages_refused: Mutex::new(Default::default()),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();

@@ -72,6 +72,9 @@ pub struct ApiConfig {
     /// Items of an ID on the paginated routes (`/pages/...`) when its ID does not say
     /// (`p2000-...` has 2,000). 120 in every constructor.
     pub page_items: u64,
+    /// Of the paginated routes: the page of this number (from 1) of every ID answers 503
+    /// the first time it is asked for. `None` in every constructor.
+    pub page_unavailable_once: Option<u64>,
 }
 
 impl ApiConfig {
@@ -98,6 +101,7 @@ impl ApiConfig {
             profiles: false,
             llm: None,
             page_items: 120,
+            page_unavailable_once: None,
         }
     }
 
@@ -125,6 +129,7 @@ impl ApiConfig {
             profiles: false,
             llm: None,
             page_items: 120,
+            page_unavailable_once: None,
         }
     }
 
@@ -152,6 +157,7 @@ impl ApiConfig {
             profiles: false,
             llm: None,
             page_items: 120,
+            page_unavailable_once: None,
         }
     }
 

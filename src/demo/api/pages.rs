@@ -11,14 +11,20 @@
 //!   and `rel="last"`.
 //! - `GET /pages/cursor/{id}?cursor=C&limit=M`: `{"data": [...], "has_more": b,
 //!   "next_cursor": C'}`, `next_cursor` `""` on the last page; no cursor is the first page.
+//!   `POST` takes the cursor and the size in a JSON body instead: `{"cursor": C, "limit": M}`.
 //! - `GET /pages/offset/{id}?offset=N&limit=M`: a JSON array; the last page is short, or
 //!   empty when the items fill whole pages.
+//!
+//! Faults, by the ID's name after its count (`p1000-loop-a`): a name starting `loop-` loops:
+//! page 5's next page is page 2 again (its `Link`, its cursor); a name starting `same-` has
+//! the offset route ignore its offset (every page is the first); [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once.
 //!
 //! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
 //! windows. A malformed request answers 400 and is no call.
 
 use std::time::{Instant, SystemTime};
 
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, LINK};
 use hyper::{Method, Request, StatusCode};
@@ -49,6 +55,14 @@ pub(super) fn item_count(config: &ApiConfig, id: &str) -> u64 {
         .unwrap_or(config.page_items)
 }
 
+/// `id`'s name after its `p<count>-` prefix (all of it without one).
+fn name(id: &str) -> &str {
+    id.strip_prefix('p')
+        .and_then(|rest| rest.split_once('-'))
+        .filter(|(n, _)| n.parse::<u64>().is_ok())
+        .map_or(id, |(_, name)| name)
+}
+
 /// Item `k` of `id`.
 pub(super) fn item(id: &str, k: u64) -> serde_json::Value {
     serde_json::json!({"id": id, "k": k})
@@ -62,7 +76,7 @@ enum Style {
 }
 
 /// Answer a request under [`PREFIX`].
-pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
+pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let path = req.uri().path();
     let rest = path.strip_prefix(PREFIX).unwrap_or("");
     let (style, raw_id) = match rest.split_once('/') {
@@ -71,16 +85,46 @@ pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
         Some(("offset", id)) => (Style::Offset, id),
         _ => return error_response(StatusCode::NOT_FOUND, "no route"),
     };
-    if req.method() != Method::GET {
-        return error_response(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    let post = req.method() == Method::POST && matches!(style, Style::Cursor);
+    if req.method() != Method::GET && !post {
+        return error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET only (POST for a cursor)",
+        );
     }
     let Some(id) = decode(raw_id, false).filter(|id| !id.is_empty()) else {
         return bad_request();
     };
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(String::new, |p| p.to_string());
+    let method = req.method().to_string();
     let query = Query::of(req.uri().query().unwrap_or(""));
-    let Some(query) = query else {
+    let Some(mut query) = query else {
         return bad_request();
     };
+    let mut body = String::new();
+    if post {
+        // The cursor and the page's size in the JSON body: `{"cursor": C, "limit": M}`.
+        let Ok(collected) = Limited::new(req.into_body(), 1 << 20).collect().await else {
+            return bad_request();
+        };
+        let bytes = collected.to_bytes();
+        body = String::from_utf8_lossy(&bytes).into_owned();
+        let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&bytes) else {
+            return bad_request();
+        };
+        for (name, value) in fields {
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                _ => continue,
+            };
+            query.0.retain(|(k, _)| *k != name);
+            query.0.push((name, text));
+        }
+    }
     let size = match query.number(if matches!(style, Style::Link) {
         "per_page"
     } else {
@@ -104,10 +148,14 @@ pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
             },
         },
         Style::Offset => match query.number("offset") {
+            Ok(_) if name(&id).starts_with("same-") => 0,
             Ok(n) => n.unwrap_or(0),
             Err(()) => return bad_request(),
         },
     };
+    // The page's number, from 1, and the page a looping ID's next page is instead.
+    let page = start / size + 1;
+    let looped = (name(&id).starts_with("loop-") && page == 5).then_some(2);
     // A call of the ID, like a request to `/items`.
     shared
         .calls
@@ -116,18 +164,24 @@ pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
         shared.seen.record(
             &id,
             SeenRequest {
-                method: req.method().to_string(),
-                target: req
-                    .uri()
-                    .path_and_query()
-                    .map_or_else(String::new, |p| p.to_string()),
-                body: String::new(),
+                method,
+                target,
+                body,
             },
         );
     }
     let now = epoch_ms(SystemTime::now());
     if let Err(retry_after) = shared.windows.admit(now) {
         return too_many_requests("quota exceeded", Some(retry_after));
+    }
+    if shared.config.page_unavailable_once == Some(page)
+        && shared
+            .pages_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.clone())
+    {
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "page unavailable");
     }
     let count = item_count(&shared.config, &id);
     let end = start.saturating_add(size).min(count);
@@ -139,13 +193,12 @@ pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let mut resp = match style {
         Style::Link => {
             let mut resp = json_response(&serde_json::Value::Array(items));
-            let page = start / size + 1;
             let last = count.div_ceil(size).max(1);
             let encoded = utf8_percent_encode(&id, NON_ALPHANUMERIC).to_string();
             let at = |n: u64| format!("</pages/link/{encoded}?page={n}&per_page={size}>");
             let mut links = Vec::new();
             if more {
-                links.push(format!("{}; rel=\"next\"", at(page + 1)));
+                links.push(format!("{}; rel=\"next\"", at(looped.unwrap_or(page + 1))));
             }
             links.push(format!("{}; rel=\"last\"", at(last)));
             if let Ok(value) = HeaderValue::from_str(&links.join(", ")) {
@@ -156,7 +209,11 @@ pub(super) fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
         Style::Cursor => json_response(&serde_json::json!({
             "data": items,
             "has_more": more,
-            "next_cursor": if more { format!("k{end}") } else { String::new() },
+            "next_cursor": match (more, looped) {
+                (false, _) => String::new(),
+                (true, Some(to)) => format!("k{}", (to - 1) * size),
+                (true, None) => format!("k{end}"),
+            },
         })),
         Style::Offset => json_response(&serde_json::Value::Array(items)),
     };

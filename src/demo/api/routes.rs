@@ -61,7 +61,7 @@ async fn item(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, DropC
         return Ok(super::batch::handle(&shared, req).await);
     }
     if req.uri().path().starts_with(super::pages::PREFIX) {
-        return Ok(super::pages::handle(&shared, req));
+        return Ok(super::pages::handle(&shared, req).await);
     }
     if super::llm_route::is_llm(req.uri().path()) {
         return super::llm_route::handle(&shared, req)

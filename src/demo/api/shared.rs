@@ -40,6 +40,8 @@ pub(super) struct Shared {
     pub(super) echo: AtomicBool,
     /// The language-model routes' window and credit ([`ApiConfig::llm`]), if configured.
     pub(super) llm: Option<Meter>,
+    /// The IDs whose page [`ApiConfig::page_unavailable_once`] answered 503 already.
+    pub(super) pages_refused: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops

@@ -64,6 +64,8 @@ use crate::serde_millis;
 use crate::setting::Setting;
 
 mod cost;
+mod page;
+mod target;
 
 /// Largest answer body we keep; a larger one fails the attempt.
 pub(crate) const MAX_BODY_BYTES: usize = 16 << 20;
@@ -106,6 +108,8 @@ pub struct HttpHandler {
     credentials: Credentials,
     /// The job's batch endpoint, if it has one.
     batch: Option<Box<Batch>>,
+    /// How the job follows the pages of an answer, if it does.
+    pager: Option<Box<crate::handler::paginate::Pager>>,
     /// What its templates expanded and its credentials' values: masked in failures.
     secrets: Secrets,
 }
@@ -201,6 +205,7 @@ impl HttpHandler {
             limits: Arc::new(AnnouncedLimits::new()),
             credentials,
             batch: None,
+            pager: None,
             secrets,
         })
     }
@@ -248,15 +253,9 @@ impl HttpHandler {
         if self.batch.is_some() {
             return self.alone(id, row).await;
         }
-        let r = &self.request;
-        let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
         let row = row_values(row)?;
-        if r.id_is_path_segment && (id == "." || id == "..") {
-            return Err(unusable(format!(
-                "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
-            )));
-        }
-        let (status, headers, bytes) = self.exchange(Fill::One(id, row.as_ref())).await?;
+        self.check_id(id)?;
+        let (status, headers, bytes) = self.exchange(Fill::One(id, row.as_ref()), None).await?;
         let usage = self.answer.usage(
             Some(status),
             || headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
@@ -272,6 +271,17 @@ impl HttpHandler {
             status: Some(status),
             usage,
         })
+    }
+
+    /// Refuse an ID that cannot stand where the URL template puts it.
+    fn check_id(&self, id: &str) -> Result<(), Failure> {
+        if self.request.id_is_path_segment && (id == "." || id == "..") {
+            return Err(Failure::permanent(format!(
+                "the ID {id:?} cannot stand as a URL path segment (it would name another path)"
+            ))
+            .class(ErrorClass::Request));
+        }
+        Ok(())
     }
 
     /// One request for a batch of IDs (each with its row's kept columns), its answer split
@@ -310,7 +320,7 @@ impl HttpHandler {
             .map(|((id, _), row)| (*id, row.as_ref()))
             .collect();
         let (status, headers, bytes) = self
-            .exchange(Fill::Batch(&filled, &batch.separator))
+            .exchange(Fill::Batch(&filled, &batch.separator), None)
             .await?;
         let parts = self.answer.split(
             &batch.splitter,
@@ -354,15 +364,25 @@ impl HttpHandler {
 
     /// Send the request the templates make of `fill` and read its answer: the status, the
     /// headers and the body of a 2xx answer, or why there is none.
-    async fn exchange(&self, fill: Fill<'_>) -> Result<(u16, HeaderMap, Vec<u8>), Failure> {
+    ///
+    /// A page of a paginated ID (`page`) is the first request changed as its next request
+    /// says; the URLs of the first request and of the one sent are kept in `page`.
+    async fn exchange(
+        &self,
+        fill: Fill<'_>,
+        mut page: Option<&mut target::PageTarget<'_>>,
+    ) -> Result<(u16, HeaderMap, Vec<u8>), Failure> {
         let r = &self.request;
         let unusable = |message: String| Failure::permanent(message).class(ErrorClass::Request);
         let used = self.credentials.values().await?;
         let values: Vec<&str> = used.iter().map(|v| v.expose()).collect();
-        let url = r
+        let mut url = r
             .url
             .url(&fill.render(&r.url.template, &values))
             .map_err(|e| unusable(format!("the ID makes an invalid URL ({e})")))?;
+        if let Some(page) = page.as_deref_mut() {
+            url = page.url(url)?;
+        }
         let mut request = self.client.request(r.method.clone(), url);
         for (name, value) in &r.headers {
             let mut value = HeaderValue::from_str(&fill.render(value, &values)).map_err(|_| {
@@ -373,11 +393,16 @@ impl HttpHandler {
             }
             request = request.header(name.clone(), value);
         }
-        if let Some(body) = &r.body {
+        let body = r.body.as_ref().map(|body| fill.render(body, &values));
+        let body = match page.as_deref() {
+            Some(page) => page.body(body)?,
+            None => body,
+        };
+        if let Some(body) = body {
             if r.json_body {
                 request = request.header(CONTENT_TYPE, "application/json");
             }
-            request = request.body(fill.render(body, &values));
+            request = request.body(body);
         }
         let sent = tokio::time::Instant::now();
         let mut response = request.send().await.map_err(transport_error)?;
