@@ -23,10 +23,11 @@
 //! tests.
 //!
 //! It lives above the store (it drives the engine, the job and the HTTP handler against the
-//! fake API of [`crate::demo`]), one file per kind of check: `log` (plans, results, commits,
-//! a grown input), `reruns`, `damage`, `engine` (the engine's invariants), `quota` (quota
-//! usage); `backend` says what the suite needs of a backend, `fixtures` holds the records
-//! the checks build, `suite` runs them all; the crate's own backends are in `backends`.
+//! fake API of [`crate::demo`]), one file per kind of check: `log` (plans, results, commits, a
+//! grown input), `pages` (the pages of paginated IDs, for a store that keeps them), `reruns`,
+//! `damage`, `engine` (the engine's invariants), `quota` (quota usage); `backend` says what the
+//! suite needs of a backend, `fixtures` holds the records the checks build, `suite` runs them
+//! all; the crate's own backends are in `backends`.
 
 mod backend;
 #[cfg(test)]
@@ -35,6 +36,7 @@ mod damage;
 mod engine;
 mod fixtures;
 mod log;
+mod pages;
 mod quota;
 mod reruns;
 mod suite;

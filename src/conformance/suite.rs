@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 
 use super::backend::Backend;
-use super::{damage, engine, log, quota, reruns};
+use super::{damage, engine, log, pages, quota, reruns};
 
 /// A check of the suite that the backend failed: its name and what its assertion said.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +44,7 @@ pub async fn run_all<B: Backend>(backend: &mut B) -> Result<(), CheckFailed> {
     check!(reruns::a_rerun_moves_the_job_counts_once);
     check!(log::a_grown_input_plans_on_and_old_ids_stay_duplicates);
     check!(log::kept_columns_come_back_with_their_ids);
+    check!(pages::pages_are_durable_as_a_prefix_and_read_back_in_order);
     check!(damage::damage_is_refused_never_read_as_less);
     check!(engine::the_engine_stops_and_resumes_every_id_exactly_once);
     check!(quota::quota_reservations_are_durable_and_never_exceed_a_limit);

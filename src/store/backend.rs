@@ -44,8 +44,8 @@ use std::time::Duration;
 use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
 
 use super::{
-    BadLine, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
-    RerunOffset, RerunRecord, StoreError, StoreStats, StoredJob,
+    BadLine, CommitRecord, ItemRecord, OffsetRecord, PageMark, PageRecord, PlannedBucket,
+    PlannerState, RerunBucket, RerunOffset, RerunRecord, StoreError, StoreStats, StoredJob,
 };
 
 /// A bucket of the job's log with its commit record, if it is committed.
@@ -185,6 +185,55 @@ pub trait Store: Send + Sync + 'static {
     /// The job's history as [`Store::append_history`] kept it, oldest first (none: empty).
     fn history(&self) -> impl Future<Output = Result<Vec<serde_json::Value>, StoreError>> + Send {
         async { Ok(Vec::new()) }
+    }
+    /// Whether the store keeps the pages of paginated IDs ([`Store::record_pages`]). One
+    /// that does not (the default) has a paginated ID's items held in memory until its last
+    /// page and written as its record's body; one that does lets a resume continue an ID at
+    /// the page it was on.
+    fn keeps_pages(&self) -> bool {
+        false
+    }
+    /// Write pages of paginated IDs, each with its ID ([`PageRecord`]), buffered as
+    /// [`Store::record`] is: durable at the next [`Store::sync`], in the order written, an ID's
+    /// pages before any record written after them. A page written again (the same ID,
+    /// generation and number) replaces the earlier one. Called only when
+    /// [`Store::keeps_pages`] says so.
+    fn record_pages(
+        &self,
+        pages: &[(String, PageRecord)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = pages;
+        async {
+            Err(StoreError::Corrupt {
+                reason: "this store keeps no pages".into(),
+            })
+        }
+    }
+    /// Where the pages of each of `ids` (its row and ID) stand in `generation`: the mark of
+    /// its last page stored, none for an ID without one.
+    fn page_marks(
+        &self,
+        generation: u32,
+        ids: &[(u64, &str)],
+    ) -> impl Future<Output = Result<Vec<Option<PageMark>>, StoreError>> + Send {
+        let _ = generation;
+        let none = vec![None; ids.len()];
+        async { Ok(none) }
+    }
+    /// Pages `from..from + count` of the ID `id` (at `row`) in `generation`, in order: each
+    /// of them, or [`StoreError::Corrupt`] when one is missing (a final record counts pages
+    /// the store made durable before it).
+    fn pages(
+        &self,
+        row: u64,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<PageRecord>, StoreError>> + Send {
+        let _ = (row, generation, from);
+        let reason = format!("this store keeps no pages, and {count} of {id:?} were asked for");
+        async move { Err(StoreError::Corrupt { reason }) }
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod backend;
 mod error;
 pub mod mem;
+mod pages;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod records;
@@ -27,6 +28,7 @@ pub use backend::{
     Leases, Log, NoFleet, RerunBucketState, Store,
 };
 pub use error::{ExportError, StoreError};
+pub use pages::{PageMark, PageRecord};
 pub(crate) use records::{class_label, class_name};
 pub use records::{
     now_ms, BadLine, CommitRecord, ItemRecord, ItemStatus, JobBucketShare, OffsetRecord,

@@ -220,6 +220,11 @@ pub struct ItemRecord {
     /// answer said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::meter::Usage>,
+    /// The pages of a paginated ID's answer the store keeps for it ([`super::PageRecord`],
+    /// in the generation of [`ItemRecord::rerun`]): its result is their items, in order, and
+    /// `body` is none. None for a record whose result is its body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages: Option<u32>,
     /// The kept columns of the ID's input row (a JSON object), when the job keeps any: read
     /// back with the ID from the plan, never written with the record.
     #[serde(skip)]
@@ -245,6 +250,7 @@ impl ItemRecord {
             last_attempt_ms: None,
             rerun: None,
             usage: None,
+            pages: None,
             values: None,
         }
     }

@@ -14,8 +14,8 @@ use super::records::Records;
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
     BadLine, BucketState, Commit, ItemRecord, Lease, LeaseScope, LeaseToken, Leases, NoFleet,
-    OffsetRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState, RerunOffset,
-    RerunRecord, Store, StoreError, StoredJob,
+    OffsetRecord, PageMark, PageRecord, PlannedBucket, PlannerState, RerunBucket, RerunBucketState,
+    RerunOffset, RerunRecord, Store, StoreError, StoredJob,
 };
 
 #[derive(Debug, Default)]
@@ -140,6 +140,34 @@ impl Store for MemStore {
         let mut s = self.state();
         s.durable = s.live.clone();
         Ok(())
+    }
+
+    fn keeps_pages(&self) -> bool {
+        true
+    }
+
+    async fn record_pages(&self, pages: &[(String, PageRecord)]) -> Result<(), StoreError> {
+        self.state().live.record_pages(pages);
+        Ok(())
+    }
+
+    async fn page_marks(
+        &self,
+        generation: u32,
+        ids: &[(u64, &str)],
+    ) -> Result<Vec<Option<PageMark>>, StoreError> {
+        Ok(self.state().live.page_marks(generation, ids))
+    }
+
+    async fn pages(
+        &self,
+        _row: u64,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> Result<Vec<PageRecord>, StoreError> {
+        self.state().live.pages(id, generation, from, count)
     }
 
     async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {

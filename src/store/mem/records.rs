@@ -7,8 +7,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::store::{
-    BadLine, BucketState, Commit, CommitRecord, ItemRecord, OffsetRecord, PlannedBucket,
-    PlannerState, RerunBucket, RerunBucketState, RerunOffset, RerunRecord, StoreError, StoredJob,
+    BadLine, BucketState, Commit, CommitRecord, ItemRecord, OffsetRecord, PageMark, PageRecord,
+    PlannedBucket, PlannerState, RerunBucket, RerunBucketState, RerunOffset, RerunRecord,
+    StoreError, StoredJob,
 };
 
 /// A bucket's offset record and its IDs with their rows.
@@ -35,6 +36,8 @@ pub(super) struct Records {
     pub(super) quotas: crate::quota::QuotaLedger,
     /// The windows the job learnt from refusals (kept at once, as the quotas).
     pub(super) learned: Vec<crate::quota::KeptLimit>,
+    /// The pages of paginated IDs, by ID, generation and number.
+    pages: BTreeMap<(String, u32, u32), PageRecord>,
 }
 
 impl Records {
@@ -69,6 +72,47 @@ impl Records {
         for (id, record) in results {
             self.results.insert(id.clone(), record.clone());
         }
+    }
+
+    pub(super) fn record_pages(&mut self, pages: &[(String, PageRecord)]) {
+        for (id, page) in pages {
+            let key = (id.clone(), page.generation, page.mark.page);
+            self.pages.insert(key, page.clone());
+        }
+    }
+
+    /// The mark of each ID's last page in `generation`.
+    pub(super) fn page_marks(&self, generation: u32, ids: &[(u64, &str)]) -> Vec<Option<PageMark>> {
+        ids.iter()
+            .map(|&(_, id)| {
+                let from = (id.to_string(), generation, 0);
+                let to = (id.to_string(), generation, u32::MAX);
+                let last = self.pages.range(from..=to).next_back();
+                last.map(|(_, page)| page.mark.clone())
+            })
+            .collect()
+    }
+
+    /// Pages `from..from + count` of `id` in `generation`, each of them.
+    pub(super) fn pages(
+        &self,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> Result<Vec<PageRecord>, StoreError> {
+        (from..from.saturating_add(count))
+            .map(|page| {
+                self.pages
+                    .get(&(id.to_string(), generation, page))
+                    .cloned()
+                    .ok_or_else(|| StoreError::Corrupt {
+                        reason: format!(
+                            "page {page} of {id:?} (generation {generation}) is missing"
+                        ),
+                    })
+            })
+            .collect()
     }
 
     pub(super) fn buckets(&self, from: u64, limit: usize) -> Vec<BucketState> {

@@ -59,6 +59,9 @@ struct Extras {
     /// ignore it).
     #[serde(default, rename = "u", skip_serializing_if = "Option::is_none")]
     usage: Option<[u64; 2]>,
+    /// The pages stored for a paginated ID (its result is their items).
+    #[serde(default, rename = "p", skip_serializing_if = "Option::is_none")]
+    pages: Option<u32>,
 }
 
 /// Append `record`'s bytes to `out`, its body compressed by `bodies`.
@@ -75,7 +78,8 @@ pub(super) fn encode(
     let extras = record.class.is_some()
         || record.error.is_some()
         || !record.attempt_errors.is_empty()
-        || record.usage.is_some();
+        || record.usage.is_some()
+        || record.pages.is_some();
     let times = [
         record.finished_at_ms,
         record.first_attempt_ms,
@@ -117,6 +121,7 @@ pub(super) fn encode(
             error: record.error.clone(),
             attempt_errors: record.attempt_errors.clone(),
             usage: record.usage.map(|u| [u.input, u.output]),
+            pages: record.pages,
         })
         .expect("extras serialize");
         varint(out, json.len() as u64);
@@ -219,6 +224,7 @@ pub(super) fn decode(bytes: &[u8], row: u64, bodies: &Compression) -> Result<Ite
         record.usage = extras
             .usage
             .map(|[input, output]| crate::meter::Usage { input, output });
+        record.pages = extras.pages;
     }
     let last = if flags & BODY != 0 {
         let byte = r.byte()?;
@@ -344,7 +350,12 @@ mod tests {
             input: 9,
             output: 0,
         });
+        let mut paged = full();
+        paged.attempt_errors.clear();
+        paged.body = None;
+        paged.pages = Some(40);
         for record in [
+            paged,
             metered,
             metered_failure,
             full(),
