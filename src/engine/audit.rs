@@ -143,6 +143,32 @@ impl<S: Store + Leases> Store for Audit<S> {
         ));
         self.inner.plan(buckets, planner).await
     }
+    fn keeps_pages(&self) -> bool {
+        self.inner.keeps_pages()
+    }
+    async fn record_pages(
+        &self,
+        pages: &[(String, crate::store::PageRecord)],
+    ) -> Result<(), StoreError> {
+        self.inner.record_pages(pages).await
+    }
+    async fn page_marks(
+        &self,
+        generation: u32,
+        ids: &[(u64, &str)],
+    ) -> Result<Vec<Option<crate::store::PageMark>>, StoreError> {
+        self.inner.page_marks(generation, ids).await
+    }
+    async fn pages(
+        &self,
+        row: u64,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> Result<Vec<crate::store::PageRecord>, StoreError> {
+        self.inner.pages(row, id, generation, from, count).await
+    }
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
         if self.fail_records {
             return Err(StoreError::Io(std::io::Error::other(

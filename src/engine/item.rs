@@ -1,7 +1,7 @@
 //! An [`Item`]: one ID to call, as the dispatcher queues it for the workers; and what is
 //! left to call of a bucket whose records were read back ([`job_work`], [`rerun_work`]).
 
-use crate::store::{ItemRecord, ItemStatus, Lease, Tally};
+use crate::store::{ItemRecord, ItemStatus, Lease, PageMark, Store, StoreError, Tally};
 
 pub(super) struct Item {
     pub(super) id: String,
@@ -17,6 +17,27 @@ pub(super) struct Item {
     pub(super) lease: Option<Lease>,
     /// The kept columns of the ID's input row (a JSON object), when the job keeps any.
     pub(super) values: Option<Box<str>>,
+    /// A paginated ID whose pages a store kept: where they stand (it continues at the next).
+    pub(super) resume: Option<Box<PageMark>>,
+}
+
+/// Where the pages of `items` stand in `generation` (0, or the rerun's number), when the job
+/// pages (`paged`) into a store that keeps pages: each item continues at its next page.
+pub(super) async fn with_marks<S: Store>(
+    store: &S,
+    paged: bool,
+    generation: u32,
+    items: &mut [Item],
+) -> Result<(), StoreError> {
+    if !paged || !store.keeps_pages() || items.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<(u64, &str)> = items.iter().map(|i| (i.row, i.id.as_str())).collect();
+    let marks = store.page_marks(generation, &ids).await?;
+    for (item, mark) in items.iter_mut().zip(marks) {
+        item.resume = mark.map(Box::new);
+    }
+    Ok(())
 }
 
 /// What is left of a job bucket: results already final, and the items to call.
@@ -33,6 +54,7 @@ pub(super) fn job_work(bucket: u64, items: Vec<(String, ItemRecord)>) -> (Tally,
                 prior: None,
                 lease: None,
                 values: record.values,
+                resume: None,
             }),
         }
     }
@@ -62,6 +84,7 @@ pub(super) fn rerun_work(
                     ..record
                 })),
                 lease: None,
+                resume: None,
             }),
         }
     }

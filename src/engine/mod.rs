@@ -87,6 +87,8 @@ mod item;
 mod kept_limits;
 mod member;
 mod pages;
+#[cfg(test)]
+mod pages_tests;
 mod planner;
 mod queue;
 mod quotas;
@@ -165,7 +167,9 @@ impl<'a, S: Store + Leases, H: Handler> FleetVisitor<S> for ChooseSource<'a, H> 
                     run_source(store, source, run).await
                 }
                 Log::Rerun(k) => {
-                    let source = RerunLog::open(store.clone(), k).await?;
+                    let source =
+                        RerunLog::open(store.clone(), k, run.spec.work.paginate().is_some())
+                            .await?;
                     run_source(store, source, run).await
                 }
             }

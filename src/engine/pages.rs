@@ -15,21 +15,32 @@
 //!   ignores the parameter, and every page would be the first);
 //! - more pages than the job's most.
 //!
-//! The items are held until the ID's last page (at most [`MAX_HELD_BYTES`]): a run stopped
-//! mid-ID asks for its pages again from the first on resume.
+//! Where the pages go depends on the store:
+//! - a store that keeps pages ([`crate::store::Store::keeps_pages`]) is handed each page as
+//!   it comes, through the writer (so a page is durable before the ID's final record, and
+//!   with the results around it), with where the ID's pages stand after it
+//!   ([`PageMark`]); the final record counts the pages and holds no body. An ID whose run
+//!   stopped mid-way continues, on resume, at the page after its last durable one, with the
+//!   next request stored with that page: never at the first;
+//! - any other store gets the items joined into the ID's body, held until its last page (at
+//!   most [`MAX_HELD_BYTES`]); a run stopped mid-ID asks for its pages again from the first.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::worker::{AttemptState, ItemTask};
+use super::item::Item;
+use super::worker::{AttemptState, ItemTask, StoredPages};
+use super::writer::WriterMsg;
 use crate::failure::{AttemptNote, ErrorClass, Failure};
 use crate::handler::paginate::{NextRequest, PageStyle, PaginateSpec};
 use crate::handler::{Handler, Output, PageAt};
 use crate::meter::Usage;
 use crate::retry::{self, ItemOutcome};
 use crate::setting::Setting;
+use crate::store::{PageMark, PageRecord};
 
 /// The most bytes of items held for one ID.
 pub(crate) const MAX_HELD_BYTES: usize = 64 << 20;
@@ -38,18 +49,43 @@ pub(crate) const MAX_HELD_BYTES: usize = 64 << 20;
 const MAX_NOTES: usize = 64;
 
 impl<H: Handler> ItemTask<H> {
-    /// Every page of `id`'s answer as `spec` says, its items joined into one result.
+    /// Every page of `item`'s answer as `spec` says, from where its stored pages stand: the
+    /// outcome, and the pages the store keeps as its result (none: the result is a body).
     pub(super) async fn pages(
         &self,
         state: &AttemptState<'_, '_>,
-        id: &str,
-        row: Option<&str>,
+        item: &Item,
         spec: &PaginateSpec,
-    ) -> ItemOutcome {
+    ) -> (ItemOutcome, Option<StoredPages>) {
         let handler = &*self.handler;
-        let mut at = PageAt::default();
+        let (id, row) = (item.id.as_str(), item.values.as_deref());
         let mut joined = Joined::default();
         let mut guard = Guard::new(spec);
+        // Where the ID's stored pages stand, if it has any (a resume continues there).
+        let mut at = PageAt::default();
+        let mut first_attempt_ms = None;
+        if let Some(mark) = item.resume.as_deref() {
+            joined.attempts = mark.attempts;
+            joined.usage = mark.usage;
+            first_attempt_ms = mark.first_attempt_ms;
+            match &mark.next {
+                // Its last page is durable and its record was not: nothing to ask.
+                None => {
+                    let stored = StoredPages {
+                        pages: mark.pages(),
+                        first_attempt_ms,
+                    };
+                    return (joined.done(), Some(stored));
+                }
+                Some(next) => {
+                    at = PageAt {
+                        page: mark.pages(),
+                        items_before: mark.items(),
+                        next: Some(next.clone()),
+                    }
+                }
+            }
+        }
         loop {
             let outcome = retry::run(
                 &self.spec.retry,
@@ -58,7 +94,7 @@ impl<H: Handler> ItemTask<H> {
             )
             .await;
             let page = match outcome {
-                ItemOutcome::Abandoned => return ItemOutcome::Abandoned,
+                ItemOutcome::Abandoned => return (ItemOutcome::Abandoned, None),
                 ItemOutcome::Failed {
                     error,
                     attempts,
@@ -69,7 +105,7 @@ impl<H: Handler> ItemTask<H> {
                         message: format!("page {}: {}", at.page + 1, error.message),
                         ..error
                     };
-                    return joined.failed(error);
+                    return (joined.failed(error), None);
                 }
                 ItemOutcome::Ok {
                     output,
@@ -84,16 +120,48 @@ impl<H: Handler> ItemTask<H> {
             if let Some(u) = page.usage {
                 joined.usage = Some(joined.usage.unwrap_or_default() + u);
             }
-            if let Err(e) = joined.push(page.items_inner()) {
-                return joined.failed(e);
+            if first_attempt_ms.is_none() {
+                first_attempt_ms = Some(state.first_at.load(Relaxed)).filter(|&t| t > 0);
             }
-            let Some(next) = page.next.clone() else {
-                return joined.done();
+            if let Some(next) = &page.next {
+                if let Err(e) = guard.check(&at, &page.items, page.count, next) {
+                    return (joined.failed(e), None);
+                }
+            }
+            let stored = if self.keeps_pages {
+                let mark = PageMark {
+                    page: at.page,
+                    count: page.count,
+                    items_before: at.items_before,
+                    next: page.next.clone(),
+                    attempts: joined.attempts,
+                    usage: joined.usage,
+                    first_attempt_ms,
+                };
+                let record = PageRecord {
+                    row: item.row,
+                    bucket: item.bucket,
+                    generation: self.rerun.unwrap_or(0),
+                    mark,
+                    items: page.items,
+                };
+                let id = item.id.clone();
+                let page = Box::new(record);
+                self.to_writer(WriterMsg::Page { id, page }).await;
+                Some(StoredPages {
+                    pages: at.page + 1,
+                    first_attempt_ms,
+                })
+            } else {
+                if let Err(e) = joined.push(page.items_inner()) {
+                    return (joined.failed(e), None);
+                }
+                None
             };
-            if let Err(e) = guard.check(&at, &page.items, page.count, &next) {
-                return joined.failed(e);
+            match page.next {
+                None => return (joined.done(), stored),
+                Some(next) => at = at.after(page.count, next),
             }
-            at = at.after(page.count, next);
         }
     }
 }

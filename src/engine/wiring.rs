@@ -110,6 +110,7 @@ where
         leases: HashMap::new(),
         completed: HashMap::new(),
         full: writer_full.clone(),
+        pages: Vec::new(),
     };
     let writer = tokio::spawn({
         let halt = halt.clone();
@@ -150,6 +151,7 @@ where
             announced: handler.announced_limits(),
             halt: halt.clone(),
             batch_size,
+            keeps_pages: store.keeps_pages(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }

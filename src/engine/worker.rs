@@ -195,6 +195,8 @@ pub(super) struct ItemTask<H> {
     pub(super) halt: Arc<Halt>,
     /// IDs per request: a batch job's batch size, else 1.
     pub(super) batch_size: usize,
+    /// The store keeps the pages of paginated IDs: each page is written as it comes.
+    pub(super) keeps_pages: bool,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -270,16 +272,17 @@ impl<H: Handler> ItemTask<H> {
             most: &|| handler.most(id, row),
         };
         let state = &state;
-        let outcome = match self.spec.work.paginate() {
-            // Each page one request with its retries, the items joined (`pages.rs`).
-            Some(paginate) => Box::pin(self.pages(state, id, row, paginate)).await,
+        let (outcome, stored) = match self.spec.work.paginate() {
+            // Each page one request with its retries (`pages.rs`).
+            Some(paginate) => Box::pin(self.pages(state, &item, paginate)).await,
             None => {
-                retry::run(
+                let outcome = retry::run(
                     &self.spec.retry,
                     |attempt| self.attempt(state, attempt, || handler.call_row(id, row)),
                     self.stop.stopping(),
                 )
-                .await
+                .await;
+                (outcome, None)
             }
         };
         let times = Times {
@@ -287,12 +290,24 @@ impl<H: Handler> ItemTask<H> {
             last_ms: last_at.load(Relaxed),
             latency_us: last_latency.load(Relaxed),
         };
-        self.finish(item, outcome, times).await;
+        self.finish_paged(item, outcome, times, stored).await;
     }
 
     /// Make `item`'s final record of `outcome` and hand it to the writer (an abandoned item
     /// stays pending: counted, nothing written).
     pub(super) async fn finish(&self, item: Item, outcome: ItemOutcome, times: Times) {
+        self.finish_paged(item, outcome, times, None).await
+    }
+
+    /// [`ItemTask::finish`], for an ID whose result is `stored` pages of the store's, not a
+    /// body.
+    pub(super) async fn finish_paged(
+        &self,
+        item: Item,
+        outcome: ItemOutcome,
+        times: Times,
+        stored: Option<StoredPages>,
+    ) {
         let counters = &self.counters;
         let id = item.id.as_str();
         let mut record = ItemRecord::pending(item.row, item.bucket);
@@ -335,16 +350,29 @@ impl<H: Handler> ItemTask<H> {
                 return;
             }
         }
+        if let Some(stored) = stored {
+            record.first_attempt_ms = stored.first_attempt_ms.or(record.first_attempt_ms);
+            if record.status == ItemStatus::Ok {
+                record.body = None;
+                record.pages = Some(stored.pages);
+            }
+        }
         if let Some(prior) = &item.prior {
             record.continue_from(prior);
         }
         record.rerun = self.rerun;
         // A closed writer means the run is failing; the item stays pending and is replayed.
-        let msg = WriterMsg::Done {
+        self.to_writer(WriterMsg::Done {
             id: item.id,
             track: item.track,
             record,
-        };
+        })
+        .await;
+    }
+
+    /// Hand `msg` to the writer, waiting for room when its queue is full.
+    pub(super) async fn to_writer(&self, msg: WriterMsg) {
+        let counters = &self.counters;
         match self.writer.try_send(msg) {
             Ok(()) => {
                 // A group is ready: have the writer take it before the queue fills up and
@@ -538,6 +566,14 @@ impl<H: Handler> ItemTask<H> {
         // at the gates above: a spent quota window or the rate limit are the run's.
         Some((result, charge, start.elapsed()))
     }
+}
+
+/// The pages a store kept of a paginated ID whose result they are, and when its first
+/// attempt started (in an earlier run, for an ID resumed mid-way).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StoredPages {
+    pub(super) pages: u32,
+    pub(super) first_attempt_ms: Option<u64>,
 }
 
 /// When an item's first and last attempts started (unix ms, 0: none) and how long the last

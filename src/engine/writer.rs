@@ -14,7 +14,8 @@ use super::stop::Halt;
 use crate::progress::Counters;
 use crate::spec::FailureLimit;
 use crate::store::{
-    CommitRecord, ItemRecord, ItemStatus, Lease, LeaseScope, Leases, Log, Store, StoreError, Tally,
+    CommitRecord, ItemRecord, ItemStatus, Lease, LeaseScope, Leases, Log, PageRecord, Store,
+    StoreError, Tally,
 };
 
 /// The capacity of the queue of results waiting to be made durable.
@@ -61,6 +62,9 @@ pub(super) enum WriterMsg {
         track: u64,
         record: ItemRecord,
     },
+    /// A page of a paginated ID, for a store that keeps pages: written before any record
+    /// that comes after it (its ID's final record among them), and made durable with them.
+    Page { id: String, page: Box<PageRecord> },
 }
 
 pub(super) struct Tracked {
@@ -85,6 +89,8 @@ pub(super) struct Writer<S> {
     pub(super) completed: HashMap<u64, Lease>,
     /// Rung when a sender finds the queue holding a group, or full.
     pub(super) full: Arc<Notify>,
+    /// Pages of paginated IDs sorted and not yet written.
+    pub(super) pages: Vec<(String, PageRecord)>,
 }
 
 impl<S: Store + Leases> Writer<S> {
@@ -128,21 +134,32 @@ impl<S: Store + Leases> Writer<S> {
                     tracks.push(track);
                     results.push((id, record))
                 }
+                WriterMsg::Page { id, page } => self.pages.push((id, *page)),
             }
         }
     }
 
-    /// Write results to the store (durable at the next sync) and count them; the buckets
-    /// whose last result this was go to `done`. `tracks[i]` is the bucket `results[i]`
-    /// completes (the job bucket, or the rerun bucket in a rerun).
+    /// Write the pages sorted so far, then results, to the store (durable at the next sync)
+    /// and count them; the buckets whose last result this was go to `done`. `tracks[i]` is
+    /// the bucket `results[i]` completes (the job bucket, or the rerun bucket in a rerun).
+    /// Whether anything was written.
     async fn record(
         &mut self,
         results: &[(String, ItemRecord)],
         tracks: &[u64],
         done: &mut Vec<CommitRecord>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
+        let paged = !self.pages.is_empty();
+        if paged {
+            // Before the results: an ID's final record never goes before its last page.
+            let start = Instant::now();
+            let pages = std::mem::take(&mut self.pages);
+            self.store.record_pages(&pages).await?;
+            Counters::add(&self.counters.pages, pages.len() as u64);
+            Counters::add_elapsed(&self.counters.record_write_ns, start);
+        }
         if results.is_empty() {
-            return Ok(());
+            return Ok(paged);
         }
         let start = Instant::now();
         self.store.record(results).await?;
@@ -172,7 +189,7 @@ impl<S: Store + Leases> Writer<S> {
             }
         }
         self.check_failures(results);
-        Ok(())
+        Ok(true)
     }
 
     /// Write commit records, each under its bucket's lease; callers made the buckets'
@@ -284,9 +301,8 @@ impl<S: Store + Leases> Writer<S> {
             // One flush covers the whole group. Nobody waits on it but the commit records.
             gather(&mut rx, &mut msgs, &self.full).await;
             self.sort(&mut msgs, &mut results, &mut tracks, &mut ready);
-            if !results.is_empty() {
-                let mut done = Vec::new();
-                self.record(&results, &tracks, &mut done).await?;
+            let mut done = Vec::new();
+            if self.record(&results, &tracks, &mut done).await? {
                 results.clear();
                 tracks.clear();
                 ready.append(&mut done);
@@ -330,8 +346,8 @@ impl<S: Store + Leases> Writer<S> {
                     // Fewer, larger store writes.
                     gather(&mut rx, &mut msgs, &self.full).await;
                     self.sort(&mut msgs, &mut results, &mut tracks, &mut unsynced);
-                    self.record(&results, &tracks, &mut unsynced).await?;
-                    dirty |= !results.is_empty() || !unsynced.is_empty();
+                    let wrote = self.record(&results, &tracks, &mut unsynced).await?;
+                    dirty |= wrote || !unsynced.is_empty();
                     results.clear();
                     tracks.clear();
                 }

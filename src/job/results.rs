@@ -108,6 +108,7 @@ impl<S: Store> Results<S> {
                 if self.only.is_some_and(|only| only != r.status) {
                     continue;
                 }
+                let r = self.store.with_pages(&id, r).await?;
                 return record(id, r).map(Some);
             }
             if let Some(b) = self.buckets.pop_front() {

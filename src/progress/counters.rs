@@ -31,6 +31,8 @@ pub struct Counters {
     pub buckets_planned: AtomicU64,
     /// Items left pending because the run stopped.
     pub abandoned: AtomicU64,
+    /// Pages of paginated IDs written to the store (for a store that keeps pages).
+    pub pages: AtomicU64,
     /// Input rows the planner read and wrote ahead in this run (bad and duplicate rows
     /// included), and the unique IDs among them.
     pub rows_planned: AtomicU64,

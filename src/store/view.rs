@@ -18,6 +18,12 @@ use super::{
 /// Buckets read per call of [`Store::buckets`] in a walk.
 pub(crate) const PAGE: usize = 4096;
 
+/// Pages read at once while a paginated ID's result is joined ([`JobView::with_pages`]).
+const PAGES_AT_ONCE: u32 = 64;
+
+/// The most bytes of items joined into one paginated ID's result.
+pub(crate) const MAX_JOINED_BYTES: usize = 512 << 20;
+
 /// A callback a walk calls for each record it yields.
 pub(crate) type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>;
 
@@ -111,11 +117,76 @@ pub trait JobView: Store {
                 from = last.offset.bucket + 1;
                 for b in page {
                     for (id, record) in self.final_items(&b).await? {
+                        let record = self.with_pages(&id, record).await?;
                         f(&id, &record)?;
                     }
                 }
             }
             Ok(())
+        }
+    }
+
+    /// `record` (of `id`) with its result as its body: a paginated ID's items read from the
+    /// pages the store keeps ([`ItemRecord::pages`]), joined in order into one JSON array;
+    /// any other record as it is. At most 512 MiB of items, one range of pages at a
+    /// time: one ID's result is held, never a bucket's.
+    fn with_pages(
+        &self,
+        id: &str,
+        record: ItemRecord,
+    ) -> impl Future<Output = Result<ItemRecord, StoreError>> + Send {
+        async move {
+            let mut record = record;
+            let Some(pages) = record.pages.filter(|_| record.body.is_none()) else {
+                return Ok(record);
+            };
+            let generation = record.rerun.unwrap_or(0);
+            let mut body = String::from("[");
+            let mut from = 0;
+            while from < pages {
+                let count = (pages - from).min(PAGES_AT_ONCE);
+                let read = self.pages(record.row, id, generation, from, count).await?;
+                for (page, want) in read.iter().zip(from..) {
+                    if page.mark.page != want || page.generation != generation {
+                        return Err(StoreError::corrupt(format!(
+                            "{id:?}: page {want} of generation {generation} read as page {} of \
+                             generation {}",
+                            page.mark.page, page.generation
+                        )));
+                    }
+                    let text = page.items.get().trim();
+                    let inner = text
+                        .strip_prefix('[')
+                        .and_then(|t| t.strip_suffix(']'))
+                        .map_or("", str::trim);
+                    if inner.is_empty() {
+                        continue;
+                    }
+                    if body.len() + inner.len() + 2 > MAX_JOINED_BYTES {
+                        return Err(StoreError::backend(format!(
+                            "{id:?}: its {pages} pages hold more than {} MiB of items, more \
+                             than one record of an export holds",
+                            MAX_JOINED_BYTES >> 20
+                        )));
+                    }
+                    if body.len() > 1 {
+                        body.push(',');
+                    }
+                    body.push_str(inner);
+                }
+                if read.len() != count as usize {
+                    return Err(StoreError::corrupt(format!(
+                        "{id:?}: {count} pages from page {from} asked for, {} read",
+                        read.len()
+                    )));
+                }
+                from += count;
+            }
+            body.push(']');
+            let body = serde_json::value::RawValue::from_string(body)
+                .map_err(|e| StoreError::corrupt(format!("{id:?}: its pages' items: {e}")))?;
+            record.body = Some(body);
+            Ok(record)
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::{job_lease, planned, Source};
 use crate::engine::dispatcher::Dispatcher;
 use crate::engine::error::EngineError;
-use crate::engine::item::{job_work, Item};
+use crate::engine::item::{job_work, with_marks, Item};
 use crate::engine::member::{Alone, Member};
 use crate::engine::planner::{plan_ahead, ALONE};
 use crate::engine::writer::Track;
@@ -42,8 +42,10 @@ impl<S: Store + Leases> JobLog<S> {
     ) -> Result<JobLog<S>, EngineError> {
         let lease = job_lease(&*store).await?;
         let mut replay = Vec::new();
+        let paged = spec.work.paginate().is_some();
         for offset in store.open_buckets().await? {
-            let (done, todo) = job_work(offset.bucket, store.bucket_items(&offset).await?);
+            let (done, mut todo) = job_work(offset.bucket, store.bucket_items(&offset).await?);
+            with_marks(&*store, paged, 0, &mut todo).await?;
             replay.push((offset.bucket, done, todo));
         }
         let position = store.planner().await?;
@@ -124,6 +126,7 @@ impl<S: Store + Leases> JobLog<S> {
                         prior: None,
                         lease: None,
                         values: values.next().map(String::into_boxed_str),
+                        resume: None,
                     })
                     .collect();
                 (track, items)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{job_lease, Source};
 use crate::engine::dispatcher::Dispatcher;
 use crate::engine::error::EngineError;
-use crate::engine::item::rerun_work;
+use crate::engine::item::{rerun_work, with_marks};
 use crate::engine::member::{Alone, Member};
 use crate::engine::writer::Track;
 use crate::progress::Counters;
@@ -23,6 +23,8 @@ pub(in crate::engine) struct RerunLog<S> {
     lease: Lease,
     /// The rerun's buckets without a commit record, in bucket order.
     open: Vec<RerunOffset>,
+    /// The job pages: its IDs continue at the pages this rerun's earlier runs kept.
+    paged: bool,
 }
 
 impl<S: Store + Leases> RerunLog<S> {
@@ -30,6 +32,7 @@ impl<S: Store + Leases> RerunLog<S> {
     pub(in crate::engine) async fn open(
         store: Arc<S>,
         rerun: u32,
+        paged: bool,
     ) -> Result<RerunLog<S>, EngineError> {
         let lease = job_lease(&*store).await?;
         let open = store.rerun_open_buckets(rerun).await?;
@@ -38,6 +41,7 @@ impl<S: Store + Leases> RerunLog<S> {
             rerun,
             lease,
             open,
+            paged,
         })
     }
 }
@@ -61,7 +65,8 @@ impl<S: Store + Leases> Source for RerunLog<S> {
                 break;
             }
             let items = self.store.rerun_bucket_items(&offset).await?;
-            let (done, todo) = rerun_work(self.rerun, offset.bucket, items);
+            let (done, mut todo) = rerun_work(self.rerun, offset.bucket, items);
+            with_marks(&*self.store, self.paged, self.rerun, &mut todo).await?;
             let track = Track {
                 key: offset.bucket,
                 bucket: offset.bucket,

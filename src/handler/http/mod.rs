@@ -142,6 +142,15 @@ impl Handler for HttpHandler {
         self.attempt_batch(items)
     }
 
+    fn call_page(
+        &self,
+        id: &str,
+        row: Option<&str>,
+        at: &super::PageAt,
+    ) -> impl std::future::Future<Output = Result<super::Page, Failure>> + Send {
+        self.attempt_page(id, row, at)
+    }
+
     fn announced_limits(&self) -> Option<Arc<AnnouncedLimits>> {
         Some(self.limits.clone())
     }
