@@ -296,7 +296,7 @@ fn serve_and_report_refuse_what_they_cannot_show_with_a_reason() {
 }
 
 /// The headless browser the rendering test drives: `HIGHWATER_CHROMIUM`, else `chromium`
-/// (`.ci/run` installs it when missing).
+/// (`.ci/test` installs it when missing).
 fn chromium() -> String {
     std::env::var("HIGHWATER_CHROMIUM").unwrap_or_else(|_| "chromium".into())
 }
@@ -345,7 +345,7 @@ fn chromium_run(url: &str, extra: &[&str], what: &str) -> String {
         .spawn()
         .unwrap_or_else(|e| {
             panic!(
-                "{} cannot be started ({e}): install Chromium (.ci/run does) or set HIGHWATER_CHROMIUM",
+                "{} cannot be started ({e}): install Chromium (.ci/test does) or set HIGHWATER_CHROMIUM",
                 chromium()
             )
         });

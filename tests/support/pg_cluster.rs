@@ -450,7 +450,7 @@ fn server_bin() -> PathBuf {
     panic!(
         "PostgreSQL server binaries (initdb, pg_ctl, postgres, psql) not found in {candidates:?}; \
          these tests need a real PostgreSQL: install it (Debian/Ubuntu: apt-get install postgresql, \
-         which .ci/run does) or point HIGHWATER_PG_BIN at its bin directory{}",
+         which .ci/test does) or point HIGHWATER_PG_BIN at its bin directory{}",
         if ci { " (CI=true: never skipped)" } else { "" }
     );
 }
