@@ -70,6 +70,9 @@ pub struct LiveSnapshot {
     pub(crate) run_failed: u64,
     /// Retries this run made.
     pub(crate) retries: u64,
+    /// Pages of paginated IDs this run had answered (none in snapshots of older versions).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) pages: u64,
     /// Answers 429 this run got.
     pub(crate) throttled: u64,
     /// API calls under way now.
@@ -254,6 +257,9 @@ impl LiveSnapshot {
             self.throttled,
             self.in_flight,
         );
+        if self.pages > 0 {
+            text.push_str(&format!("pages:      {} answered this run\n", self.pages));
+        }
         text.push_str(&quotas);
         if !self.usage.is_zero() {
             text.push_str(&format!("usage:      {}\n", self.usage));
@@ -266,6 +272,11 @@ impl LiveSnapshot {
         }
         text
     }
+}
+
+/// For serde: leave a count out while it is 0.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]
@@ -295,6 +306,7 @@ mod tests {
             run_ok: 1,
             run_failed: 0,
             retries: 0,
+            pages: 0,
             throttled: 0,
             in_flight: 0,
             quotas: Vec::new(),

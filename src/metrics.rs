@@ -186,6 +186,12 @@ pub(crate) fn render(view: &RunView) -> String {
         &one(run.retries),
     );
     metric(
+        "highwater_pages_total",
+        "counter",
+        "Pages of paginated IDs answered (each a call of its own).",
+        &one(run.pages),
+    );
+    metric(
         "highwater_throttled_total",
         "counter",
         "Answers 429.",

@@ -38,6 +38,7 @@ use crate::failure::{AttemptNote, ErrorClass, Failure};
 use crate::handler::paginate::{NextRequest, PageStyle, PaginateSpec};
 use crate::handler::{Handler, Output, PageAt};
 use crate::meter::Usage;
+use crate::progress::Counters;
 use crate::retry::{self, ItemOutcome};
 use crate::setting::Setting;
 use crate::store::{PageMark, PageRecord};
@@ -116,6 +117,7 @@ impl<H: Handler> ItemTask<H> {
                     output
                 }
             };
+            Counters::add(&self.counters.pages, 1);
             joined.status = page.status.or(joined.status);
             if let Some(u) = page.usage {
                 joined.usage = Some(joined.usage.unwrap_or_default() + u);

@@ -155,7 +155,6 @@ impl<S: Store + Leases> Writer<S> {
             let start = Instant::now();
             let pages = std::mem::take(&mut self.pages);
             self.store.record_pages(&pages).await?;
-            Counters::add(&self.counters.pages, pages.len() as u64);
             Counters::add_elapsed(&self.counters.record_write_ns, start);
         }
         if results.is_empty() {

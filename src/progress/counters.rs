@@ -31,7 +31,7 @@ pub struct Counters {
     pub buckets_planned: AtomicU64,
     /// Items left pending because the run stopped.
     pub abandoned: AtomicU64,
-    /// Pages of paginated IDs written to the store (for a store that keeps pages).
+    /// Pages of paginated IDs answered (each a call of its own).
     pub pages: AtomicU64,
     /// Input rows the planner read and wrote ahead in this run (bad and duplicate rows
     /// included), and the unique IDs among them.
@@ -91,6 +91,7 @@ impl Counters {
         CounterSnapshot {
             attempts: self.attempts.load(Relaxed),
             retries: self.retries.load(Relaxed),
+            pages: self.pages.load(Relaxed),
             ok: self.ok.load(Relaxed),
             failed: self.failed.load(Relaxed),
             buckets_committed: self.buckets_committed.load(Relaxed),

@@ -64,6 +64,9 @@ pub struct ProgressEvent {
     pub in_flight: u64,
     /// Retries over the run.
     pub retries: u64,
+    /// Pages of paginated IDs answered over the run (none for a job that does not page).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pages: u64,
     /// Answers 429 over the run.
     pub throttled: u64,
     /// Answers 503 over the run.
@@ -127,6 +130,9 @@ impl ProgressEvent {
             self.unavailable,
             self.in_flight
         ));
+        if self.pages > 0 {
+            line.push_str(&format!(", {} pages", self.pages));
+        }
         let d = &self.duration_ms;
         line.push_str(&format!(
             "; time: API {:.0} ms, offsets {:.0}+{:.0} ms (write+sync), results {:.0}+{:.0} ms, commits {:.0} ms",
@@ -152,4 +158,9 @@ impl ProgressEvent {
         }
         line
     }
+}
+
+/// For serde: leave a count out while it is 0.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -11,6 +11,8 @@ pub struct CounterSnapshot {
     pub attempts: u64,
     /// See [`Counters::retries`](super::Counters::retries).
     pub retries: u64,
+    /// See [`Counters::pages`](super::Counters::pages).
+    pub pages: u64,
     /// See [`Counters::ok`](super::Counters::ok).
     pub ok: u64,
     /// See [`Counters::failed`](super::Counters::failed).

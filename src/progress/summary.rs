@@ -73,9 +73,13 @@ impl RunSummary {
         } else {
             "not finished"
         };
+        let pages = match self.run.pages {
+            0 => String::new(),
+            n => format!(", {n} pages"),
+        };
         format!(
             "job {state}: {} ok, {} failed, {} pending, {} duplicates, {} bad lines; {} of {} buckets committed\n\
-             this run: {} items ({} ok, {} failed) in {:.1}s, {:.1} items/s, {} attempts ({} retries)",
+             this run: {} items ({} ok, {} failed) in {:.1}s, {:.1} items/s, {} attempts ({} retries){pages}",
             j.ok,
             j.failed,
             j.pending,

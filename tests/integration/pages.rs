@@ -153,9 +153,11 @@ fn every_page_of_every_id_is_followed_in_each_style_and_its_items_kept_in_order(
     let mut calls_before = 0;
     for (style, url, flags, requests) in cases {
         let state = h.path(&format!("state-{}", style.replace(' ', "-")));
-        h.run_new(&state, &input, url, &flags).expect_code(0);
+        let run = h.run_new(&state, &input, url, &flags);
+        run.expect_code(0);
         check_items(&h, &h.export(&state), &ids);
         let want: u64 = ids.iter().map(|id| requests(count_of(id))).sum();
+        run.expect_stderr(&format!("attempts (0 retries), {want} pages"));
         let calls = h.api.total_calls() - calls_before;
         assert_eq!(calls, want, "{style}: one request per page, none again");
         calls_before = h.api.total_calls();
