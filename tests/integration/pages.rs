@@ -360,3 +360,53 @@ fn paging_flags_that_do_not_fit_are_usage_errors() {
     }
     assert_eq!(h.api.total_calls(), 0);
 }
+
+#[test]
+fn status_and_the_live_snapshot_count_pages_while_a_paginated_run_goes_on() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(4),
+        ..ApiConfig::fast()
+    });
+    // Far more pages than the run does while the test looks: it is stopped.
+    let ids: Vec<String> = (0..50).map(|i| format!("p5000-{i}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?per_page=10", h.api.pages_link_url_template());
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--paginate",
+        "link",
+        "--items",
+        ".[]",
+        "--concurrency",
+        "2",
+        "--progress-interval",
+        "50ms",
+    ]);
+    let mut child = h.spawn(&args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let live = loop {
+        let read = std::fs::read(state.join("live.json")).ok();
+        let live = read.and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        if let Some(live) = live.filter(|v| v["pages"].as_u64().unwrap_or(0) >= 20) {
+            break live;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(std::time::Instant::now() < deadline, "no pages in live.json");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        live["pages"].as_u64() > live["ok"].as_u64(),
+        "IDs of 500 pages: many pages an ID: {live}"
+    );
+    let status = h.run(&["status", "--state", p(&state)]);
+    status.expect_code(0);
+    assert!(
+        status.stdout.contains("pages:") && status.stdout.contains("answered this run"),
+        "{}",
+        status.stdout
+    );
+    signal(&child, libc::SIGTERM);
+    finish(child);
+}
