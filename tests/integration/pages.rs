@@ -393,7 +393,10 @@ fn status_and_the_live_snapshot_count_pages_while_a_paginated_run_goes_on() {
             break live;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        assert!(std::time::Instant::now() < deadline, "no pages in live.json");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pages in live.json"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(

@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 use super::{planned, Source};
 use crate::engine::dispatcher::Dispatcher;
 use crate::engine::error::EngineError;
-use crate::engine::item::{job_work, rerun_work, Item};
+use crate::engine::item::{job_work, rerun_work, with_marks, Item};
 use crate::engine::member::{FleetMember, Member};
 use crate::engine::planner::plan_fleet;
 use crate::engine::stop::Stop;
@@ -118,7 +118,8 @@ impl<S: Fleet> Source for Leased<S> {
                 counters.clone(),
             )));
         }
-        let dispatched = dispatch_leased(&*self.store, dispatcher, self.log, &stop).await;
+        let paged = self.spec.work.paginate().is_some();
+        let dispatched = dispatch_leased(&*self.store, dispatcher, self.log, paged, &stop).await;
         if let (Some(p), false) = (&self.planner, stop.is_stopping()) {
             // Finished (planned to its end) or failed: nothing is left to plan.
             p.abort();
@@ -148,12 +149,21 @@ async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
     log: Log,
+    paged: bool,
     stop: &Stop,
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
-    let dispatched =
-        lease_and_dispatch(store, dispatcher, log, stop, &mut idle, &mut next_key).await;
+    let dispatched = lease_and_dispatch(
+        store,
+        dispatcher,
+        log,
+        paged,
+        stop,
+        &mut idle,
+        &mut next_key,
+    )
+    .await;
     if stop.is_stopping() {
         // Draining: seen in `status` while what is held is finished or abandoned.
         if let Err(e) = store.drain().await {
@@ -171,11 +181,12 @@ async fn lease_and_dispatch<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
     log: Log,
+    paged: bool,
     stop: &Stop,
     idle: &mut Duration,
     next_key: &mut u64,
 ) -> Result<(), EngineError> {
-    let mut ahead = lease_ahead(store, log).await?;
+    let mut ahead = lease_ahead(store, log, paged).await?;
     while !stop.is_stopping() {
         if ahead.is_empty() {
             if store.log_finished(log).await? {
@@ -187,14 +198,14 @@ async fn lease_and_dispatch<S: Fleet>(
             }
             *idle = (*idle * 2).min(POLL_MAX);
             if !stop.is_stopping() {
-                ahead = lease_ahead(store, log).await?;
+                ahead = lease_ahead(store, log, paged).await?;
             }
             continue;
         }
         *idle = POLL_MIN;
         let these = std::mem::take(&mut ahead);
         let (next, dispatched) = tokio::join!(
-            lease_ahead(store, log),
+            lease_ahead(store, log, paged),
             dispatch_all(dispatcher, these, next_key)
         );
         match (next, dispatched) {
@@ -216,7 +227,12 @@ type Ahead = (Lease, Tally, Vec<Item>);
 
 /// Lease the next buckets of `log` (up to [`BUCKETS_PER_ACQUIRE`], none while the session is
 /// not surely alive) and read their unfinished items.
-async fn lease_ahead<S: Fleet>(store: &S, log: Log) -> Result<Vec<Ahead>, EngineError> {
+/// Items of a paginated job (`paged`) continue at the pages stored for them.
+async fn lease_ahead<S: Fleet>(
+    store: &S,
+    log: Log,
+    paged: bool,
+) -> Result<Vec<Ahead>, EngineError> {
     if !store.alive() {
         return Ok(Vec::new());
     }
@@ -226,7 +242,7 @@ async fn lease_ahead<S: Fleet>(store: &S, log: Log) -> Result<Vec<Ahead>, Engine
         let LeaseScope::Bucket { bucket, .. } = lease.scope else {
             continue;
         };
-        let (done, todo) = match log {
+        let (done, mut todo) = match log {
             Log::Job => match store.bucket(bucket).await? {
                 Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
                 None => continue,
@@ -239,6 +255,8 @@ async fn lease_ahead<S: Fleet>(store: &S, log: Log) -> Result<Vec<Ahead>, Engine
                 }
             }
         };
+        let generation = log.rerun().unwrap_or(0);
+        with_marks(store, paged, generation, &mut todo).await?;
         ahead.push((lease, done, todo));
     }
     Ok(ahead)

@@ -67,6 +67,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "usage",
         sql: include_str!("../../../migrations/0007_usage.sql"),
     },
+    Migration {
+        version: 8,
+        name: "pages",
+        sql: include_str!("../../../migrations/0008_pages.sql"),
+    },
 ];
 
 /// The advisory lock key all highwater migration runners take ("hw_schem").

@@ -71,6 +71,7 @@ mod leases;
 pub(crate) mod migrate;
 mod open;
 pub(crate) mod outage;
+mod pages;
 pub(crate) mod planner;
 pub(crate) mod quota;
 pub(crate) mod rate;

@@ -22,11 +22,12 @@ use super::error::PgError;
 use super::outage::Outage;
 use super::rows::{commit_record, malformed, spec_json};
 use super::state::{Inner, PgStore};
-use super::{buckets, history, items, job, learned, planner, quota, reruns, stats};
+use super::{buckets, history, items, job, learned, pages, planner, quota, reruns, stats};
 use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
 use crate::store::{
-    BadLine, BucketState, ItemRecord, Log, OffsetRecord, PlannedBucket, PlannerState, RerunBucket,
-    RerunBucketState, RerunOffset, RerunRecord, Store, StoreError, StoreStats, StoredJob,
+    BadLine, BucketState, ItemRecord, Log, OffsetRecord, PageMark, PageRecord, PlannedBucket,
+    PlannerState, RerunBucket, RerunBucketState, RerunOffset, RerunRecord, Store, StoreError,
+    StoreStats, StoredJob,
 };
 
 /// Run `$body` with the store's connection `$c` (or the one `$conn` gives) and its state
@@ -194,6 +195,43 @@ impl Store for PgStore {
                 synced => return synced.map_err(|e| self.inner.err(e)),
             }
         }
+    }
+
+    fn keeps_pages(&self) -> bool {
+        true
+    }
+
+    async fn record_pages(&self, pages: &[(String, PageRecord)]) -> Result<(), StoreError> {
+        let mut outage = Outage::default();
+        loop {
+            match self.inner.write_pages(pages).await {
+                Err(e) if outage.wait(&e).await => continue,
+                written => return written.map_err(|e| self.inner.err(e)),
+            }
+        }
+    }
+
+    async fn page_marks(
+        &self,
+        generation: u32,
+        ids: &[(u64, &str)],
+    ) -> Result<Vec<Option<PageMark>>, StoreError> {
+        with_client!(self, |c, i| {
+            pages::marks(&*c, i.job, generation, ids).await
+        })
+    }
+
+    async fn pages(
+        &self,
+        _row: u64,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> Result<Vec<PageRecord>, StoreError> {
+        with_client!(self, |c, i| {
+            pages::pages(&*c, i.job, id, generation, from, count).await
+        })
     }
 
     async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
