@@ -411,34 +411,34 @@ impl PagesLog {
     ) -> Result<Vec<Vec<u8>>, LogError> {
         let check = id_check(id);
         let mut group = None;
-        // Walk back to page `from`, keeping the positions of the pages from it on.
-        let mut found: Vec<(u32, Pos)> = Vec::new();
+        let end = u64::from(from) + u64::from(count);
+        // Walk back to page `from`, keeping the positions (8 bytes each) of the pages asked
+        // for: in the chain, a generation's pages go down one by one, or skip the missing.
+        let mut found: Vec<u64> = Vec::new();
         let mut cur = self.head(row)?;
         while let Some(pos) = cur {
             let (link, _) = self.link_at(pos, row, check, &mut group)?;
             if link.generation < generation || (link.generation == generation && link.page < from) {
                 break;
             }
-            if link.generation == generation {
-                found.push((link.page, pos));
+            if link.generation == generation && u64::from(link.page) < end {
+                found.push(pos.to_u64());
             }
             cur = link.prev;
         }
-        found.reverse();
-        let end = u64::from(from) + u64::from(count);
         let missing = |page: u64| {
             self.damaged(format!(
                 "page {page} of {id:?} (row {row}, generation {generation}) is missing"
             ))
         };
         let mut out = Vec::new();
-        let mut found = found.into_iter();
         for page in u64::from(from)..end {
-            let pos = match found.next() {
-                Some((number, pos)) if u64::from(number) == page => pos,
-                _ => return Err(missing(page)),
-            };
-            let (_, bytes) = self.link_at(pos, row, check, &mut group)?;
+            let pos = found.pop().ok_or_else(|| missing(page))?;
+            let (link, bytes) = self.link_at(Pos::from_u64(pos), row, check, &mut group)?;
+            // Numbered above `page`: the pages in between are missing.
+            if u64::from(link.page) != page {
+                return Err(missing(page));
+            }
             let g = group.as_ref().expect("read by link_at");
             out.push(g.payload[bytes].to_vec());
         }

@@ -354,3 +354,41 @@ fn a_head_pointing_at_another_rows_page_is_damage() {
     assert!(err.to_string().contains("holds row 1"), "{err}");
     check(&log, 0..3, 0..1);
 }
+
+/// Bytes `pages.log` holds beyond the items and next requests of `pages` pages written
+/// `per_write` at a time by IDs `id0..` of `ids` rows, each page's items `[1]` (kept raw).
+async fn overhead(ids: u64, pages: u32, per_write: usize) -> f64 {
+    let (dir, s) = store_of_one_row_buckets(ids).await;
+    let mut written = Vec::new();
+    for p in 0..pages {
+        for row in 0..ids {
+            let next = NextRequest::Query(vec![("page".into(), (p + 1).to_string())]);
+            let mut page = page(row, 0, p, "", false);
+            page.mark.next = Some(next);
+            page.mark.usage = None;
+            page.items = serde_json::value::to_raw_value(&[1]).unwrap();
+            written.push((format!("id{row}"), page));
+        }
+    }
+    for chunk in written.chunks(per_write) {
+        s.record_pages(chunk).await.unwrap();
+    }
+    s.sync().await.unwrap();
+    let payload: usize = written
+        .iter()
+        .map(|(_, p)| p.items.get().len() + serde_json::to_vec(&p.mark.next).unwrap().len())
+        .sum();
+    let len = fs::metadata(dir.path().join(LOG_FILE)).unwrap().len();
+    (len as f64 - payload as f64) / written.len() as f64
+}
+
+#[tokio::test]
+async fn a_page_costs_about_25_bytes_beyond_its_items_and_next_request() {
+    // 100 IDs' pages written together (a group of many pages), and one ID's pages written
+    // one at a time (a group each: its 8-byte header).
+    let together = overhead(100, 10, 100).await;
+    let alone = overhead(1, 200, 1).await;
+    eprintln!("bytes a page costs beyond its items and next request: {together:.1} written together, {alone:.1} alone");
+    assert!(together < 28.0, "{together}");
+    assert!(alone < 36.0, "{alone}");
+}
