@@ -1,5 +1,7 @@
-//! The pages of paginated IDs in a state directory ([`Store::record_pages`],
-//! [`Store::page_marks`], [`Store::pages`]): kept in the pages log
+//! The pages of paginated IDs in a state directory: the sled store's
+//! [`Store::record_pages`](crate::store::Store::record_pages),
+//! [`Store::page_marks`](crate::store::Store::page_marks) and
+//! [`Store::pages`](crate::store::Store::pages), kept in the pages log
 //! ([`pages_log`](super::pages_log)), which the first page written creates.
 //!
 //! The order that keeps a page from being lost while a record written after it is durable:
@@ -15,7 +17,7 @@ use super::{log_error, page_codec, SledStore};
 use crate::store::{ItemRecord, PageMark, PageRecord, StoreError};
 
 impl SledStore {
-    /// [`Store::record_pages`].
+    /// [`Store::record_pages`](crate::store::Store::record_pages).
     pub(super) fn write_pages(&self, pages: &[(String, PageRecord)]) -> Result<(), StoreError> {
         if pages.is_empty() {
             return Ok(());
@@ -50,7 +52,7 @@ impl SledStore {
         })
     }
 
-    /// [`Store::page_marks`].
+    /// [`Store::page_marks`](crate::store::Store::page_marks).
     pub(super) fn read_page_marks(
         &self,
         generation: u32,
@@ -72,7 +74,7 @@ impl SledStore {
             .collect()
     }
 
-    /// [`Store::pages`].
+    /// [`Store::pages`](crate::store::Store::pages).
     pub(super) fn read_pages(
         &self,
         row: u64,

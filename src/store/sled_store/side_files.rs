@@ -23,7 +23,7 @@ pub(super) struct SideSynced {
 
 /// Make the pages log (if any) and then the results log durable (and the ID index, if
 /// `index_due`): the blocking part of a sync. The pages log goes first, so that a record is
-/// never durable before the pages it counts (see [`pages`](super::pages)).
+/// never durable before the pages it counts (see [`super::pages`]).
 pub(super) fn side_sync(
     pages: Option<&PagesLog>,
     results: &ResultsLog,
