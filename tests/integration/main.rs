@@ -47,6 +47,7 @@ mod postgres_fleet;
 #[cfg(feature = "postgres")]
 mod postgres_rerun;
 mod power_cut;
+mod power_cut_pages;
 mod progress;
 mod quotas;
 mod refused_ids;

@@ -124,6 +124,12 @@ impl<'a> GroupWriter<'a> {
         Ok((start, (count - 1) as u16))
     }
 
+    /// Where in `buf` the group of the next record pushed starts (the open one, or a new one
+    /// at the end): a record can point at records before it relative to its own group.
+    pub(super) fn next_start(&self) -> usize {
+        self.open.map_or(self.buf.len(), |(start, _)| start)
+    }
+
     /// Close the open group (if any): write its header.
     pub(super) fn close(&mut self) {
         let Some((start, _)) = self.open.take() else {

@@ -10,6 +10,9 @@
 //!                      [`item_codec`])
 //! DIR/results.dict     the zstd dictionary of the bodies, once trained (see [`compression`])
 //! DIR/positions        input row → the row's current record in results.log
+//! DIR/pages.log        the pages of paginated IDs, created with the first (see [`pages_log`]
+//!                      and [`page_codec`])
+//! DIR/page_heads       input row → the row's last page in pages.log
 //! DIR/ids.idx          ID → row of its first occurrence (see [`id_index`])
 //! DIR/ids.log          the segments' and reruns' ID lists (see [`id_lists`])
 //! DIR/sled/            the sled database, trees:
@@ -19,6 +22,8 @@
 //!              the JSON), "lease" → u64 BE: the last lease token granted (absent: none),
 //!              "planner" → PlannerState JSON,
 //!              "results" → what of results.log is durable ([`Durable`]),
+//!              "pages" → what of pages.log is durable ([`Durable`]; absent: no pages.log,
+//!              or none of it durable yet),
 //!              "indexed" → u64 BE: buckets whose IDs are durable in ids.idx,
 //!              "quotas" → the job's quota usage (QuotaLedger JSON; absent: none used),
 //!              "learned" → the windows learnt from the API's refusals (JSON array of
@@ -65,11 +70,12 @@
 //! Durability: sled flushes on its own every 500 ms, but nothing here relies on that. A plan
 //! write is one multi-tree transaction (all of a batch of buckets or none). Callers order the
 //! writes with [`Store::sync`]: plans are synced before their items are dispatched; results
-//! are synced before their buckets' commit records are written. A sync makes the results log
-//! and the ID index durable first, then records in sled how far they are durable, then
-//! flushes sled: so a commit record (written after a sync) never names results that are not
-//! on disk, and an open knows where to replay the results log from and which buckets' IDs to
-//! index again.
+//! are synced before their buckets' commit records are written. A sync makes the pages log,
+//! then the results log and the ID index durable first, then records in sled how far they
+//! are durable, then flushes sled: so a commit record (written after a sync) never names
+//! results that are not on disk, and an open knows where to replay the logs from and which
+//! buckets' IDs to index again. A record that counts pages is appended only once the pages
+//! log is durable (see `pages.rs`).
 
 mod cache;
 mod codec;
@@ -80,8 +86,12 @@ pub(crate) mod id_index;
 pub(crate) mod id_lists;
 mod id_rows;
 mod item_codec;
+mod leases;
 mod log_groups;
 mod logs;
+mod page_codec;
+mod pages;
+pub(crate) mod pages_log;
 mod reruns;
 pub(crate) mod results_log;
 mod side_files;
@@ -96,6 +106,7 @@ use codec::*;
 use dir::*;
 use handle::*;
 use logs::*;
+use pages_log::{PagesLog, PagesSlot};
 use side_files::*;
 use sled_files::SledFiles;
 use upgrade::*;
@@ -155,6 +166,8 @@ pub struct SledStore {
     index: Arc<IdIndex>,
     /// The items' final records.
     results: Arc<ResultsLog>,
+    /// The pages of paginated IDs, once there are any.
+    pages: PagesSlot,
     /// The bodies' compression (and its dictionary).
     bodies: Arc<Compression>,
     /// The segments' ID lists.
@@ -298,6 +311,12 @@ impl SledStore {
             _ => Durable::default(),
         };
         let results = ResultsLog::open(path, durable).map_err(|e| log_error(path, e))?;
+        let pages_durable = match trees.meta.get(pages_log::META_KEY).map_err(sled_err)? {
+            Some(bytes) => Durable::from_bytes(&bytes)
+                .ok_or_else(|| corrupt("its record of the pages log is undecodable".into()))?,
+            None => Durable::default(),
+        };
+        let pages = PagesLog::open(path, pages_durable, false).map_err(|e| log_error(path, e))?;
         // Where the last ID list the offset log points at ends (in an upgrade, some lists may
         // still be inline in sled: look at all of them). A rerun's lists are appended when it
         // is created, in bucket order, after every list before them: the last one of the
@@ -369,6 +388,7 @@ impl SledStore {
             }),
             index: Arc::new(index),
             results: Arc::new(results),
+            pages: PagesSlot::new(pages),
             bodies,
             id_lists,
             indexed_at: std::sync::Mutex::new(std::time::Instant::now()),
@@ -490,20 +510,6 @@ impl SledStore {
     pub(super) fn corrupt(&self, reason: impl Into<String>) -> StoreError {
         StoreError::at(self.path.display(), StoreError::corrupt(reason))
     }
-
-    /// Refuse a lease this store does not hold (see [`Leases`]).
-    pub(super) fn check_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        if self.lease.load(Ordering::Acquire) == lease.token.0 {
-            return Ok(());
-        }
-        Err(StoreError::at(
-            self.path.display(),
-            StoreError::LeaseLost {
-                scope: format!("{:?}", lease.scope),
-                token: lease.token.0,
-            },
-        ))
-    }
 }
 
 impl Drop for SledStore {
@@ -622,6 +628,7 @@ impl Store for SledStore {
     async fn record(&self, results: &[(String, ItemRecord)]) -> Result<(), StoreError> {
         let _watch = watchdog::watch("writing results");
         self.record_dictionary().await?;
+        self.pages_before_record(results).await?;
         // The group's records encoded into one buffer: no allocation per record.
         let mut encoded = Vec::with_capacity(results.len() * 256);
         let mut ends = Vec::with_capacity(results.len());
@@ -652,19 +659,21 @@ impl Store for SledStore {
         // fdatasync blocks: off the async workers, which serve the HTTP calls meanwhile.
         let index_due = self.index_due(planned, false);
         let (results, index) = (self.results.clone(), self.index.clone());
+        let pages = self.pages.get();
         let side = watchdog::watch("syncing the results log");
-        let (durable, indexed) =
-            tokio::task::spawn_blocking(move || side_sync(&results, &index, index_due, false))
-                .await
-                .map_err(|e| {
-                    StoreError::at(
-                        self.path.display(),
-                        StoreError::backend(format!("syncing the results log: {e}")),
-                    )
-                })?;
+        let synced = tokio::task::spawn_blocking(move || {
+            side_sync(pages.as_deref(), &results, &index, index_due, false)
+        })
+        .await
+        .map_err(|e| {
+            StoreError::at(
+                self.path.display(),
+                StoreError::backend(format!("syncing the results log: {e}")),
+            )
+        })?;
         drop(side);
         let t = self.t()?;
-        self.note_side_files(&t, planned, durable, indexed)?;
+        self.note_side_files(&t, planned, synced)?;
         let (db, files) = (t.db.clone(), t.files.clone());
         drop(t);
         sled_files::flush_async(&db, &files)
@@ -688,6 +697,35 @@ impl Store for SledStore {
             );
         }
         Ok(())
+    }
+
+    fn keeps_pages(&self) -> bool {
+        true
+    }
+
+    async fn record_pages(&self, pages: &[(String, PageRecord)]) -> Result<(), StoreError> {
+        let _watch = watchdog::watch("writing pages");
+        self.record_dictionary().await?;
+        self.write_pages(pages)
+    }
+
+    async fn page_marks(
+        &self,
+        generation: u32,
+        ids: &[(u64, &str)],
+    ) -> Result<Vec<Option<PageMark>>, StoreError> {
+        self.read_page_marks(generation, ids)
+    }
+
+    async fn pages(
+        &self,
+        row: u64,
+        id: &str,
+        generation: u32,
+        from: u32,
+        count: u32,
+    ) -> Result<Vec<PageRecord>, StoreError> {
+        self.read_pages(row, id, generation, from, count)
     }
 
     async fn buckets(&self, from: u64, limit: usize) -> Result<Vec<BucketState>, StoreError> {
@@ -770,50 +808,5 @@ impl Store for SledStore {
         offset: &RerunOffset,
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         self.rerun_items(offset)
-    }
-}
-
-/// The state directory's flock is the lease: one process works on the job, so every scope
-/// is granted, under one token per acquisition (stored in sled, so tokens only grow across
-/// runs: the run number). A newer acquisition supersedes the older lease, whose commits are
-/// refused from then on, as are those of a released one.
-impl Leases for SledStore {
-    type Fleet = NoFleet;
-
-    async fn acquire(&self, scope: LeaseScope) -> Result<Option<Lease>, StoreError> {
-        let t = self.t()?;
-        let token = self.tokens.fetch_add(1, Ordering::AcqRel) + 1;
-        t.meta
-            .insert("lease", &token.to_be_bytes())
-            .map_err(|e| self.err(e))?;
-        self.lease.store(token, Ordering::Release);
-        Ok(Some(Lease {
-            scope,
-            token: LeaseToken(token),
-        }))
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.check_lease(lease)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let _ = self
-            .lease
-            .compare_exchange(lease.token.0, 0, Ordering::AcqRel, Ordering::Acquire);
-        Ok(())
-    }
-
-    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), StoreError> {
-        let _watch = watchdog::watch("writing commit records");
-        self.check_lease(lease)?;
-        match commit {
-            Commit::Job(commits) => self.commit_job(commits),
-            Commit::Rerun {
-                rerun,
-                buckets,
-                moved,
-            } => self.commit_rerun(rerun, buckets, moved),
-        }
     }
 }

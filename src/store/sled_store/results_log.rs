@@ -171,7 +171,7 @@ impl Who<'_> {
 }
 
 /// The check a compact entry keeps of its ID: 32 bits of its xxh3.
-fn id_check(id: &str) -> u32 {
+pub(super) fn id_check(id: &str) -> u32 {
     xxhash_rust::xxh3::xxh3_64(id.as_bytes()) as u32
 }
 
@@ -797,7 +797,7 @@ impl std::fmt::Display for StoredWho {
 }
 
 /// Read into `buf` until it is full or the reader ends; returns the bytes read.
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(super) fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match reader.read(&mut buf[got..]) {

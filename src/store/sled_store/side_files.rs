@@ -1,6 +1,7 @@
-//! Durability of the side files beside sled (the results log and the ID index): a sync makes
-//! them durable first (on the blocking pool), then records in sled how far they are; an open
-//! indexes again what a crash may have lost.
+//! Durability of the side files beside sled (the pages log, the results log and the ID
+//! index): a sync makes them durable first (on the blocking pool), the pages log before the
+//! results log, then records in sled how far they are; an open indexes again what a crash may
+//! have lost.
 
 use std::path::Path;
 
@@ -10,17 +11,34 @@ use super::*;
 /// the IDs of the buckets planned since.
 pub(super) const INDEX_SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Make the results log durable (and the ID index, if `index_due`): the blocking part of a
-/// sync. The index's result is there only if it was synced.
+/// What a sync made durable of the side files.
+pub(super) struct SideSynced {
+    /// The pages log's durable part, if the store has one.
+    pages: Option<Durable>,
+    /// The results log's.
+    results: Durable,
+    /// The ID index's sync, if it was due.
+    indexed: Option<std::io::Result<()>>,
+}
+
+/// Make the pages log (if any) and then the results log durable (and the ID index, if
+/// `index_due`): the blocking part of a sync. The pages log goes first, so that a record is
+/// never durable before the pages it counts (see [`super::pages`]).
 pub(super) fn side_sync(
+    pages: Option<&PagesLog>,
     results: &ResultsLog,
     index: &IdIndex,
     index_due: bool,
     force: bool,
-) -> (Result<Durable, LogError>, Option<std::io::Result<()>>) {
-    let durable = results.sync(force);
-    let indexed = (durable.is_ok() && index_due).then(|| index.sync());
-    (durable, indexed)
+) -> Result<SideSynced, LogError> {
+    let pages = pages.map(|p| p.sync(force)).transpose()?;
+    let results = results.sync(force)?;
+    let indexed = index_due.then(|| index.sync());
+    Ok(SideSynced {
+        pages,
+        results,
+        indexed,
+    })
 }
 
 pub(super) fn log_error(path: &Path, e: LogError) -> StoreError {
@@ -52,8 +70,8 @@ impl SledStore {
         }
     }
 
-    /// Make the results log and the ID index durable, and write into sled how far they are
-    /// (durable with sled's next flush). `planned`: the planned-bucket watermark read before
+    /// Make the pages log, the results log and the ID index durable, and write into sled how
+    /// far they are (durable with sled's next flush). `planned`: the planned-bucket watermark read before
     /// (every bucket below it had its IDs indexed before it was planned).
     pub(super) fn sync_side_files(
         &self,
@@ -62,8 +80,15 @@ impl SledStore {
         force: bool,
     ) -> Result<(), StoreError> {
         let index_due = self.index_due(planned, force);
-        let (durable, indexed) = side_sync(&self.results, &self.index, index_due, force);
-        self.note_side_files(t, planned, durable, indexed)
+        let pages = self.pages.get();
+        let synced = side_sync(
+            pages.as_deref(),
+            &self.results,
+            &self.index,
+            index_due,
+            force,
+        );
+        self.note_side_files(t, planned, synced)
     }
 
     /// Whether a sync should make the ID index durable: it can always be rebuilt from the
@@ -85,13 +110,15 @@ impl SledStore {
         &self,
         t: &Trees,
         planned: u64,
-        durable: Result<Durable, LogError>,
-        indexed: Option<std::io::Result<()>>,
+        synced: Result<SideSynced, LogError>,
     ) -> Result<(), StoreError> {
-        let durable = durable.map_err(|e| self.log_err(e))?;
+        let synced = synced.map_err(|e| self.log_err(e))?;
         let mut batch = sled::Batch::default();
-        batch.insert("results", &durable.to_bytes());
-        if let Some(indexed) = indexed {
+        if let Some(pages) = synced.pages {
+            batch.insert(pages_log::META_KEY, &pages.to_bytes());
+        }
+        batch.insert("results", &synced.results.to_bytes());
+        if let Some(indexed) = synced.indexed {
             indexed.map_err(|e| self.index_err(e))?;
             batch.insert("indexed", &planned.to_be_bytes());
             *self

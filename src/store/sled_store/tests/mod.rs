@@ -9,6 +9,7 @@ mod dictionary;
 mod flush;
 mod index;
 mod open;
+mod pages;
 mod reruns;
 mod segments;
 
