@@ -2,7 +2,8 @@
 //! that `concurrency` in the thousands gets its connections; holes punched in a sparse file; a
 //! lower priority for a background thread; whether a process exists; a state directory's
 //! lock (`flock`); a file mapped in memory (the ID index); and, for the exec handler's
-//! processes, a process group of their own and their death with highwater's. The platform
+//! processes, a process group of their own and their death with highwater's; the process's
+//! peak memory. The platform
 //! calls live here, behind `cfg(unix)` and `cfg(target_os = "linux")`; elsewhere the limit is
 //! left as it is and not checked, and a child is contained only by its attempt killing it.
 
@@ -278,6 +279,37 @@ pub(crate) unsafe fn unmap(ptr: std::ptr::NonNull<u8>, len: u64) {
     }
     #[cfg(not(unix))]
     let _ = (ptr, len);
+}
+
+/// The most memory the process has held resident so far (Linux's `VmHWM`), in bytes; none
+/// where the platform does not say.
+#[cfg(feature = "cli")]
+pub(crate) fn peak_memory() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: u64 = line
+            .trim_start_matches("VmHWM:")
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// `; peak memory N MiB` for a command's closing line, or nothing where it is not known.
+#[cfg(feature = "cli")]
+pub(crate) fn peak_memory_note() -> String {
+    peak_memory().map_or_else(String::new, |b| {
+        format!("; peak memory {} MiB", b.div_ceil(1 << 20))
+    })
 }
 
 #[cfg(test)]

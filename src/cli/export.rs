@@ -77,7 +77,11 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
                 sink::export_to_file(store, args.format, only, &columns, path).await
             }
             .with_context(|| format!("exporting to {}", path.display()))?;
-            say!("wrote {n} records to {}", path.display());
+            say!(
+                "wrote {n} records to {}{}",
+                path.display(),
+                crate::os::peak_memory_note()
+            );
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());

@@ -189,7 +189,7 @@ pub(crate) async fn rerun_in<S: Store + Leases>(
         .rerun(rerun.number)
         .run()
         .await?;
-    say!("{}", summary.render());
+    say!("{}{}", summary.render(), crate::os::peak_memory_note());
     let selection = flags(&rerun.selection);
     let r = store.rerun_stats(rerun.number).await?;
     say!(

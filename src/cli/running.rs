@@ -36,7 +36,7 @@ pub(crate) async fn run_job<S: Store + Leases>(
     let summary = cli_job(store, spec, handler, options, live, serving)
         .run()
         .await?;
-    say!("{}", summary.render());
+    say!("{}{}", summary.render(), crate::os::peak_memory_note());
     if let Some(halted) = &summary.halted {
         if !summary.job.finished() {
             say!("stopped: {halted}\nresume with: {resume}");

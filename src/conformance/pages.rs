@@ -4,7 +4,7 @@
 //! and a page missing from a range asked for is damage, never a shorter list.
 
 use super::backend::Backend;
-use super::fixtures::{planned, planner_at, result};
+use super::fixtures::{commit_of, lease, planned, planner_at, result};
 use crate::handler::paginate::NextRequest;
 use crate::store::*;
 
@@ -55,6 +55,8 @@ pub(super) async fn pages_are_durable_as_a_prefix_and_read_back_in_order<B: Back
     s.sync().await.unwrap();
     let ids = [(0, "a"), (1, "b"), (2, "c")];
     assert_eq!(s.page_marks(0, &ids).await.unwrap(), vec![None, None, None]);
+    // Pages are written under a lease, as results are (a fleet's backend drops the others).
+    let _lease = lease(&*s).await;
 
     // a: three pages synced, then a fourth not; b: two synced, one rewritten; c: none.
     let a: Vec<_> = (0..3)
@@ -127,6 +129,57 @@ pub(super) async fn pages_are_durable_as_a_prefix_and_read_back_in_order<B: Back
     );
 
     // A rerun's pages are another generation: the job's are neither replaced nor mixed in.
+    // The bucket is finished and committed first (a rerun takes IDs of committed buckets).
+    let l = lease(&*s).await;
+    let mut finals = Vec::new();
+    for (row, id, pages) in [(0, "a", 5), (1, "b", 2), (2, "c", 0)] {
+        let mut record = result(row, 0, true);
+        if pages > 0 {
+            record.body = None;
+            record.pages = Some(pages);
+        }
+        finals.push((id.to_string(), record));
+    }
+    s.record_pages(&[("a".into(), page(0, 0, 4, 2, 0, true))])
+        .await
+        .unwrap();
+    s.record(&finals).await.unwrap();
+    s.sync().await.unwrap();
+    let records: Vec<&ItemRecord> = finals.iter().map(|(_, r)| r).collect();
+    s.commit(&l, Commit::Job(&[commit_of(0, &records)]))
+        .await
+        .unwrap();
+    s.sync().await.unwrap();
+    s.release(&l).await.unwrap();
+    let rerun = RerunRecord {
+        number: 1,
+        selection: RerunSelection::Failed,
+        buckets: 1,
+        ids: 1,
+        created_at_ms: 0,
+    };
+    let bucket = RerunBucket {
+        offset: RerunOffset {
+            rerun: 1,
+            bucket: 0,
+            items: 1,
+            before: vec![JobBucketShare {
+                bucket: 0,
+                ok: 1,
+                failed: 0,
+                failed_by_class: Default::default(),
+                usage: Default::default(),
+            }],
+            planned_at_ms: 0,
+        },
+        items: vec![(1, "b".into())],
+        values: Vec::new(),
+    };
+    s.create_rerun(&rerun, std::slice::from_ref(&bucket))
+        .await
+        .unwrap();
+    s.sync().await.unwrap();
+    let _lease = lease(&*s).await;
     s.record_pages(&[("b".into(), page(1, 1, 0, 2, 1, true))])
         .await
         .unwrap();
@@ -137,6 +190,16 @@ pub(super) async fn pages_are_durable_as_a_prefix_and_read_back_in_order<B: Back
     s.record(&[("b".into(), record)]).await.unwrap();
     s.sync().await.unwrap();
     let s = b.crash(s);
+    let exported = finals_with_bodies(&*s).await;
+    assert_eq!(
+        exported,
+        vec![
+            ("a".to_string(), (0..8).collect::<Vec<u64>>()),
+            ("b".to_string(), vec![0]),
+            ("c".to_string(), vec![2]),
+        ],
+        "the export reads each ID's result from its pages, the rerun's for b"
+    );
     let again = s.pages(1, "b", 1, 0, 1).await.unwrap();
     assert_eq!((again.len(), again[0].generation), (1, 1));
     assert_eq!(
@@ -156,4 +219,24 @@ pub(super) async fn pages_are_durable_as_a_prefix_and_read_back_in_order<B: Back
         Err(e) if matches!(e.root(), StoreError::Corrupt { .. }) => {}
         other => panic!("a range past the last page must be Corrupt, got {other:?}"),
     }
+}
+
+/// Every final record's result as the export reads it: its items' `k` (a page's), or a plain
+/// body's number (the fixtures' bodies are their rows).
+async fn finals_with_bodies<S: Store>(s: &S) -> Vec<(String, Vec<u64>)> {
+    let mut out = Vec::new();
+    s.for_each_final(&mut |id, r| {
+        let body: serde_json::Value = serde_json::from_str(r.body.as_ref().unwrap().get()).unwrap();
+        let ks = match body {
+            serde_json::Value::Array(items) => {
+                items.iter().map(|i| i["k"].as_u64().unwrap()).collect()
+            }
+            other => vec![other.as_u64().unwrap()],
+        };
+        out.push((id.to_string(), ks));
+        Ok(())
+    })
+    .await
+    .unwrap();
+    out
 }

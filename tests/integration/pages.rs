@@ -413,3 +413,164 @@ fn status_and_the_live_snapshot_count_pages_while_a_paginated_run_goes_on() {
     signal(&child, libc::SIGTERM);
     finish(child);
 }
+#[test]
+fn a_40_page_id_killed_at_page_30_resumes_at_the_page_it_was_on_not_at_page_1() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(3),
+        latency_max: Duration::from_millis(5),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let id = "p2000-long".to_string();
+    let input = h.ids_file("ids.txt", std::slice::from_ref(&id));
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+        "--concurrency",
+        "1",
+    ]);
+    let mut child = h.spawn(&args);
+    assert!(
+        h.wait_for_calls(&mut child, 30),
+        "the run ended before page 30"
+    );
+    signal(&child, libc::SIGKILL);
+    finish(child);
+    let before = h.api.calls(&id);
+    h.resume(&state, &[]).expect_code(0);
+    check_items(&h, &h.export(&state), std::slice::from_ref(&id));
+    check_resumed_after_its_last_durable_page(&h, &id, before);
+}
+
+/// `id`'s 40 pages, `before` of them asked for by a run killed then, were asked for again
+/// from after its last durable page, not from its first: every page before that once,
+/// every page from it to where the kill came twice, the rest once.
+#[track_caller]
+fn check_resumed_after_its_last_durable_page(h: &Harness, id: &str, before: u64) {
+    // How often each page was asked for, by its number (1 for the first, which has no
+    // cursor; the cursor is the first item's index).
+    let mut asked = vec![0u32; 40];
+    for request in h.api.seen(id) {
+        let page = match request.target.split("cursor=k").nth(1) {
+            None => 0,
+            Some(k) => k.split('&').next().unwrap().parse::<u64>().unwrap() / SIZE,
+        };
+        asked[page as usize] += 1;
+    }
+    let resumed_at = asked
+        .iter()
+        .position(|&n| n == 2)
+        .expect("some page was in flight or not yet durable at the kill");
+    let killed_after = before as usize;
+    assert!(
+        resumed_at > 0,
+        "the resume starts again at page 1: {asked:?}"
+    );
+    assert!(
+        asked[..resumed_at].iter().all(|&n| n == 1)
+            && asked[resumed_at..killed_after].iter().all(|&n| n == 2)
+            && asked[killed_after..].iter().all(|&n| n == 1),
+        "pages asked for: {asked:?}, killed after {killed_after}"
+    );
+}
+
+#[test]
+fn a_40_page_id_killed_at_page_30_resumes_there_in_postgresql_too() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(3),
+        latency_max: Duration::from_millis(5),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let id = "p2000-long".to_string();
+    let input = h.ids_file("ids.txt", std::slice::from_ref(&id));
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let fleet = crate::fleet::Fleet::new(&h, "pages");
+    let flags = [
+        "--url",
+        &url,
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+        "--concurrency",
+        "1",
+        "--lease-ttl",
+        "2s",
+        "--progress-interval",
+        "0",
+    ];
+    let mut worker = fleet.create(&input, &flags);
+    assert!(
+        h.wait_for_calls(&mut worker, 30),
+        "the run ended before page 30"
+    );
+    signal(&worker, libc::SIGKILL);
+    finish(worker);
+    let before = h.api.calls(&id);
+    // The killed worker's lease lapses; the next worker takes the bucket over.
+    let again = finish(fleet.create(&input, &flags));
+    again.expect_code(0);
+    check_items(&h, &fleet.export(), std::slice::from_ref(&id));
+    check_resumed_after_its_last_durable_page(&h, &id, before);
+}
+
+/// The peak memory (MiB) a command's closing line reports (`; peak memory N MiB`): the
+/// process's own figure, read from the kernel as it ends (a child reaped with wait4 would
+/// report the test process's peak as well, which it shared until its exec).
+#[track_caller]
+fn peak_mib(run: &Run) -> u64 {
+    run.stderr
+        .split("peak memory ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory said: {}", run.stderr))
+}
+
+#[test]
+fn one_id_of_200000_items_runs_and_exports_in_under_150_mb() {
+    let h = Harness::new(ApiConfig::fast());
+    let id = "p200000-big".to_string();
+    let input = h.ids_file("ids.txt", std::slice::from_ref(&id));
+    let url = format!("{}?limit=1000", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend([
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+    ]);
+    let run = h.run(&args);
+    run.expect_code(0);
+    assert_eq!(h.api.calls(&id), 200, "200 pages of 1,000");
+    let output = h.path("export.jsonl");
+    let export = h.run(&["export", "--state", p(&state), "--output", p(&output)]);
+    export.expect_code(0);
+    const MOST_MIB: u64 = 150;
+    assert!(peak_mib(&run) < MOST_MIB, "the run: {}", run.stderr);
+    assert!(
+        peak_mib(&export) < MOST_MIB,
+        "the export: {}",
+        export.stderr
+    );
+    let text = std::fs::read_to_string(&output).unwrap();
+    let record: Value = serde_json::from_str(text.trim()).unwrap();
+    let body = record["body"].as_array().expect("the items");
+    assert_eq!(body.len(), 200_000);
+    for (k, item) in body.iter().enumerate() {
+        assert_eq!(item["k"], k, "item {k} in order");
+    }
+}
