@@ -178,12 +178,12 @@ impl RunView {
         let window = since.at.elapsed();
         let rows_per_second = per_second(f.rows_done.saturating_sub(since.rows_done), window);
         // The quotas' waits are part of the time left: at the least, what their windows
-        // take to free a call for every row left.
+        // take to free the calls the rows left will make.
         let quotas = self.counters.quota_states();
         let eta_seconds = match (f.eta(self.total_rows(), rows_per_second), quotas.is_empty()) {
             (eta, true) => eta,
             (eta, false) => self.total_rows().and_then(|total| {
-                let left = total.saturating_sub(f.rows_done);
+                let left = calls_left(total.saturating_sub(f.rows_done), run);
                 let wait = crate::quota::least_wait(&quotas, left, now_ms())?;
                 Some(eta.unwrap_or(0).max(wait))
             }),
@@ -698,9 +698,34 @@ fn count_rows(view: Arc<RunView>, input: InputSpec, counting: Arc<AtomicBool>) {
     }
 }
 
+/// The calls `rows` rows left will make, at this run's calls per finished item so far (at
+/// least one each): an ID of a paginated job is a call per page, and retries are calls too.
+fn calls_left(rows: u64, run: &CounterSnapshot) -> u64 {
+    let done = run.done();
+    if done == 0 || run.attempts <= done {
+        return rows;
+    }
+    let per_item = run.attempts as f64 / done as f64;
+    (rows as f64 * per_item).ceil() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_calls_left_count_each_finished_items_calls() {
+        let run = |attempts, ok| CounterSnapshot {
+            attempts,
+            ok,
+            ..CounterSnapshot::default()
+        };
+        assert_eq!(calls_left(100, &run(0, 0)), 100, "nothing finished: a call a row");
+        assert_eq!(calls_left(100, &run(90, 100)), 100, "never fewer than a call a row");
+        // A paginated job whose IDs took 40 pages each.
+        assert_eq!(calls_left(100, &run(400, 10)), 4000);
+        assert_eq!(calls_left(3, &run(5, 2)), 8);
+    }
 
     #[test]
     fn the_live_speed_and_the_eta_come_from_the_last_minute_the_average_from_the_run() {
