@@ -330,6 +330,14 @@ fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
     }
     h.resume(&state, &[]).expect_code(0);
     check_items(&h, &h.export(&state), &ids);
+    // What a kill repeats is bounded as for items: what was in flight or not yet durable.
+    let clean = 24 * 40;
+    let most = clean + 2 * highwater::engine::max_unsynced_items(4) as u64;
+    assert!(
+        h.api.total_calls() <= most,
+        "{} page calls, at most {most}",
+        h.api.total_calls()
+    );
 }
 
 #[test]
@@ -573,4 +581,51 @@ fn one_id_of_200000_items_runs_and_exports_in_under_150_mb() {
     for (k, item) in body.iter().enumerate() {
         assert_eq!(item["k"], k, "item {k} in order");
     }
+}
+
+#[test]
+fn a_paginated_id_that_failed_is_rerun_from_its_first_page_and_exported_whole() {
+    let h = Harness::new(ApiConfig {
+        page_unavailable_once: Some(3),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let ids: Vec<String> = ["p200-a", "p20-b"].map(String::from).to_vec();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let flags = [
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+        "--max-attempts",
+        "1",
+    ];
+    // a's page 3 answers 503 once, and one attempt is all a page gets: a fails there.
+    h.run_new(&state, &input, &url, &flags).expect_code(3);
+    let export = h.export(&state);
+    assert_eq!(export[0]["status"], "failed", "{}", export[0]);
+    assert!(
+        export[0]["error"].as_str().unwrap().starts_with("page 3: HTTP 503"),
+        "{}",
+        export[0]
+    );
+    assert_eq!(export[1]["status"], "ok");
+    // The rerun asks for a's pages again from the first, in pages of its own.
+    h.run(&["rerun", "--state", p(&state), "--failed"])
+        .expect_code(0);
+    let export = h.export(&state);
+    check_items(&h, &export, &ids);
+    assert_eq!(export[0]["rerun"], 1, "{}", export[0]);
+    let first_pages = h
+        .api
+        .seen("p200-a")
+        .iter()
+        .filter(|r| !r.target.contains("cursor="))
+        .count();
+    assert_eq!(first_pages, 2, "the run's first page, and the rerun's");
+    assert_eq!(h.api.calls("p200-a"), 3 + 4, "three pages, then four");
 }
