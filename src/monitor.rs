@@ -720,8 +720,16 @@ mod tests {
             ok,
             ..CounterSnapshot::default()
         };
-        assert_eq!(calls_left(100, &run(0, 0)), 100, "nothing finished: a call a row");
-        assert_eq!(calls_left(100, &run(90, 100)), 100, "never fewer than a call a row");
+        assert_eq!(
+            calls_left(100, &run(0, 0)),
+            100,
+            "nothing finished: a call a row"
+        );
+        assert_eq!(
+            calls_left(100, &run(90, 100)),
+            100,
+            "never fewer than a call a row"
+        );
         // A paginated job whose IDs took 40 pages each.
         assert_eq!(calls_left(100, &run(400, 10)), 4000);
         assert_eq!(calls_left(3, &run(5, 2)), 8);

@@ -609,7 +609,10 @@ fn a_paginated_id_that_failed_is_rerun_from_its_first_page_and_exported_whole() 
     let export = h.export(&state);
     assert_eq!(export[0]["status"], "failed", "{}", export[0]);
     assert!(
-        export[0]["error"].as_str().unwrap().starts_with("page 3: HTTP 503"),
+        export[0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("page 3: HTTP 503"),
         "{}",
         export[0]
     );

@@ -1,6 +1,8 @@
 //! The HTTP handler's unit tests: templates, statuses, Retry-After, URLs.
 
+use super::compiled::UrlTemplate;
 use super::*;
+use crate::handler::template::IdEncoding;
 
 fn env(name: &str) -> Option<String> {
     match name {
