@@ -19,6 +19,7 @@ mod exit;
 mod export;
 mod failures;
 mod flags;
+mod job_flags;
 mod report;
 mod rerun;
 mod run;
