@@ -632,3 +632,36 @@ fn a_paginated_id_that_failed_is_rerun_from_its_first_page_and_exported_whole() 
     assert_eq!(first_pages, 2, "the run's first page, and the rerun's");
     assert_eq!(h.api.calls("p200-a"), 3 + 4, "three pages, then four");
 }
+
+#[test]
+fn each_page_is_a_call_of_the_jobs_quota_and_a_spent_quota_leaves_ids_mid_way() {
+    let h = Harness::new(ApiConfig::fast());
+    let ids: Vec<String> = (0..3).map(|i| format!("p200-{i}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let paging = [
+        "--paginate",
+        "cursor=.next_cursor",
+        "--page-param",
+        "cursor",
+        "--items",
+        ".data[]",
+        "--concurrency",
+        "2",
+    ];
+    let mut flags = paging.to_vec();
+    flags.extend(["--quota", "6/job"]);
+    // Three IDs of four pages: the quota of six calls is spent mid-way.
+    h.run_new(&state, &input, &url, &flags).expect_code(5);
+    assert_eq!(h.api.total_calls(), 6, "a page is a call of the quota");
+    let mut flags = paging.to_vec();
+    flags.extend(["--quota", "100/job"]);
+    h.resume(&state, &flags).expect_code(0);
+    check_items(&h, &h.export(&state), &ids);
+    assert_eq!(
+        h.api.total_calls(),
+        12,
+        "the IDs left mid-way continue at their next page"
+    );
+}
