@@ -321,6 +321,9 @@ fn describe(next: &NextRequest) -> String {
     const MOST: usize = 200;
     let text = match next {
         NextRequest::Url(url) => url.clone(),
+        NextRequest::UrlKeeping { url, first } => {
+            format!("{url} (with {} of the first request)", first.join(", "))
+        }
         NextRequest::Query(pairs) => pairs
             .iter()
             .map(|(k, v)| format!("{k}={v}"))

@@ -665,3 +665,42 @@ fn each_page_is_a_call_of_the_jobs_quota_and_a_spent_quota_leaves_ids_mid_way() 
         "the IDs left mid-way continue at their next page"
     );
 }
+
+#[test]
+fn a_next_link_that_repeats_the_api_key_of_the_first_request_is_followed_and_never_stored() {
+    const KEY: &str = "hw-page-key-7f3a9c";
+    let h = Harness::new(ApiConfig::fast());
+    h.api.keep_requests();
+    let ids: Vec<String> = vec!["p130-a".into()];
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!(
+        "{}?per_page={SIZE}&key=${{HW_PAGE_KEY}}",
+        h.api.pages_link_url_template()
+    );
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(["--paginate", "link", "--items", ".[]"]);
+    h.run_env(&args, &[("HW_PAGE_KEY", KEY)], &[])
+        .expect_code(0);
+    check_items(&h, &h.export(&state), &ids);
+    let targets: Vec<String> = h.api.seen("p130-a").into_iter().map(|r| r.target).collect();
+    assert_eq!(targets.len(), 3, "{targets:?}");
+    assert!(
+        targets
+            .iter()
+            .all(|t| t.replace("%2D", "-").contains(&format!("key={KEY}"))),
+        "every page is asked for with the key: {targets:?}"
+    );
+    // As written, and percent-encoded as the API's links carry it.
+    let encoded = KEY.replace('-', "%2D");
+    for file in files_under(&state) {
+        let bytes = std::fs::read(&file).unwrap();
+        for form in [KEY, encoded.as_str()] {
+            assert!(
+                !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
+                "{} holds the key ({form})",
+                file.display()
+            );
+        }
+    }
+}

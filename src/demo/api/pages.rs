@@ -8,7 +8,7 @@
 //!
 //! - `GET /pages/link/{id}?page=N&per_page=M` (`page` from 1): a JSON array, with a `Link`
 //!   header whose links are relative: `rel="next"` to the next page (none on the last page)
-//!   and `rel="last"`.
+//!   and `rel="last"`, each with the request's other query parameters.
 //! - `GET /pages/cursor/{id}?cursor=C&limit=M`: `{"data": [...], "has_more": b,
 //!   "next_cursor": C'}`, `next_cursor` `""` on the last page; no cursor is the first page.
 //!   `POST` takes the cursor and the size in a JSON body instead: `{"cursor": C, "limit": M}`.
@@ -195,7 +195,21 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
             let mut resp = json_response(&serde_json::Value::Array(items));
             let last = count.div_ceil(size).max(1);
             let encoded = utf8_percent_encode(&id, NON_ALPHANUMERIC).to_string();
-            let at = |n: u64| format!("</pages/link/{encoded}?page={n}&per_page={size}>");
+            // The request's other parameters are kept in the links, as many APIs keep them
+            // (an API key among them).
+            let others: String = query
+                .0
+                .iter()
+                .filter(|(k, _)| k != "page" && k != "per_page")
+                .map(|(k, v)| {
+                    format!(
+                        "&{}={}",
+                        utf8_percent_encode(k, NON_ALPHANUMERIC),
+                        utf8_percent_encode(v, NON_ALPHANUMERIC)
+                    )
+                })
+                .collect();
+            let at = |n: u64| format!("</pages/link/{encoded}?page={n}&per_page={size}{others}>");
             let mut links = Vec::new();
             if more {
                 links.push(format!("{}; rel=\"next\"", at(looped.unwrap_or(page + 1))));

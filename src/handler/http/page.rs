@@ -5,7 +5,7 @@
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
-use super::target::{paging_failure, PageTarget};
+use super::target::{paging_failure, storable, PageTarget};
 use super::{Fill, HttpHandler};
 use crate::failure::{ErrorClass, Failure};
 use crate::handler::error::HandlerError;
@@ -86,6 +86,9 @@ impl HttpHandler {
         let items = pager.items(&seen).map_err(paging_failure)?;
         let count = u32::try_from(items.len()).unwrap_or(u32::MAX);
         let next = pager.next(&first, &seen, count).map_err(paging_failure)?;
+        let next = next
+            .map(|next| storable(next, &first, &self.secrets))
+            .transpose()?;
         let items = serde_json::value::to_raw_value(&items).expect("JSON values serialize");
         Ok(Page {
             items,

@@ -83,6 +83,16 @@ pub enum NextRequest {
     Query(Vec<(String, String)>),
     /// The first request's body with these fields set, by dotted path.
     Body(Vec<(String, Value)>),
+    /// Another URL (as [`NextRequest::Url`]) whose query parameters named in `first` are
+    /// the first request's, as rendered for each request: the form a next URL is kept in
+    /// when it repeats a parameter of the first request (an API key in the query, which is
+    /// then never stored).
+    UrlKeeping {
+        /// The URL without those parameters.
+        url: String,
+        /// The names of the parameters taken from the first request, in order.
+        first: Vec<String>,
+    },
 }
 
 /// A paginated job's settings that do not fit together or do not parse.

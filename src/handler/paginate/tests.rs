@@ -538,7 +538,9 @@ mod against_the_fake_api {
                 None => return (seen, pages),
                 Some(NextRequest::Url(next)) => reqwest::Url::parse(&next).unwrap(),
                 Some(NextRequest::Query(pairs)) => set_query(&first, &pairs),
-                Some(NextRequest::Body(_)) => panic!("no body on these routes"),
+                Some(NextRequest::Body(_) | NextRequest::UrlKeeping { .. }) => {
+                    panic!("the pager gives neither a body nor a kept URL on these routes")
+                }
             };
         }
     }
