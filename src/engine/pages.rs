@@ -24,6 +24,9 @@
 //!   next request stored with that page: never at the first;
 //! - any other store gets the items joined into the ID's body, held until its last page (at
 //!   most [`MAX_HELD_BYTES`]); a run stopped mid-ID asks for its pages again from the first.
+//!
+//! A fleet's worker whose lease on the ID's bucket is lost mid-ID asks for no more of its
+//! pages: the bucket's new owner continues the ID from its durable pages.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -163,6 +166,11 @@ impl<H: Handler> ItemTask<H> {
             match page.next {
                 None => return (joined.done(), stored),
                 Some(next) => at = at.after(page.count, next),
+            }
+            // The bucket's lease lost mid-ID: its new owner continues the ID.
+            if let Some(lease) = item.lease.as_ref().filter(|l| !self.fleet.holds(l)) {
+                tracing::debug!(id, ?lease.scope, "pages left to the bucket's new owner");
+                return (ItemOutcome::Abandoned, None);
             }
         }
     }
