@@ -13,6 +13,16 @@ use crate::harness::*;
 /// Items a full page holds in these tests (the fake API's default too).
 const SIZE: u64 = 50;
 
+/// The flags of a job paging by the fake API's cursor, in the query.
+const CURSOR: [&str; 6] = [
+    "--paginate",
+    "cursor=.next_cursor",
+    "--page-param",
+    "cursor",
+    "--items",
+    ".data[]",
+];
+
 /// IDs of every shape of list: empty, one item, one full page, a short last page, 40 pages,
 /// the default count (120), and one that needs encoding in a URL.
 fn shapes() -> Vec<String> {
@@ -242,14 +252,7 @@ fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
         .to_vec();
     let input = h.ids_file("loop.txt", &ids);
     let state = h.path("state-loop");
-    let cursor = [
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-    ];
+    let cursor = CURSOR;
     h.run_new(&state, &input, &cursor_url, &cursor)
         .expect_code(3);
     let export = failed(&state, "p1000-loop-b", "the pages loop");
@@ -306,16 +309,8 @@ fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
     let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let state = h.state();
     let mut args = new_job_args(&state, &input, &url);
-    args.extend([
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-        "--concurrency",
-        "4",
-    ]);
+    args.extend(CURSOR);
+    args.extend(["--concurrency", "4"]);
     // Killed twice, each time mid-way through IDs of 40 pages.
     for calls in [150, 500] {
         let mut child = h.spawn(&args);
@@ -434,16 +429,8 @@ fn a_40_page_id_killed_at_page_30_resumes_at_the_page_it_was_on_not_at_page_1() 
     let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let state = h.state();
     let mut args = new_job_args(&state, &input, &url);
-    args.extend([
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-        "--concurrency",
-        "1",
-    ]);
+    args.extend(CURSOR);
+    args.extend(["--concurrency", "1"]);
     let mut child = h.spawn(&args);
     assert!(
         h.wait_for_calls(&mut child, 30),
@@ -502,21 +489,18 @@ fn a_40_page_id_killed_at_page_30_resumes_there_in_postgresql_too() {
     let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let fleet = crate::fleet::Fleet::new(&h, "pages");
     let flags = [
-        "--url",
-        &url,
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-        "--concurrency",
-        "1",
-        "--lease-ttl",
-        "2s",
-        "--progress-interval",
-        "0",
-    ];
+        &["--url", url.as_str()][..],
+        &CURSOR[..],
+        &[
+            "--concurrency",
+            "1",
+            "--lease-ttl",
+            "2s",
+            "--progress-interval",
+            "0",
+        ],
+    ]
+    .concat();
     let mut worker = fleet.create(&input, &flags);
     assert!(
         h.wait_for_calls(&mut worker, 30),
@@ -553,14 +537,7 @@ fn one_id_of_200000_items_runs_and_exports_in_under_150_mb() {
     let url = format!("{}?limit=1000", h.api.pages_cursor_url_template());
     let state = h.state();
     let mut args = new_job_args(&state, &input, &url);
-    args.extend([
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-    ]);
+    args.extend(CURSOR);
     let run = h.run(&args);
     run.expect_code(0);
     assert_eq!(h.api.calls(&id), 200, "200 pages of 1,000");
@@ -594,16 +571,7 @@ fn a_paginated_id_that_failed_is_rerun_from_its_first_page_and_exported_whole() 
     let input = h.ids_file("ids.txt", &ids);
     let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let state = h.state();
-    let flags = [
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-        "--max-attempts",
-        "1",
-    ];
+    let flags = [&CURSOR[..], &["--max-attempts", "1"]].concat();
     // a's page 3 answers 503 once, and one attempt is all a page gets: a fails there.
     h.run_new(&state, &input, &url, &flags).expect_code(3);
     let export = h.export(&state);
@@ -640,16 +608,7 @@ fn each_page_is_a_call_of_the_jobs_quota_and_a_spent_quota_leaves_ids_mid_way() 
     let input = h.ids_file("ids.txt", &ids);
     let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let state = h.state();
-    let paging = [
-        "--paginate",
-        "cursor=.next_cursor",
-        "--page-param",
-        "cursor",
-        "--items",
-        ".data[]",
-        "--concurrency",
-        "2",
-    ];
+    let paging = [&CURSOR[..], &["--concurrency", "2"]].concat();
     let mut flags = paging.to_vec();
     flags.extend(["--quota", "6/job"]);
     // Three IDs of four pages: the quota of six calls is spent mid-way.
