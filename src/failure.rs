@@ -15,7 +15,8 @@
 //! | `TooMany` | retried (backoff, or `after`); uses no attempt, only retry time | slows down | an answer |
 //! | `Unreachable` | retried (backoff, or `after`) | - | evidence the API is out |
 //! | `TimedOut` | retried (backoff) | slows down | evidence the API is out |
-//! | `Renewed` | retried at once; uses no attempt and no retry time (at most `MAX_RENEWED_RETRIES` in a row) | an answer | an answer |
+//! | `Renewed` | retried at once; uses no attempt and no retry time (at most `MAX_RENEWALS` in a row) | an answer | an answer |
+//! | `RenewedAlone` | the same, but at most `MAX_RENEWED_ALONE` between other errors: then it fails | an answer | an answer |
 //! | `CredentialRejected` | stays pending: the run stops | - | - |
 //! | `OutOfCredit` | stays pending: the run stops | - | - |
 //!
@@ -137,6 +138,10 @@ pub enum Next {
     /// (see [`crate::credential`]): try again at once with the new value. Not the ID's
     /// doing: it uses no attempt and no retry time.
     Renewed,
+    /// As [`Next::Renewed`], but the refused value was accepted for a request made after
+    /// this one: it had not expired, so the refusal may be the ID's own (an API that answers
+    /// 401 for it alone). Tried again at once, a few times at most, then the ID fails.
+    RenewedAlone,
     /// The job's credential is rejected (refused again right after its renewal, or its
     /// source refuses the client): the run stops, the ID stays pending, and a resume once
     /// the credential is fixed calls it.
@@ -148,9 +153,16 @@ pub enum Next {
     OutOfCredit,
 }
 
-/// How many [`Next::Renewed`] retries in a row an item gets: past them, a refusal that a
-/// fresh credential does not cure (an API that answers 401 for this ID alone) fails the ID.
-pub(crate) const MAX_RENEWED_RETRIES: u32 = 3;
+/// How many [`Next::RenewedAlone`] retries an item gets between other errors: past them, a
+/// refusal that a fresh credential does not cure (an API that answers 401 for this ID alone)
+/// fails the ID.
+pub(crate) const MAX_RENEWED_ALONE: u32 = 3;
+
+/// How many renewed retries ([`Next::Renewed`] or [`Next::RenewedAlone`]) in a row an item
+/// gets. Each one follows a refusal of a value that had expired for every request, so this
+/// many means values live for less than one of this item's requests: the ID fails rather
+/// than loop.
+pub(crate) const MAX_RENEWALS: u32 = 100;
 
 impl Next {
     /// Whether the attempt is worth another one, and when: `None` for permanent (and for a
@@ -159,7 +171,7 @@ impl Next {
     pub fn retry_after(self) -> Option<Option<Duration>> {
         match self {
             Next::Permanent | Next::CredentialRejected | Next::OutOfCredit => None,
-            Next::Renewed => Some(Some(Duration::ZERO)),
+            Next::Renewed | Next::RenewedAlone => Some(Some(Duration::ZERO)),
             Next::Retry { after }
             | Next::Pushback { after }
             | Next::TooMany { after }

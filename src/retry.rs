@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff;
 
-use crate::failure::{AttemptNote, Failure, Next, MAX_RENEWED_RETRIES};
+use crate::failure::{AttemptNote, Failure, Next, MAX_RENEWALS, MAX_RENEWED_ALONE};
 use crate::handler::Output;
 use crate::spec::RetryPolicy;
 
@@ -63,8 +63,9 @@ pub(crate) enum Charge {
 /// time), or `None` when it gave up before sending (the run is stopping);
 /// free attempts (during an outage) neither use up attempts nor advance the backoff, and
 /// refused ones (429) use up retry time but no attempt. An attempt whose credential was
-/// renewed ([`Next::Renewed`]) is made again at once, using neither, up to
-/// [`MAX_RENEWED_RETRIES`] times in a row (then the refusal is the ID's: it fails). `stopping` resolves when the run is
+/// renewed ([`Next::Renewed`]) is made again at once, using neither, up to [`MAX_RENEWALS`]
+/// times in a row, and [`MAX_RENEWED_ALONE`] times when the refused value still worked for
+/// later requests (then the refusal is the ID's: it fails). `stopping` resolves when the run is
 /// shutting down: the loop then gives up instead of waiting for a backoff to pass, and the
 /// item is [`ItemOutcome::Abandoned`].
 pub(crate) async fn run<T, F, Fut, S>(
@@ -90,6 +91,7 @@ where
     let mut made = 0;
     let mut charged_time = Duration::ZERO;
     let mut renewed = 0;
+    let mut alone = 0;
     let mut errors = Vec::new();
     loop {
         made += 1;
@@ -106,7 +108,7 @@ where
             }
             Err(error) => error,
         };
-        let renewal = error.next == Next::Renewed;
+        let renewal = matches!(error.next, Next::Renewed | Next::RenewedAlone);
         errors.push(AttemptNote {
             class: error.class,
             http_status: error.status,
@@ -114,7 +116,8 @@ where
         });
         if renewal {
             renewed += 1;
-            if renewed > MAX_RENEWED_RETRIES {
+            alone += u32::from(error.next == Next::RenewedAlone);
+            if renewed > MAX_RENEWALS || alone > MAX_RENEWED_ALONE {
                 return ItemOutcome::Failed {
                     error,
                     attempts: made,
@@ -124,6 +127,7 @@ where
             continue;
         }
         renewed = 0;
+        alone = 0;
         let wait = match (error.next.retry_after(), charge) {
             (None, _) => {
                 return ItemOutcome::Failed {
@@ -349,13 +353,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_renewed_credential_is_retried_at_once_and_free_a_few_times_in_a_row() {
-        let renewed = || {
-            Err(Failure {
-                next: Next::Renewed,
-                ..http(401)
-            })
-        };
+    async fn a_renewed_credential_is_retried_at_once_and_free_a_few_times_alone() {
+        let refused = |next| Err(Failure { next, ..http(401) });
         let mut p = policy(1);
         p.initial = Duration::from_secs(3600);
         p.max_elapsed = Duration::from_millis(1);
@@ -364,7 +363,11 @@ mod tests {
             &p,
             |n| async move {
                 Some((
-                    if n <= 2 { renewed() } else { Ok(ok()) },
+                    if n <= 2 {
+                        refused(Next::RenewedAlone)
+                    } else {
+                        Ok(ok())
+                    },
                     Charge::Counted,
                     Duration::ZERO,
                 ))
@@ -381,19 +384,39 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Refused whatever the credential: the ID fails after a few renewals.
-        let outcome: ItemOutcome = run(
-            &p,
-            |_| async move { Some((renewed(), Charge::Counted, Duration::ZERO)) },
-            std::future::pending(),
-        )
-        .await;
-        match outcome {
-            ItemOutcome::Failed { attempts, .. } => {
-                assert_eq!(attempts, MAX_RENEWED_RETRIES + 1)
+        let fails_after = |pattern: fn(u32) -> Next| {
+            let p = p.clone();
+            async move {
+                let outcome: ItemOutcome = run(
+                    &p,
+                    |n| async move { Some((refused(pattern(n)), Charge::Counted, Duration::ZERO)) },
+                    std::future::pending(),
+                )
+                .await;
+                match outcome {
+                    ItemOutcome::Failed { attempts, .. } => attempts,
+                    other => panic!("{other:?}"),
+                }
             }
-            other => panic!("{other:?}"),
-        }
+        };
+        // Refused whatever the credential while it works for later requests: the ID fails
+        // after a few renewals, however many expired values come between.
+        assert_eq!(
+            fails_after(|_| Next::RenewedAlone).await,
+            MAX_RENEWED_ALONE + 1
+        );
+        assert_eq!(
+            fails_after(|n| if n % 2 == 0 {
+                Next::RenewedAlone
+            } else {
+                Next::Renewed
+            })
+            .await,
+            2 * (MAX_RENEWED_ALONE + 1)
+        );
+        // Values that expired for every request (tokens living less than a request's wait
+        // for its turn) are no evidence against the ID: retried many more times.
+        assert_eq!(fails_after(|_| Next::Renewed).await, MAX_RENEWALS + 1);
     }
 
     #[tokio::test]

@@ -15,11 +15,14 @@ use crate::secrets::Secrets;
 /// The largest margin before `expires_in` runs out at which a token is renewed.
 pub const MAX_EXPIRY_MARGIN: Duration = Duration::from_secs(60);
 
-/// A credential's value as read for one request: the secret and its generation.
+/// A credential's value as read for one request: the secret, its generation, and the
+/// ticket of the read (reads are numbered in order, so an answer to a later read tells
+/// whether the value still worked after this one was sent).
 #[derive(Clone)]
 pub struct CredentialValue {
     generation: u64,
     secret: Arc<str>,
+    ticket: u64,
 }
 
 impl CredentialValue {
@@ -48,6 +51,10 @@ impl fmt::Debug for CredentialValue {
 pub enum Refusal {
     /// A newer value is there: retry with it.
     Renewed,
+    /// A newer value is there, but the refused one was accepted for a request read after
+    /// this one: it had not expired, so the refusal may be the request's own (an API that
+    /// refuses one ID alone). Retry with the new value, a few times at most.
+    RenewedAlone,
     /// The value was renewed because of a refusal and refused again before anything
     /// succeeded with it: the credential itself is rejected.
     Rejected,
@@ -65,7 +72,12 @@ pub struct Credential {
     renewals: AtomicU64,
     /// Every value it had and its source's secrets, to mask in messages.
     secrets: Secrets,
+    /// The next read's ticket.
+    tickets: AtomicU64,
 }
+
+/// How many generations [`State::accepted`] remembers.
+const ACCEPTED_GENERATIONS: usize = 4;
 
 #[derive(Default)]
 pub(super) struct State {
@@ -85,6 +97,9 @@ pub(super) struct State {
     /// needed (see [`Credential::get`]).
     pub(super) failures: u32,
     pub(super) retry_at: Option<Instant>,
+    /// For the last few generations, the latest ticket of a read whose request was
+    /// accepted: a refusal of a read before it was not the value's expiry.
+    pub(super) accepted: Vec<(u64, u64)>,
 }
 
 impl State {
@@ -127,6 +142,7 @@ impl Credential {
             state: Mutex::new(State::default()),
             renewing: tokio::sync::Mutex::new(()),
             renewals: AtomicU64::new(0),
+            tickets: AtomicU64::new(0),
         }
     }
 
@@ -150,6 +166,12 @@ impl Credential {
     /// used meanwhile, and the renewal tried again after a backoff (1 s, doubling up to
     /// 30 s), so a token endpoint's blip during the margin before expiry costs no request.
     pub async fn get(&self) -> Result<CredentialValue, CredentialError> {
+        let mut value = self.current().await?;
+        value.ticket = self.tickets.fetch_add(1, Relaxed);
+        Ok(value)
+    }
+
+    async fn current(&self) -> Result<CredentialValue, CredentialError> {
         let now = Instant::now();
         let (seen, tries) = {
             let state = self.state();
@@ -180,20 +202,29 @@ impl Credential {
     /// The other side refused `used` (HTTP 401, or 403 when the job says so): renew from
     /// it, once however many requests report it, and say whether to retry or stop.
     pub async fn refused(&self, used: &CredentialValue) -> Result<Refusal, CredentialError> {
-        let tries = {
+        let (tries, renewed) = {
             let state = self.state();
+            let alone = state
+                .accepted
+                .iter()
+                .any(|&(g, ticket)| g == used.generation && ticket > used.ticket);
+            let renewed = if alone {
+                Refusal::RenewedAlone
+            } else {
+                Refusal::Renewed
+            };
             let current = state.value.as_ref().map_or(0, |v| v.generation);
             if current != used.generation {
-                return Ok(Refusal::Renewed);
+                return Ok(renewed);
             }
             if state.after_refusal && !state.proven {
                 return Ok(Refusal::Rejected);
             }
-            state.tries
+            (state.tries, renewed)
         };
         tracing::debug!(credential = %self.name, generation = used.generation, "refused: renewing");
         self.renew(used.generation, tries, true).await?;
-        Ok(Refusal::Renewed)
+        Ok(renewed)
     }
 
     /// The attempt that used `used` was refused (`failure`, its 401): renew, and return the
@@ -203,6 +234,10 @@ impl Credential {
         match self.refused(used).await {
             Ok(Refusal::Renewed) => Failure {
                 next: Next::Renewed,
+                ..failure
+            },
+            Ok(Refusal::RenewedAlone) => Failure {
+                next: Next::RenewedAlone,
                 ..failure
             },
             Ok(Refusal::Rejected) => Failure {
@@ -223,6 +258,20 @@ impl Credential {
         let mut state = self.state();
         if state.value.as_ref().map(|v| v.generation) == Some(used.generation) {
             state.proven = true;
+        }
+        match state
+            .accepted
+            .iter_mut()
+            .find(|(g, _)| *g == used.generation)
+        {
+            Some((_, ticket)) => *ticket = (*ticket).max(used.ticket),
+            None => {
+                state.accepted.push((used.generation, used.ticket));
+                state.accepted.sort_unstable();
+                if state.accepted.len() > ACCEPTED_GENERATIONS {
+                    state.accepted.remove(0);
+                }
+            }
         }
     }
 
@@ -282,6 +331,7 @@ impl Credential {
         let value = CredentialValue {
             generation,
             secret: Arc::from(fetched.value),
+            ticket: 0,
         };
         let now = Instant::now();
         state.due = due_in(fetched.expires_in, self.every).map(|d| now + d);

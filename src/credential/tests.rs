@@ -77,6 +77,30 @@ async fn a_value_refused_right_after_its_renewal_is_rejected() {
     assert_eq!(c.get().await.unwrap().expose(), "tok-3");
 }
 
+/// A refusal of a value that worked for a request read after it was no expiry: the value
+/// is renewed all the same, but the refusal is said to be the request's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_alone_when_a_later_read_of_the_value_was_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = counting(dir.path(), None);
+    let early = c.get().await.unwrap();
+    let late = c.get().await.unwrap();
+    c.accepted(&early);
+    // Accepted only up to the refused read's own time: it expired for everyone.
+    assert_eq!(c.refused(&late).await, Ok(Refusal::Renewed));
+    let (a, b) = (c.get().await.unwrap(), c.get().await.unwrap());
+    assert_eq!((a.generation(), b.generation()), (2, 2));
+    c.accepted(&a);
+    c.accepted(&b);
+    // `a` was refused, but `b`, read after it, was accepted: not the value's expiry.
+    assert_eq!(c.refused(&a).await, Ok(Refusal::RenewedAlone));
+    assert_eq!(c.get().await.unwrap().expose(), "tok-3");
+    // Told apart per generation, even once the value moved on.
+    assert_eq!(c.refused(&a).await, Ok(Refusal::RenewedAlone));
+    assert_eq!(c.refused(&late).await, Ok(Refusal::Renewed));
+    assert_eq!(runs(dir.path()), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_value_is_renewed_before_use_and_a_fresh_one_is_not() {
     let dir = tempfile::tempdir().unwrap();

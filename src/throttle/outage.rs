@@ -83,6 +83,7 @@ impl Observed {
                 Next::Permanent
                 | Next::Retry { .. }
                 | Next::Renewed
+                | Next::RenewedAlone
                 | Next::CredentialRejected
                 | Next::OutOfCredit => Observed::Answered,
             },
