@@ -515,7 +515,8 @@ pub struct RunOptions {
 pub enum Durability {
     /// Group commit: each group of results is flushed before the next is taken, and a
     /// bucket's commit record follows the flush that covered its last result. A kill -9
-    /// repeats at most [`crate::engine::max_unsynced_items`] calls.
+    /// repeats at most [`crate::engine::max_unsynced_items`] calls
+    /// ([`crate::engine::max_unsynced_items_over_network`] with a database server).
     #[default]
     Sync,
     /// `--async-progress`: results are written as they come and flushed in the background

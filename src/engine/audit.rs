@@ -143,6 +143,9 @@ impl<S: Store + Leases> Store for Audit<S> {
         ));
         self.inner.plan(buckets, planner).await
     }
+    fn over_network(&self) -> bool {
+        self.inner.over_network()
+    }
     fn keeps_pages(&self) -> bool {
         self.inner.keeps_pages()
     }

@@ -31,7 +31,8 @@
 //! 4. Results are keyed by ID: a replayed item overwrites its own record, never adds one.
 //! 5. A replay calls only items without a durable final result: after a kill -9 the repeated
 //!    calls are the items that were in flight, that is, at most
-//!    [`max_unsynced_items`]`(concurrency)` of them in sync mode; in async mode, those plus
+//!    [`max_unsynced_items`]`(concurrency)` of them in sync mode
+//!    ([`max_unsynced_items_over_network`] for a database server); in async mode, those plus
 //!    the results finished since the last completed background sync started (about one
 //!    checkpoint interval of work).
 //!
@@ -104,7 +105,7 @@ pub use error::EngineError;
 use source::{job::JobLog, leased::Leased, rerun::RerunLog};
 pub use stop::{stop_pair, Stop, StopHandle};
 use wiring::{run_source, Run};
-pub use writer::max_unsynced_items;
+pub use writer::{max_unsynced_items, max_unsynced_items_over_network};
 
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///

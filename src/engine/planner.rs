@@ -95,13 +95,16 @@ pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
 
 /// Plan the job's input whenever this worker of a fleet may: under the job's planner lease,
 /// taken over once the worker that held it is gone (see the module doc); until the input is
-/// planned to its end or a stop. Without the input here, plan nothing.
+/// planned to its end or a stop. Without the input here, plan nothing. `planned` is
+/// notified as each batch is in the store, so this worker leases it without waiting for its
+/// next poll.
 pub(super) async fn plan_fleet<S: Fleet>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     skip_bad_lines: bool,
     stop: Stop,
     counters: Arc<Counters>,
+    planned: Arc<tokio::sync::Notify>,
 ) -> Result<(), PlanError> {
     let mut waiting = false;
     while !stop.is_stopping() {
@@ -140,9 +143,15 @@ pub(super) async fn plan_fleet<S: Fleet>(
                 skip_bad_lines,
                 spec.fingerprint,
             );
-            // Planned buckets go to the store, open to every worker: nobody reads them here.
+            // Planned buckets go to the store, open to every worker: nobody reads them here,
+            // but this worker's dispatcher hears that there is something to lease.
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<PlannedBucket>>(1);
-            let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let heard = planned.clone();
+            let drain = tokio::spawn(async move {
+                while rx.recv().await.is_some() {
+                    heard.notify_one();
+                }
+            });
             let planned = tokio::task::spawn_blocking(plan_ahead(
                 planner,
                 store.clone(),

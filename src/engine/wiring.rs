@@ -94,7 +94,8 @@ where
         None => None,
     };
 
-    let (writer_tx, writer_rx) = mpsc::channel(writer_queue(opts.concurrency));
+    let (writer_tx, writer_rx) =
+        mpsc::channel(writer_queue(opts.concurrency, store.over_network()));
     // Rung by a worker once the writer's queue holds a group (see `group_target`) or is
     // full: the writer, gathering a group, is not woken by each result sent, only by this or
     // its group's deadline.

@@ -22,9 +22,17 @@ use crate::store::{
 ///
 /// While one group of results is being flushed the next one queues here, so this is also
 /// the largest group a flush covers: large enough that the flush's fixed cost is spread over
-/// hundreds of results at full speed, small enough that a kill -9 repeats few calls.
-pub(super) fn writer_queue(concurrency: usize) -> usize {
-    (4 * concurrency).max(256)
+/// hundreds of results at full speed, small enough that a kill -9 repeats few calls. A
+/// store whose sync waits on a network round trip ([`Store::over_network`]) gets four
+/// times as much: at 10 ms each way a sync takes 20 ms whatever it holds, so 256 results
+/// a sync would hold the job to 12,800 items/s at best, whatever the API does.
+pub(super) fn writer_queue(concurrency: usize, over_network: bool) -> usize {
+    let local = (4 * concurrency).max(256);
+    if over_network {
+        4 * local
+    } else {
+        local
+    }
 }
 
 /// How long the writer gathers results before one flush makes them durable, unless a
@@ -32,9 +40,16 @@ pub(super) fn writer_queue(concurrency: usize) -> usize {
 pub(crate) const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
 
 /// The most items whose API call may be repeated after a kill -9: those in flight, plus
-/// those whose results were queued or being written but not yet durable.
+/// those whose results were queued or being written but not yet durable. For a store on
+/// this machine; see [`max_unsynced_items_over_network`] for a database server.
 pub fn max_unsynced_items(concurrency: usize) -> usize {
-    concurrency + 2 * writer_queue(concurrency)
+    concurrency + 2 * writer_queue(concurrency, false)
+}
+
+/// [`max_unsynced_items`] for a store whose syncs wait on a network round trip
+/// ([`Store::over_network`]: PostgreSQL), which lets larger groups wait for a sync.
+pub fn max_unsynced_items_over_network(concurrency: usize) -> usize {
+    concurrency + 2 * writer_queue(concurrency, true)
 }
 
 /// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted,

@@ -186,6 +186,14 @@ pub trait Store: Send + Sync + 'static {
     fn history(&self) -> impl Future<Output = Result<Vec<serde_json::Value>, StoreError>> + Send {
         async { Ok(Vec::new()) }
     }
+    /// Whether each of the store's syncs waits on a network round trip (a database server
+    /// elsewhere): the writer then lets larger groups wait for a sync, since a round trip,
+    /// not the store's work, bounds how many syncs a second it makes (see
+    /// [`crate::engine::max_unsynced_items_over_network`]). False (the default) for a
+    /// store on this machine.
+    fn over_network(&self) -> bool {
+        false
+    }
     /// Whether the store keeps the pages of paginated IDs ([`Store::record_pages`]). One
     /// that does not (the default) has a paginated ID's items held in memory until its last
     /// page and written as its record's body; one that does lets a resume continue an ID at

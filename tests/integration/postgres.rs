@@ -5,7 +5,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use highwater::demo::api::{ApiConfig, Fault};
-use highwater::engine::max_unsynced_items;
+use highwater::engine::max_unsynced_items_over_network;
 use rand::Rng;
 
 use crate::fleet::{finish_within, Fleet};
@@ -50,7 +50,7 @@ const CRASH_CONCURRENCY: usize = 16;
 /// (its buckets taken over) then woken: every ID is exported exactly once, only the IDs the
 /// API refuses (404) failed, what the paused worker wrote late was fenced out, and the
 /// repeated calls stay within what the killed and paused workers can have had in flight or
-/// unflushed ([`max_unsynced_items`] each).
+/// unflushed ([`max_unsynced_items_over_network`] each).
 #[test]
 fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
     let started = Instant::now();
@@ -190,7 +190,7 @@ fn three_workers_with_kills_and_a_paused_worker_export_every_id_once() {
     );
     // Repeated calls: what each killed (or paused) worker had in flight or unflushed.
     let total = h.api.total_calls();
-    let bound = ((kills + 1) * max_unsynced_items(CRASH_CONCURRENCY)) as u64;
+    let bound = ((kills + 1) * max_unsynced_items_over_network(CRASH_CONCURRENCY)) as u64;
     assert!(
         total >= expected_total,
         "fewer calls than a clean run needs: {total} < {expected_total}"

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use highwater::demo::api::ApiConfig;
-use highwater::engine::max_unsynced_items;
+use highwater::engine::max_unsynced_items_over_network;
 use tokio::net::{TcpListener, UnixStream};
 use tokio::task::AbortHandle;
 
@@ -192,7 +192,7 @@ fn a_worker_whose_database_connections_are_cut_reconnects_and_nothing_is_lost() 
     // Repeated calls: what the cut-off worker had in flight or unflushed when its session
     // expired (a cut alone repeats no call: its writes wait in memory and go through).
     let repeated = h.api.total_calls() - ids.len() as u64;
-    let bound = max_unsynced_items(8) as u64;
+    let bound = max_unsynced_items_over_network(8) as u64;
     assert!(
         repeated <= bound,
         "{repeated} repeated calls; bound {bound}"

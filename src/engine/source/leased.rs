@@ -32,6 +32,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{planned, Source};
@@ -59,6 +60,8 @@ pub(in crate::engine) struct Leased<S> {
     planner: Option<JoinHandle<Result<(), PlanError>>>,
     /// The task that keeps the throttle on this worker's share.
     follower: Option<JoinHandle<()>>,
+    /// Notified by this worker's planner as each batch is in the store.
+    planned: Arc<Notify>,
 }
 
 impl<S: Fleet> Leased<S> {
@@ -88,6 +91,7 @@ impl<S: Fleet> Leased<S> {
             to_plan,
             planner: None,
             follower: None,
+            planned: Arc::new(Notify::new()),
         })
     }
 }
@@ -116,10 +120,19 @@ impl<S: Fleet> Source for Leased<S> {
                 self.skip_bad_lines,
                 stop.clone(),
                 counters.clone(),
+                self.planned.clone(),
             )));
         }
         let paged = self.spec.work.paginate().is_some();
-        let dispatched = dispatch_leased(&*self.store, dispatcher, self.log, paged, &stop).await;
+        let dispatched = dispatch_leased(
+            &*self.store,
+            dispatcher,
+            self.log,
+            paged,
+            &stop,
+            &self.planned,
+        )
+        .await;
         if let (Some(p), false) = (&self.planner, stop.is_stopping()) {
             // Finished (planned to its end) or failed: nothing is left to plan.
             p.abort();
@@ -144,13 +157,15 @@ const POLL_MIN: Duration = Duration::from_millis(50);
 pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
-/// is committed or a stop is asked for.
+/// is committed or a stop is asked for. With nothing to lease, it polls, and tries again at
+/// once when `planned` says this worker's planner wrote more.
 async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
     log: Log,
     paged: bool,
     stop: &Stop,
+    planned: &Notify,
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
@@ -160,6 +175,7 @@ async fn dispatch_leased<S: Fleet>(
         log,
         paged,
         stop,
+        planned,
         &mut idle,
         &mut next_key,
     )
@@ -183,6 +199,7 @@ async fn lease_and_dispatch<S: Fleet>(
     log: Log,
     paged: bool,
     stop: &Stop,
+    planned: &Notify,
     idle: &mut Duration,
     next_key: &mut u64,
 ) -> Result<(), EngineError> {
@@ -193,10 +210,10 @@ async fn lease_and_dispatch<S: Fleet>(
                 return Ok(());
             }
             tokio::select! {
-                _ = tokio::time::sleep(*idle) => {}
+                _ = tokio::time::sleep(*idle) => *idle = (*idle * 2).min(POLL_MAX),
+                _ = planned.notified() => *idle = POLL_MIN,
                 _ = stop.stopping() => {}
             }
-            *idle = (*idle * 2).min(POLL_MAX);
             if !stop.is_stopping() {
                 ahead = lease_ahead(store, log, paged).await?;
             }

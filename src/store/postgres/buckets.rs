@@ -10,6 +10,7 @@ use tokio_postgres::{Client, GenericClient, Row};
 use super::error::PgError;
 use super::keys::{log_number, JobId, Lease, WorkerId};
 use super::rows::{sql, to_i64, BUCKET_COLUMNS};
+use super::typed::typed;
 use crate::store::Log;
 
 /// A bucket just leased.
@@ -36,7 +37,7 @@ pub(crate) async fn acquire(
     n: u32,
 ) -> Result<Vec<Acquired>, PgError> {
     let rows = client
-        .query(
+        .query_typed(
             "WITH cand AS (
                  SELECT b.job_id, b.rerun, b.bucket, b.owner AS old_owner
                  FROM hw_bucket b
@@ -60,7 +61,7 @@ pub(crate) async fn acquire(
              WHERE b.job_id = cand.job_id AND b.rerun = cand.rerun AND b.bucket = cand.bucket
              RETURNING b.bucket, b.lease_token, b.offset_record, b.items, b.owner_switches,
                        cand.old_owner IS NOT NULL",
-            &[&job.0, &me.0, &log_number(log), &i64::from(n)],
+            &typed![job.0, me.0, log_number(log), i64::from(n)],
         )
         .await
         .map_err(PgError::sql("acquiring buckets"))?;
@@ -232,16 +233,16 @@ pub(super) async fn bucket_rows(
     from: u64,
     limit: usize,
 ) -> Result<Vec<Row>, PgError> {
-    c.query(
+    c.query_typed(
         &format!(
             "SELECT {BUCKET_COLUMNS} FROM hw_bucket
              WHERE job_id = $1 AND rerun = $2 AND bucket >= $3 ORDER BY bucket LIMIT $4"
         ),
-        &[
-            &job.0,
-            &log_number(log),
-            &to_i64(from)?,
-            &(limit.min(i64::MAX as usize) as i64),
+        &typed![
+            job.0,
+            log_number(log),
+            to_i64(from)?,
+            (limit.min(i64::MAX as usize) as i64)
         ],
     )
     .await

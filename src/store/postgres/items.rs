@@ -9,6 +9,7 @@ use tokio_postgres::GenericClient;
 use super::error::PgError;
 use super::keys::JobId;
 use super::rows::{item_record, sql, to_i64};
+use super::typed::typed;
 use crate::store::{BadLine, ItemRecord};
 
 /// The row of each of `ids` already planned (IDs not planned are absent).
@@ -21,11 +22,11 @@ pub(super) async fn planned_rows(
     // `id = ANY($2)` the planner (no statistics yet on a new job's rows: `job_id`
     // looks selective) scanned every row of the job per batch, quadratic in the job.
     let found = c
-        .query(
+        .query_typed(
             "SELECT u.id, i.\"row\" FROM unnest($2::text[]) AS u(id)
                      CROSS JOIN LATERAL (SELECT \"row\" FROM hw_item
                                          WHERE job_id = $1 AND id = u.id LIMIT 1) i",
-            &[&job.0, &ids],
+            &typed![job.0, ids],
         )
         .await
         .map_err(sql("looking up planned IDs"))?;
@@ -42,11 +43,11 @@ pub(super) async fn bucket_items(
     bucket: u64,
 ) -> Result<Vec<(String, ItemRecord)>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT id, \"row\", bucket, status, body::text, record::text, row_values::text
                      FROM hw_item
                      WHERE job_id = $1 AND bucket = $2 ORDER BY \"row\"",
-            &[&job.0, &to_i64(bucket)?],
+            &typed![job.0, to_i64(bucket)?],
         )
         .await
         .map_err(sql("reading a bucket's items"))?;

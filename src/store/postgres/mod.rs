@@ -6,7 +6,7 @@
 //!
 //! 1. Shared values, no SQL: `error`, `keys.rs` (`JobId`, `WorkerId`, `Lease`),
 //!    `rows.rs` (rows as records), `tls.rs`, `connect` (targets and connections),
-//!    `outage`.
+//!    `outage`, `typed.rs` (statements sent in one flight).
 //! 2. SQL, one module per table or concern, each a set of functions taking a client or a
 //!    transaction: `migrate` (the schema), `job`, `planner`, `items.rs`, `buckets`,
 //!    `results`, `reruns.rs`, `session`, `rate`, `quota`, `stats`, `history`.
@@ -83,6 +83,7 @@ mod state;
 pub(crate) mod stats;
 mod store;
 mod tls;
+pub(crate) mod typed;
 mod writes;
 
 #[cfg(test)]

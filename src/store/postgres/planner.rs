@@ -12,6 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use super::error::PgError;
 use super::keys::{JobId, WorkerId};
 use super::rows::to_i64;
+use super::typed::typed;
 use crate::store::{BadLine, PlannerState};
 
 /// Take the planner lease, or keep it if this session holds it. Its token, or none if another
@@ -22,7 +23,7 @@ pub(crate) async fn acquire_planner(
     me: &WorkerId,
 ) -> Result<Option<i64>, PgError> {
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "UPDATE hw_job j
              SET planner = $2::text::uuid,
                  planner_token = CASE WHEN j.planner = $2::text::uuid THEN j.planner_token
@@ -36,7 +37,7 @@ pub(crate) async fn acquire_planner(
                      WHERE w.job_id = j.job_id AND w.worker_id = j.planner
                        AND w.expires_at > now()))
              RETURNING planner_token",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("taking the planner lease"))?;
@@ -50,9 +51,9 @@ pub(crate) async fn release_planner(
     me: &WorkerId,
 ) -> Result<(), PgError> {
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_job SET planner = NULL WHERE job_id = $1 AND planner = $2::text::uuid",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("releasing the planner lease"))?;
@@ -68,20 +69,20 @@ pub(super) async fn move_planner(
     p: &PlannerState,
 ) -> Result<(), PgError> {
     let n = c
-        .execute(
+        .execute_typed(
             "UPDATE hw_job j SET next_bucket = $3, cursor_byte = $4, cursor_line = $5,
                  cursor_row = $6, planner_exhausted = $7
              WHERE j.job_id = $1 AND (j.planner IS NULL OR j.planner = $2::text::uuid
                  OR NOT EXISTS (SELECT 1 FROM hw_worker w WHERE w.job_id = j.job_id
                                 AND w.worker_id = j.planner AND w.expires_at > now()))",
-            &[
-                &job.0,
-                &me.0,
-                &to_i64(p.next_bucket)?,
-                &to_i64(p.cursor.byte)?,
-                &to_i64(p.cursor.line)?,
-                &to_i64(p.cursor.row)?,
-                &p.exhausted,
+            &typed![
+                job.0,
+                me.0,
+                to_i64(p.next_bucket)?,
+                to_i64(p.cursor.byte)?,
+                to_i64(p.cursor.line)?,
+                to_i64(p.cursor.row)?,
+                p.exhausted
             ],
         )
         .await
@@ -146,19 +147,6 @@ pub(crate) async fn plan(
         Some(b) => Some(to_i64(b.bucket)?),
         None => None,
     };
-    let held = tx
-        .query_opt(
-            "SELECT 1 FROM hw_job
-             WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
-               AND ($4::bigint IS NULL OR next_bucket = $4)
-             FOR NO KEY UPDATE",
-            &[&job.0, &me.0, &token, &first],
-        )
-        .await
-        .map_err(PgError::sql("checking the planner lease"))?;
-    if held.is_none() {
-        return Err(PgError::PlannerLeaseLost { token });
-    }
     let (mut ids, mut item_buckets, mut rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut values: Vec<Option<&str>> = Vec::new();
     for b in buckets {
@@ -170,21 +158,42 @@ pub(crate) async fn plan(
             values.push(kept.next().map(String::as_str));
         }
     }
-    let inserted = tx
-        .query(
-            "WITH ins AS (
-                 INSERT INTO hw_item (job_id, id, bucket, \"row\", row_values)
-                 SELECT $1, u.id, u.bucket, u.item_row, u.row_values::json
-                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[]) WITH ORDINALITY
-                     AS u(id, bucket, item_row, row_values, ord)
-                 ORDER BY u.ord
-                 ON CONFLICT (job_id, id) DO NOTHING
-                 RETURNING bucket)
-             SELECT bucket, count(*) FROM ins GROUP BY bucket",
-            &[&job.0, &ids, &item_buckets, &rows, &values],
-        )
-        .await
-        .map_err(PgError::sql("inserting planned items"))?;
+    // Sent in one flight: the lease check and the items (undone with the transaction if
+    // the lease moved).
+    let (held, inserted) = futures_util::future::join(
+        async {
+            tx.query_typed_opt(
+                "SELECT 1 FROM hw_job
+                 WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
+                   AND ($4::bigint IS NULL OR next_bucket = $4)
+                 FOR NO KEY UPDATE",
+                &typed![job.0, me.0, token, first],
+            )
+            .await
+            .map_err(PgError::sql("checking the planner lease"))
+        },
+        async {
+            tx.query_typed(
+                "WITH ins AS (
+                     INSERT INTO hw_item (job_id, id, bucket, \"row\", row_values)
+                     SELECT $1, u.id, u.bucket, u.item_row, u.row_values::json
+                     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::text[])
+                         WITH ORDINALITY AS u(id, bucket, item_row, row_values, ord)
+                     ORDER BY u.ord
+                     ON CONFLICT (job_id, id) DO NOTHING
+                     RETURNING bucket)
+                 SELECT bucket, count(*) FROM ins GROUP BY bucket",
+                &typed![job.0, ids, item_buckets, rows, values],
+            )
+            .await
+            .map_err(PgError::sql("inserting planned items"))
+        },
+    )
+    .await;
+    if held?.is_none() {
+        return Err(PgError::PlannerLeaseLost { token });
+    }
+    let inserted = inserted?;
     let inserted: std::collections::HashMap<i64, i64> =
         inserted.iter().map(|r| (r.get(0), r.get(1))).collect();
     let counts: Vec<BucketCounts> = buckets
@@ -206,50 +215,61 @@ pub(crate) async fn plan(
         records.push(offset_record(c));
         items.push(to_i64(c.items)?);
     }
-    tx.execute(
-        "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state, owner,
-                                lease_token)
-         SELECT $1, 0, u.bucket, u.record::jsonb, u.items,
-                CASE WHEN $5::bigint IS NULL THEN 'open' ELSE 'leased' END,
-                CASE WHEN $5::bigint IS NULL THEN NULL ELSE $6::text::uuid END, $5
-         FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS u(bucket, record, items)",
-        &[&job.0, &numbers, &records, &items, &lease, &me.0],
-    )
-    .await
-    .map_err(PgError::sql("inserting planned buckets"))?;
-    if !bad_lines.is_empty() {
-        let mut bad_rows = Vec::new();
-        let mut lines = Vec::new();
-        let mut reasons = Vec::new();
-        for b in bad_lines {
-            bad_rows.push(to_i64(b.row)?);
-            lines.push(to_i64(b.line)?);
-            reasons.push(b.reason.as_str());
-        }
-        tx.execute(
-            "INSERT INTO hw_bad_line (job_id, \"row\", line, reason)
-             SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[])
-             ON CONFLICT DO NOTHING",
-            &[&job.0, &bad_rows, &lines, &reasons],
-        )
-        .await
-        .map_err(PgError::sql("inserting bad lines"))?;
+    let (mut bad_rows, mut lines, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
+    for b in bad_lines {
+        bad_rows.push(to_i64(b.row)?);
+        lines.push(to_i64(b.line)?);
+        reasons.push(b.reason.as_str());
     }
-    tx.execute(
-        "UPDATE hw_job SET next_bucket = $2, cursor_byte = $3, cursor_line = $4,
-             cursor_row = $5, planner_exhausted = $6
-         WHERE job_id = $1",
-        &[
-            &job.0,
-            &to_i64(position.next_bucket)?,
-            &to_i64(position.cursor.byte)?,
-            &to_i64(position.cursor.line)?,
-            &to_i64(position.cursor.row)?,
-            &position.exhausted,
-        ],
+    let (next, byte, line, row) = (
+        to_i64(position.next_bucket)?,
+        to_i64(position.cursor.byte)?,
+        to_i64(position.cursor.line)?,
+        to_i64(position.cursor.row)?,
+    );
+    // The buckets, the bad lines and the planner's move, in one flight.
+    let (buckets_written, bad_written, planner_moved) = futures_util::future::join3(
+        async {
+            tx.execute_typed(
+                "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state,
+                                        owner, lease_token)
+                 SELECT $1, 0, u.bucket, u.record::jsonb, u.items,
+                        CASE WHEN $5::bigint IS NULL THEN 'open' ELSE 'leased' END,
+                        CASE WHEN $5::bigint IS NULL THEN NULL ELSE $6::text::uuid END, $5
+                 FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS u(bucket, record, items)",
+                &typed![job.0, numbers, records, items, lease, me.0],
+            )
+            .await
+            .map_err(PgError::sql("inserting planned buckets"))
+        },
+        async {
+            if bad_rows.is_empty() {
+                return Ok(0);
+            }
+            tx.execute_typed(
+                "INSERT INTO hw_bad_line (job_id, \"row\", line, reason)
+                 SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[])
+                 ON CONFLICT DO NOTHING",
+                &typed![job.0, bad_rows, lines, reasons],
+            )
+            .await
+            .map_err(PgError::sql("inserting bad lines"))
+        },
+        async {
+            tx.execute_typed(
+                "UPDATE hw_job SET next_bucket = $2, cursor_byte = $3, cursor_line = $4,
+                     cursor_row = $5, planner_exhausted = $6
+                 WHERE job_id = $1",
+                &typed![job.0, next, byte, line, row, position.exhausted],
+            )
+            .await
+            .map_err(PgError::sql("moving the planner"))
+        },
     )
-    .await
-    .map_err(PgError::sql("moving the planner"))?;
+    .await;
+    buckets_written?;
+    bad_written?;
+    planner_moved?;
     tx.commit()
         .await
         .map_err(PgError::sql("committing a plan"))?;
@@ -262,10 +282,10 @@ pub(crate) async fn planner_state(
     job: JobId,
 ) -> Result<PlannerState, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT next_bucket, cursor_byte, cursor_line, cursor_row, planner_exhausted
              FROM hw_job WHERE job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the planner's position"))?;

@@ -8,6 +8,7 @@ use tokio_postgres::GenericClient;
 
 use super::error::PgError;
 use super::keys::{log_number, JobId};
+use super::typed::typed;
 use crate::store::{Log, StoreStats};
 
 /// The job's figures: those of committed buckets from their commit counts, those of the
@@ -82,12 +83,12 @@ pub(crate) async fn finished(
     log: Log,
 ) -> Result<bool, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT ($2 > 0 OR j.planner_exhausted) AND NOT EXISTS (
                         SELECT 1 FROM hw_bucket b
                         WHERE b.job_id = $1 AND b.rerun = $2 AND b.state <> 'committed')
              FROM hw_job j WHERE j.job_id = $1",
-            &[&job.0, &log_number(log)],
+            &typed![job.0, log_number(log)],
         )
         .await
         .map_err(PgError::sql("checking whether the job is finished"))?;

@@ -197,6 +197,10 @@ impl Store for PgStore {
         }
     }
 
+    fn over_network(&self) -> bool {
+        true
+    }
+
     fn keeps_pages(&self) -> bool {
         true
     }
