@@ -167,19 +167,7 @@ async fn dispatch_leased<S: Fleet>(
     stop: &Stop,
     planned: &Notify,
 ) -> Result<(), EngineError> {
-    let mut idle = POLL_MIN;
-    let mut next_key = 1u64 << 62;
-    let dispatched = lease_and_dispatch(
-        store,
-        dispatcher,
-        log,
-        paged,
-        stop,
-        planned,
-        &mut idle,
-        &mut next_key,
-    )
-    .await;
+    let dispatched = lease_and_dispatch(store, dispatcher, log, paged, stop, planned).await;
     if stop.is_stopping() {
         // Draining: seen in `status` while what is held is finished or abandoned.
         if let Err(e) = store.drain().await {
@@ -200,9 +188,9 @@ async fn lease_and_dispatch<S: Fleet>(
     paged: bool,
     stop: &Stop,
     planned: &Notify,
-    idle: &mut Duration,
-    next_key: &mut u64,
 ) -> Result<(), EngineError> {
+    let mut idle = POLL_MIN;
+    let mut next_key = 1u64 << 62;
     let mut ahead = lease_ahead(store, log, paged).await?;
     while !stop.is_stopping() {
         if ahead.is_empty() {
@@ -210,8 +198,8 @@ async fn lease_and_dispatch<S: Fleet>(
                 return Ok(());
             }
             tokio::select! {
-                _ = tokio::time::sleep(*idle) => *idle = (*idle * 2).min(POLL_MAX),
-                _ = planned.notified() => *idle = POLL_MIN,
+                _ = tokio::time::sleep(idle) => idle = (idle * 2).min(POLL_MAX),
+                _ = planned.notified() => idle = POLL_MIN,
                 _ = stop.stopping() => {}
             }
             if !stop.is_stopping() {
@@ -219,11 +207,11 @@ async fn lease_and_dispatch<S: Fleet>(
             }
             continue;
         }
-        *idle = POLL_MIN;
+        idle = POLL_MIN;
         let these = std::mem::take(&mut ahead);
         let (next, dispatched) = tokio::join!(
             lease_ahead(store, log, paged),
-            dispatch_all(dispatcher, these, next_key)
+            dispatch_all(dispatcher, these, &mut next_key)
         );
         match (next, dispatched) {
             (Ok(next), Ok(())) => ahead = next,
