@@ -95,11 +95,11 @@ pub(crate) async fn release(
     for log in logs(leases) {
         let (buckets, tokens) = lease_arrays(leases.iter().filter(|l| l.log == log))?;
         released += client
-            .execute(
+            .execute_typed(
                 "UPDATE hw_bucket SET state = 'open', owner = NULL
                  WHERE job_id = $1 AND rerun = $3 AND owner = $2::text::uuid AND state = 'leased'
                    AND (bucket, lease_token) IN (SELECT * FROM unnest($4::bigint[], $5::bigint[]))",
-                &[&job.0, &me.0, &log_number(log), &buckets, &tokens],
+                &typed![job.0, me.0, log_number(log), buckets, tokens],
             )
             .await
             .map_err(PgError::sql("releasing buckets"))?;
@@ -114,10 +114,10 @@ pub(crate) async fn release_all(
     me: &WorkerId,
 ) -> Result<u64, PgError> {
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_bucket SET state = 'open', owner = NULL
              WHERE job_id = $1 AND owner = $2::text::uuid AND state = 'leased'",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("releasing buckets"))
@@ -131,11 +131,11 @@ pub(super) async fn release_job(
     token: i64,
 ) -> Result<u64, PgError> {
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_bucket SET state = 'open', owner = NULL
                      WHERE job_id = $1 AND owner = $2::text::uuid AND state = 'leased'
                        AND lease_token = $3",
-            &[&job.0, &me.0, &token],
+            &typed![job.0, me.0, token],
         )
         .await
         .map_err(PgError::sql("releasing the job's buckets"))
@@ -153,11 +153,11 @@ pub(super) async fn acquire_job(
         .await
         .map_err(PgError::sql("starting a job lease"))?;
     let live = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT nextval('hw_lease_token') FROM hw_worker
              WHERE job_id = $1 AND worker_id = $2::text::uuid AND expires_at > now()
                AND NOT draining",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("taking a token"))?;
@@ -166,7 +166,7 @@ pub(super) async fn acquire_job(
     };
     // Rows are locked by the update (others' SKIP LOCKED acquires pass them by); then
     // anything still held by someone alive refuses the lease.
-    tx.execute(
+    tx.execute_typed(
         "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid, lease_token = $3,
              owner_switches = b.owner_switches
                  + (b.lease_token IS NOT NULL AND b.owner IS DISTINCT FROM $2::text::uuid)::integer
@@ -174,15 +174,15 @@ pub(super) async fn acquire_job(
            AND (b.state = 'open' OR b.owner = $2::text::uuid OR NOT EXISTS (
                  SELECT 1 FROM hw_worker w WHERE w.job_id = b.job_id AND w.worker_id = b.owner
                    AND w.expires_at > now()))",
-        &[&job.0, &me.0, &token],
+        &typed![job.0, me.0, token],
     )
     .await
     .map_err(PgError::sql("leasing the job's buckets"))?;
     let others = tx
-        .query_one(
+        .query_typed_one(
             "SELECT EXISTS (SELECT 1 FROM hw_bucket b WHERE b.job_id = $1 AND b.state = 'leased'
                  AND b.owner <> $2::text::uuid)",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("checking other workers' buckets"))?;
@@ -205,7 +205,7 @@ pub(super) async fn acquire_one(
     bucket: u64,
 ) -> Result<Option<i64>, PgError> {
     let row = c
-        .query_opt(
+        .query_typed_opt(
             "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid,
                  lease_token = nextval('hw_lease_token'),
                  owner_switches = b.owner_switches
@@ -217,9 +217,7 @@ pub(super) async fn acquire_one(
                AND EXISTS (SELECT 1 FROM hw_worker w WHERE w.job_id = $1
                        AND w.worker_id = $2::text::uuid AND w.expires_at > now()
                        AND NOT w.draining)
-             RETURNING b.lease_token",
-            &[&job.0, &me.0, &log_number(log), &to_i64(bucket)?],
-        )
+             RETURNING b.lease_token", &typed![job.0, me.0, log_number(log), to_i64(bucket)?])
         .await
         .map_err(PgError::sql("leasing a bucket"))?;
     Ok(row.map(|r| r.get(0)))

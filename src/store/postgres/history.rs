@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use super::error::PgError;
 use super::keys::JobId;
+use super::typed::typed;
 
 /// Samples kept at most per job (a fleet's workers each write theirs).
 pub(crate) const MAX_SAMPLES: i64 = 20_000;
@@ -21,31 +22,31 @@ pub(crate) async fn append(
     for record in records {
         let sample = record.get("kind").and_then(|k| k.as_str()) == Some("sample");
         client
-            .execute(
+            .execute_typed(
                 "INSERT INTO hw_history (job_id, sample, record) VALUES ($1, $2, $3)",
-                &[&job.0, &sample, record],
+                &typed![job.0, sample, record],
             )
             .await
             .map_err(PgError::sql("appending to the job's history"))?;
     }
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT count(*) FROM hw_history WHERE job_id = $1 AND sample",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("counting the job's history"))?;
     let samples: i64 = row.get(0);
     if samples > MAX_SAMPLES {
         client
-            .execute(
+            .execute_typed(
                 "DELETE FROM hw_history WHERE job_id = $1 AND seq IN (
                      SELECT seq FROM (
                          SELECT seq, row_number() OVER (ORDER BY seq) AS n
                          FROM hw_history WHERE job_id = $1 AND sample
                      ) s
                      WHERE s.n * 4 < $2 * 3 AND s.n % 2 = 0)",
-                &[&job.0, &samples],
+                &typed![job.0, samples],
             )
             .await
             .map_err(PgError::sql("thinning the job's history"))?;
@@ -56,9 +57,9 @@ pub(crate) async fn append(
 /// Every record of the job's history, oldest first.
 pub(crate) async fn read(client: &Client, job: JobId) -> Result<Vec<serde_json::Value>, PgError> {
     let rows = client
-        .query(
+        .query_typed(
             "SELECT record FROM hw_history WHERE job_id = $1 ORDER BY seq",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the job's history"))?;

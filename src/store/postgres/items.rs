@@ -61,11 +61,11 @@ pub(super) async fn item(
     id: &str,
 ) -> Result<Option<ItemRecord>, PgError> {
     let row = c
-        .query_opt(
+        .query_typed_opt(
             "SELECT id, \"row\", bucket, status, body::text, record::text, row_values::text
                      FROM hw_item
                      WHERE job_id = $1 AND id = $2",
-            &[&job.0, &id],
+            &typed![job.0, id],
         )
         .await
         .map_err(sql("reading an item"))?;
@@ -82,10 +82,10 @@ pub(super) async fn bad_lines(
     limit: usize,
 ) -> Result<Vec<BadLine>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT \"row\", line, reason FROM hw_bad_line WHERE job_id = $1
                      ORDER BY \"row\" LIMIT $2",
-            &[&job.0, &(limit.min(i64::MAX as usize) as i64)],
+            &typed![job.0, (limit.min(i64::MAX as usize) as i64)],
         )
         .await
         .map_err(sql("reading bad lines"))?;

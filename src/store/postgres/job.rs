@@ -6,6 +6,7 @@ use tokio_postgres::GenericClient;
 use super::error::PgError;
 use super::keys::JobId;
 use super::rows::{spec_from_json, sql, to_i64};
+use super::typed::typed;
 use crate::store::StoredJob;
 
 /// What a new job row holds. `spec` is the job spec as stored (templates unexpanded).
@@ -27,18 +28,18 @@ pub(crate) async fn create_job(
     job: &NewJob<'_>,
 ) -> Result<(JobId, bool), PgError> {
     let created = client
-        .query_opt(
+        .query_typed_opt(
             "INSERT INTO hw_job (name, spec, input_fingerprint, bucket_size, rate_per_s, burst)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (name) DO NOTHING RETURNING job_id",
-            &[
-                &job.name,
+            &typed![
+                job.name,
                 job.spec,
-                &job.input_fingerprint,
-                &to_i64(job.bucket_size)?,
-                &job.rate_per_s,
-                &job.burst
-                    .map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX)),
+                job.input_fingerprint,
+                to_i64(job.bucket_size)?,
+                job.rate_per_s,
+                job.burst
+                    .map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX))
             ],
         )
         .await
@@ -52,7 +53,7 @@ pub(crate) async fn create_job(
 /// The id of the job named `name`.
 pub(crate) async fn find_job(client: &impl GenericClient, name: &str) -> Result<JobId, PgError> {
     client
-        .query_opt("SELECT job_id FROM hw_job WHERE name = $1", &[&name])
+        .query_typed_opt("SELECT job_id FROM hw_job WHERE name = $1", &typed![name])
         .await
         .map_err(PgError::sql("finding the job"))?
         .map(|row| JobId(row.get(0)))
@@ -65,7 +66,7 @@ pub(super) async fn read_spec(
     job: JobId,
 ) -> Result<Option<StoredJob>, PgError> {
     let row = client
-        .query_one("SELECT spec FROM hw_job WHERE job_id = $1", &[&job.0])
+        .query_typed_one("SELECT spec FROM hw_job WHERE job_id = $1", &typed![job.0])
         .await
         .map_err(sql("reading the job"))?;
     spec_from_json(&row.get(0))
@@ -78,9 +79,9 @@ pub(super) async fn write_spec(
     spec: &serde_json::Value,
 ) -> Result<(), PgError> {
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_job SET spec = $2 WHERE job_id = $1",
-            &[&job.0, spec],
+            &typed![job.0, spec],
         )
         .await
         .map_err(sql("storing the job"))?;
@@ -90,7 +91,7 @@ pub(super) async fn write_spec(
 /// Remove the job's row (a job this open created, whose creation was refused after all).
 pub(super) async fn delete_job(client: &impl GenericClient, job: JobId) -> Result<(), PgError> {
     client
-        .execute("DELETE FROM hw_job WHERE job_id = $1", &[&job.0])
+        .execute_typed("DELETE FROM hw_job WHERE job_id = $1", &typed![job.0])
         .await
         .map_err(PgError::sql("removing the new job"))?;
     Ok(())

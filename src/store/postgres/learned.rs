@@ -6,6 +6,7 @@ use tokio_postgres::GenericClient;
 use super::error::PgError;
 use super::keys::JobId;
 use super::rows::malformed;
+use super::typed::typed;
 use crate::quota::KeptLimit;
 
 /// The job's kept limits (none: empty). A value this build cannot read is an error, never
@@ -15,9 +16,9 @@ pub(crate) async fn read(
     job: JobId,
 ) -> Result<Vec<KeptLimit>, PgError> {
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "SELECT learned_limits FROM hw_job WHERE job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the job's learnt limits"))?;
@@ -36,9 +37,9 @@ pub(crate) async fn write(
 ) -> Result<(), PgError> {
     let value = serde_json::to_value(limits).expect("kept limits always serialize");
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_job SET learned_limits = $2 WHERE job_id = $1",
-            &[&job.0, &value],
+            &typed![job.0, value],
         )
         .await
         .map_err(PgError::sql("keeping the job's learnt limits"))?;

@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use super::error::PgError;
+use super::typed::typed;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +28,17 @@ impl Migration {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+
+    /// The migration and its row in `hw_schema`, as one batch of statements.
+    fn batch(&self) -> String {
+        format!(
+            "{}\n;\nINSERT INTO hw_schema (version, name, sha256) VALUES ({}, '{}', '{}')",
+            self.sql,
+            self.version,
+            self.name.replace('\'', "''"),
+            self.sha256()
+        )
     }
 }
 
@@ -92,26 +104,38 @@ pub(crate) async fn migrate_with(
         .transaction()
         .await
         .map_err(PgError::sql("starting the migration transaction"))?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
-        .await
-        .map_err(PgError::sql("taking the migration lock"))?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS hw_schema (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             sha256     text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         )",
+    // The lock, the table and what it holds, in one flight.
+    let (locked, created, applied) = futures_util::future::join3(
+        async {
+            tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &typed![LOCK_KEY])
+                .await
+                .map_err(PgError::sql("taking the migration lock"))
+        },
+        async {
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS hw_schema (
+                     version    integer PRIMARY KEY,
+                     name       text NOT NULL,
+                     sha256     text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now()
+                 )",
+            )
+            .await
+            .map_err(PgError::sql("creating hw_schema"))
+        },
+        async {
+            tx.query_typed(
+                "SELECT version, name, sha256 FROM hw_schema ORDER BY version",
+                &typed![],
+            )
+            .await
+            .map_err(PgError::sql("reading hw_schema"))
+        },
     )
-    .await
-    .map_err(PgError::sql("creating hw_schema"))?;
-    let applied = tx
-        .query(
-            "SELECT version, name, sha256 FROM hw_schema ORDER BY version",
-            &[],
-        )
-        .await
-        .map_err(PgError::sql("reading hw_schema"))?;
+    .await;
+    locked?;
+    created?;
+    let applied = applied?;
     let supported = migrations.last().map_or(0, |m| m.version);
     let mut done = std::collections::BTreeSet::new();
     for row in &applied {
@@ -135,23 +159,23 @@ pub(crate) async fn migrate_with(
         }
         done.insert(version);
     }
-    let mut now = Vec::new();
-    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-        tx.batch_execute(m.sql)
-            .await
-            .map_err(|e| PgError::Migration {
-                version: m.version,
-                name: m.name.into(),
-                cause: super::error::PgCause(e),
-            })?;
-        tx.execute(
-            "INSERT INTO hw_schema (version, name, sha256) VALUES ($1, $2, $3)",
-            &[&m.version, &m.name, &m.sha256()],
-        )
-        .await
-        .map_err(PgError::sql("recording a migration"))?;
-        now.push(m.version);
+    // Each migration with its row in hw_schema as one batch, every batch in one flight: a
+    // new database costs one round trip, not two per migration. After a batch that failed
+    // the others fail too (the transaction is aborted): the first error is the one said.
+    let pending: Vec<&Migration> = migrations
+        .iter()
+        .filter(|m| !done.contains(&m.version))
+        .collect();
+    let batches: Vec<String> = pending.iter().map(|m| m.batch()).collect();
+    let ran = futures_util::future::join_all(batches.iter().map(|b| tx.batch_execute(b))).await;
+    for (m, ran) in pending.iter().zip(ran) {
+        ran.map_err(|e| PgError::Migration {
+            version: m.version,
+            name: m.name.into(),
+            cause: super::error::PgCause(e),
+        })?;
     }
+    let now = pending.iter().map(|m| m.version).collect();
     tx.commit()
         .await
         .map_err(PgError::sql("committing the migrations"))?;

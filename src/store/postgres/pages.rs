@@ -17,6 +17,7 @@ use super::keys::{log_number, JobId, WorkerId};
 use super::reruns;
 use super::rows::to_i64;
 use super::state::Inner;
+use super::typed::typed;
 use crate::store::{Log, PageMark, PageRecord};
 
 /// The fenced page write (one statement: check, share-lock, upsert).
@@ -170,21 +171,21 @@ async fn write_rows(
         columns.8.push(r.page.items.get());
     }
     let written = client
-        .execute(
+        .execute_typed(
             WRITE_PAGES,
-            &[
-                &job.0,
-                &me.0,
-                &log_number(log),
-                &columns.0,
-                &columns.1,
-                &columns.2,
-                &columns.3,
-                &columns.4,
-                &columns.5,
-                &columns.6,
-                &columns.7,
-                &columns.8,
+            &typed![
+                job.0,
+                me.0,
+                log_number(log),
+                columns.0,
+                columns.1,
+                columns.2,
+                columns.3,
+                columns.4,
+                columns.5,
+                columns.6,
+                columns.7,
+                columns.8
             ],
         )
         .await
@@ -201,11 +202,11 @@ pub(super) async fn marks(
 ) -> Result<Vec<Option<PageMark>>, PgError> {
     let wanted: Vec<&str> = ids.iter().map(|(_, id)| *id).collect();
     let rows = c
-        .query(
+        .query_typed(
             "SELECT DISTINCT ON (id) id, mark FROM hw_page
                  WHERE job_id = $1 AND generation = $2 AND id = ANY($3)
                  ORDER BY id, page DESC",
-            &[&job.0, &(generation as i32), &wanted],
+            &typed![job.0, (generation as i32), wanted],
         )
         .await
         .map_err(PgError::sql("reading where pages stand"))?;
@@ -228,17 +229,17 @@ pub(super) async fn pages(
     count: u32,
 ) -> Result<Vec<PageRecord>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT page, bucket, \"row\", mark, items::text FROM hw_page
                  WHERE job_id = $1 AND id = $2 AND generation = $3
                    AND page >= $4 AND page < $5::bigint
                  ORDER BY page",
-            &[
-                &job.0,
-                &id,
-                &(generation as i32),
-                &(from as i32),
-                &(i64::from(from) + i64::from(count)),
+            &typed![
+                job.0,
+                id,
+                (generation as i32),
+                (from as i32),
+                (i64::from(from) + i64::from(count))
             ],
         )
         .await

@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 use super::error::PgError;
 use super::keys::JobId;
 use super::rows::malformed;
+use super::typed::typed;
 use crate::quota::{QuotaGrant, QuotaLedger, QuotaWant};
 
 /// Reserve `wants` ([`QuotaLedger::reserve`]) at the database's now, in one transaction.
@@ -20,10 +21,10 @@ pub(crate) async fn reserve(
         .await
         .map_err(PgError::sql("starting a quota reservation"))?;
     let row = tx
-        .query_one(
+        .query_typed_one(
             "SELECT quota_usage, (extract(epoch FROM clock_timestamp()) * 1000)::bigint
              FROM hw_job WHERE job_id = $1 FOR UPDATE",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the quota usage"))?;
@@ -31,9 +32,9 @@ pub(crate) async fn reserve(
     let now_ms: i64 = row.get(1);
     let grants = ledger.reserve(wants, u64::try_from(now_ms).unwrap_or(0));
     let usage = serde_json::to_value(&ledger).expect("a ledger always serializes");
-    tx.execute(
+    tx.execute_typed(
         "UPDATE hw_job SET quota_usage = $2 WHERE job_id = $1",
-        &[&job.0, &usage],
+        &typed![job.0, usage],
     )
     .await
     .map_err(PgError::sql("storing the quota usage"))?;
@@ -46,9 +47,9 @@ pub(crate) async fn reserve(
 /// The job's quota usage.
 pub(crate) async fn read(client: &Client, job: JobId) -> Result<QuotaLedger, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT quota_usage FROM hw_job WHERE job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the quota usage"))?;

@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use super::error::PgError;
 use super::keys::JobId;
+use super::typed::typed;
 
 /// Change the job's total rate (none: unlimited) and burst. Every share is reset in the same
 /// transaction (and regrows from the new rate at the next heartbeats), so a lower rate is
@@ -21,20 +22,20 @@ pub(crate) async fn set_rate(
         .transaction()
         .await
         .map_err(PgError::sql("starting a rate change"))?;
-    tx.execute(
+    tx.execute_typed(
         "UPDATE hw_job SET rate_per_s = $2, burst = $3 WHERE job_id = $1",
-        &[
-            &job.0,
-            &rate_per_s,
-            &burst.map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX)),
+        &typed![
+            job.0,
+            rate_per_s,
+            burst.map(|b| i32::try_from(b.max(1)).unwrap_or(i32::MAX))
         ],
     )
     .await
     .map_err(PgError::sql("setting the rate"))?;
-    tx.execute(
+    tx.execute_typed(
         "UPDATE hw_worker SET rate_share = CASE WHEN $2::float8 IS NULL THEN NULL ELSE 0 END
          WHERE job_id = $1",
-        &[&job.0, &rate_per_s],
+        &typed![job.0, rate_per_s],
     )
     .await
     .map_err(PgError::sql("resetting rate shares"))?;
@@ -54,9 +55,9 @@ pub(crate) async fn ensure_rate(
     burst: Option<u32>,
 ) -> Result<bool, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT rate_per_s, burst FROM hw_job WHERE job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the rate"))?;
@@ -79,13 +80,13 @@ pub(crate) async fn pause(
     pause: Duration,
 ) -> Result<Duration, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "UPDATE hw_job
              SET paused_until = greatest(coalesce(paused_until, now()),
                                          now() + make_interval(secs => $2))
              WHERE job_id = $1
              RETURNING extract(epoch FROM paused_until - now())::float8",
-            &[&job.0, &pause.as_secs_f64()],
+            &typed![job.0, pause.as_secs_f64()],
         )
         .await
         .map_err(PgError::sql("pausing the job"))?;

@@ -11,16 +11,17 @@ use super::buckets::bucket_rows;
 use super::error::PgError;
 use super::keys::{JobId, WorkerId};
 use super::rows::{commit_record, item_record, malformed, sql, to_i64};
+use super::typed::typed;
 use crate::store::{ItemRecord, Log, RerunBucket, RerunBucketState, RerunOffset, RerunRecord};
 
 /// Every rerun of the job, oldest first.
 pub(super) async fn reruns(c: &Client, job: JobId) -> Result<Vec<RerunRecord>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT number, selection, buckets, ids,
                     (extract(epoch FROM created_at) * 1000)::float8
              FROM hw_rerun WHERE job_id = $1 ORDER BY number",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(sql("reading reruns"))?;
@@ -52,16 +53,16 @@ pub(super) async fn create_rerun(
         serde_json::to_value(&rerun.selection).map_err(|e| malformed("a selection", e))?;
     let number = rerun.number as i32;
     let tx = c.transaction().await.map_err(sql("starting a rerun"))?;
-    tx.execute(
+    tx.execute_typed(
         "INSERT INTO hw_rerun (job_id, number, selection, buckets, ids, created_at)
          VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8 / 1000))",
-        &[
-            &job.0,
-            &number,
-            &selection,
-            &to_i64(rerun.buckets)?,
-            &to_i64(rerun.ids)?,
-            &(rerun.created_at_ms as f64),
+        &typed![
+            job.0,
+            number,
+            selection,
+            to_i64(rerun.buckets)?,
+            to_i64(rerun.ids)?,
+            (rerun.created_at_ms as f64)
         ],
     )
     .await
@@ -78,23 +79,21 @@ pub(super) async fn create_rerun(
             ids.push(id.as_str());
         }
     }
-    tx.execute(
+    tx.execute_typed(
         "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state, owner,
                                 lease_token)
          SELECT $1, $2, u.bucket, u.record::jsonb, u.items,
                 CASE WHEN $6::bigint IS NULL THEN 'open' ELSE 'leased' END,
                 CASE WHEN $6::bigint IS NULL THEN NULL ELSE $7::text::uuid END, $6
          FROM unnest($3::bigint[], $4::text[], $5::bigint[]) AS u(bucket, record, items)",
-        &[
-            &job.0, &number, &numbers, &records, &sizes, &job_lease, &me.0,
-        ],
+        &typed![job.0, number, numbers, records, sizes, job_lease, me.0],
     )
     .await
     .map_err(sql("writing rerun buckets"))?;
-    tx.execute(
+    tx.execute_typed(
         "INSERT INTO hw_rerun_item (job_id, rerun, bucket, \"row\", id)
          SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[])",
-        &[&job.0, &number, &item_buckets, &rows, &ids],
+        &typed![job.0, number, item_buckets, rows, ids],
     )
     .await
     .map_err(sql("writing rerun IDs"))?;
@@ -129,12 +128,12 @@ pub(super) async fn rerun_bucket_items(
     offset: &RerunOffset,
 ) -> Result<Vec<(String, ItemRecord)>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT i.id, i.\"row\", i.bucket, i.status, i.body::text, i.record::text,
                     i.row_values::text
              FROM hw_rerun_item r JOIN hw_item i ON i.job_id = r.job_id AND i.id = r.id
              WHERE r.job_id = $1 AND r.rerun = $2 AND r.bucket = $3 ORDER BY r.\"row\"",
-            &[&job.0, &(offset.rerun as i32), &to_i64(offset.bucket)?],
+            &typed![job.0, (offset.rerun as i32), to_i64(offset.bucket)?],
         )
         .await
         .map_err(sql("reading a rerun bucket's items"))?;
@@ -149,10 +148,10 @@ pub(super) async fn buckets_of(
     ids: &[&str],
 ) -> Result<HashMap<String, u64>, PgError> {
     let rows = c
-        .query(
+        .query_typed(
             "SELECT id, bucket FROM hw_rerun_item
                      WHERE job_id = $1 AND rerun = $2 AND id = ANY($3)",
-            &[&job.0, &(rerun as i32), &ids],
+            &typed![job.0, (rerun as i32), ids],
         )
         .await
         .map_err(PgError::sql("finding rerun buckets"))?;

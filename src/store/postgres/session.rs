@@ -20,6 +20,7 @@ use tokio_postgres::{Client, GenericClient};
 
 use super::error::PgError;
 use super::keys::{JobId, WorkerId};
+use super::typed::typed;
 
 /// Who a worker is, for `status`.
 #[derive(Debug, Clone)]
@@ -66,16 +67,16 @@ pub(crate) async fn register(
     ttl: Duration,
 ) -> Result<WorkerId, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "INSERT INTO hw_worker (job_id, host, pid, version, expires_at)
              VALUES ($1, $2, $3, $4, clock_timestamp() + make_interval(secs => $5))
              RETURNING worker_id::text",
-            &[
-                &job.0,
-                &info.host,
-                &i32::try_from(info.pid).unwrap_or(i32::MAX),
-                &info.version,
-                &ttl.as_secs_f64(),
+            &typed![
+                job.0,
+                info.host,
+                i32::try_from(info.pid).unwrap_or(i32::MAX),
+                info.version,
+                ttl.as_secs_f64()
             ],
         )
         .await
@@ -114,15 +115,15 @@ pub(crate) async fn heartbeat(
         .transaction()
         .await
         .map_err(PgError::sql("starting a heartbeat"))?;
-    tx.execute(
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::integer)",
-        &[&RATE_LOCK, &job.0],
+        &typed![RATE_LOCK, job.0],
     )
     .await
     .map_err(PgError::sql("taking the rate-share lock"))?;
     // clock_timestamp, not now(): the lock may have been waited for.
     let row = tx
-        .query_opt(
+        .query_typed_opt(
             "UPDATE hw_worker w
              SET heartbeat_at = clock_timestamp(),
                  expires_at = clock_timestamp() + make_interval(secs => $3),
@@ -149,7 +150,7 @@ pub(crate) async fn heartbeat(
              RETURNING w.rate_share, j.rate_per_s, j.burst, w.draining,
                        extract(epoch FROM j.paused_until - clock_timestamp())::float8,
                        live.n, peers.n",
-            &[&job.0, &me.0, &ttl.as_secs_f64(), stats, &idle],
+            &typed![job.0, me.0, ttl.as_secs_f64(), stats, idle],
         )
         .await
         .map_err(PgError::sql("renewing the worker session"))?;
@@ -222,7 +223,7 @@ pub(crate) async fn workers(
     job: JobId,
 ) -> Result<Vec<WorkerRow>, PgError> {
     let rows = client
-        .query(
+        .query_typed(
             "SELECT w.worker_id::text, w.host, w.pid, w.version,
                     (extract(epoch FROM w.started_at) * 1000)::float8,
                     (extract(epoch FROM w.heartbeat_at) * 1000)::float8,
@@ -233,7 +234,7 @@ pub(crate) async fn workers(
                        AND b.owner = w.worker_id AND b.state = 'leased'),
                     w.rate_share, w.stats
              FROM hw_worker w WHERE w.job_id = $1 ORDER BY w.started_at DESC",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("listing workers"))?;
@@ -262,11 +263,11 @@ pub(crate) async fn drain(
     me: &WorkerId,
 ) -> Result<(), PgError> {
     client
-        .execute(
+        .execute_typed(
             "UPDATE hw_worker SET draining = true,
                  rate_share = CASE WHEN rate_share IS NULL THEN NULL ELSE 0 END
              WHERE job_id = $1 AND worker_id = $2::text::uuid",
-            &[&job.0, &me.0],
+            &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("marking the worker draining"))?;
@@ -282,9 +283,9 @@ pub(crate) async fn end(client: &mut Client, job: JobId, me: &WorkerId) -> Resul
         .map_err(PgError::sql("starting the session's end"))?;
     let released = super::buckets::release_all(&tx, job, me).await?;
     super::planner::release_planner(&tx, job, me).await?;
-    tx.execute(
+    tx.execute_typed(
         "DELETE FROM hw_worker WHERE job_id = $1 AND worker_id = $2::text::uuid",
-        &[&job.0, &me.0],
+        &typed![job.0, me.0],
     )
     .await
     .map_err(PgError::sql("deleting the worker session"))?;

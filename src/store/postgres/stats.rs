@@ -18,7 +18,7 @@ pub(crate) async fn counted(
     job: JobId,
 ) -> Result<StoreStats, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT j.planner_exhausted, j.cursor_row, j.cursor_byte,
                     b.planned, b.committed, b.ids, b.duplicates, b.bad_lines, b.ok, b.failed,
                     open.ok, open.failed, b.usage_input, b.usage_output,
@@ -48,7 +48,7 @@ pub(crate) async fn counted(
                    FROM hw_bucket u JOIN hw_item i ON i.job_id = u.job_id AND i.bucket = u.bucket
                    WHERE u.job_id = $1 AND u.rerun = 0 AND u.state <> 'committed') open
              WHERE j.job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("counting the job's figures"))?;
@@ -108,12 +108,12 @@ pub struct Planning {
 /// Where planning stands: done, planned by a live worker, or waiting for one with the input.
 pub(crate) async fn planning(client: &impl GenericClient, job: JobId) -> Result<Planning, PgError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT j.planner_exhausted, j.planner::text, EXISTS (
                         SELECT 1 FROM hw_worker w WHERE w.job_id = j.job_id
                           AND w.worker_id = j.planner AND w.expires_at > now())
              FROM hw_job j WHERE j.job_id = $1",
-            &[&job.0],
+            &typed![job.0],
         )
         .await
         .map_err(PgError::sql("reading the planner"))?;

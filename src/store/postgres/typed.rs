@@ -29,19 +29,23 @@ sql_types! {
     i64 => INT8,
     f64 => FLOAT8,
     String => TEXT,
-    &str => TEXT,
+    str => TEXT,
     serde_json::Value => JSONB,
     Vec<i64> => INT8_ARRAY,
-    &[i64] => INT8_ARRAY,
+    [i64] => INT8_ARRAY,
     Vec<i32> => INT4_ARRAY,
     Vec<String> => TEXT_ARRAY,
     Vec<&str> => TEXT_ARRAY,
-    &[&str] => TEXT_ARRAY,
+    [&str] => TEXT_ARRAY,
     Vec<Option<String>> => TEXT_ARRAY,
     Vec<Option<&str>> => TEXT_ARRAY,
 }
 
 impl<T: SqlType> SqlType for Option<T> {
+    const TYPE: Type = T::TYPE;
+}
+
+impl<T: SqlType + ?Sized> SqlType for &T {
     const TYPE: Type = T::TYPE;
 }
 
