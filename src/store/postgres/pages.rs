@@ -15,19 +15,16 @@ use tokio_postgres::GenericClient;
 use super::error::PgError;
 use super::keys::{log_number, JobId, WorkerId};
 use super::reruns;
+use super::results::held_leases;
 use super::rows::to_i64;
 use super::state::Inner;
 use super::typed::typed;
 use crate::store::{Log, PageMark, PageRecord};
 
 /// The fenced page write (one statement: check, share-lock, upsert).
-const WRITE_PAGES: &str = "WITH held AS (
-                 SELECT b.bucket, b.lease_token FROM hw_bucket b
-                 WHERE b.job_id = $1 AND b.rerun = $3 AND b.owner = $2::text::uuid
-                   AND b.state = 'leased'
-                   AND (b.bucket, b.lease_token) IN
-                       (SELECT DISTINCT * FROM unnest($4::bigint[], $5::bigint[]))
-                 FOR SHARE OF b),
+const WRITE_PAGES: &str = concat!(
+    held_leases!(),
+    "
              incoming AS (
                  SELECT * FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::integer[],
                                       $8::integer[], $9::bigint[], $10::bigint[], $11::text[],
@@ -43,7 +40,8 @@ const WRITE_PAGES: &str = "WITH held AS (
              ON CONFLICT (job_id, id, generation, page) DO UPDATE
                  SET bucket = EXCLUDED.bucket, \"row\" = EXCLUDED.\"row\", mark = EXCLUDED.mark,
                      items = EXCLUDED.items, lease_token = EXCLUDED.lease_token
-                 WHERE p.lease_token <= EXCLUDED.lease_token";
+                 WHERE p.lease_token <= EXCLUDED.lease_token"
+);
 
 /// One page as written: the lease bucket and token it is fenced by, its key and its columns.
 struct PageRow<'a> {

@@ -42,14 +42,29 @@ pub(crate) struct Written {
     pub fenced: u64,
 }
 
-/// The fenced result write of [`write_results`] (one statement: check, share-lock, upsert).
-pub(crate) const WRITE_RESULTS: &str = "WITH held AS (
+/// The fence of a fenced write, as the start of its statement: `held`, the rows of the
+/// buckets (`$4`) still leased to this session (`$2`) in log `$3` of job `$1` under the
+/// tokens (`$5`) the rows are written with, share-locked until the statement's transaction
+/// ends, so no acquire moves a lease between the check and the write. Rows to write join
+/// it on (bucket, token); those that find no row are fenced out.
+macro_rules! held_leases {
+    () => {
+        "WITH held AS (
                  SELECT b.bucket, b.lease_token FROM hw_bucket b
                  WHERE b.job_id = $1 AND b.rerun = $3 AND b.owner = $2::text::uuid
                    AND b.state = 'leased'
                    AND (b.bucket, b.lease_token) IN
                        (SELECT DISTINCT * FROM unnest($4::bigint[], $5::bigint[]))
-                 FOR SHARE OF b),
+                 FOR SHARE OF b),"
+    };
+}
+
+pub(crate) use held_leases;
+
+/// The fenced result write of [`write_results`] (one statement: check, share-lock, upsert).
+pub(crate) const WRITE_RESULTS: &str = concat!(
+    held_leases!(),
+    "
              incoming AS (
                  SELECT * FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[],
                                       $8::bigint[], $9::text[], $10::integer[], $11::text[],
@@ -66,7 +81,8 @@ pub(crate) const WRITE_RESULTS: &str = "WITH held AS (
                  SET status = EXCLUDED.status, http_status = EXCLUDED.http_status,
                      body = EXCLUDED.body, record = EXCLUDED.record,
                      lease_token = EXCLUDED.lease_token
-                 WHERE i.lease_token <= EXCLUDED.lease_token";
+                 WHERE i.lease_token <= EXCLUDED.lease_token"
+);
 
 /// Write final results of one log, fenced by their leases (see the module doc). A later row
 /// for the same ID in `rows` wins. One statement: by itself, or inside the transaction that
