@@ -105,11 +105,7 @@ pub(super) async fn the_engine_stops_and_resumes_every_id_exactly_once<B: Backen
     assert_eq!(second.job.ok + second.job.failed, 1500);
     assert_eq!(second.job.duplicates, 100);
     assert_eq!(api.distinct_ids(), 1500);
-    let unsynced = if crate::store::Store::over_network(&*s) {
-        engine::max_unsynced_items_over_network(8)
-    } else {
-        engine::max_unsynced_items(8)
-    };
+    let unsynced = engine::max_unsynced_items_of(&*s, 8);
     let bound = 1500 + unsynced as u64;
     assert!(api.total_calls() <= bound, "{} calls", api.total_calls());
     let exported = finals(&*s).await.unwrap();

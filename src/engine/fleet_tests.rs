@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::demo::api::{Announce, ApiConfig, ApiWindow, FakeApi};
 use crate::engine::planner::PLANNER_POLL;
 use crate::engine::source::leased::POLL_MAX;
-use crate::engine::{max_unsynced_items, max_unsynced_items_over_network, run, stop_pair};
+use crate::engine::{max_unsynced_items_of, run, stop_pair};
 use crate::handler::http::HttpHandler;
 use crate::progress::{Counters, RunSummary};
 use crate::spec::{JobSpec, RunOptions};
@@ -554,7 +554,7 @@ async fn a_worker_that_dies_mid_run_leaves_its_buckets_to_the_others<D: SharedJo
     // Called twice: only what A had in flight or not yet durable when it died.
     let twice = called_twice(&f.ids, &f.api, &slow);
     assert!(
-        twice.len() <= unsynced_bound(&*b, 4),
+        twice.len() <= max_unsynced_items_of(&*b, 4),
         "{} IDs called twice: {twice:?}",
         twice.len()
     );
@@ -686,13 +686,4 @@ async fn workers_divide_what_the_api_announces<D: SharedJob>(workers: usize) {
     assert_eq!(f.api.window_refusals(), 0, "{workers} workers met 429s");
     assert_eq!(f.api.total_calls(), 240, "no ID called twice");
     exactly_once(&*last.unwrap(), &ids).await;
-}
-
-/// The most calls a kill -9 of a worker of `store` may repeat, at `concurrency`.
-fn unsynced_bound<S: Store>(store: &S, concurrency: usize) -> usize {
-    if store.over_network() {
-        max_unsynced_items_over_network(concurrency)
-    } else {
-        max_unsynced_items(concurrency)
-    }
 }

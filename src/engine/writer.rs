@@ -52,6 +52,12 @@ pub fn max_unsynced_items_over_network(concurrency: usize) -> usize {
     concurrency + 2 * writer_queue(concurrency, true)
 }
 
+/// The bound of a run on `store`: [`max_unsynced_items`] or
+/// [`max_unsynced_items_over_network`], as [`Store::over_network`] says.
+pub(crate) fn max_unsynced_items_of<S: Store>(store: &S, concurrency: usize) -> usize {
+    concurrency + 2 * writer_queue(concurrency, store.over_network())
+}
+
 /// A bucket about to be dispatched: `remaining` items to wait for, `done` already counted,
 /// and the lease its commit carries.
 pub(super) struct Track {

@@ -88,19 +88,7 @@ fn every_page_of_every_id_is_followed_in_each_style_and_its_items_kept_in_order(
             vec!["--paginate", "link", "--items", ".[]"],
             &by_next,
         ),
-        (
-            "cursor",
-            &cursor,
-            vec![
-                "--paginate",
-                "cursor=.next_cursor",
-                "--page-param",
-                "cursor",
-                "--items",
-                ".data[]",
-            ],
-            &by_next,
-        ),
+        ("cursor", &cursor, CURSOR.to_vec(), &by_next),
         (
             "cursor in the body",
             &cursor_post,

@@ -25,24 +25,9 @@ impl PageTarget<'_> {
     /// The page's URL, from the first request's.
     pub(super) fn url(&mut self, first: Url) -> Result<Url, Failure> {
         let url = match self.next {
-            Some(NextRequest::Url(next)) => {
-                let next = Url::parse(next).map_err(|e| {
-                    paging_failure(NextError::BadUrl {
-                        url: next.clone(),
-                        reason: e.to_string(),
-                    })
-                })?;
-                check_origin(&first, &next).map_err(paging_failure)?;
-                next
-            }
+            Some(NextRequest::Url(next)) => next_url(&first, next)?,
             Some(NextRequest::UrlKeeping { url, first: kept }) => {
-                let next = Url::parse(url).map_err(|e| {
-                    paging_failure(NextError::BadUrl {
-                        url: url.clone(),
-                        reason: e.to_string(),
-                    })
-                })?;
-                check_origin(&first, &next).map_err(paging_failure)?;
+                let next = next_url(&first, url)?;
                 let pairs: Vec<(String, String)> = first
                     .query_pairs()
                     .filter(|(name, _)| kept.iter().any(|k| k == name))
@@ -171,6 +156,18 @@ pub(crate) fn paging_failure(e: NextError) -> Failure {
         status: None,
         message: e.to_string(),
     }
+}
+
+/// A next URL the API gave, parsed and on the first request's origin.
+fn next_url(first: &Url, next: &str) -> Result<Url, Failure> {
+    let parsed = Url::parse(next).map_err(|e| {
+        paging_failure(NextError::BadUrl {
+            url: next.to_string(),
+            reason: e.to_string(),
+        })
+    })?;
+    check_origin(first, &parsed).map_err(paging_failure)?;
+    Ok(parsed)
 }
 
 #[cfg(test)]
