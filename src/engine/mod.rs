@@ -105,8 +105,7 @@ pub use error::EngineError;
 use source::{job::JobLog, leased::Leased, rerun::RerunLog};
 pub use stop::{stop_pair, Stop, StopHandle};
 use wiring::{run_source, Run};
-pub(crate) use writer::max_unsynced_items_of;
-pub use writer::{max_unsynced_items, max_unsynced_items_over_network};
+pub use writer::{max_unsynced_items, max_unsynced_items_of, max_unsynced_items_over_network};
 
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///

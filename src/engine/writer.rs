@@ -54,7 +54,7 @@ pub fn max_unsynced_items_over_network(concurrency: usize) -> usize {
 
 /// The bound of a run on `store`: [`max_unsynced_items`] or
 /// [`max_unsynced_items_over_network`], as [`Store::over_network`] says.
-pub(crate) fn max_unsynced_items_of<S: Store>(store: &S, concurrency: usize) -> usize {
+pub fn max_unsynced_items_of<S: Store>(store: &S, concurrency: usize) -> usize {
     concurrency + 2 * writer_queue(concurrency, store.over_network())
 }
 
