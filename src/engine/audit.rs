@@ -310,22 +310,31 @@ impl<S: Store + Leases> Leases for Audit<S> {
     }
 }
 
+/// The buckets of the job's log among `leases` (what [`Event::Leased`] records).
+fn job_buckets(leases: &[Lease]) -> Vec<u64> {
+    leases
+        .iter()
+        .filter_map(|l| match l.scope {
+            LeaseScope::Bucket {
+                log: Log::Job,
+                bucket,
+            } => Some(bucket),
+            _ => None,
+        })
+        .collect()
+}
+
 impl<S: Fleet> Fleet for Audit<S> {
     async fn acquire_next(&self, log: Log, n: u32) -> Result<Vec<Lease>, StoreError> {
         let leases = self.inner.acquire_next(log, n).await?;
-        self.push(Event::Leased(
-            leases
-                .iter()
-                .filter_map(|l| match l.scope {
-                    LeaseScope::Bucket {
-                        log: Log::Job,
-                        bucket,
-                    } => Some(bucket),
-                    _ => None,
-                })
-                .collect(),
-        ));
+        self.push(Event::Leased(job_buckets(&leases)));
         Ok(leases)
+    }
+    async fn acquire_work(&self, log: Log, n: u32) -> Result<Vec<LeasedBucket>, StoreError> {
+        let work = self.inner.acquire_work(log, n).await?;
+        let leases: Vec<Lease> = work.iter().map(|w| w.lease.clone()).collect();
+        self.push(Event::Leased(job_buckets(&leases)));
+        Ok(work)
     }
     fn alive(&self) -> bool {
         self.inner.alive()

@@ -394,6 +394,45 @@ pub trait Fleet: Store + Leases {
         n: u32,
     ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
+    /// Lease up to `n` buckets of `log` as [`Fleet::acquire_next`] does, and read each one's
+    /// items as [`Store::bucket_items`] (the job's log) or [`Store::rerun_bucket_items`] (a
+    /// rerun's) give them: what a worker needs to work on the buckets. A backend whose
+    /// every read is a round trip to a server reads them together, in one flight after
+    /// the lease; this default asks one question after another.
+    fn acquire_work(
+        &self,
+        log: Log,
+        n: u32,
+    ) -> impl Future<Output = Result<Vec<LeasedBucket>, StoreError>> + Send {
+        async move {
+            let leases = self.acquire_next(log, n).await?;
+            let mut work = Vec::with_capacity(leases.len());
+            for lease in leases {
+                let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+                    continue;
+                };
+                let items = match log {
+                    Log::Job => {
+                        let found = self.buckets(bucket, 1).await?.into_iter().next();
+                        match found.filter(|b| b.offset.bucket == bucket) {
+                            Some(b) => self.bucket_items(&b.offset).await?,
+                            None => continue,
+                        }
+                    }
+                    Log::Rerun(k) => {
+                        let found = self.rerun_buckets(k, bucket, 1).await?.into_iter().next();
+                        match found.filter(|b| b.offset.bucket == bucket) {
+                            Some(b) => self.rerun_bucket_items(&b.offset).await?,
+                            None => continue,
+                        }
+                    }
+                };
+                work.push(LeasedBucket { lease, items });
+            }
+            Ok(work)
+        }
+    }
+
     /// Whether this worker's leases are surely still valid (for a store whose leases
     /// expire: its last renewal is less than a time to live old, on the local monotonic
     /// clock). A worker starts no call while they are not.
@@ -438,6 +477,16 @@ pub trait Fleet: Store + Leases {
     /// This worker's name among the job's workers (its session), for the `worker` label of
     /// its metrics.
     fn worker_label(&self) -> String;
+}
+
+/// A bucket just leased, with its items ([`Fleet::acquire_work`]).
+#[derive(Debug, Clone)]
+pub struct LeasedBucket {
+    /// The bucket's lease (bucket-scoped).
+    pub lease: Lease,
+    /// Its items with their records, pending or final, in row order: the job's records for
+    /// a bucket of the job's log, those a rerun's bucket holds for a rerun's.
+    pub items: Vec<(String, ItemRecord)>,
 }
 
 /// A worker's part of the fleet's rate ([`Fleet::fleet_rate`]).

@@ -25,7 +25,7 @@ pub mod view;
 pub(crate) use backend::worker_label;
 pub use backend::{
     BucketState, Commit, Fleet, FleetKind, FleetRate, FleetVisitor, Lease, LeaseScope, LeaseToken,
-    Leases, Log, NoFleet, RerunBucketState, Store,
+    LeasedBucket, Leases, Log, NoFleet, RerunBucketState, Store,
 };
 pub use error::{ExportError, StoreError};
 pub use pages::{PageMark, PageRecord};

@@ -46,7 +46,7 @@ use crate::engine::writer::Track;
 use crate::plan::PlanError;
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{Fleet, JobView, Lease, LeaseScope, Log, Tally};
+use crate::store::{Fleet, Lease, LeaseScope, LeasedBucket, Log, Tally};
 use crate::throttle::Throttle;
 
 /// A worker's run in a fleet (see the module doc).
@@ -241,24 +241,15 @@ async fn lease_ahead<S: Fleet>(
     if !store.alive() {
         return Ok(Vec::new());
     }
-    let leases = store.acquire_next(log, BUCKETS_PER_ACQUIRE).await?;
-    let mut ahead = Vec::with_capacity(leases.len());
-    for lease in leases {
+    let work = store.acquire_work(log, BUCKETS_PER_ACQUIRE).await?;
+    let mut ahead = Vec::with_capacity(work.len());
+    for LeasedBucket { lease, items } in work {
         let LeaseScope::Bucket { bucket, .. } = lease.scope else {
             continue;
         };
         let (done, mut todo) = match log {
-            Log::Job => match store.bucket(bucket).await? {
-                Some(b) => job_work(bucket, store.bucket_items(&b.offset).await?),
-                None => continue,
-            },
-            Log::Rerun(k) => {
-                let found = store.rerun_buckets(k, bucket, 1).await?.into_iter().next();
-                match found.filter(|b| b.offset.bucket == bucket) {
-                    Some(b) => rerun_work(k, bucket, store.rerun_bucket_items(&b.offset).await?),
-                    None => continue,
-                }
-            }
+            Log::Job => job_work(bucket, items),
+            Log::Rerun(k) => rerun_work(k, bucket, items),
         };
         let generation = log.rerun().unwrap_or(0);
         with_marks(store, paged, generation, &mut todo).await?;

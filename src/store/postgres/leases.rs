@@ -29,15 +29,16 @@ use super::error::PgError;
 use super::heartbeat::take_grant;
 use super::keys::{log_number, WorkerId};
 use super::outage::Outage;
-use super::results::{begin, commit_bucket_as, committed_buckets_as, end, move_counts};
+use super::flight::{begin, end};
+use super::results::{commit_bucket_as, committed_buckets_as, move_counts};
 use super::rows::to_i64;
 use super::session::{heartbeat, Grant, Heartbeat};
 use super::state::{Inner, PgStore, WriterConn};
 use super::writes::one_statement;
-use super::{planner, rate, session, stats};
+use super::{items, planner, rate, reruns, session, stats};
 use crate::store::{
-    Commit, CommitRecord, Fleet, FleetRate, ItemRecord, Lease, LeaseScope, LeaseToken, Leases, Log,
-    StoreError,
+    Commit, CommitRecord, Fleet, FleetRate, ItemRecord, Lease, LeaseScope, LeaseToken,
+    LeasedBucket, Leases, Log, StoreError,
 };
 
 impl PgStore {
@@ -345,10 +346,10 @@ async fn commit_each_fenced(
         }));
     // `join4` polls each in order, and each sends its statement when first polled.
     let (begun, written, updated, ended) = futures_util::future::join4(
-        begin(c),
+        begin(c, "starting a commit"),
         inner.write_fenced(c, &w.write, results),
         updates,
-        end(c),
+        end(c, "committing buckets"),
     )
     .await;
     begun?;
@@ -398,6 +399,44 @@ impl Fleet for PgStore {
                 },
                 token: LeaseToken(a.lease.token as u64),
             })
+            .collect())
+    }
+
+    /// The lease first, then every leased bucket's items in one flight (pipelined on one
+    /// connection): two round trips, where asking one question after another took one for
+    /// the lease and two per bucket.
+    async fn acquire_work(&self, log: Log, n: u32) -> Result<Vec<LeasedBucket>, StoreError> {
+        let leases = self.acquire_next(log, n).await?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let job = self.inner.job;
+        let mut outage = Outage::default();
+        let items = loop {
+            let attempt = async {
+                let conn = self.inner.connection().await?;
+                let c = conn.as_ref().expect("connected by connection()");
+                let reads = leases.iter().map(|lease| async move {
+                    let LeaseScope::Bucket { bucket, .. } = lease.scope else {
+                        return Ok(Vec::new());
+                    };
+                    match log {
+                        Log::Job => items::bucket_items(c, job, bucket).await,
+                        Log::Rerun(k) => reruns::rerun_bucket_items(c, job, k, bucket).await,
+                    }
+                });
+                futures_util::future::try_join_all(reads).await
+            }
+            .await;
+            match attempt {
+                Err(e) if outage.wait(&e).await => continue,
+                attempt => break attempt.map_err(|e| self.inner.err(e))?,
+            }
+        };
+        Ok(leases
+            .into_iter()
+            .zip(items)
+            .map(|(lease, items)| LeasedBucket { lease, items })
             .collect())
     }
 

@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use super::error::PgError;
+use super::flight::{begin, end, rollback};
 use super::typed::typed;
 
 /// One embedded migration.
@@ -100,12 +101,11 @@ pub(crate) async fn migrate_with(
     client: &mut Client,
     migrations: &[Migration],
 ) -> Result<Vec<i32>, PgError> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(PgError::sql("starting the migration transaction"))?;
-    // The lock, the table and what it holds, in one flight.
-    let (locked, created, applied) = futures_util::future::join3(
+    let tx: &Client = client;
+    // The first flight (see `flight.rs`): the transaction opened, the lock taken, the table
+    // made and what it holds read.
+    let (begun, locked, created, applied) = futures_util::future::join4(
+        begin(tx, "starting the migration transaction"),
         async {
             tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &typed![LOCK_KEY])
                 .await
@@ -133,41 +133,60 @@ pub(crate) async fn migrate_with(
         },
     )
     .await;
-    locked?;
-    created?;
-    let applied = applied?;
-    let supported = migrations.last().map_or(0, |m| m.version);
-    let mut done = std::collections::BTreeSet::new();
-    for row in &applied {
-        let version: i32 = row.get(0);
-        let name: String = row.get(1);
-        let sha: String = row.get(2);
-        let Some(embedded) = migrations.iter().find(|m| m.version == version) else {
-            return Err(PgError::SchemaNewer {
-                found: applied.last().map_or(version, |r| r.get(0)),
-                supported,
-            });
-        };
-        let embedded_sha = embedded.sha256();
-        if sha != embedded_sha {
-            return Err(PgError::ChecksumMismatch {
-                version,
-                name,
-                applied: sha,
-                embedded: embedded_sha,
-            });
+    let checked = (|| {
+        begun?;
+        locked?;
+        created?;
+        let applied = applied?;
+        let supported = migrations.last().map_or(0, |m| m.version);
+        let mut done = std::collections::BTreeSet::new();
+        for row in &applied {
+            let version: i32 = row.get(0);
+            let name: String = row.get(1);
+            let sha: String = row.get(2);
+            let Some(embedded) = migrations.iter().find(|m| m.version == version) else {
+                return Err(PgError::SchemaNewer {
+                    found: applied.last().map_or(version, |r| r.get(0)),
+                    supported,
+                });
+            };
+            let embedded_sha = embedded.sha256();
+            if sha != embedded_sha {
+                return Err(PgError::ChecksumMismatch {
+                    version,
+                    name,
+                    applied: sha,
+                    embedded: embedded_sha,
+                });
+            }
+            done.insert(version);
         }
-        done.insert(version);
-    }
-    // Each migration with its row in hw_schema as one batch, every batch in one flight: a
-    // new database costs one round trip, not two per migration. After a batch that failed
-    // the others fail too (the transaction is aborted): the first error is the one said.
+        Ok(done)
+    })();
+    let done = match checked {
+        Ok(done) => done,
+        Err(e) => {
+            // The transaction is still open on the connection: nothing of it stays.
+            if let Err(r) = rollback(tx).await {
+                tracing::warn!("could not roll the migration transaction back: {r}");
+            }
+            return Err(e);
+        }
+    };
+    // The second flight: each migration with its row in hw_schema as one batch, then the
+    // commit. A new database costs one round trip here, not two per migration. After a
+    // batch that failed the others fail too and the commit rolls back (the transaction is
+    // aborted): the first error is the one said.
     let pending: Vec<&Migration> = migrations
         .iter()
         .filter(|m| !done.contains(&m.version))
         .collect();
     let batches: Vec<String> = pending.iter().map(|m| m.batch()).collect();
-    let ran = futures_util::future::join_all(batches.iter().map(|b| tx.batch_execute(b))).await;
+    let (ran, ended) = futures_util::future::join(
+        futures_util::future::join_all(batches.iter().map(|b| tx.batch_execute(b))),
+        end(tx, "committing the migrations"),
+    )
+    .await;
     for (m, ran) in pending.iter().zip(ran) {
         ran.map_err(|e| PgError::Migration {
             version: m.version,
@@ -175,9 +194,6 @@ pub(crate) async fn migrate_with(
             cause: super::error::PgCause(e),
         })?;
     }
-    let now = pending.iter().map(|m| m.version).collect();
-    tx.commit()
-        .await
-        .map_err(PgError::sql("committing the migrations"))?;
-    Ok(now)
+    ended?;
+    Ok(pending.iter().map(|m| m.version).collect())
 }

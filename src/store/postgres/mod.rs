@@ -6,7 +6,8 @@
 //!
 //! 1. Shared values, no SQL: `error`, `keys.rs` (`JobId`, `WorkerId`, `Lease`),
 //!    `rows.rs` (rows as records), `tls.rs`, `connect` (targets and connections),
-//!    `outage`, `typed.rs` (statements sent in one flight).
+//!    `outage`, `typed.rs` (statements sent in one flight), `flight.rs` (a transaction
+//!    whose `BEGIN` and `COMMIT` travel with its statements).
 //! 2. SQL, one module per table or concern, each a set of functions taking a client or a
 //!    transaction: `migrate` (the schema), `job`, `planner`, `items.rs`, `buckets`,
 //!    `results`, `reruns.rs`, `session`, `rate`, `quota`, `stats`, `history`.
@@ -61,6 +62,7 @@
 pub(crate) mod buckets;
 pub(crate) mod connect;
 pub(crate) mod error;
+mod flight;
 mod heartbeat;
 pub(crate) mod history;
 mod items;

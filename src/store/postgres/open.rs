@@ -147,8 +147,8 @@ impl PgStore {
     pub async fn close(self) -> Result<(), StoreError> {
         self.heartbeat.abort();
         let me = self.worker();
-        let mut conn = self.inner.client().await?;
-        let client = conn.as_mut().expect("connected by client()");
+        let conn = self.inner.client().await?;
+        let client = conn.as_ref().expect("connected by client()");
         session::end(client, self.inner.job, &me)
             .await
             .map_err(|e| self.inner.err(e))?;

@@ -10,6 +10,7 @@
 use tokio_postgres::{Client, GenericClient};
 
 use super::error::PgError;
+use super::flight::{begin, end, rollback};
 use super::keys::{JobId, WorkerId};
 use super::rows::to_i64;
 use super::typed::typed;
@@ -121,28 +122,24 @@ pub(crate) struct Plan<'a> {
     pub position: PlannerState,
 }
 
-/// Plan a batch under the planner lease `token`, in one transaction: insert the items, let
-/// `offset_record` make each bucket's write-ahead record (JSON text) from its final counts,
-/// insert the bucket rows and bad lines, and move the planner to the batch's position.
-/// [`PgError::PlannerLeaseLost`] (nothing written) if the lease moved. With `lease`, the
-/// buckets are written leased to `me` under that token (a job-wide lease), not open.
+/// Plan a batch under the planner lease, in one transaction sent in two flights (see
+/// `flight.rs`): the lease taken or kept ([`acquire_planner`], which locks the job's row
+/// until the transaction ends), its position checked and the items inserted; then, from
+/// their counts, each bucket's write-ahead record (`offset_record`, JSON text), the bucket
+/// rows and bad lines, the planner's new position and the commit.
+/// [`PgError::PlannerLeaseLost`] (nothing written) if another live session holds the lease
+/// or planned on from the position this planner read. With `lease`, the buckets are written
+/// leased to `me` under that token (a job-wide lease), not open.
 pub(crate) async fn plan(
-    client: &mut Client,
+    client: &Client,
     job: JobId,
     me: &WorkerId,
-    token: i64,
     batch: &Plan<'_>,
     offset_record: impl Fn(&BucketCounts) -> String,
     lease: Option<i64>,
 ) -> Result<Vec<BucketCounts>, PgError> {
     let (buckets, bad_lines, position) = (batch.buckets, batch.bad_lines, &batch.position);
-    let tx = client
-        .transaction()
-        .await
-        .map_err(PgError::sql("starting a planning transaction"))?;
-    // The lock keeps the lease where it is until this transaction ends. A planner that
-    // read the position before another planned on from it is stale: its first bucket is
-    // not the job's next one.
+    let tx = client;
     let first = match buckets.first() {
         Some(b) => Some(to_i64(b.bucket)?),
         None => None,
@@ -158,19 +155,34 @@ pub(crate) async fn plan(
             values.push(kept.next().map(String::as_str));
         }
     }
-    // Sent in one flight: the lease check and the items (undone with the transaction if
-    // the lease moved).
-    let (held, inserted) = futures_util::future::join(
+    let (mut bad_rows, mut lines, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
+    for b in bad_lines {
+        bad_rows.push(to_i64(b.row)?);
+        lines.push(to_i64(b.line)?);
+        reasons.push(b.reason.as_str());
+    }
+    let (next, byte, line, row) = (
+        to_i64(position.next_bucket)?,
+        to_i64(position.cursor.byte)?,
+        to_i64(position.cursor.line)?,
+        to_i64(position.cursor.row)?,
+    );
+    // The first flight: the transaction opened, the lease taken or kept (its row lock
+    // keeps it here until the transaction ends), the position checked (a planner that read
+    // it before another planned on from it is stale: its first bucket is not the job's
+    // next one) and the items inserted.
+    let (begun, token, held, inserted) = futures_util::future::join4(
+        begin(tx, "starting a planning transaction"),
+        acquire_planner(tx, job, me),
         async {
             tx.query_typed_opt(
                 "SELECT 1 FROM hw_job
-                 WHERE job_id = $1 AND planner = $2::text::uuid AND planner_token = $3
-                   AND ($4::bigint IS NULL OR next_bucket = $4)
-                 FOR NO KEY UPDATE",
-                &typed![job.0, me.0, token, first],
+                 WHERE job_id = $1 AND planner = $2::text::uuid
+                   AND ($3::bigint IS NULL OR next_bucket = $3)",
+                &typed![job.0, me.0, first],
             )
             .await
-            .map_err(PgError::sql("checking the planner lease"))
+            .map_err(PgError::sql("checking the planner's position"))
         },
         async {
             tx.query_typed(
@@ -190,45 +202,47 @@ pub(crate) async fn plan(
         },
     )
     .await;
-    if held?.is_none() {
-        return Err(PgError::PlannerLeaseLost { token });
-    }
-    let inserted = inserted?;
-    let inserted: std::collections::HashMap<i64, i64> =
-        inserted.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let counts: Vec<BucketCounts> = buckets
-        .iter()
-        .map(|b| {
-            let items = inserted.get(&(b.bucket as i64)).copied().unwrap_or(0) as u64;
-            BucketCounts {
-                bucket: b.bucket,
-                items,
-                duplicates: b.items.len() as u64 - items,
+    let first_flight = (|| {
+        begun?;
+        let (token, held, inserted) = (token?, held?, inserted?);
+        if token.is_none() || held.is_none() {
+            return Err(PgError::PlannerLeaseLost {
+                token: token.unwrap_or(0),
+            });
+        }
+        let inserted: std::collections::HashMap<i64, i64> =
+            inserted.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let counts: Vec<BucketCounts> = buckets
+            .iter()
+            .map(|b| {
+                let items = inserted.get(&(b.bucket as i64)).copied().unwrap_or(0) as u64;
+                BucketCounts {
+                    bucket: b.bucket,
+                    items,
+                    duplicates: b.items.len() as u64 - items,
+                }
+            })
+            .collect();
+        let (mut numbers, mut records, mut items) = (Vec::new(), Vec::new(), Vec::new());
+        for c in &counts {
+            numbers.push(to_i64(c.bucket)?);
+            records.push(offset_record(c));
+            items.push(to_i64(c.items)?);
+        }
+        Ok((counts, numbers, records, items))
+    })();
+    let (counts, numbers, records, items) = match first_flight {
+        Ok(next) => next,
+        Err(e) => {
+            // Nothing of it stays: the transaction is still open on the connection.
+            if let Err(r) = rollback(tx).await {
+                tracing::warn!("could not roll a planning transaction back: {r}");
             }
-        })
-        .collect();
-    let mut numbers = Vec::new();
-    let mut records = Vec::new();
-    let mut items = Vec::new();
-    for c in &counts {
-        numbers.push(to_i64(c.bucket)?);
-        records.push(offset_record(c));
-        items.push(to_i64(c.items)?);
-    }
-    let (mut bad_rows, mut lines, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
-    for b in bad_lines {
-        bad_rows.push(to_i64(b.row)?);
-        lines.push(to_i64(b.line)?);
-        reasons.push(b.reason.as_str());
-    }
-    let (next, byte, line, row) = (
-        to_i64(position.next_bucket)?,
-        to_i64(position.cursor.byte)?,
-        to_i64(position.cursor.line)?,
-        to_i64(position.cursor.row)?,
-    );
-    // The buckets, the bad lines and the planner's move, in one flight.
-    let (buckets_written, bad_written, planner_moved) = futures_util::future::join3(
+            return Err(e);
+        }
+    };
+    // The second flight: the buckets, the bad lines, the planner's move and the commit.
+    let (buckets_written, bad_written, planner_moved, ended) = futures_util::future::join4(
         async {
             tx.execute_typed(
                 "INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items, state,
@@ -265,14 +279,13 @@ pub(crate) async fn plan(
             .await
             .map_err(PgError::sql("moving the planner"))
         },
+        end(tx, "committing a plan"),
     )
     .await;
     buckets_written?;
     bad_written?;
     planner_moved?;
-    tx.commit()
-        .await
-        .map_err(PgError::sql("committing a plan"))?;
+    ended?;
     Ok(counts)
 }
 

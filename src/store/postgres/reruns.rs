@@ -123,9 +123,10 @@ pub(super) async fn rerun_buckets(
 
 /// A rerun bucket's IDs in input order, with their current records.
 pub(super) async fn rerun_bucket_items(
-    c: &Client,
+    c: &impl GenericClient,
     job: JobId,
-    offset: &RerunOffset,
+    rerun: u32,
+    bucket: u64,
 ) -> Result<Vec<(String, ItemRecord)>, PgError> {
     let rows = c
         .query_typed(
@@ -133,7 +134,7 @@ pub(super) async fn rerun_bucket_items(
                     i.row_values::text
              FROM hw_rerun_item r JOIN hw_item i ON i.job_id = r.job_id AND i.id = r.id
              WHERE r.job_id = $1 AND r.rerun = $2 AND r.bucket = $3 ORDER BY r.\"row\"",
-            &typed![job.0, (offset.rerun as i32), to_i64(offset.bucket)?],
+            &typed![job.0, (rerun as i32), to_i64(bucket)?],
         )
         .await
         .map_err(sql("reading a rerun bucket's items"))?;

@@ -270,24 +270,6 @@ pub(crate) async fn committed_buckets_as<T: ?Sized + ToStatement + Sync + Send>(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Open a transaction by a statement of its own (not [`tokio_postgres::Client::transaction`]),
-/// so it can be sent in one flight with the statements after it and [`end`].
-pub(crate) async fn begin(client: &tokio_postgres::Client) -> Result<(), PgError> {
-    client
-        .batch_execute("BEGIN")
-        .await
-        .map_err(PgError::sql("starting a commit"))
-}
-
-/// Commit the transaction [`begin`] opened (the server rolls it back if a statement in it
-/// failed: that statement's error says so).
-pub(crate) async fn end(client: &tokio_postgres::Client) -> Result<(), PgError> {
-    client
-        .batch_execute("COMMIT")
-        .await
-        .map_err(PgError::sql("committing buckets"))
-}
-
 /// Set a committed job bucket's counts to `moved`'s (a rerun's commit moved its items'
 /// outcomes).
 pub(crate) async fn move_counts(

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, GenericClient};
 
 use super::error::PgError;
+use super::flight;
 use super::keys::{JobId, WorkerId};
 use super::typed::typed;
 
@@ -276,22 +277,30 @@ pub(crate) async fn drain(
 
 /// End the session: release every bucket and the planner lease it holds, and delete its
 /// row, in one transaction. Returns how many buckets were released.
-pub(crate) async fn end(client: &mut Client, job: JobId, me: &WorkerId) -> Result<u64, PgError> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(PgError::sql("starting the session's end"))?;
-    let released = super::buckets::release_all(&tx, job, me).await?;
-    super::planner::release_planner(&tx, job, me).await?;
-    tx.execute_typed(
-        "DELETE FROM hw_worker WHERE job_id = $1 AND worker_id = $2::text::uuid",
-        &typed![job.0, me.0],
+pub(crate) async fn end(client: &Client, job: JobId, me: &WorkerId) -> Result<u64, PgError> {
+    // One flight (see `flight.rs`): each statement's result is checked, and one error means
+    // the transaction was rolled back whole.
+    let (begun, released, planner, deleted, ended) = futures_util::future::join5(
+        flight::begin(client, "starting the session's end"),
+        super::buckets::release_all(client, job, me),
+        super::planner::release_planner(client, job, me),
+        async {
+            client
+                .execute_typed(
+                    "DELETE FROM hw_worker WHERE job_id = $1 AND worker_id = $2::text::uuid",
+                    &typed![job.0, me.0],
+                )
+                .await
+                .map_err(PgError::sql("deleting the worker session"))
+        },
+        flight::end(client, "committing the session's end"),
     )
-    .await
-    .map_err(PgError::sql("deleting the worker session"))?;
-    tx.commit()
-        .await
-        .map_err(PgError::sql("committing the session's end"))?;
+    .await;
+    begun?;
+    let released = released?;
+    planner?;
+    deleted?;
+    ended?;
     Ok(released)
 }
 

@@ -124,9 +124,6 @@ impl Store for PgStore {
             if buckets.is_empty() {
                 return planner::move_planner(c, i.job, &me, planner).await;
             }
-            let token = planner::acquire_planner(&*c, i.job, &me)
-                .await?
-                .ok_or(PgError::PlannerLeaseLost { token: 0 })?;
             let plan_buckets: Vec<planner::PlanBucket> = buckets
                 .iter()
                 .map(|b| planner::PlanBucket {
@@ -153,7 +150,6 @@ impl Store for PgStore {
                 c,
                 i.job,
                 &me,
-                token,
                 &batch,
                 |b| records[&b.bucket].clone(),
                 job_lease,
@@ -308,7 +304,7 @@ impl Store for PgStore {
         offset: &RerunOffset,
     ) -> Result<Vec<(String, ItemRecord)>, StoreError> {
         with_client!(self, |c, i| {
-            reruns::rerun_bucket_items(c, i.job, offset).await
+            reruns::rerun_bucket_items(&*c, i.job, offset.rerun, offset.bucket).await
         })
     }
 

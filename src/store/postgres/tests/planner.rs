@@ -80,9 +80,8 @@ async fn concurrent_candidates_get_one_planner() {
 
 #[tokio::test]
 async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together() {
-    let (_db, mut client, job) = with_job().await;
+    let (_db, client, job) = with_job().await;
     let a = worker(&client, job).await;
-    let t = acquire_planner(&client, job, &a).await.unwrap().unwrap();
     let buckets = [ids(0, 0, &["x", "y", "x", "z"]), ids(1, 4, &["z", "w"])];
     let bad = [BadLine {
         row: 6,
@@ -94,7 +93,7 @@ async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together
         bad_lines: &bad,
         position: position(2, 7, false),
     };
-    let counts = plan(&mut client, job, &a, t, &batch, record, None)
+    let counts = plan(&client, job, &a, &batch, record, None)
         .await
         .unwrap();
     assert_eq!(
@@ -119,7 +118,7 @@ async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together
         bad_lines: &[],
         position: position(3, 9, true),
     };
-    let counts = plan(&mut client, job, &a, t, &batch2, record, None)
+    let counts = plan(&client, job, &a, &batch2, record, None)
         .await
         .unwrap();
     assert_eq!(
@@ -172,23 +171,23 @@ async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together
 
 #[tokio::test]
 async fn a_planner_that_lost_its_lease_writes_nothing() {
-    let (_db, mut client, job) = with_job().await;
+    let (_db, client, job) = with_job().await;
     let a = worker(&client, job).await;
     let b = worker(&client, job).await;
-    let old = acquire_planner(&client, job, &a).await.unwrap().unwrap();
+    acquire_planner(&client, job, &a).await.unwrap().unwrap();
     expire(&client, job, &a).await;
-    let new = acquire_planner(&client, job, &b).await.unwrap().unwrap();
+    acquire_planner(&client, job, &b).await.unwrap().unwrap();
     let buckets = [ids(0, 0, &["x"])];
     let batch = Plan {
         buckets: &buckets,
         bad_lines: &[],
         position: position(1, 1, false),
     };
-    let err = plan(&mut client, job, &a, old, &batch, record, None)
+    let err = plan(&client, job, &a, &batch, record, None)
         .await
         .unwrap_err();
     assert!(
-        matches!(err, PgError::PlannerLeaseLost { token } if token == old),
+        matches!(err, PgError::PlannerLeaseLost { .. }),
         "{err:?}"
     );
     let n: i64 = client
@@ -201,11 +200,60 @@ async fn a_planner_that_lost_its_lease_writes_nothing() {
         planner_state(&client, job).await.unwrap(),
         PlannerState::default()
     );
-    plan(&mut client, job, &b, new, &batch, record, None)
+    plan(&client, job, &b, &batch, record, None)
         .await
         .unwrap();
     assert_eq!(
         planner_state(&client, job).await.unwrap(),
         position(1, 1, false)
     );
+}
+
+#[tokio::test]
+async fn a_stale_plan_is_rolled_back_and_its_connection_plans_on() {
+    // Its first flight leaves the transaction open when the position is found stale: the
+    // plan rolls it back, so the same connection's next statements are not inside it.
+    let (_db, client, job) = with_job().await;
+    let a = worker(&client, job).await;
+    let buckets = [ids(0, 0, &["x"])];
+    let batch = Plan {
+        buckets: &buckets,
+        bad_lines: &[],
+        position: position(1, 1, false),
+    };
+    plan(&client, job, &a, &batch, record, None).await.unwrap();
+    // Bucket 0 again: planned already, the job's next bucket is 1.
+    let again = [ids(0, 0, &["y"])];
+    let stale = Plan {
+        buckets: &again,
+        bad_lines: &[],
+        position: position(1, 2, false),
+    };
+    let err = plan(&client, job, &a, &stale, record, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PgError::PlannerLeaseLost { .. }), "{err:?}");
+    // Outside a transaction, each statement runs in one of its own: a second one sees a
+    // later transaction start.
+    let started = "SELECT to_char(now(), 'HH24:MI:SS.US')";
+    let first: String = client.query_one(started, &[]).await.unwrap().get(0);
+    let second: String = client.query_one(started, &[]).await.unwrap().get(0);
+    assert_ne!(first, second, "the connection is still inside a transaction");
+    let y: i64 = client
+        .query_one(
+            "SELECT count(*) FROM hw_item WHERE job_id = $1 AND id = 'y'",
+            &[&job.0],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(y, 0, "the stale plan's items were rolled back");
+    let next = [ids(1, 1, &["y"])];
+    let on = Plan {
+        buckets: &next,
+        bad_lines: &[],
+        position: position(2, 2, true),
+    };
+    plan(&client, job, &a, &on, record, None).await.unwrap();
+    assert_eq!(planner_state(&client, job).await.unwrap(), position(2, 2, true));
 }

@@ -213,7 +213,7 @@ async fn ending_a_session_releases_its_leases_and_deletes_it() {
             .unwrap()
             .is_some()
     );
-    assert_eq!(end(&mut client, job, &a).await.unwrap(), 2);
+    assert_eq!(end(&client, job, &a).await.unwrap(), 2);
     assert_eq!(beat(&mut client, job, &a).await, Heartbeat::Expired);
     let got = crate::store::postgres::buckets::acquire(&client, job, &b, Log::Job, 10)
         .await

@@ -63,3 +63,87 @@ async fn a_worker_stopped_inside_a_transaction_does_not_keep_its_buckets() {
         started.elapsed()
     );
 }
+
+/// A lease and its buckets' items in two flights: each leased bucket comes with the items
+/// [`Store::bucket_items`] (the job's log) or [`Store::rerun_bucket_items`] (a rerun's)
+/// read for it, and what one acquisition took the next does not take again.
+#[tokio::test]
+async fn acquire_work_gives_each_leased_bucket_with_its_items() {
+    use crate::store::{Fleet, LeaseScope, Store};
+
+    let db = migrated().await;
+    let open = PgOpen {
+        create: true,
+        ..PgOpen::new("work")
+    };
+    let store = PgStore::open(&db.target, &open).await.unwrap();
+    let job = store.inner.job;
+    let admin = db.connect().await;
+    add_buckets(&admin, job, 3).await;
+    let ids = |items: &[(String, crate::store::ItemRecord)]| {
+        items
+            .iter()
+            .map(|(id, r)| (id.clone(), r.row, r.bucket))
+            .collect::<Vec<_>>()
+    };
+    let expected = |b: u64| {
+        (0..3)
+            .map(|i| (format!("b{b}-{i}"), b * 3 + i, b))
+            .collect::<Vec<_>>()
+    };
+    let bucket_of = |scope: &LeaseScope| match scope {
+        LeaseScope::Bucket { bucket, .. } => *bucket,
+        LeaseScope::Job => panic!("a job-wide lease from acquire_work"),
+    };
+
+    let first = store.acquire_work(Log::Job, 2).await.unwrap();
+    let got: Vec<u64> = first.iter().map(|w| bucket_of(&w.lease.scope)).collect();
+    assert_eq!(got, [0, 1]);
+    for w in &first {
+        let b = bucket_of(&w.lease.scope);
+        assert_eq!(ids(&w.items), expected(b));
+        assert!(store.holds(&w.lease));
+    }
+    let second = store.acquire_work(Log::Job, 2).await.unwrap();
+    let got: Vec<u64> = second.iter().map(|w| bucket_of(&w.lease.scope)).collect();
+    assert_eq!(got, [2]);
+    assert_eq!(ids(&second[0].items), expected(2));
+    assert!(store.acquire_work(Log::Job, 2).await.unwrap().is_empty());
+
+    // A rerun's bucket: its own items, read through hw_rerun_item.
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO hw_rerun (job_id, number, selection, buckets, ids)
+                 VALUES ({j}, 1, '{{}}', 1, 2);
+             INSERT INTO hw_bucket (job_id, rerun, bucket, offset_record, items)
+                 VALUES ({j}, 1, 0, '{{}}', 2);
+             INSERT INTO hw_rerun_item (job_id, rerun, bucket, \"row\", id)
+                 VALUES ({j}, 1, 0, 0, 'b2-1'), ({j}, 1, 0, 1, 'b0-2');",
+            j = job.0
+        ))
+        .await
+        .unwrap();
+    let rerun = store.acquire_work(Log::Rerun(1), 2).await.unwrap();
+    assert_eq!(rerun.len(), 1);
+    assert_eq!(
+        rerun[0].lease.scope,
+        LeaseScope::Bucket {
+            log: Log::Rerun(1),
+            bucket: 0
+        }
+    );
+    assert_eq!(
+        ids(&rerun[0].items),
+        [("b2-1".to_string(), 7, 2), ("b0-2".to_string(), 2, 0)]
+    );
+    let read = store
+        .rerun_bucket_items(&crate::store::RerunOffset {
+            rerun: 1,
+            bucket: 0,
+            items: 2,
+            before: Vec::new(),
+            planned_at_ms: 0,
+        })
+        .await;
+    assert_eq!(ids(&read.unwrap()), ids(&rerun[0].items));
+}
