@@ -15,11 +15,13 @@ pub(crate) const MAX_SAMPLES: i64 = 20_000;
 /// Append `records` (each a JSON object whose `kind` says whether it is a sample), then
 /// thin the job's samples if they passed the bound.
 pub(crate) async fn append(
-    client: &mut Client,
+    client: &Client,
     job: JobId,
     records: &[serde_json::Value],
 ) -> Result<(), PgError> {
-    for record in records {
+    // The records and the count in one flight: each insert is its own transaction, sent
+    // (and so run) before the count, which sees them.
+    let inserts = futures_util::future::join_all(records.iter().map(|record| async move {
         let sample = record.get("kind").and_then(|k| k.as_str()) == Some("sample");
         client
             .execute_typed(
@@ -27,15 +29,22 @@ pub(crate) async fn append(
                 &typed![job.0, sample, record],
             )
             .await
-            .map_err(PgError::sql("appending to the job's history"))?;
+            .map_err(PgError::sql("appending to the job's history"))
+    }));
+    let count = async {
+        client
+            .query_typed_one(
+                "SELECT count(*) FROM hw_history WHERE job_id = $1 AND sample",
+                &typed![job.0],
+            )
+            .await
+            .map_err(PgError::sql("counting the job's history"))
+    };
+    let (inserted, row) = futures_util::future::join(inserts, count).await;
+    for i in inserted {
+        i?;
     }
-    let row = client
-        .query_typed_one(
-            "SELECT count(*) FROM hw_history WHERE job_id = $1 AND sample",
-            &typed![job.0],
-        )
-        .await
-        .map_err(PgError::sql("counting the job's history"))?;
+    let row = row?;
     let samples: i64 = row.get(0);
     if samples > MAX_SAMPLES {
         client

@@ -4,6 +4,7 @@
 
 mod buckets;
 mod connect;
+mod history;
 mod migrate;
 mod planner;
 mod results;
