@@ -79,11 +79,7 @@ impl<S: Fleet> FleetMember<S> {
         if let Some(workers) = f.workers {
             self.throttle.count_fleet(workers);
         }
-        self.throttle.follow_fleet(
-            f.share,
-            f.burst,
-            f.paused_until.map(tokio::time::Instant::from_std),
-        );
+        self.throttle.follow_fleet(f.share, f.burst, f.paused_until);
     }
 }
 

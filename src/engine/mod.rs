@@ -70,7 +70,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::handler::Handler;
 use crate::progress::{Counters, RunSummary};

@@ -14,7 +14,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::clock::Clock;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -62,11 +66,14 @@ pub(super) struct Auth {
     /// A file each issued token is appended to, as `TOKEN EXPIRY_MS` (Unix ms), for a child
     /// process that checks tokens on its own.
     ledger: Mutex<Option<PathBuf>>,
+    /// The server's wall clock: the ledger's expiry times.
+    clock: Clock,
 }
 
 impl Auth {
-    pub(super) fn new() -> Auth {
+    pub(super) fn new(clock: Clock) -> Auth {
         Auth {
+            clock,
             client_auth: Mutex::new(TokenClientAuth::Lenient),
             required: AtomicBool::new(false),
             lifetime: Mutex::new(Duration::from_secs(3600)),
@@ -201,7 +208,7 @@ impl Auth {
         let lifetime = *lock(&self.lifetime);
         lock(&self.tokens).insert(token.clone(), Instant::now() + lifetime);
         if let Some(path) = lock(&self.ledger).as_ref() {
-            let expiry = SystemTime::now() + lifetime;
+            let expiry = self.clock.now() + lifetime;
             let ms = expiry
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
