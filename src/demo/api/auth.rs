@@ -62,6 +62,8 @@ pub(super) struct Auth {
     /// Prefix of command tokens (random per server).
     command_prefix: String,
     issued: AtomicU64,
+    /// When each token was issued (tokio's time).
+    issued_at: Mutex<Vec<Instant>>,
     refused: AtomicU64,
     /// A file each issued token is appended to, as `TOKEN EXPIRY_MS` (Unix ms), for a child
     /// process that checks tokens on its own.
@@ -81,6 +83,7 @@ impl Auth {
             tokens: Mutex::new(HashMap::new()),
             command_prefix: format!("cmdtok-{:08x}-", rand::random::<u32>()),
             issued: AtomicU64::new(0),
+            issued_at: Mutex::default(),
             refused: AtomicU64::new(0),
             ledger: Mutex::new(None),
         }
@@ -109,6 +112,10 @@ impl Auth {
 
     pub(super) fn issued(&self) -> u64 {
         self.issued.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn issue_times(&self) -> Vec<Instant> {
+        lock(&self.issued_at).clone()
     }
 
     pub(super) fn refused(&self) -> u64 {
@@ -204,6 +211,7 @@ impl Auth {
             return resp;
         }
         let n = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.issued_at).push(Instant::now());
         let token = format!("tok-{:016x}-{n}", rand::random::<u64>());
         let lifetime = *lock(&self.lifetime);
         lock(&self.tokens).insert(token.clone(), Instant::now() + lifetime);

@@ -385,6 +385,12 @@ impl FakeApi {
         self.shared.auth.issued()
     }
 
+    /// When the token endpoint issued each token, oldest first (in tokio's time, so a test
+    /// on a paused clock reads its simulated time).
+    pub fn token_issue_times(&self) -> Vec<tokio::time::Instant> {
+        self.shared.auth.issue_times()
+    }
+
     /// Item requests answered 401 for want of a live token.
     pub fn refused_401(&self) -> u64 {
         self.shared.auth.refused()
