@@ -5,7 +5,7 @@
 //! result exactly once in an embedded store, so that a run can be killed at any moment and
 //! resumed without losing or duplicating anything.
 //!
-//! The modules, in the order a run meets them: [`input`] reads IDs; [`plan`] cuts buckets;
+//! The modules, in the order a run meets them: [`clock`] is the wall clock a run reads; [`input`] reads IDs; [`plan`] cuts buckets;
 //! [`job`] holds what a job means; [`store`] keeps the offset log, results and commit log;
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next (its
@@ -33,6 +33,7 @@
 pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod console;

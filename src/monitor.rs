@@ -12,18 +12,20 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::console::{self, Bar};
 use futures_util::future::BoxFuture;
 
+use crate::clock::Clock;
 use crate::history::{HistoryFile, Record, RunStart, Sampler};
 use crate::input::{Cursor, InputReader, InputSpec};
 use crate::live::{self, LiveSnapshot};
 use crate::progress::{
     self, per_second, CounterSnapshot, Counters, Durations, IntervalLoad, JobFigures, ProgressEvent,
 };
-use crate::store::now_ms;
 use crate::store::StoreStats;
 
 /// How progress events are written.
@@ -90,11 +92,18 @@ pub struct RunView {
     pub(crate) pricing: Option<(crate::meter::Prices, Option<crate::meter::Money>)>,
     /// Rows in the whole input, once counted (`u64::MAX` until then).
     total_rows: AtomicU64,
+    /// The run's wall clock: what snapshots, samples and events are stamped with.
+    pub(crate) clock: Clock,
 }
 
 impl RunView {
     /// The view of a run starting now from `start`, with a new run id; the input's total is known only if `start` read it to its end.
-    pub(crate) fn new(counters: Arc<Counters>, start: StoreStats, job_id: String) -> RunView {
+    pub(crate) fn new(
+        counters: Arc<Counters>,
+        start: StoreStats,
+        job_id: String,
+        clock: Clock,
+    ) -> RunView {
         let total = if start.input_exhausted {
             start.rows_read
         } else {
@@ -104,13 +113,14 @@ impl RunView {
             counters,
             start,
             job_id,
-            run_id: new_run_id(),
+            run_id: new_run_id(clock.now_ms()),
             started: Instant::now(),
-            started_ms: now_ms(),
+            started_ms: clock.now_ms(),
             worker: None,
             dashboard: None,
             pricing: None,
             total_rows: AtomicU64::new(total),
+            clock,
         }
     }
 
@@ -184,7 +194,7 @@ impl RunView {
             (eta, true) => eta,
             (eta, false) => self.total_rows().and_then(|total| {
                 let left = calls_left(total.saturating_sub(f.rows_done), run);
-                let wait = crate::quota::least_wait(&quotas, left, now_ms())?;
+                let wait = crate::quota::least_wait(&quotas, left, self.clock.now_ms())?;
                 Some(eta.unwrap_or(0).max(wait))
             }),
         };
@@ -209,7 +219,7 @@ impl RunView {
             job_id: self.job_id.clone(),
             run_id: self.run_id.clone(),
             started_ms: self.started_ms,
-            updated_ms: now_ms(),
+            updated_ms: self.clock.now_ms(),
             finished: finished.is_some(),
             outcome: finished.map(str::to_string),
             items_per_second: speed.items_per_second,
@@ -261,9 +271,9 @@ struct Sample {
     rows_done: u64,
 }
 
-/// A run id: the start time and some randomness, in hex.
-fn new_run_id() -> String {
-    format!("{:x}-{:08x}", now_ms(), rand::random::<u32>())
+/// A run id: the start time (`now_ms`) and some randomness, in hex.
+fn new_run_id(now_ms: u64) -> String {
+    format!("{:x}-{:08x}", now_ms, rand::random::<u32>())
 }
 
 /// The running monitor; [`Monitor::finish`] writes the last event and snapshot.
@@ -377,7 +387,7 @@ impl History {
             run,
             &view.figures(run),
             view.total_rows(),
-            now_ms(),
+            view.clock.now_ms(),
         );
         self.target.write(&Record::Sample(sample)).inspect_err(|e| {
             tracing::debug!("cannot write the job's history: {e}");
@@ -619,7 +629,7 @@ fn report(
         event: "progress",
         job_id: view.job_id.clone(),
         run_id: view.run_id.clone(),
-        timestamp: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        timestamp: humantime::format_rfc3339_millis(view.clock.now()).to_string(),
         last: last_event,
         elapsed_s: round3(view.started.elapsed().as_secs_f64()),
         interval_s: round3(interval.as_secs_f64()),
@@ -738,7 +748,12 @@ mod tests {
     #[test]
     fn the_live_speed_and_the_eta_come_from_the_last_minute_the_average_from_the_run() {
         let counters = Arc::new(Counters::default());
-        let mut view = RunView::new(counters.clone(), StoreStats::default(), "j".into());
+        let mut view = RunView::new(
+            counters.clone(),
+            StoreStats::default(),
+            "j".into(),
+            Clock::system(),
+        );
         let now = Instant::now();
         view.started = now - Duration::from_secs(600);
         view.total_rows.store(1000, Relaxed);

@@ -14,8 +14,8 @@
 //! The planner only reads and decides; writing the planned buckets ahead of their work is the
 //! engine's job (through [`crate::store::Store::plan`]).
 
+use crate::clock::Clock;
 use crate::input::{Fingerprint, InputError, InputReader};
-use crate::store::now_ms;
 use crate::store::{BadLine, OffsetRecord, PlannedBucket, PlannerState, Store, StoreError};
 
 /// Errors while planning.
@@ -36,6 +36,8 @@ pub(crate) struct Planner {
     bucket_size: u64,
     skip_bad_lines: bool,
     input: Fingerprint,
+    /// What the buckets are stamped with.
+    clock: Clock,
 }
 
 impl Planner {
@@ -53,7 +55,13 @@ impl Planner {
             bucket_size: bucket_size.max(1),
             skip_bad_lines,
             input,
+            clock: Clock::system(),
         }
+    }
+
+    /// Stamp the buckets planned with `clock`'s time (the system's by default).
+    pub(crate) fn stamped_by(self, clock: Clock) -> Planner {
+        Planner { clock, ..self }
     }
 
     /// The position after the last bucket returned.
@@ -76,7 +84,7 @@ impl Planner {
         let mut read: Vec<(usize, u64, String, Option<String>)> = Vec::new();
         let mut rows = 0;
         // One time for the batch: it is written ahead as one record.
-        let planned_at_ms = now_ms();
+        let planned_at_ms = self.clock.now_ms();
         while rows < min_rows.max(1) && !self.state.exhausted {
             let start = self.reader.cursor();
             let mut bucket = PlannedBucket {

@@ -84,6 +84,8 @@ where
         .with_max_interval(policy.max_interval)
         .with_multiplier(2.0)
         .with_randomization_factor(0.5)
+        // Elapsed time is bounded here (`charged_time`, in tokio's time), never by the
+        // backoff, so its clock (std's) is never read for a decision.
         .with_max_elapsed_time(None)
         .build();
     let max_attempts = policy.max_attempts.max(1);

@@ -505,6 +505,10 @@ pub struct RunOptions {
     pub max_failures: Option<FailureLimit>,
     /// When results and commit records are made durable.
     pub durability: Durability,
+    /// The wall clock the run reads (quota windows, record timestamps): the system's by
+    /// default; a test gives a [`crate::clock::SimulatedClock`]'s, and the same clock to
+    /// whatever else of the run reads the date (an [`crate::handler::http::HttpHandler`]).
+    pub clock: crate::clock::Clock,
 }
 
 /// When a run makes its results and commit records durable. Offset records are made durable
@@ -587,6 +591,7 @@ impl Default for RunOptions {
             throttle: crate::throttle::ThrottleOptions::default(),
             max_failures: None,
             durability: Durability::Sync,
+            clock: crate::clock::Clock::system(),
         }
     }
 }

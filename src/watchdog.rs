@@ -19,6 +19,10 @@
 //! Time the process spends stopped (SIGSTOP, a terminal's Ctrl-Z, a suspended machine) is
 //! not counted: the watchdog's own sleep shows it, as a tick that came far too late.
 //!
+//! The watch is in real time (std's `Instant`), not tokio's like the run's waits: a hung
+//! call hangs in real time, and a test that pauses tokio's clock must not see a flush
+//! that took a microsecond as stalled for the hours the test skipped.
+//!
 //! Only calls that must answer in time are watched: a backend that waits out an outage on
 //! purpose (PostgreSQL's reconnecting steps, which log as they wait) is not stalled.
 

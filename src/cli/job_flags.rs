@@ -316,6 +316,7 @@ impl RunArgs {
             } else {
                 Durability::Sync
             },
+            clock: crate::clock::Clock::system(),
         }
     }
 }

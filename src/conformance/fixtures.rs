@@ -65,7 +65,7 @@ pub(super) fn commit_of(bucket: u64, records: &[&ItemRecord]) -> CommitRecord {
     for r in records {
         tally.add(r);
     }
-    CommitRecord::new(bucket, tally)
+    CommitRecord::new(bucket, tally, crate::store::now_ms())
 }
 
 pub(super) async fn lease<S: Leases>(store: &S) -> Lease {

@@ -6,7 +6,8 @@
 //!
 //! One rate for the fleet: `--rate` is the job's total ([`Fleet::set_fleet_rate`]), and
 //! this worker's throttle follows the share the store grants it ([`Fleet::fleet_rate`], read
-//! every [`FOLLOW_EVERY`]: the share is its ceiling, a share of 0 waits). A `Retry-After`
+//! [`FOLLOWS_PER_TICK`] times per tick of the throttle's controller, every 50 ms at the
+//! default tick: the share is its ceiling, a share of 0 waits). A `Retry-After`
 //! seen here pauses this worker at once and the others through the store
 //! ([`Fleet::pause_fleet`]), as they next learn their share.
 
@@ -45,8 +46,9 @@ impl Member for Alone {
     fn pause(&self, _after: Duration) {}
 }
 
-/// How often the throttle reads the share the store last granted (a read in memory).
-const FOLLOW_EVERY: Duration = Duration::from_millis(50);
+/// How many times per tick of the throttle's controller it reads the share the store last
+/// granted (a read in memory): the controller acts on what it read by its next tick.
+const FOLLOWS_PER_TICK: u32 = 4;
 
 /// A worker of a fleet: its store (a shared one) and its throttle.
 pub(super) struct FleetMember<S> {
@@ -61,11 +63,13 @@ impl<S: Fleet> FleetMember<S> {
     pub(super) fn join(store: Arc<S>, throttle: Arc<Throttle>) -> (Arc<Self>, JoinHandle<()>) {
         let member = Arc::new(FleetMember { store, throttle });
         member.apply_rate();
+        let every =
+            (member.throttle.tick_interval() / FOLLOWS_PER_TICK).max(Duration::from_millis(1));
         let follower = tokio::spawn({
             let member = member.clone();
             async move {
                 loop {
-                    tokio::time::sleep(FOLLOW_EVERY).await;
+                    tokio::time::sleep(every).await;
                     member.apply_rate();
                 }
             }
@@ -79,11 +83,7 @@ impl<S: Fleet> FleetMember<S> {
         if let Some(workers) = f.workers {
             self.throttle.count_fleet(workers);
         }
-        self.throttle.follow_fleet(
-            f.share,
-            f.burst,
-            f.paused_until.map(tokio::time::Instant::from_std),
-        );
+        self.throttle.follow_fleet(f.share, f.burst, f.paused_until);
     }
 }
 

@@ -37,7 +37,10 @@
 //!    checkpoint interval of work).
 //!
 //! The unit tests run the engine over a store that logs every write and sync and check 1
-//! and 2 on the log, in both durability modes.
+//! and 2 on the log, in both durability modes; one runs a fleet's 36-hour job against the
+//! fake API in simulated time (a paused tokio clock and a [`crate::clock::SimulatedClock`]):
+//! hourly tokens, daily and 7-hour quota windows across midnight UTC, an outage, a wall
+//! clock that jumps, a lease lost by a paused worker, every ID once (`long_run_tests`).
 //!
 //! # Where buckets come from
 //!
@@ -70,7 +73,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::handler::Handler;
 use crate::progress::{Counters, RunSummary};
@@ -86,6 +89,8 @@ mod error;
 mod fleet_tests;
 mod item;
 mod kept_limits;
+#[cfg(all(test, feature = "demo"))]
+mod long_run_tests;
 mod member;
 mod pages;
 #[cfg(test)]

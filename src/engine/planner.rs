@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::stop::Stop;
+use crate::clock::Clock;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::JobSpec;
@@ -67,6 +68,7 @@ pub(super) fn plan_ahead<S: Store>(
             if batch.is_empty() && planner.state() == before {
                 return Ok(());
             }
+            // Store I/O is timed in real time, paused tokio clock or not.
             let start = Instant::now();
             runtime.block_on(store.plan(&batch, &planner.state()))?;
             Counters::add_elapsed(&counters.plan_write_ns, start);
@@ -102,6 +104,7 @@ pub(super) async fn plan_fleet<S: Fleet>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     skip_bad_lines: bool,
+    clock: Clock,
     stop: Stop,
     counters: Arc<Counters>,
     planned: Arc<tokio::sync::Notify>,
@@ -142,7 +145,8 @@ pub(super) async fn plan_fleet<S: Fleet>(
                 spec.bucket_size,
                 skip_bad_lines,
                 spec.fingerprint,
-            );
+            )
+            .stamped_by(clock.clone());
             // Planned buckets go to the store, open to every worker: nobody reads them here,
             // but this worker's dispatcher hears that there is something to lease.
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<PlannedBucket>>(1);

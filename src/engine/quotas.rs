@@ -32,9 +32,10 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
+use crate::clock::Clock;
 use crate::meter::{Money, Unit, Usage};
 use crate::quota::{chunk, Quota, QuotaGrant, QuotaState, QuotaWant, SlotUse, Window};
-use crate::store::{now_ms, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Where the gate reserves calls: the job's store.
 pub(crate) trait QuotaBook: Send + Sync + 'static {
@@ -139,6 +140,8 @@ struct Shared {
     crossed: Vec<AtomicU64>,
     /// Per quota, the slot whose first reservation last carried the calls in flight.
     carried_slot: Vec<AtomicU64>,
+    /// The run's wall clock: which slot is current.
+    clock: Clock,
 }
 
 /// What settled calls gave back (in one slot) and owe (whatever their slot).
@@ -209,7 +212,7 @@ impl QuotaCall {
 
     /// The call is no longer in flight: a spent budget waiting for it looks again.
     fn release(&mut self) {
-        let now = now_ms();
+        let now = self.shared.clock.now_ms();
         for (i, (taken, slot)) in self.taken.iter_mut().enumerate() {
             let taken = std::mem::take(taken);
             let window = self.quotas[i].window;
@@ -234,7 +237,8 @@ impl Drop for QuotaCall {
 }
 
 impl QuotaGate {
-    pub(crate) fn new(quotas: Vec<Quota>, book: Arc<dyn QuotaBook>) -> QuotaGate {
+    /// A gate for `quotas` reserving in `book`; `clock` says which window is current.
+    pub(crate) fn new(quotas: Vec<Quota>, book: Arc<dyn QuotaBook>, clock: Clock) -> QuotaGate {
         let states = quotas
             .iter()
             .map(|q| QuotaState {
@@ -255,6 +259,7 @@ impl QuotaGate {
                 settles: Notify::new(),
                 crossed: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
                 carried_slot: quotas.iter().map(|_| AtomicU64::new(0)).collect(),
+                clock,
             }),
             quotas,
             book,
@@ -313,7 +318,7 @@ impl QuotaGate {
         let needs: Vec<i64> = takes.iter().map(|&t| t.max(1) as i64).collect();
         let mut local = self.local.lock().await;
         loop {
-            let now = now_ms();
+            let now = self.shared.clock.now_ms();
             self.fold_settled(&mut local);
             // Units reserved in a slot that has passed are no use now; owed ones still are.
             for (q, l) in self.quotas.iter().zip(local.iter_mut()) {
@@ -411,7 +416,8 @@ impl QuotaGate {
                 return Err(QuotaStop::Spent(self.quotas[i], left));
             }
             if let Some(at) = wait_until {
-                let wait = Duration::from_millis(at.saturating_sub(now_ms()).max(10));
+                let wait =
+                    Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms()).max(10));
                 // Said once per wait worth a line (a rolling window frees calls slot by slot).
                 if wait >= Duration::from_secs(1) {
                     tracing::info!(
@@ -435,7 +441,7 @@ impl QuotaGate {
     pub(crate) async fn give_back(&self) -> Result<(), StoreError> {
         let mut local = self.local.lock().await;
         self.fold_settled(&mut local);
-        let now = now_ms();
+        let now = self.shared.clock.now_ms();
         let wants: Vec<QuotaWant> = self
             .quotas
             .iter()
@@ -499,10 +505,11 @@ impl QuotaGate {
 mod tests {
     use super::*;
     use crate::store::mem::MemStore;
+    use crate::store::now_ms;
 
     fn gate(store: &Arc<MemStore>, quotas: &[&str]) -> QuotaGate {
         let quotas = quotas.iter().map(|q| q.parse().unwrap()).collect();
-        QuotaGate::new(quotas, store.clone())
+        QuotaGate::new(quotas, store.clone(), Clock::system())
     }
 
     #[tokio::test]
@@ -657,7 +664,11 @@ mod tests {
         let each = money("0").unit.of(Some(SPENT));
         let most = money("0").unit.of(Some(MOST));
         let cap = money("0.05").limit;
-        let gate = Arc::new(QuotaGate::new(vec![money("0.05")], store.clone()));
+        let gate = Arc::new(QuotaGate::new(
+            vec![money("0.05")],
+            store.clone(),
+            Clock::system(),
+        ));
         let (calls, stop) = spend_until_stopped(gate, 8).await;
         assert!(matches!(stop, QuotaStop::Spent(..)), "{stop}");
         assert!(
@@ -672,9 +683,17 @@ mod tests {
             "{calls} calls: {spent} of {cap}"
         );
         // A resume with the same budget stops at once; a larger one goes on from the count.
-        let again = Arc::new(QuotaGate::new(vec![money("0.05")], store.clone()));
+        let again = Arc::new(QuotaGate::new(
+            vec![money("0.05")],
+            store.clone(),
+            Clock::system(),
+        ));
         assert_eq!(spend_until_stopped(again, 2).await.0, 0);
-        let raised = Arc::new(QuotaGate::new(vec![money("0.08")], store.clone()));
+        let raised = Arc::new(QuotaGate::new(
+            vec![money("0.08")],
+            store.clone(),
+            Clock::system(),
+        ));
         let (more, _) = spend_until_stopped(raised, 3).await;
         let total = (calls + more) * each;
         let cap = money("0.08").limit;
@@ -685,7 +704,7 @@ mod tests {
     async fn a_token_quota_takes_the_estimate_and_settles_what_was_spent() {
         let store = Arc::new(MemStore::new());
         let quota: Quota = "1000tokens/job".parse().unwrap();
-        let gate = QuotaGate::new(vec![quota], store.clone());
+        let gate = QuotaGate::new(vec![quota], store.clone(), Clock::system());
         let cost = Cost {
             expected: Some(Usage {
                 input: 60,
@@ -706,7 +725,7 @@ mod tests {
         // A call with no answer keeps what it took; an error the API answered with gives
         // it all back.
         let store = Arc::new(MemStore::new());
-        let gate = QuotaGate::new(vec![quota], store.clone());
+        let gate = QuotaGate::new(vec![quota], store.clone(), Clock::system());
         for _ in 0..5 {
             gate.acquire(cost).await.unwrap().settle(Spent::Unknown);
         }
@@ -717,7 +736,7 @@ mod tests {
         assert!((500..=600).contains(&used), "{used}");
         // A call expected above a whole window's limit is refused at once.
         let small: Quota = "50tokens/1h".parse().unwrap();
-        let gate = QuotaGate::new(vec![small], store);
+        let gate = QuotaGate::new(vec![small], store, Clock::system());
         assert!(matches!(
             gate.acquire(cost).await,
             Err(QuotaStop::TooCostly { need: 100, .. })
@@ -728,7 +747,11 @@ mod tests {
     async fn a_run_gives_back_what_it_holds_and_did_not_spend() {
         let store = Arc::new(MemStore::new());
         let budget = money("0.05");
-        let gate = QuotaGate::new(vec![budget, "100/job".parse().unwrap()], store.clone());
+        let gate = QuotaGate::new(
+            vec![budget, "100/job".parse().unwrap()],
+            store.clone(),
+            Clock::system(),
+        );
         let cost = Cost {
             expected: Some(SPENT),
             most: Some(MOST),
@@ -758,7 +781,7 @@ mod tests {
         let quota: Quota = "100/400ms".parse().unwrap();
         loop {
             let store = Arc::new(MemStore::new());
-            let gate = QuotaGate::new(vec![quota], store.clone());
+            let gate = QuotaGate::new(vec![quota], store.clone(), Clock::system());
             let (start, len) = quota.window.slot(now_ms());
             if start + len - now_ms() < 150 {
                 tokio::time::sleep(Duration::from_millis(start + len - now_ms() + 5)).await;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -78,7 +78,7 @@ where
     }
     let kept = spec.kept_quotas();
     let quotas = (!kept.is_empty()).then(|| {
-        let gate = QuotaGate::new(kept, store.clone());
+        let gate = QuotaGate::new(kept, store.clone(), opts.clock.clone());
         counters.attach_quotas(gate.states());
         Arc::new(gate)
     });
@@ -112,6 +112,7 @@ where
         completed: HashMap::new(),
         full: writer_full.clone(),
         pages: Vec::new(),
+        clock: opts.clock.clone(),
     };
     let writer = tokio::spawn({
         let halt = halt.clone();
@@ -153,6 +154,7 @@ where
             halt: halt.clone(),
             batch_size,
             keeps_pages: store.keeps_pages(),
+            clock: opts.clock.clone(),
         };
         pool.spawn(work(task, queue.clone(), permits.clone(), halt.clone()));
     }

@@ -6,7 +6,9 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, Semaphore, SemaphorePermit};
@@ -17,6 +19,7 @@ use super::queue::WorkQueue;
 use super::quotas::{Cost, QuotaGate, QuotaStop, Spent};
 use super::stop::{Halt, HaltOnPanic, Stop};
 use super::writer::{group_target, WriterMsg};
+use crate::clock::Clock;
 use crate::failure::Failure;
 use crate::failure::Next;
 use crate::handler::{Answered, Handler};
@@ -25,7 +28,6 @@ use crate::progress::{Counters, HaltKind};
 use crate::quota::pacer::AnnouncedLimits;
 use crate::retry::{self, Charge, ItemOutcome};
 use crate::spec::JobSpec;
-use crate::store::now_ms;
 use crate::store::{ItemRecord, ItemStatus};
 use crate::throttle::{ItemHistory, Observed, Throttle};
 
@@ -197,6 +199,8 @@ pub(super) struct ItemTask<H> {
     pub(super) batch_size: usize,
     /// The store keeps the pages of paginated IDs: each page is written as it comes.
     pub(super) keeps_pages: bool,
+    /// The run's wall clock: what records are stamped with.
+    pub(super) clock: Clock,
 }
 
 impl<H: Handler> ItemTask<H> {
@@ -311,7 +315,7 @@ impl<H: Handler> ItemTask<H> {
         let counters = &self.counters;
         let id = item.id.as_str();
         let mut record = ItemRecord::pending(item.row, item.bucket);
-        record.finished_at_ms = Some(now_ms());
+        record.finished_at_ms = Some(self.clock.now_ms());
         record.first_attempt_ms = Some(times.first_ms).filter(|&t| t > 0);
         record.last_attempt_ms = Some(times.last_ms).filter(|&t| t > 0);
         match outcome {
@@ -482,7 +486,7 @@ impl<H: Handler> ItemTask<H> {
                 }
             }
         };
-        let at = now_ms();
+        let at = self.clock.now_ms();
         let _ = first_at.compare_exchange(0, at, Relaxed, Relaxed);
         last_at.store(at, Relaxed);
         Counters::add(&counters.attempts, 1);
@@ -516,7 +520,7 @@ impl<H: Handler> ItemTask<H> {
         drop(paced_call);
         let latency = start.elapsed();
         last_latency.store(latency.as_micros() as u64, Relaxed);
-        Counters::add_elapsed(&counters.api_ns, start);
+        Counters::add(&counters.api_ns, latency.as_nanos() as u64);
         counters.http.observe(&result, latency);
         drop(permit);
         if let Some(c) = throttle.concurrency() {
@@ -606,7 +610,7 @@ pub(super) struct AttemptState<'a, 's> {
 /// The controller task: adapt at every tick; halt the run when the API is out too long.
 pub(super) async fn control(throttle: Arc<Throttle>, halt: Arc<Halt>) {
     let tick = throttle.tick_interval();
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let mut ticker = tokio::time::interval_at(Instant::now() + tick, tick);
     let mut last = Instant::now();
     loop {
         ticker.tick().await;

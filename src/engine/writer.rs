@@ -5,12 +5,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+// `Instant` (std's) times store I/O: real time, paused tokio clock or not.
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
 use super::error::EngineError;
 use super::stop::Halt;
+use crate::clock::Clock;
 use crate::progress::Counters;
 use crate::spec::FailureLimit;
 use crate::store::{
@@ -115,6 +117,8 @@ pub(super) struct Writer<S> {
     pub(super) full: Arc<Notify>,
     /// Pages of paginated IDs sorted and not yet written.
     pub(super) pages: Vec<(String, PageRecord)>,
+    /// What commit records are stamped with.
+    pub(super) clock: Clock,
 }
 
 impl<S: Store + Leases> Writer<S> {
@@ -140,7 +144,7 @@ impl<S: Store + Leases> Writer<S> {
                     {
                         if remaining == 0 {
                             self.completed.insert(bucket, lease);
-                            ready.push(CommitRecord::new(bucket, done));
+                            ready.push(CommitRecord::new(bucket, done, self.clock.now_ms()));
                         } else {
                             self.leases.insert(key, lease);
                             self.open.insert(
@@ -208,7 +212,7 @@ impl<S: Store + Leases> Writer<S> {
                 if let Some(lease) = self.leases.remove(&track) {
                     self.completed.insert(t.bucket, lease);
                 }
-                done.push(CommitRecord::new(t.bucket, t.done));
+                done.push(CommitRecord::new(t.bucket, t.done, self.clock.now_ms()));
             }
         }
         self.check_failures(results);

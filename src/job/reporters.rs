@@ -54,6 +54,7 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
             counters.clone(),
             store.stats().await?,
             spec.job_id.to_string(),
+            options.clock.clone(),
         )
         .with_worker(worker_label(&store))
         .with_prices(spec.prices, spec.budget)

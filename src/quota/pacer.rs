@@ -49,6 +49,7 @@ use super::kept::KeptLimit;
 use super::learned::{
     lowered, relaxed, Known, LearnedWindow, Learner, Lesson, RELAX_AFTER, SAME_BOUNDARY,
 };
+use crate::clock::Clock;
 use crate::meter::{Unit, Usage};
 
 /// A reset this much later than the known one starts a new window (servers round resets
@@ -66,6 +67,8 @@ pub struct AnnouncedLimits {
     in_flight: Arc<InFlight>,
     /// The learner's clock starts here.
     origin: Instant,
+    /// The wall clock a kept window's times are read in.
+    clock: Clock,
 }
 
 /// The calls paced here that have not ended, and whether the API has answered one yet.
@@ -84,6 +87,7 @@ impl Default for AnnouncedLimits {
             inner: Mutex::default(),
             in_flight: Arc::default(),
             origin: Instant::now(),
+            clock: Clock::system(),
         }
     }
 }
@@ -128,13 +132,6 @@ struct Learnt {
     whole_in_a_row: u32,
     /// When (Unix ms) it was learnt, lowered or relaxed last (or, adopted, by whom).
     changed_unix_ms: u64,
-}
-
-/// The wall clock now, in Unix milliseconds (what a kept window's times are in).
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Debug, Clone)]
@@ -254,9 +251,12 @@ const OUTPUTS_KEPT: usize = 64;
 pub(crate) const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
 impl AnnouncedLimits {
-    /// Limits with no policy known yet.
-    pub(crate) fn new() -> AnnouncedLimits {
-        AnnouncedLimits::default()
+    /// Limits with no policy known yet, whose kept windows are in `clock`'s time.
+    pub(crate) fn new(clock: Clock) -> AnnouncedLimits {
+        AnnouncedLimits {
+            clock,
+            ..AnnouncedLimits::default()
+        }
     }
 
     /// Learn from one answer's announcements.
@@ -379,7 +379,8 @@ impl AnnouncedLimits {
                 let known = inner.policies.len();
                 let writing = expected_output(&inner.outputs);
                 let policies = &mut inner.policies;
-                policies.retain(|_, p| p.roll(now, in_flight, writing));
+                let now_unix_ms = self.clock.now_ms();
+                policies.retain(|_, p| p.roll(now, now_unix_ms, in_flight, writing));
                 if policies.len() < known {
                     // A window whose next one nobody described ended: what the API allows
                     // now is unknown again, so the next call probes it alone.
@@ -526,9 +527,10 @@ impl AnnouncedLimits {
         let mut inner = self.lock();
         inner.hold_until = inner.hold_until.max(Some(reset_at));
         let writing = expected_output(&inner.outputs);
+        let now_unix_ms = self.clock.now_ms();
         inner
             .policies
-            .retain(|_, p| p.roll(now, in_flight, writing));
+            .retain(|_, p| p.roll(now, now_unix_ms, in_flight, writing));
         // The learner counts this worker's calls: it is told, and tells, this worker's part
         // of a limit, which the fleet's is `workers` times.
         let workers = inner.workers.max(1);
@@ -577,7 +579,7 @@ impl AnnouncedLimits {
                     if let Some(l) = &mut p.learnt {
                         l.refusals += 1;
                         l.whole_in_a_row = 0;
-                        l.changed_unix_ms = unix_ms();
+                        l.changed_unix_ms = self.clock.now_ms();
                     }
                 }
             }
@@ -623,7 +625,7 @@ impl AnnouncedLimits {
                     key,
                     refusals: window.refusals,
                     whole_in_a_row: 0,
-                    changed_unix_ms: unix_ms(),
+                    changed_unix_ms: self.clock.now_ms(),
                 }),
             },
         );
@@ -657,7 +659,7 @@ impl AnnouncedLimits {
     /// The windows learnt from refusals as the job keeps them (their limits the fleet's).
     pub(crate) fn kept(&self) -> Vec<KeptLimit> {
         let now = Instant::now();
-        let now_unix = unix_ms();
+        let now_unix = self.clock.now_ms();
         let inner = self.lock();
         let mut found: Vec<(u64, KeptLimit)> = inner
             .policies
@@ -690,7 +692,7 @@ impl AnnouncedLimits {
     /// many windows changed.
     pub(crate) fn adopt(&self, kept: &[KeptLimit]) -> usize {
         let now = Instant::now();
-        let now_unix = unix_ms();
+        let now_unix = self.clock.now_ms();
         let mut inner = self.lock();
         let mut changed = 0;
         for k in kept {
@@ -764,8 +766,9 @@ impl Policy {
     /// length are known, less what the `in_flight` calls (each expected to write `writing`
     /// tokens) may still spend in it: their calls, which the API may count in the new
     /// window, or the tokens they write, which it counts when it answers. Returns whether
-    /// the policy still holds anything back.
-    fn roll(&mut self, now: Instant, in_flight: u64, writing: u64) -> bool {
+    /// the policy still holds anything back. `now_unix_ms`: the wall clock now, what a
+    /// relaxed learnt limit is stamped with.
+    fn roll(&mut self, now: Instant, now_unix_ms: u64, in_flight: u64, writing: u64) -> bool {
         if now < self.reset_at {
             return true;
         }
@@ -789,7 +792,7 @@ impl Policy {
                         l.whole_in_a_row = 0;
                         limit = relaxed(limit);
                         self.limit = Some(limit);
-                        l.changed_unix_ms = unix_ms();
+                        l.changed_unix_ms = now_unix_ms;
                         tracing::debug!(limit, "a learnt API limit relaxed");
                     }
                 }
@@ -890,7 +893,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_token_window_spaces_calls_by_what_they_take_and_settles_what_they_spent() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[tokens("tokens", 1000, 1000, (1000, 1000))]);
         assert!(l.counts_tokens());
         let start = Instant::now();
@@ -948,7 +951,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_apis_word_on_tokens_keeps_back_what_the_calls_in_flight_will_write() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[tokens("tokens", 10_000, 5000, (10_000, 5000))]);
         let mut calls = Vec::new();
         for _ in 0..3 {
@@ -967,7 +970,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_larger_than_a_window_goes_once_it_is_whole_and_unknown_costs_wait_only_for_a_spent_one(
     ) {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[tokens("tokens", 100, 1000, (1000, 1000))]);
         let start = Instant::now();
         drop(l.wait_for(1, cost(5000, 0)).await);
@@ -990,7 +993,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn what_remains_is_spread_until_the_reset() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[announced("w", 10, 1000, None)]);
         let start = Instant::now();
         let mut at = Vec::new();
@@ -1012,7 +1015,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn nothing_remaining_waits_for_the_reset_and_a_known_window_is_whole_again() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[announced("w", 0, 2000, Some((4, 2000)))]);
         let start = Instant::now();
         drop(l.wait().await);
@@ -1022,7 +1025,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stale_answers_never_raise_the_count_and_a_later_reset_is_a_new_window() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[announced("w", 5, 2000, None)]);
         drop(l.wait().await);
         // An answer to an older call says more remain: the run's own count stands.
@@ -1039,7 +1042,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_strictest_policy_paces_and_an_unknown_next_window_holds_nothing() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[
             announced("a", 100, 1000, None),
             announced("b", 0, 500, None),
@@ -1056,7 +1059,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn refusals_at_one_boundary_teach_a_window_paced_like_an_announced_one() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         let step = Duration::from_millis(10);
         for _ in 0..50 {
             let sent = Instant::now();
@@ -1095,7 +1098,7 @@ mod tests {
     /// Limits that learnt a window of 20 calls: 20 accepted 10 ms apart, then two refusals
     /// pointing 800 ms on.
     async fn learnt_20_per_window() -> AnnouncedLimits {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         for _ in 0..20 {
             l.accepted(Instant::now());
             tokio::time::advance(Duration::from_millis(10)).await;
@@ -1125,7 +1128,7 @@ mod tests {
         assert_eq!((kept[0].limit, kept[0].refusals), (20, 2));
         // A resume paces by it from its first call: its current window as spent, the next
         // ones whole.
-        let resumed = AnnouncedLimits::new();
+        let resumed = AnnouncedLimits::new(Clock::system());
         assert_eq!(resumed.adopt(&kept), 1);
         assert_eq!(resumed.adopt(&kept), 0, "adopting again is no news");
         let states = resumed.states();
@@ -1146,7 +1149,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refusal_holds_every_attempt_until_its_retry_after() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         let start = Instant::now();
         l.refused(start, Duration::from_secs(2));
         drop(l.wait().await);
@@ -1159,7 +1162,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn until_the_api_answers_once_a_fleet_worker_sends_one_call_at_a_time() {
-        let l = Arc::new(AnnouncedLimits::new());
+        let l = Arc::new(AnnouncedLimits::new(Clock::system()));
         let first = l.wait_among(2).await;
         let second = tokio::spawn({
             let l = l.clone();
@@ -1179,14 +1182,14 @@ mod tests {
         let calls = [l.wait_among(2).await, l.wait_among(2).await];
         drop((probe, calls));
         // A run alone starts its calls together.
-        let alone = AnnouncedLimits::new();
+        let alone = AnnouncedLimits::new(Clock::system());
         let calls = [alone.wait().await, alone.wait().await, alone.wait().await];
         drop(calls);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_window_ending_with_its_next_one_unknown_is_probed_by_one_call() {
-        let l = Arc::new(AnnouncedLimits::new());
+        let l = Arc::new(AnnouncedLimits::new(Clock::system()));
         l.observe(&[announced("w", 5, 1000, None)]);
         tokio::time::advance(Duration::from_millis(1001)).await;
         let probe = l.wait().await;
@@ -1203,13 +1206,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_worker_joining_a_fleet_already_calling_holds_until_it_is_counted() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[]);
         let start = Instant::now();
         drop(l.wait_among(3).await);
         assert!(start.elapsed() >= JOIN_SETTLE);
         // The first worker, counting others joining later, does not hold.
-        let first = AnnouncedLimits::new();
+        let first = AnnouncedLimits::new(Clock::system());
         first.observe(&[]);
         drop(first.wait_among(1).await);
         let later = Instant::now();
@@ -1219,7 +1222,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn workers_of_a_fleet_each_take_their_part_of_what_remains() {
-        let l = AnnouncedLimits::new();
+        let l = AnnouncedLimits::new(Clock::system());
         // Its first call alone (a fleet of one so far: no join to settle).
         drop(l.wait().await);
         l.observe(&[announced("w", 10, 1000, None)]);

@@ -499,8 +499,9 @@ pub struct FleetRate {
     /// to its share: the parts never sum above the job's burst while it covers a call per
     /// worker); `None`: the run's own burst applies.
     pub burst: Option<u32>,
-    /// Start nothing before this (a `Retry-After` seen by any worker of the job).
-    pub paused_until: Option<std::time::Instant>,
+    /// Start nothing before this (a `Retry-After` seen by any worker of the job), in
+    /// tokio's time, as every wait of a run.
+    pub paused_until: Option<tokio::time::Instant>,
     /// The job's live workers sharing its calls, this one among them, as the store last
     /// counted them (what the API announces it has left is divided among them); `None`: not
     /// counted yet.

@@ -50,7 +50,9 @@ pub struct StoredJob {
     pub spec: Vec<u8>,
 }
 
-/// Milliseconds since the Unix epoch: the time records are stamped with.
+/// Milliseconds since the Unix epoch by the system's clock: what a look at a job from
+/// outside a run reads (a status, a dashboard); a run reads its own
+/// [`crate::clock::Clock`] ([`crate::RunOptions::clock`]).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -102,13 +104,14 @@ pub struct CommitRecord {
 }
 
 impl CommitRecord {
-    /// The commit record of `bucket` with `tally`'s counts, stamped now.
-    pub fn new(bucket: u64, tally: Tally) -> CommitRecord {
+    /// The commit record of `bucket` with `tally`'s counts, stamped `at_ms` (ms since the
+    /// Unix epoch, by the run's [`crate::clock::Clock`]).
+    pub fn new(bucket: u64, tally: Tally, at_ms: u64) -> CommitRecord {
         CommitRecord {
             bucket,
             ok: tally.ok,
             failed: tally.failed,
-            committed_at_ms: now_ms(),
+            committed_at_ms: at_ms,
             failed_by_class: tally.failed_by_class,
             usage: tally.usage,
         }

@@ -138,9 +138,9 @@ impl ItemHistory {
 
 pub(super) struct Outage {
     /// When the current outage began (`None`: the API is up).
-    pub(super) since: Option<std::time::Instant>,
+    pub(super) since: Option<tokio::time::Instant>,
     /// When the next probe may go.
-    pub(super) next_probe: std::time::Instant,
+    pub(super) next_probe: tokio::time::Instant,
     pub(super) probe_interval: Duration,
     /// A probe is in flight.
     pub(super) probing: bool,

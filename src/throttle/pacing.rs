@@ -163,7 +163,7 @@ impl Throttle {
                 max: max_concurrency as u64,
                 owed: AtomicU64::new(0),
             });
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         Throttle {
             options,
             limiter,
@@ -318,13 +318,13 @@ impl Throttle {
                 let mut o = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
                 match o.since {
                     None => break false,
-                    Some(_) if !o.probing && std::time::Instant::now() >= o.next_probe => {
+                    Some(_) if !o.probing && tokio::time::Instant::now() >= o.next_probe => {
                         o.probing = true;
                         break true;
                     }
                     Some(_) => o
                         .next_probe
-                        .saturating_duration_since(std::time::Instant::now()),
+                        .saturating_duration_since(tokio::time::Instant::now()),
                 }
             };
             tokio::select! {
@@ -574,13 +574,13 @@ impl Throttle {
             if probe {
                 o.probing = false;
                 o.probe_interval = (o.probe_interval * 2).min(MAX_PROBE_INTERVAL);
-                o.next_probe = std::time::Instant::now() + o.probe_interval;
+                o.next_probe = tokio::time::Instant::now() + o.probe_interval;
             }
             if o.since.is_none() && in_a_row >= OUTAGE_AFTER_FAILURES {
                 tracing::warn!("the API looks down ({in_a_row} failures in a row): pausing, probing with one request at growing intervals");
-                o.since = Some(std::time::Instant::now());
+                o.since = Some(tokio::time::Instant::now());
                 o.probe_interval = FIRST_PROBE_AFTER;
-                o.next_probe = std::time::Instant::now() + FIRST_PROBE_AFTER;
+                o.next_probe = tokio::time::Instant::now() + FIRST_PROBE_AFTER;
                 o.probing = false;
                 drop(o);
                 // Provisional verdicts are waiting for exactly this.

@@ -14,7 +14,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use crate::clock::Clock;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -58,15 +62,20 @@ pub(super) struct Auth {
     /// Prefix of command tokens (random per server).
     command_prefix: String,
     issued: AtomicU64,
+    /// When each token was issued (tokio's time).
+    issued_at: Mutex<Vec<Instant>>,
     refused: AtomicU64,
     /// A file each issued token is appended to, as `TOKEN EXPIRY_MS` (Unix ms), for a child
     /// process that checks tokens on its own.
     ledger: Mutex<Option<PathBuf>>,
+    /// The server's wall clock: the ledger's expiry times.
+    clock: Clock,
 }
 
 impl Auth {
-    pub(super) fn new() -> Auth {
+    pub(super) fn new(clock: Clock) -> Auth {
         Auth {
+            clock,
             client_auth: Mutex::new(TokenClientAuth::Lenient),
             required: AtomicBool::new(false),
             lifetime: Mutex::new(Duration::from_secs(3600)),
@@ -74,6 +83,7 @@ impl Auth {
             tokens: Mutex::new(HashMap::new()),
             command_prefix: format!("cmdtok-{:08x}-", rand::random::<u32>()),
             issued: AtomicU64::new(0),
+            issued_at: Mutex::default(),
             refused: AtomicU64::new(0),
             ledger: Mutex::new(None),
         }
@@ -102,6 +112,10 @@ impl Auth {
 
     pub(super) fn issued(&self) -> u64 {
         self.issued.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn issue_times(&self) -> Vec<Instant> {
+        lock(&self.issued_at).clone()
     }
 
     pub(super) fn refused(&self) -> u64 {
@@ -197,11 +211,12 @@ impl Auth {
             return resp;
         }
         let n = self.issued.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.issued_at).push(Instant::now());
         let token = format!("tok-{:016x}-{n}", rand::random::<u64>());
         let lifetime = *lock(&self.lifetime);
         lock(&self.tokens).insert(token.clone(), Instant::now() + lifetime);
         if let Some(path) = lock(&self.ledger).as_ref() {
-            let expiry = SystemTime::now() + lifetime;
+            let expiry = self.clock.now() + lifetime;
             let ms = expiry
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()

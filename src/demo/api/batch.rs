@@ -7,7 +7,7 @@
 //! [`super::FakeApi::batch_requests`] counts the requests.
 
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime};
+use tokio::time::Instant;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -21,7 +21,6 @@ use super::faults::ApiConfig;
 use super::request::{decode, MAX_BODY};
 use super::seen::SeenRequest;
 use super::shared::Shared;
-use super::windows::epoch_ms;
 
 /// Whether `id` is one of those a batch answer leaves out (asked with other IDs).
 pub(super) fn omitted(config: &ApiConfig, id: &str) -> bool {
@@ -86,7 +85,7 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     };
     shared.batch_requests.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
-    if let Err(retry_after) = shared.windows.admit(epoch_ms(SystemTime::now())) {
+    if let Err(retry_after) = shared.windows.admit(shared.clock.now_ms()) {
         return too_many_requests("quota exceeded", Some(retry_after));
     }
     for id in &ids {

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -137,10 +139,11 @@ impl CallCounter {
             .collect()
     }
 
-    pub(super) fn to_instants(&self, nanos: Vec<u64>) -> Vec<Instant> {
+    /// `nanos` since the base as instants (tokio's time, as std's type).
+    pub(super) fn to_instants(&self, nanos: Vec<u64>) -> Vec<std::time::Instant> {
         nanos
             .into_iter()
-            .map(|n| self.base + Duration::from_nanos(n))
+            .map(|n| (self.base + Duration::from_nanos(n)).into_std())
             .collect()
     }
 }

@@ -25,6 +25,7 @@ use super::seen::{Seen, SeenRequest};
 use super::server::accept_loop;
 use super::shared::{Control, SetDown, Shared};
 use super::windows::{Announce, ApiWindow, Windows};
+use crate::clock::Clock;
 
 /// A running fake API server.
 ///
@@ -40,8 +41,16 @@ pub struct FakeApi {
 }
 
 impl FakeApi {
-    /// Binds `127.0.0.1:0` and serves on the current tokio runtime.
+    /// Binds `127.0.0.1:0` and serves on the current tokio runtime, on the system's clock.
     pub async fn start(config: ApiConfig) -> io::Result<FakeApi> {
+        FakeApi::start_with_clock(config, Clock::system()).await
+    }
+
+    /// [`FakeApi::start`] with its quota windows, the resets it announces and its tokens'
+    /// expiry in `clock`'s wall time (its waits and token lifetimes are in tokio's time
+    /// anyway): a run in simulated time gives it a [`crate::clock::SimulatedClock`]'s, the
+    /// run's own or one of its own (whose jumps the run's clock does not make).
+    pub async fn start_with_clock(config: ApiConfig, clock: Clock) -> io::Result<FakeApi> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -53,11 +62,12 @@ impl FakeApi {
             limiter: Limiter::new(),
             accepted: AtomicU64::new(0),
             rejected_429: AtomicU64::new(0),
-            auth: Auth::new(),
+            auth: Auth::new(clock.clone()),
             seen: Seen::default(),
             batch_requests: AtomicU64::new(0),
             echo: AtomicBool::new(false),
             pages_refused: Mutex::new(Default::default()),
+            clock,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (set_down, set_down_rx) = mpsc::unbounded_channel();
@@ -276,7 +286,9 @@ impl FakeApi {
     /// unlimited to limited starts with a full bucket. A NaN or negative `per_second` is 0
     /// (only the one initial token is ever granted), an infinite one is `None`.
     pub fn set_capacity(&self, per_second: Option<f64>) {
-        self.shared.limiter.set_capacity(per_second, Instant::now());
+        self.shared
+            .limiter
+            .set_capacity(per_second, tokio::time::Instant::now());
     }
 
     /// The `Retry-After` header (in seconds) of capacity 429s; `None` (the default) sends
@@ -371,6 +383,12 @@ impl FakeApi {
     /// Tokens the token endpoint issued.
     pub fn tokens_issued(&self) -> u64 {
         self.shared.auth.issued()
+    }
+
+    /// When the token endpoint issued each token, oldest first (in tokio's time, so a test
+    /// on a paused clock reads its simulated time).
+    pub fn token_issue_times(&self) -> Vec<tokio::time::Instant> {
+        self.shared.auth.issue_times()
     }
 
     /// Item requests answered 401 for want of a live token.

@@ -3,7 +3,7 @@
 //! answered after the configured latency, and every answer given the window's headers.
 
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime};
+use tokio::time::Instant;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -16,7 +16,6 @@ use super::llm::{announce, malformed, out_of_credit, rate_refused, Prompt, Refus
 use super::request::MAX_BODY;
 use super::seen::SeenRequest;
 use super::shared::Shared;
-use super::windows::epoch_ms;
 
 /// Whether `path` is one of the language-model routes.
 pub(super) fn is_llm(path: &str) -> bool {
@@ -68,7 +67,7 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Option<Re
         return None;
     }
     let id_hash = xxh3_64(prompt.id.as_bytes());
-    let admitted = meter.admit(epoch_ms(SystemTime::now()), prompt.prompt_tokens);
+    let admitted = meter.admit(shared.clock.now_ms(), prompt.prompt_tokens);
     let attempt = shared
         .calls
         .record(&prompt.id, id_hash, admitted.is_ok(), Instant::now());
@@ -88,12 +87,12 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Option<Re
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
-            meter.settle(epoch_ms(SystemTime::now()), prompt.completion_tokens);
+            meter.settle(shared.clock.now_ms(), prompt.completion_tokens);
             shared.accepted.fetch_add(1, Ordering::Relaxed);
             prompt.answer(shape)
         }
     };
-    let now_ms = epoch_ms(SystemTime::now());
+    let now_ms = shared.clock.now_ms();
     announce(
         resp.headers_mut(),
         meter.config().headers,

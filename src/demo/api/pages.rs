@@ -22,7 +22,7 @@
 //! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
 //! windows. A malformed request answers 400 and is no call.
 
-use std::time::{Instant, SystemTime};
+use tokio::time::Instant;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -36,7 +36,6 @@ use super::faults::ApiConfig;
 use super::request::decode;
 use super::seen::SeenRequest;
 use super::shared::Shared;
-use super::windows::epoch_ms;
 
 /// The paths of the paginated routes start with this.
 pub(super) const PREFIX: &str = "/pages/";
@@ -170,7 +169,7 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
             },
         );
     }
-    let now = epoch_ms(SystemTime::now());
+    let now = shared.clock.now_ms();
     if let Err(retry_after) = shared.windows.admit(now) {
         return too_many_requests("quota exceeded", Some(retry_after));
     }

@@ -3,7 +3,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -20,7 +22,6 @@ use super::faults::Fault;
 use super::request::{decode, MAX_BODY};
 use super::seen::SeenRequest;
 use super::shared::Shared;
-use super::windows::epoch_ms;
 
 /// The error a handler returns to make hyper close the connection without answering.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +93,7 @@ async fn item(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, DropC
         return Err(DropConnection);
     }
     let mut resp = answer(&shared, &id).await?;
-    let now = epoch_ms(SystemTime::now());
+    let now = shared.clock.now_ms();
     shared.windows.announce(resp.headers_mut(), now);
     Ok(resp)
 }
@@ -103,7 +104,7 @@ async fn answer(shared: &Shared, id: &str) -> Result<Resp, DropConnection> {
     let config = &shared.config;
     let id_hash = xxh3_64(id.as_bytes());
     let now = Instant::now();
-    let in_quota = shared.windows.admit(epoch_ms(SystemTime::now()));
+    let in_quota = shared.windows.admit(shared.clock.now_ms());
     let admitted = match in_quota {
         Ok(()) => shared.limiter.try_acquire(now),
         Err(_) => Err(None),

@@ -14,6 +14,7 @@ use super::faults::ApiConfig;
 use super::llm::Meter;
 use super::seen::Seen;
 use super::windows::Windows;
+use crate::clock::Clock;
 
 /// State the request handlers share.
 pub(super) struct Shared {
@@ -42,6 +43,8 @@ pub(super) struct Shared {
     pub(super) llm: Option<Meter>,
     /// The IDs whose page [`ApiConfig::page_unavailable_once`] answered 503 already.
     pub(super) pages_refused: Mutex<std::collections::HashSet<String>>,
+    /// The server's wall clock: its quota windows, the resets it announces.
+    pub(super) clock: Clock,
 }
 
 /// Owned only by `FakeApi` clones: dropping the last one drops `shutdown`, which stops

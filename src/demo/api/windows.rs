@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -124,12 +124,6 @@ fn ceil_secs(ms: u128) -> u64 {
     u64::try_from(ms.div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
-/// Milliseconds since the Unix epoch (0 before it).
-pub(super) fn epoch_ms(now: SystemTime) -> u64 {
-    let since = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Windows {
     pub(super) fn new(windows: &[ApiWindow], announce: Announce) -> Self {
         Windows {
@@ -169,7 +163,7 @@ impl Windows {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if at.len() < MAX_REFUSAL_TIMES {
-                at.push(std::time::Instant::now());
+                at.push(tokio::time::Instant::now().into_std());
             }
             return Err(secs);
         }

@@ -55,13 +55,16 @@ impl<S: Store + Leases> JobLog<S> {
             let reader = spec
                 .input_reader(position.cursor)
                 .map_err(PlanError::from)?;
-            Some(Planner::new(
-                reader,
-                position,
-                spec.bucket_size,
-                opts.skip_bad_lines,
-                spec.fingerprint,
-            ))
+            Some(
+                Planner::new(
+                    reader,
+                    position,
+                    spec.bucket_size,
+                    opts.skip_bad_lines,
+                    spec.fingerprint,
+                )
+                .stamped_by(opts.clock.clone()),
+            )
         };
         Ok(JobLog {
             store,

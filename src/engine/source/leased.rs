@@ -55,6 +55,8 @@ pub(in crate::engine) struct Leased<S> {
     log: Log,
     spec: Arc<JobSpec>,
     skip_bad_lines: bool,
+    /// What the buckets this worker plans are stamped with.
+    clock: crate::clock::Clock,
     /// Whether the log is still to be planned (only the job's ever is).
     to_plan: bool,
     planner: Option<JoinHandle<Result<(), PlanError>>>,
@@ -88,6 +90,7 @@ impl<S: Fleet> Leased<S> {
             log,
             spec,
             skip_bad_lines: opts.skip_bad_lines,
+            clock: opts.clock.clone(),
             to_plan,
             planner: None,
             follower: None,
@@ -118,6 +121,7 @@ impl<S: Fleet> Source for Leased<S> {
                 self.store.clone(),
                 self.spec.clone(),
                 self.skip_bad_lines,
+                self.clock.clone(),
                 stop.clone(),
                 counters.clone(),
                 self.planned.clone(),

@@ -58,6 +58,7 @@ use compiled::{check_batch_templates, Compiled};
 
 use super::batch::{splitter, BatchAnswer, BatchSpec};
 use crate::answer::{Answer, Splitter};
+use crate::clock::Clock;
 use crate::failure::{ErrorClass, Failure, Next};
 use crate::quota::announced::read_announced;
 use crate::quota::pacer::AnnouncedLimits;
@@ -94,6 +95,8 @@ pub struct HttpHandler {
     pager: Option<Box<crate::handler::paginate::Pager>>,
     /// What its templates expanded and its credentials' values: masked in failures.
     secrets: Secrets,
+    /// The wall clock `Retry-After` dates and announced resets are read against.
+    clock: Clock,
 }
 
 impl fmt::Debug for HttpHandler {
@@ -193,12 +196,21 @@ impl HttpHandler {
             client,
             request,
             answer: Answer::default(),
-            limits: Arc::new(AnnouncedLimits::new()),
+            limits: Arc::new(AnnouncedLimits::new(Clock::system())),
             credentials,
             batch: None,
             pager: None,
             secrets,
+            clock: Clock::system(),
         })
+    }
+
+    /// Read `Retry-After` dates and the resets the API announces against `clock` (the
+    /// system's by default): give it the run's ([`crate::RunOptions::clock`]).
+    pub fn with_clock(mut self, clock: Clock) -> HttpHandler {
+        self.limits = Arc::new(AnnouncedLimits::new(clock.clone()));
+        self.clock = clock;
+        self
     }
 
     /// Judge every 2xx answer with `answer` (the job's answer checks) before it counts as
@@ -398,7 +410,7 @@ impl HttpHandler {
         let sent = tokio::time::Instant::now();
         let mut response = request.send().await.map_err(transport_error)?;
         let status = response.status();
-        let now = SystemTime::now();
+        let now = self.clock.now();
         let mut retry_after = response
             .headers()
             .get(RETRY_AFTER)

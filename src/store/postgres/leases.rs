@@ -22,6 +22,8 @@
 //! No SQL here: the statements are in [`super::buckets`], [`super::results`] and the other
 //! per-table modules.
 
+// Real time (std's `Instant`), not tokio's: a session lives on the database server's clock,
+// which a paused tokio clock does not stop.
 use std::time::{Duration, Instant};
 
 use super::buckets::{self, Acquired};
@@ -459,7 +461,7 @@ impl Fleet for PgStore {
                 .as_ref()
                 .filter(|g| g.rate_share.is_some())
                 .and_then(|g| g.burst),
-            paused_until: session.paused_until,
+            paused_until: session.paused_until.map(tokio::time::Instant::from_std),
             // This worker is counted as making calls: it asks in order to make one.
             workers: session.grant.as_ref().map(|g| g.peers.saturating_add(1)),
         }

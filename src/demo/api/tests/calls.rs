@@ -196,7 +196,7 @@ fn max_in_window_sweeps() {
 #[test]
 fn call_times_are_capped() {
     let counter = CallCounter::with_time_cap(3);
-    let now = Instant::now();
+    let now = tokio::time::Instant::now();
     for n in 0..5u32 {
         let id = if n % 2 == 0 { "x" } else { "y" };
         let at = now + Duration::from_millis(u64::from(n));
@@ -208,8 +208,8 @@ fn call_times_are_capped() {
     all.sort_unstable();
     let all = counter.to_instants(all);
     assert_eq!(all.len(), 3);
-    assert_eq!(all[0], now);
-    assert_eq!(all[2], now + Duration::from_millis(2));
+    assert_eq!(all[0], now.into_std());
+    assert_eq!(all[2], (now + Duration::from_millis(2)).into_std());
     assert_eq!(counter.id_times(xxh3_64(b"x")).len(), 2);
     assert_eq!(counter.id_times(xxh3_64(b"y")).len(), 1);
 }

@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn bucket_refills_and_switches_rates() {
-    let t0 = Instant::now();
+    let t0 = tokio::time::Instant::now();
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let mut b = Bucket::new(t0);
     // Unlimited.

@@ -2,9 +2,7 @@
 //! headers that announce them (read back with [`crate::quota::announced::read_announced`]),
 //! and how they stand apart from the hidden capacity.
 
-use std::time::SystemTime;
-
-use super::super::windows::{epoch_ms, Windows};
+use super::super::windows::Windows;
 use super::*;
 use crate::quota::announced::{read_announced, Announced};
 
@@ -147,14 +145,14 @@ fn x_rate_limit_headers_tell_the_tightest_window() {
 
 /// Sleeps until `margin_ms` after the next boundary of windows of `length_ms`.
 async fn to_next_boundary(length_ms: u64, margin_ms: u64) {
-    let now = epoch_ms(SystemTime::now());
+    let now = crate::clock::Clock::system().now_ms();
     let next = (now / length_ms + 1) * length_ms + margin_ms;
     tokio::time::sleep(Duration::from_millis(next - now)).await;
 }
 
 /// The one limit of `policy` that `resp`'s headers announce, read as a client would.
 fn announced_by(resp: &reqwest::Response, policy: &str) -> Announced {
-    let found = read_announced(resp.headers(), SystemTime::now());
+    let found = read_announced(resp.headers(), std::time::SystemTime::now());
     let mut of_policy = found.into_iter().filter(|a| a.policy == policy);
     let announced = of_policy.next().expect("an announced limit");
     assert!(of_policy.next().is_none());
@@ -230,7 +228,7 @@ async fn every_answer_announces_in_both_styles() {
     let api = FakeApi::start(config).await.unwrap();
     let c = client();
     // Not too close to a minute's end, so the five calls share a window.
-    if epoch_ms(SystemTime::now()) % 60_000 > 55_000 {
+    if crate::clock::Clock::system().now_ms() % 60_000 > 55_000 {
         to_next_boundary(60_000, 50).await;
     }
     let mut statuses = Vec::new();
@@ -264,7 +262,7 @@ async fn every_answer_announces_in_both_styles() {
         };
         assert_eq!(announced.remaining, remaining, "answer {n}");
         // Rounded up: never earlier than the truth, and not much later.
-        let to_reset = 60_000 - epoch_ms(SystemTime::now()) % 60_000;
+        let to_reset = 60_000 - crate::clock::Clock::system().now_ms() % 60_000;
         assert!(announced.reset + Duration::from_millis(50) >= Duration::from_millis(to_reset));
         assert!(announced.reset <= Duration::from_millis(to_reset + 1050));
     }

@@ -61,7 +61,7 @@ async fn a_sync_past_the_threshold_reopens_the_database_and_loses_nothing() {
         for b in 0..n {
             let mut tally = Tally::default();
             tally.add(&done(b, b, ok(b)));
-            commits.push(CommitRecord::new(b, tally));
+            commits.push(CommitRecord::new(b, tally, crate::store::now_ms()));
         }
         commit(&s, &commits).await;
         s.sync().await.unwrap();
