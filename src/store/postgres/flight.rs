@@ -20,13 +20,19 @@ use super::error::PgError;
 /// Open a transaction, to be sent in one flight with the statements after it. `what` names
 /// the transaction in the error.
 pub(crate) async fn begin(client: &Client, what: &'static str) -> Result<(), PgError> {
-    client.batch_execute("BEGIN").await.map_err(PgError::sql(what))
+    client
+        .batch_execute("BEGIN")
+        .await
+        .map_err(PgError::sql(what))
 }
 
 /// Commit the transaction [`begin`] opened (see the module doc: a transaction one of whose
 /// statements failed is rolled back, and that statement's error says so).
 pub(crate) async fn end(client: &Client, what: &'static str) -> Result<(), PgError> {
-    client.batch_execute("COMMIT").await.map_err(PgError::sql(what))
+    client
+        .batch_execute("COMMIT")
+        .await
+        .map_err(PgError::sql(what))
 }
 
 /// Roll back the transaction [`begin`] opened and its flights left open.

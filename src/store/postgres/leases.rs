@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 
 use super::buckets::{self, Acquired};
 use super::error::PgError;
+use super::flight::{begin, end};
 use super::heartbeat::take_grant;
 use super::keys::{log_number, WorkerId};
 use super::outage::Outage;
-use super::flight::{begin, end};
 use super::results::{commit_bucket_as, committed_buckets_as, move_counts};
 use super::rows::to_i64;
 use super::session::{heartbeat, Grant, Heartbeat};

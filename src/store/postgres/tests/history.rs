@@ -41,7 +41,9 @@ async fn records_are_kept_in_the_order_written_and_samples_past_the_bound_are_th
     let samples = after.iter().filter(|r| r["kind"] == "sample").count() as i64;
     let before = MAX_SAMPLES + 1;
     // Rows n (1-based, by sequence) with n * 4 < before * 3 and n even are deleted.
-    let deleted = (1..=before).filter(|n| n * 4 < before * 3 && n % 2 == 0).count() as i64;
+    let deleted = (1..=before)
+        .filter(|n| n * 4 < before * 3 && n % 2 == 0)
+        .count() as i64;
     assert_eq!(samples, before - deleted);
     assert_eq!(after.first().unwrap()["n"], 1, "not a sample: kept");
     assert_eq!(after.last().unwrap()["n"], -1, "the newest sample is kept");

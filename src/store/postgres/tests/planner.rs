@@ -93,9 +93,7 @@ async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together
         bad_lines: &bad,
         position: position(2, 7, false),
     };
-    let counts = plan(&client, job, &a, &batch, record, None)
-        .await
-        .unwrap();
+    let counts = plan(&client, job, &a, &batch, record, None).await.unwrap();
     assert_eq!(
         counts,
         vec![
@@ -118,9 +116,7 @@ async fn a_plan_finds_duplicates_by_key_and_writes_buckets_and_position_together
         bad_lines: &[],
         position: position(3, 9, true),
     };
-    let counts = plan(&client, job, &a, &batch2, record, None)
-        .await
-        .unwrap();
+    let counts = plan(&client, job, &a, &batch2, record, None).await.unwrap();
     assert_eq!(
         counts,
         vec![BucketCounts {
@@ -186,10 +182,7 @@ async fn a_planner_that_lost_its_lease_writes_nothing() {
     let err = plan(&client, job, &a, &batch, record, None)
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, PgError::PlannerLeaseLost { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, PgError::PlannerLeaseLost { .. }), "{err:?}");
     let n: i64 = client
         .query_one("SELECT count(*) FROM hw_item WHERE job_id = $1", &[&job.0])
         .await
@@ -200,9 +193,7 @@ async fn a_planner_that_lost_its_lease_writes_nothing() {
         planner_state(&client, job).await.unwrap(),
         PlannerState::default()
     );
-    plan(&client, job, &b, &batch, record, None)
-        .await
-        .unwrap();
+    plan(&client, job, &b, &batch, record, None).await.unwrap();
     assert_eq!(
         planner_state(&client, job).await.unwrap(),
         position(1, 1, false)
@@ -238,7 +229,10 @@ async fn a_stale_plan_is_rolled_back_and_its_connection_plans_on() {
     let started = "SELECT to_char(now(), 'HH24:MI:SS.US')";
     let first: String = client.query_one(started, &[]).await.unwrap().get(0);
     let second: String = client.query_one(started, &[]).await.unwrap().get(0);
-    assert_ne!(first, second, "the connection is still inside a transaction");
+    assert_ne!(
+        first, second,
+        "the connection is still inside a transaction"
+    );
     let y: i64 = client
         .query_one(
             "SELECT count(*) FROM hw_item WHERE job_id = $1 AND id = 'y'",
@@ -255,5 +249,8 @@ async fn a_stale_plan_is_rolled_back_and_its_connection_plans_on() {
         position: position(2, 2, true),
     };
     plan(&client, job, &a, &on, record, None).await.unwrap();
-    assert_eq!(planner_state(&client, job).await.unwrap(), position(2, 2, true));
+    assert_eq!(
+        planner_state(&client, job).await.unwrap(),
+        position(2, 2, true)
+    );
 }
