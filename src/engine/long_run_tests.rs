@@ -85,8 +85,38 @@ fn calls_by(api: &FakeApi, at: Instant) -> usize {
     api.call_times().iter().filter(|&&t| t < at).count()
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn thirty_six_hours_of_a_job_in_simulated_time() {
+/// The most real time the simulated job may take. It takes seconds; a run whose simulated
+/// time stops advancing (something waits on the real clock, or spins in steps too small to
+/// reach the simulated deadline) would otherwise hang the test run instead of failing.
+const REAL_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+#[test]
+fn thirty_six_hours_of_a_job_in_simulated_time() {
+    let (done, finished) = std::sync::mpsc::channel();
+    let job = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime");
+        runtime.block_on(thirty_six_hours());
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(REAL_TIME_LIMIT) {
+        // Sent after the checks passed; or the thread ended without sending: it panicked.
+        Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = job.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+            "the simulated 36 hours took over {REAL_TIME_LIMIT:?} of real time: \
+             simulated time stopped advancing"
+        ),
+    }
+}
+
+async fn thirty_six_hours() {
     let real_start = std::time::Instant::now();
     let t0 = Instant::now();
     let sim = SimulatedClock::starting_at_ms(NOON_MS);
