@@ -142,6 +142,11 @@ mod memory {
     async fn ids_refused_every_time_do_not_pause_the_fleet() {
         super::ids_refused_every_time_do_not_pause_the_fleet().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_newcomer_takes_nothing_of_the_announced_windows_before_its_grant() {
+        super::a_newcomer_takes_nothing_of_the_announced_windows_before_its_grant().await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -236,13 +241,23 @@ fn spawn_run_against<S: Fleet>(
     spec: Arc<JobSpec>,
     request: crate::handler::http::RequestSpec,
 ) -> tokio::task::JoinHandle<RunSummary> {
+    spawn_run_with(store, spec, request, options())
+}
+
+/// [`spawn_run_against`] with `options`.
+fn spawn_run_with<S: Fleet>(
+    store: Arc<S>,
+    spec: Arc<JobSpec>,
+    request: crate::handler::http::RequestSpec,
+    options: RunOptions,
+) -> tokio::task::JoinHandle<RunSummary> {
     tokio::spawn(async move {
         let handler = Arc::new(HttpHandler::new(&request).unwrap());
         run(
             store,
             spec,
             handler,
-            &options(),
+            &options,
             Arc::new(Counters::default()),
             stop_pair().1,
         )
@@ -686,4 +701,61 @@ async fn workers_divide_what_the_api_announces<D: SharedJob>(workers: usize) {
     assert_eq!(f.api.window_refusals(), 0, "{workers} workers met 429s");
     assert_eq!(f.api.total_calls(), 240, "no ID called twice");
     exactly_once(&*last.unwrap(), &ids).await;
+}
+
+/// A newcomer whose first grant has not come back (a database's worker before its first
+/// heartbeat's answer) does not know how many workers share the windows the API announces:
+/// its calls wait for the grant before they take any part of them, then go as a joiner's do
+/// (held until the others count it, its first call alone). Taken for a worker alone, its
+/// attempts passed the windows with nothing known yet and waited for the grant at the
+/// fleet's gate, to go all at once when it came: a burst of its whole concurrency into
+/// windows the first worker was already pacing.
+async fn a_newcomer_takes_nothing_of_the_announced_windows_before_its_grant() {
+    let ids: Vec<String> = (0..300).map(|i| format!("n-{i}")).collect();
+    let api = ApiConfig {
+        latency_min: Duration::from_millis(2),
+        latency_max: Duration::from_millis(2),
+        windows: vec![ApiWindow {
+            limit: 30,
+            length: Duration::from_secs(1),
+        }],
+        announce: Announce::Ietf,
+        ..ApiConfig::fast()
+    };
+    // Buckets of 10: the first worker holds what it can queue (64 items and the buckets it
+    // leased ahead), the newcomer leases the others.
+    let f = fleet_of::<MemJob>(ids.clone(), ids.clone(), api, 10).await;
+    let first = f.db.worker().await;
+    let first_run = spawn_run(first.clone(), f.spec.clone());
+    until("the first worker's calls", || async {
+        f.api.total_calls() >= 5
+    })
+    .await;
+    let newcomer = f.db.worker().await;
+    newcomer.withhold_grant(true);
+    let request = f.spec.work.request().unwrap().clone();
+    let options = RunOptions {
+        concurrency: 40,
+        ..options()
+    };
+    let newcomer_run = spawn_run_with(newcomer.clone(), f.spec.clone(), request, options);
+    // Time for the newcomer to lease its buckets and bring its items to their calls: the
+    // first worker's next calls, paced by the windows.
+    let before = f.api.total_calls();
+    until("the first worker's next calls", || async {
+        f.api.total_calls() >= before + 15
+    })
+    .await;
+    newcomer.withhold_grant(false);
+    for run in [first_run, newcomer_run] {
+        let summary = run.await.unwrap();
+        assert!(summary.job.finished(), "{:?}", summary.job);
+    }
+    assert_eq!(
+        f.api.window_refusals(),
+        0,
+        "the newcomer's calls went above an announced window"
+    );
+    assert_eq!(f.api.total_calls(), 300, "no ID called twice");
+    exactly_once(&*newcomer, &ids).await;
 }

@@ -444,6 +444,13 @@ impl<H: Handler> ItemTask<H> {
         let mut paced_call = match announced {
             None => None,
             Some(a) => {
+                // Not before the fleet lets this worker call (its first grant, a pause): until
+                // its grant comes, a newcomer does not know how many workers share the API's
+                // windows, and would take them whole, as a worker alone does.
+                tokio::select! {
+                    () = throttle.fleet_gate() => {}
+                    _ = stop.stopping() => return None,
+                }
                 // A limit that counts tokens takes what the call is expected to cost.
                 let cost = if a.counts_tokens() { estimate() } else { None };
                 tokio::select! {

@@ -8,7 +8,9 @@
 //! `time to reset / remaining` apart. A worker of a fleet takes its part of what remains
 //! (the API counts every worker's calls): `remaining / live workers`, spaced `time to reset
 //! / its part` apart ([`AnnouncedLimits::wait_for`]); a worker joining a fleet already
-//! calling holds its calls for [`JOIN_SETTLE`], until the others count it. The adaptive
+//! calling holds its calls for [`JOIN_SETTLE`], until the others count it (and takes
+//! nothing before its own first grant has counted them: the engine waits for the fleet's
+//! gate first). The adaptive
 //! controller and `--rate` apply beside it, each as its own wait: the stricter wins, and a
 //! 429 is still pushback.
 //!

@@ -282,8 +282,9 @@ impl Throttle {
         extended
     }
 
-    /// Wait while the fleet holds this worker: a pause, or a share of 0.
-    async fn fleet_gate(&self) {
+    /// Wait while the fleet holds this worker: a pause, or a share of 0 (a newcomer's before
+    /// its first grant, which also counts the fleet's workers: [`Self::fleet_workers`]).
+    pub(crate) async fn fleet_gate(&self) {
         loop {
             let notified = self.fleet_changed.notified();
             tokio::pin!(notified);

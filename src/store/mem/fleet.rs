@@ -25,7 +25,7 @@
 //!   is the latest asked for.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -90,6 +90,7 @@ impl SharedMem {
             me: AtomicU64::new(me),
             local: Mutex::default(),
             fenced: AtomicU64::new(0),
+            grant_withheld: AtomicBool::new(false),
         }
     }
 
@@ -208,6 +209,8 @@ pub struct MemWorker {
     me: AtomicU64,
     local: Mutex<Local>,
     fenced: AtomicU64,
+    /// Its fleet's grant withheld ([`MemWorker::withhold_grant`]).
+    grant_withheld: AtomicBool,
 }
 
 /// What a worker keeps to itself until it writes it.
@@ -244,6 +247,13 @@ impl MemWorker {
     pub fn expire(&self) {
         let me = self.me.load(Ordering::Acquire);
         self.shared().sessions.remove(&me);
+    }
+
+    /// Withhold this worker's grant (`true`) or give it (`false`): while withheld, it reads
+    /// a share of 0 and an uncounted fleet, as a database's newcomer does before its first
+    /// heartbeat's grant comes back.
+    pub fn withhold_grant(&self, withheld: bool) {
+        self.grant_withheld.store(withheld, Ordering::Release);
     }
 
     /// A crash: the results not synced are lost, and the session expires. A task of the
@@ -574,6 +584,14 @@ impl Fleet for MemWorker {
     }
 
     fn fleet_rate(&self) -> FleetRate {
+        if self.grant_withheld.load(Ordering::Acquire) {
+            return FleetRate {
+                share: Some(0.0),
+                burst: None,
+                paused_until: None,
+                workers: None,
+            };
+        }
         let s = self.shared();
         let me = self.me.load(Ordering::Acquire);
         let sharing = |session: &Session| !session.draining && !session.idle;
