@@ -454,7 +454,7 @@ impl<H: Handler> ItemTask<H> {
                 // A limit that counts tokens takes what the call is expected to cost.
                 let cost = if a.counts_tokens() { estimate() } else { None };
                 tokio::select! {
-                    call = Box::pin(a.wait_for(throttle.fleet_workers(), cost)) => Some(call),
+                    call = Box::pin(a.wait_for(|| throttle.fleet_workers(), cost)) => Some(call),
                     _ = stop.stopping() => return None,
                 }
             }

@@ -336,20 +336,28 @@ impl AnnouncedLimits {
     /// [`Self::wait_for`] a call of unknown cost.
     #[cfg(test)]
     pub(crate) async fn wait_among(&self, workers: u64) -> PacedCall {
-        self.wait_for(workers, None).await
+        self.wait_for(|| workers, None).await
     }
 
-    /// [`Self::wait`] for one of `workers` live workers of a fleet sharing the API's limits,
-    /// for a call estimated to cost `cost`: what an announced window has left (counted by
-    /// the API for all of them) is divided among them, each pacing its part until the reset,
+    /// [`Self::wait`] for one of `workers()` live workers of a fleet sharing the API's
+    /// limits, for a call estimated to cost `cost`: what an announced window has left
+    /// (counted by the API for all of them) is divided among them, each pacing its part until
+    /// the reset,
     /// and a part under what the call takes waits for the reset. A call takes one of a
     /// limit that counts calls, and its estimated tokens of one that counts tokens (none when
     /// its cost is unknown: such a limit then holds it only once spent); what it took is
     /// settled once its cost is known ([`Self::settle`]). Learnt windows are this worker's
-    /// own (learnt from its own calls).
-    pub(crate) async fn wait_for(&self, workers: u64, cost: Option<Usage>) -> PacedCall {
-        let workers = workers.max(1);
+    /// own (learnt from its own calls). The workers are counted again each time the call
+    /// wakes, never once for all its wait: a call that began waiting while this worker was
+    /// alone, and took what remains as if it still were once workers joined, spent the part
+    /// of the windows they were pacing too.
+    pub(crate) async fn wait_for(
+        &self,
+        workers: impl Fn() -> u64,
+        cost: Option<Usage>,
+    ) -> PacedCall {
         {
+            let workers = workers().max(1);
             let mut inner = self.lock();
             if inner.workers == 0 {
                 if workers > 1 {
@@ -372,7 +380,9 @@ impl AnnouncedLimits {
             let until = {
                 let now = Instant::now();
                 let in_flight = self.in_flight.calls.load(Relaxed);
+                let workers = workers().max(1);
                 let mut inner = self.lock();
+                inner.workers = workers;
                 let hold = inner.hold_until.filter(|&h| h > now);
                 let answered = self.in_flight.answered.load(Relaxed);
                 if inner.policies.is_empty() && hold.is_none() && answered {
@@ -903,7 +913,7 @@ mod tests {
         // the next window.
         let mut calls = Vec::new();
         for _ in 0..10 {
-            calls.push(l.wait_for(1, cost(60, 40)).await);
+            calls.push(l.wait_for(|| 1, cost(60, 40)).await);
         }
         assert!(
             start.elapsed() < Duration::from_millis(1000),
@@ -931,7 +941,7 @@ mod tests {
         drop(calls);
         // The window's calls are spaced to its end: the next call starts in the next one, and
         // what it spent is settled there; a call taken in it settles nothing in another.
-        let mut next = l.wait_for(1, cost(200, 100)).await;
+        let mut next = l.wait_for(|| 1, cost(200, 100)).await;
         assert!(
             start.elapsed() >= Duration::from_millis(1000),
             "the next window"
@@ -942,7 +952,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1000)).await;
         // The call still in flight writes in the new window what the last answers wrote at
         // most (50): that much is kept for it.
-        let mut late = l.wait_for(1, cost(100, 0)).await;
+        let mut late = l.wait_for(|| 1, cost(100, 0)).await;
         assert_eq!(l.states()[0].remaining, 1000 - 50 - 100);
         l.settle(&mut next, cost(0, 0));
         assert_eq!(l.states()[0].remaining, 850);
@@ -957,7 +967,7 @@ mod tests {
         l.observe(&[tokens("tokens", 10_000, 5000, (10_000, 5000))]);
         let mut calls = Vec::new();
         for _ in 0..3 {
-            calls.push(l.wait_for(1, cost(100, 100)).await);
+            calls.push(l.wait_for(|| 1, cost(100, 100)).await);
         }
         // One answered, writing 80: the API's word counts it, not the two still writing.
         l.settle(&mut calls[0], cost(100, 80));
@@ -975,18 +985,18 @@ mod tests {
         let l = AnnouncedLimits::new(Clock::system());
         l.observe(&[tokens("tokens", 100, 1000, (1000, 1000))]);
         let start = Instant::now();
-        drop(l.wait_for(1, cost(5000, 0)).await);
+        drop(l.wait_for(|| 1, cost(5000, 0)).await);
         assert!(start.elapsed() >= Duration::from_millis(1000));
         assert!(start.elapsed() < Duration::from_millis(2000));
         // The window is spent by it: a call of unknown cost waits for the next one.
         assert_eq!(l.states()[0].remaining, 0);
         let at = Instant::now();
-        drop(l.wait_for(1, None).await);
+        drop(l.wait_for(|| 1, None).await);
         assert!(at.elapsed() > Duration::ZERO);
         // In a whole window, calls of unknown cost are not held.
         let at = Instant::now();
         for _ in 0..5 {
-            drop(l.wait_for(1, None).await);
+            drop(l.wait_for(|| 1, None).await);
         }
         assert_eq!(at.elapsed(), Duration::ZERO);
         assert_eq!(l.output_estimate(None), DEFAULT_OUTPUT_ESTIMATE);
@@ -1244,5 +1254,29 @@ mod tests {
         let before = Instant::now();
         drop(l.wait_among(2).await);
         assert!(before.elapsed() >= Duration::from_millis(190));
+    }
+
+    /// A call that began waiting while its worker was alone takes its part among the workers
+    /// counted when it goes, not when it began to wait: counted once, it took of the window
+    /// as a worker alone would, what the workers that joined meanwhile were pacing too.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_call_counts_the_workers_that_joined_while_it_waited() {
+        let l = Arc::new(AnnouncedLimits::new(Clock::system()));
+        let workers = Arc::new(AtomicU64::new(1));
+        drop(l.wait_for(|| workers.load(Relaxed), None).await);
+        l.observe(&[announced("w", 30, 3000, Some((30, 3000)))]);
+        // Alone: a call every 100 ms. The first goes at once, the second waits.
+        drop(l.wait_for(|| workers.load(Relaxed), None).await);
+        let waiting = tokio::spawn({
+            let (l, workers) = (l.clone(), workers.clone());
+            async move { drop(l.wait_for(|| workers.load(Relaxed), None).await) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the second call did not wait");
+        // Two workers join while it waits: it takes for three, as each of them does.
+        workers.store(3, Relaxed);
+        waiting.await.unwrap();
+        let remaining = l.states()[0].remaining;
+        assert_eq!(remaining, 29 - 3, "what the window has left for the fleet");
     }
 }
