@@ -395,6 +395,10 @@ fn check_rendered(dom: &str, ok: u64, failed: u64, what: &str) {
         assert!(shown.contains(&fig), "{what}: lacks {fig}\n{shown}");
     }
     assert!(shown.contains("committed of"), "{what}\n{shown}");
+    assert!(
+        shown.contains("aria-label=\"bucket map of "),
+        "{what}: the bucket map not drawn\n{shown}"
+    );
     assert!(!shown.contains("cannot reach"), "{what}\n{shown}");
 }
 
@@ -657,6 +661,7 @@ fn a_run_serves_its_own_dashboard_with_every_panel_live() {
     assert!(!shown.contains(TOKEN));
     assert!(shown.contains("failed item(s) match"), "{shown}");
     assert!(!shown.contains("shown once no run holds"), "{shown}");
+    assert!(shown.contains("aria-label=\"bucket map of "), "{shown}");
 
     // serve of the state directory the run holds: the same panels, through the run.
     let other = Dashboard::start(&h, &state);
@@ -674,6 +679,7 @@ fn a_run_serves_its_own_dashboard_with_every_panel_live() {
     let shown = &dom[..dom.find("<script").unwrap_or(dom.len())];
     assert!(shown.contains("failed item(s) match"), "{shown}");
     assert!(!shown.contains("shown once no run holds"), "{shown}");
+    assert!(shown.contains("aria-label=\"bucket map of "), "{shown}");
 
     let status = h.run(&["status", "--state", p(&state)]);
     let line = format!("dashboard:  http://{}/ (served by the run)", own.addr);
