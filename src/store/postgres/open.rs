@@ -114,6 +114,7 @@ impl PgStore {
             wake: Arc::new(tokio::sync::Notify::new()),
         });
         let heartbeat = if open.worker {
+            tokio::spawn(warm_up(inner.clone()));
             tokio::spawn(keep_alive(Arc::downgrade(&inner)))
         } else {
             tokio::spawn(async {})
@@ -185,6 +186,29 @@ impl PgStore {
             .await
             .map_err(|e| self.inner.err(e))?;
         Ok(())
+    }
+}
+
+/// Open a worker's other connections (its planner's, its quotas' and its result writer's)
+/// while the job opens, not each at its first statement: with the database some
+/// milliseconds away a connection costs several round trips (TCP, startup, a password
+/// exchange), and the planner's and the quotas' are on the way to the first bucket. Each
+/// is opened under its own lock, as its first user would; one that fails here is tried
+/// again, and its error said, by that user.
+async fn warm_up(inner: Arc<Inner>) {
+    let (planner, quota, writer) = tokio::join!(
+        inner.planner_connection(),
+        inner.quota_connection(),
+        inner.writer_connection()
+    );
+    for (which, failed) in [
+        ("planner", planner.err()),
+        ("quotas", quota.err()),
+        ("writer", writer.err()),
+    ] {
+        if let Some(e) = failed {
+            tracing::debug!("the {which}'s connection, opened ahead: {e}");
+        }
     }
 }
 
