@@ -3,6 +3,7 @@
 //! parameter the API ignores and too many pages fail their ID alone; a run killed mid-ID
 //! resumes with every ID's items exactly once; flags of paging that do not fit are refused.
 
+use std::path::Path;
 use std::time::Duration;
 
 use highwater::demo::api::ApiConfig;
@@ -213,7 +214,7 @@ fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
     let cursor_url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     let offset_url = format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
     let size = SIZE.to_string();
-    let failed = |state: &std::path::Path, id: &str, says: &str| {
+    let failed = |state: &Path, id: &str, says: &str| {
         let export = h.export(state);
         let record = export
             .iter()
@@ -285,22 +286,61 @@ fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
     );
 }
 
-#[test]
-fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
-    let h = Harness::new(ApiConfig {
-        latency_min: Duration::from_millis(1),
-        latency_max: Duration::from_millis(3),
-        ..ApiConfig::fast()
-    });
-    let ids: Vec<String> = (0..24).map(|i| format!("p2000-{i:02}")).collect();
-    let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
-    let state = h.state();
-    let mut args = new_job_args(&state, &input, &url);
-    args.extend(CURSOR);
-    args.extend(["--concurrency", "4"]);
-    // Killed twice, each time mid-way through IDs of 40 pages.
-    for calls in [150, 500] {
+/// The page a request to the fake API's paginated routes asked for, from 0, read from its
+/// query: `cursor=kN` and `offset=N` name the page's first item, `page=N` counts from 1, and a
+/// request with none of them asks for the first page.
+fn page_of(target: &str) -> u64 {
+    let query = target.split_once('?').map_or("", |(_, query)| query);
+    for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+        let number = |text: &str| -> u64 { text.parse().expect("a page's number") };
+        match key {
+            "cursor" => return number(value.trim_start_matches('k')) / SIZE,
+            "offset" => return number(value) / SIZE,
+            "page" => return number(value) - 1,
+            _ => {}
+        }
+    }
+    0
+}
+
+/// The pages the API was asked for `id`, in the order asked (every request kept).
+fn pages_asked(h: &Harness, id: &str) -> Vec<u64> {
+    h.api.seen(id).iter().map(|r| page_of(&r.target)).collect()
+}
+
+/// How many pages of each of `ids` (at rows 0, 1, ...) the job in `state` holds: where a resume
+/// continues each ID. Read by opening the state directory as a reader, once the run is over.
+fn stored_pages(h: &Harness, state: &Path, ids: &[String]) -> Vec<u64> {
+    use highwater::store::sled_store::{OpenMode, DEFAULT_CACHE_BYTES};
+    use highwater::store::{PageMark, SledStore, Store};
+    let store = SledStore::open(state, OpenMode::Read, DEFAULT_CACHE_BYTES).unwrap();
+    let keys: Vec<(u64, &str)> = (0..).zip(ids.iter().map(String::as_str)).collect();
+    let marks = h.block_on(store.page_marks(0, &keys)).unwrap();
+    marks
+        .iter()
+        .map(|mark| mark.as_ref().map_or(0, |m| u64::from(PageMark::pages(m))))
+        .collect()
+}
+
+/// What a kill left: for each ID, the requests the API had seen for it and the pages the
+/// store held.
+struct Kill {
+    asked: Vec<usize>,
+    stored: Vec<u64>,
+}
+
+/// A run of the job in `state` over `ids` with `args` is killed once the API has seen each of
+/// `kills` calls (counted over the whole job), resumed each time, and resumed to the end.
+/// After each kill the next run asks for no page the store held (it resumes every ID at the
+/// page after its last stored one), and the pages it asks for again (served before the kill)
+/// are at most what the kill could leave in flight or not yet durable: a page of each of the
+/// [`CONCURRENCY`] IDs under way, and the writer's unsynced results (`max_unsynced_items`
+/// counts both). Every ID's items end up in its result exactly once, in order.
+#[track_caller]
+fn killed_and_resumed(h: &Harness, state: &Path, ids: &[String], args: &[&str], kills: &[u64]) {
+    let mut args = args.to_vec();
+    let mut at_kills = Vec::new();
+    for &calls in kills {
         let mut child = h.spawn(&args);
         assert!(
             h.wait_for_calls(&mut child, calls),
@@ -308,19 +348,63 @@ fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
         );
         signal(&child, libc::SIGKILL);
         finish(child);
-        args = vec!["run", "--state", p(&state)];
+        at_kills.push(Kill {
+            asked: ids.iter().map(|id| h.api.seen(id).len()).collect(),
+            stored: stored_pages(h, state, ids),
+        });
+        args = vec!["run", "--state", p(state)];
         args.extend(QUICK);
     }
-    h.resume(&state, &[]).expect_code(0);
-    check_items(&h, &h.export(&state), &ids);
-    // What a kill repeats is bounded as for items: what was in flight or not yet durable.
-    let clean = 24 * 40;
-    let most = clean + 2 * highwater::engine::max_unsynced_items(4) as u64;
-    assert!(
-        h.api.total_calls() <= most,
-        "{} page calls, at most {most}",
-        h.api.total_calls()
-    );
+    h.resume(state, &[]).expect_code(0);
+    check_items(h, &h.export(state), ids);
+    let bound = highwater::engine::max_unsynced_items(CONCURRENCY) as u64;
+    for (k, kill) in at_kills.iter().enumerate() {
+        let mut again = 0;
+        for (i, id) in ids.iter().enumerate() {
+            let asked = pages_asked(h, id);
+            let until = at_kills
+                .get(k + 1)
+                .map_or(asked.len(), |next| next.asked[i]);
+            let (before, after) = asked[..until].split_at(kill.asked[i]);
+            let stored = kill.stored[i];
+            assert!(
+                after.iter().all(|&page| page >= stored),
+                "{id}: after kill {}, {stored} of its pages stored, it asked for pages \
+                 {after:?} (from 0)",
+                k + 1
+            );
+            again += after.iter().filter(|page| before.contains(page)).count() as u64;
+        }
+        assert!(
+            again <= bound,
+            "kill {}: {again} pages asked for again, at most {bound}",
+            k + 1
+        );
+    }
+}
+
+/// The IDs the kill tests run at once.
+const CONCURRENCY: usize = 8;
+
+#[test]
+fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(1),
+        latency_max: Duration::from_millis(3),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    // 16 IDs of 150 pages, 8 at a time: each kill comes when the IDs under way have more
+    // pages behind them than a kill may leave to ask again, were they asked from the first.
+    let ids: Vec<String> = (0..16).map(|i| format!("p7500-{i:02}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(CURSOR);
+    let concurrency = CONCURRENCY.to_string();
+    args.extend(["--concurrency", &concurrency]);
+    killed_and_resumed(&h, &state, &ids, &args, &[800, 2000]);
 }
 
 #[test]
@@ -427,40 +511,28 @@ fn a_40_page_id_killed_at_page_30_resumes_at_the_page_it_was_on_not_at_page_1() 
     signal(&child, libc::SIGKILL);
     finish(child);
     let before = h.api.calls(&id);
+    let stored = stored_pages(&h, &state, std::slice::from_ref(&id))[0];
     h.resume(&state, &[]).expect_code(0);
     check_items(&h, &h.export(&state), std::slice::from_ref(&id));
-    check_resumed_after_its_last_durable_page(&h, &id, before);
+    check_resumed_after_its_last_durable_page(&h, &id, before, stored);
 }
 
-/// `id`'s 40 pages, `before` of them asked for by a run killed then, were asked for again
-/// from after its last durable page, not from its first: every page before that once,
-/// every page from it to where the kill came twice, the rest once.
+/// `id`'s 40 pages, `before` of them asked for by a run killed when `stored` of them were
+/// stored, were asked for again from the page after its last stored one, not from its first:
+/// every stored page once, every page from there to where the kill came twice, the rest once.
 #[track_caller]
-fn check_resumed_after_its_last_durable_page(h: &Harness, id: &str, before: u64) {
-    // How often each page was asked for, by its number (1 for the first, which has no
-    // cursor; the cursor is the first item's index).
+fn check_resumed_after_its_last_durable_page(h: &Harness, id: &str, before: u64, stored: u64) {
     let mut asked = vec![0u32; 40];
-    for request in h.api.seen(id) {
-        let page = match request.target.split("cursor=k").nth(1) {
-            None => 0,
-            Some(k) => k.split('&').next().unwrap().parse::<u64>().unwrap() / SIZE,
-        };
+    for page in pages_asked(h, id) {
         asked[page as usize] += 1;
     }
-    let resumed_at = asked
-        .iter()
-        .position(|&n| n == 2)
-        .expect("some page was in flight or not yet durable at the kill");
-    let killed_after = before as usize;
+    let (stored, killed_after) = (stored as usize, before as usize);
+    assert!(stored > 0, "by page 30, some pages were durable: {asked:?}");
     assert!(
-        resumed_at > 0,
-        "the resume starts again at page 1: {asked:?}"
-    );
-    assert!(
-        asked[..resumed_at].iter().all(|&n| n == 1)
-            && asked[resumed_at..killed_after].iter().all(|&n| n == 2)
+        asked[..stored].iter().all(|&n| n == 1)
+            && asked[stored..killed_after].iter().all(|&n| n == 2)
             && asked[killed_after..].iter().all(|&n| n == 1),
-        "pages asked for: {asked:?}, killed after {killed_after}"
+        "pages asked for: {asked:?}, killed after {killed_after} with {stored} stored"
     );
 }
 
@@ -497,11 +569,15 @@ fn a_40_page_id_killed_at_page_30_resumes_there_in_postgresql_too() {
     signal(&worker, libc::SIGKILL);
     finish(worker);
     let before = h.api.calls(&id);
+    let stored: u64 = fleet
+        .query("SELECT count(*) FROM hw_page WHERE generation = 0")
+        .parse()
+        .unwrap();
     // The killed worker's lease lapses; the next worker takes the bucket over.
     let again = finish(fleet.create(&input, &flags));
     again.expect_code(0);
     check_items(&h, &fleet.export(), std::slice::from_ref(&id));
-    check_resumed_after_its_last_durable_page(&h, &id, before);
+    check_resumed_after_its_last_durable_page(&h, &id, before, stored);
 }
 
 /// The peak memory (MiB) a command's closing line reports (`; peak memory N MiB`): the

@@ -20,7 +20,8 @@
 //! the offset route ignore its offset (every page is the first); [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once.
 //!
 //! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
-//! windows. A malformed request answers 400 and is no call.
+//! windows, answered after the configured latency ([`ApiConfig::latency_min`] to
+//! [`ApiConfig::latency_max`]). A malformed request answers 400 and is no call.
 
 use tokio::time::Instant;
 
@@ -156,9 +157,8 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let page = start / size + 1;
     let looped = (name(&id).starts_with("loop-") && page == 5).then_some(2);
     // A call of the ID, like a request to `/items`.
-    shared
-        .calls
-        .record(&id, xxh3_64(id.as_bytes()), true, Instant::now());
+    let id_hash = xxh3_64(id.as_bytes());
+    let attempt = shared.calls.record(&id, id_hash, true, Instant::now());
     if shared.seen.is_on() {
         shared.seen.record(
             &id,
@@ -172,6 +172,10 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let now = shared.clock.now_ms();
     if let Err(retry_after) = shared.windows.admit(now) {
         return too_many_requests("quota exceeded", Some(retry_after));
+    }
+    let latency = shared.config.latency(id_hash, attempt);
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     if shared.config.page_unavailable_once == Some(page)
         && shared
