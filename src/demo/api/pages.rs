@@ -1,8 +1,9 @@
 //! The fake API's paginated routes: one ID's items, page by page, in the three ways APIs
 //! paginate a list.
 //!
-//! An ID has [`item_count`] items, `{"id": "<id>", "k": k}` for `k` from 0: the number an ID
-//! starting `p<count>-` names (`p2000-a` has 2,000), else [`ApiConfig::page_items`]. A page
+//! An ID has [`item_count`] items, `{"id": "<id>", "k": k}` for `k` from 0 (with a `pad`
+//! string of [`ApiConfig::page_item_pad`] bytes when it is not 0): the number an ID starting
+//! `p<count>-` names (`p2000-a` has 2,000), else [`ApiConfig::page_items`]. A page
 //! holds [`DEFAULT_PAGE_SIZE`] items unless the request says otherwise (at most
 //! [`MAX_PAGE_SIZE`]).
 //!
@@ -63,9 +64,15 @@ fn name(id: &str) -> &str {
         .map_or(id, |(_, name)| name)
 }
 
-/// Item `k` of `id`.
-pub(super) fn item(id: &str, k: u64) -> serde_json::Value {
-    serde_json::json!({"id": id, "k": k})
+/// Item `k` of `id`, with a `pad` of [`ApiConfig::page_item_pad`] bytes when it is not 0.
+pub(super) fn item(config: &ApiConfig, id: &str, k: u64) -> serde_json::Value {
+    if config.page_item_pad == 0 {
+        return serde_json::json!({"id": id, "k": k});
+    }
+    let pad = char::from(b'a' + (k % 26) as u8)
+        .to_string()
+        .repeat(config.page_item_pad);
+    serde_json::json!({"id": id, "k": k, "pad": pad})
 }
 
 /// How a route names a page.
@@ -188,7 +195,9 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     }
     let count = item_count(&shared.config, &id);
     let end = start.saturating_add(size).min(count);
-    let items: Vec<serde_json::Value> = (start.min(end)..end).map(|k| item(&id, k)).collect();
+    let items: Vec<serde_json::Value> = (start.min(end)..end)
+        .map(|k| item(&shared.config, &id, k))
+        .collect();
     let more = end < count;
     shared
         .accepted
