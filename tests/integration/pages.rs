@@ -209,6 +209,93 @@ fn a_page_that_fails_is_retried_alone_and_the_ids_earlier_pages_are_not_asked_ag
 }
 
 #[test]
+fn a_page_tripping_retry_if_is_asked_again_alone_and_one_tripping_fail_if_fails_its_id() {
+    // Page 3 of every ID answers `{"status": "pending"}` the first time.
+    let h = Harness::new(ApiConfig {
+        page_pending_once: Some(3),
+        ..ApiConfig::fast()
+    });
+    h.api.keep_requests();
+    let ids: Vec<String> = ["p200-a", "p200-bad", "p200-c"].map(String::from).to_vec();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let checks = [
+        "--expect",
+        "json",
+        "--retry-if",
+        r#".status == "pending""#,
+        // The first item of bad's page 3.
+        "--fail-if",
+        r#".data[0] == {"id": "p200-bad", "k": 100}"#,
+    ];
+    h.run_new(&state, &input, &url, &[&CURSOR[..], &checks].concat())
+        .expect_code(3);
+    let export = h.export(&state);
+    for (record, id) in [(&export[0], "p200-a"), (&export[2], "p200-c")] {
+        assert_eq!(record["status"], "ok", "{record}");
+        assert!(
+            record["body"].as_array() == Some(&h.api.page_items(id)),
+            "{id}"
+        );
+        assert_eq!(
+            pages_asked(&h, id),
+            [0, 1, 2, 2, 3],
+            "{id}: only the page answered pending is asked again"
+        );
+        assert_eq!(record["attempts"], 5, "four pages and one retry: {record}");
+    }
+    let bad = &export[1];
+    assert_eq!(
+        (&bad["status"], &bad["error_class"]),
+        (&Value::from("failed"), &Value::from("invalid")),
+        "{bad}"
+    );
+    let error = bad["error"].as_str().unwrap();
+    assert!(error.starts_with("page 3: "), "{error}");
+    assert_eq!(
+        pages_asked(&h, "p200-bad"),
+        [0, 1, 2, 2],
+        "page 3, pending then tripping --fail-if, is its last"
+    );
+}
+
+#[test]
+fn each_page_is_a_request_of_the_rate_limit() {
+    let h = Harness::new(ApiConfig::fast());
+    // 10 IDs of 12 pages, 8 at a time: at 40 pages a second, about 3 s. Were only an ID's
+    // first page paced, the other 110 would go in a fraction of a second.
+    let ids: Vec<String> = (0..10).map(|i| format!("p600-{i}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let state = h.state();
+    let rate = [
+        "--rate",
+        "40/s",
+        "--burst",
+        "1",
+        "--adaptive",
+        "off",
+        "--concurrency",
+        "8",
+    ];
+    h.run_new(&state, &input, &url, &[&CURSOR[..], &rate].concat())
+        .expect_code(0);
+    check_items(&h, &h.export(&state), &ids);
+    assert_eq!(h.api.total_calls(), 120, "a request per page");
+    // At most 40 t + the burst in any window of t seconds, with room for the arrivals a
+    // loaded machine bunches (the API sees a request when it arrives, not when it started).
+    for ms in [500u64, 1000, 2000] {
+        let most = h.api.max_calls_in_window(Duration::from_millis(ms));
+        let allowed = (40 * ms / 1000) as usize * 11 / 10 + 1 + 5;
+        assert!(
+            most <= allowed,
+            "{most} pages asked for in a {ms} ms window; at most {allowed} allowed"
+        );
+    }
+}
+
+#[test]
 fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
     let h = Harness::new(ApiConfig::fast());
     let cursor_url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());

@@ -67,6 +67,7 @@ impl FakeApi {
             batch_requests: AtomicU64::new(0),
             echo: AtomicBool::new(false),
             pages_refused: Mutex::new(Default::default()),
+            pages_pending: Mutex::new(Default::default()),
             clock,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);

@@ -18,7 +18,9 @@
 //!
 //! Faults, by the ID's name after its count (`p1000-loop-a`): a name starting `loop-` loops:
 //! page 5's next page is page 2 again (its `Link`, its cursor); a name starting `same-` has
-//! the offset route ignore its offset (every page is the first); [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once.
+//! the offset route ignore its offset (every page is the first). By the configuration:
+//! [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once, and
+//! [`ApiConfig::page_pending_once`] answers one 200 with `{"status": "pending"}` once.
 //!
 //! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
 //! windows, answered after the configured latency ([`ApiConfig::latency_min`] to
@@ -184,14 +186,11 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    if shared.config.page_unavailable_once == Some(page)
-        && shared
-            .pages_refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.clone())
-    {
+    if shared.config.page_unavailable_once == Some(page) && first_time(&shared.pages_refused, &id) {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "page unavailable");
+    }
+    if shared.config.page_pending_once == Some(page) && first_time(&shared.pages_pending, &id) {
+        return json_response(&serde_json::json!({"status": "pending"}));
     }
     let count = item_count(&shared.config, &id);
     let end = start.saturating_add(size).min(count);
@@ -245,6 +244,13 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     };
     shared.windows.announce(resp.headers_mut(), now);
     resp
+}
+
+/// Whether `id` is not yet in `seen` (it is from now on).
+fn first_time(seen: &std::sync::Mutex<std::collections::HashSet<String>>, id: &str) -> bool {
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(id.to_string())
 }
 
 /// A request's query parameters, decoded.
