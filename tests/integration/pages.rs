@@ -1,7 +1,10 @@
 //! Paginated jobs (`--paginate`): every page of every ID followed in each style, its items
-//! joined in order into the ID's result; a page that fails is retried alone; a loop, a page
-//! parameter the API ignores and too many pages fail their ID alone; a run killed mid-ID
-//! resumes with every ID's items exactly once; flags of paging that do not fit are refused.
+//! joined in order into the ID's result; a page that fails, or whose answer trips a check, is
+//! retried alone; each page is a request of the rate limit and the quota; a loop, a page
+//! parameter the API ignores and too many pages fail their ID alone; a run killed mid-ID, in
+//! any style, resumes each ID after its stored pages, with every ID's items exactly once; an
+//! ID of 80 MB runs and exports in bounded memory; flags of paging that do not fit are
+//! refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -473,25 +476,64 @@ fn killed_and_resumed(h: &Harness, state: &Path, ids: &[String], args: &[&str], 
 /// The IDs the kill tests run at once.
 const CONCURRENCY: usize = 8;
 
-#[test]
-fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
+/// A job of 16 IDs of 150 pages, 8 at a time, at the URL `url` gives (of the fake API's)
+/// with the flags `paging`, killed twice and resumed ([`killed_and_resumed`]). Each kill
+/// comes when the IDs under way have more pages behind them than a kill may leave to ask
+/// again, were they asked from the first.
+#[track_caller]
+fn killed_twice(url: fn(&Harness) -> String, paging: &[&str]) {
     let h = Harness::new(ApiConfig {
         latency_min: Duration::from_millis(1),
         latency_max: Duration::from_millis(3),
         ..ApiConfig::fast()
     });
     h.api.keep_requests();
-    // 16 IDs of 150 pages, 8 at a time: each kill comes when the IDs under way have more
-    // pages behind them than a kill may leave to ask again, were they asked from the first.
     let ids: Vec<String> = (0..16).map(|i| format!("p7500-{i:02}")).collect();
     let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = url(&h);
     let state = h.state();
     let mut args = new_job_args(&state, &input, &url);
-    args.extend(CURSOR);
+    args.extend(paging);
     let concurrency = CONCURRENCY.to_string();
     args.extend(["--concurrency", &concurrency]);
     killed_and_resumed(&h, &state, &ids, &args, &[800, 2000]);
+}
+
+#[test]
+fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
+    let cursor = |h: &Harness| format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    killed_twice(cursor, &CURSOR);
+}
+
+#[test]
+fn a_run_killed_mid_id_resumes_exactly_once_in_order_by_link_offset_and_jq_too() {
+    let link = |h: &Harness| format!("{}?per_page={SIZE}", h.api.pages_link_url_template());
+    killed_twice(link, &["--paginate", "link", "--items", ".[]"]);
+    let size = SIZE.to_string();
+    let offset = |h: &Harness| format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
+    killed_twice(
+        offset,
+        &[
+            "--paginate",
+            "offset",
+            "--page-param",
+            "offset",
+            "--page-size",
+            &size,
+            "--items",
+            ".[]",
+        ],
+    );
+    let cursor = |h: &Harness| format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    killed_twice(
+        cursor,
+        &[
+            "--paginate",
+            "jq=if .has_more then {query: {cursor: .next_cursor}} else null end",
+            "--items",
+            ".data[]",
+        ],
+    );
 }
 
 #[test]
