@@ -9,6 +9,8 @@
 mod atomic;
 mod columns;
 mod export;
+#[cfg(test)]
+mod export_tests;
 mod failures;
 pub mod parquet;
 mod records;

@@ -36,4 +36,4 @@ pub use records::{
     StoreStats, StoredJob, Tally, FORMAT_VERSION,
 };
 pub use sled_store::SledStore;
-pub use view::JobView;
+pub use view::{FinalVisit, JobView};

@@ -4,7 +4,9 @@
 //!
 //! Written once over the [`Store`] primitives ([`JobView`], implemented for every store), so
 //! a backend implements none of it. Walks read the logs a page of buckets at a time
-//! (`PAGE`): memory stays flat however many buckets a job has.
+//! (`PAGE`): memory stays flat however many buckets a job has. A paginated ID's items are
+//! read a range of its pages at a time, and either joined into its body (at most
+//! `MAX_JOINED_BYTES`) or handed on page by page ([`FinalVisit`]), however many it has.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,14 +20,149 @@ use super::{
 /// Buckets read per call of [`Store::buckets`] in a walk.
 pub(crate) const PAGE: usize = 4096;
 
-/// Pages read at once while a paginated ID's result is joined ([`JobView::with_pages`]).
-const PAGES_AT_ONCE: u32 = 64;
+/// Pages read at once while a paginated ID's items are read ([`each_page_items`]): with
+/// pages of a megabyte, what one range holds stays a few percent of a run's memory.
+const PAGES_AT_ONCE: u32 = 16;
 
-/// The most bytes of items joined into one paginated ID's result.
+/// The most bytes of items joined into one paginated ID's result (an export streams them
+/// instead: [`JobView::for_each_final_streamed`]).
 pub(crate) const MAX_JOINED_BYTES: usize = 512 << 20;
 
 /// A callback a walk calls for each record it yields.
 pub(crate) type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Result<()>;
+
+/// What [`JobView::for_each_final_streamed`] hands each final record to, as it reads it.
+///
+/// A record whose result is in it (a body, or none) comes whole, to [`FinalVisit::record`].
+/// A paginated ID's record, whose result is its pages ([`ItemRecord::pages`]), comes in
+/// parts: [`FinalVisit::begin`] with the record (no body in it), [`FinalVisit::items`] with
+/// each page's items that holds any, then [`FinalVisit::end`]. Its result is `[`, the items
+/// comma-joined, `]`: the body [`JobView::with_pages`] would join, never held whole.
+pub trait FinalVisit {
+    /// A record whose result is in it.
+    fn record(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError>;
+    /// The start of a paginated ID's record: `record` has no body, its items come next.
+    fn begin(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError>;
+    /// A page's items: the inside of its JSON array (one item or more, comma-separated).
+    fn items(&mut self, inner: &str) -> Result<(), ExportError>;
+    /// The end of the record [`FinalVisit::begin`] started.
+    fn end(&mut self) -> Result<(), ExportError>;
+}
+
+/// A paginated ID's items joined into one JSON array, at most [`MAX_JOINED_BYTES`].
+struct Joined {
+    body: String,
+}
+
+impl Joined {
+    fn new() -> Joined {
+        Joined {
+            body: String::from("["),
+        }
+    }
+
+    /// Add a page's items (the inside of its array) of `id`, which has `pages` pages.
+    fn push(&mut self, id: &str, pages: u32, inner: &str) -> Result<(), StoreError> {
+        if self.body.len() + inner.len() + 2 > MAX_JOINED_BYTES {
+            return Err(StoreError::backend(format!(
+                "{id:?}: its {pages} pages hold more than {} MiB of items, more than one record \
+                 read whole holds (an export in JSON lines or CSV writes it page by page)",
+                MAX_JOINED_BYTES >> 20
+            )));
+        }
+        if self.body.len() > 1 {
+            self.body.push(',');
+        }
+        self.body.push_str(inner);
+        Ok(())
+    }
+
+    fn done(mut self, id: &str) -> Result<Box<serde_json::value::RawValue>, StoreError> {
+        self.body.push(']');
+        serde_json::value::RawValue::from_string(self.body)
+            .map_err(|e| StoreError::corrupt(format!("{id:?}: its pages' items: {e}")))
+    }
+}
+
+/// [`JobView::for_each_final`]'s visit: each paginated ID's items joined into its body.
+struct Joining<'f> {
+    f: Visit<'f>,
+    /// The record begun, its ID and its items so far.
+    open: Option<(String, ItemRecord, Joined)>,
+}
+
+impl FinalVisit for Joining<'_> {
+    fn record(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError> {
+        Ok((self.f)(id, record)?)
+    }
+
+    fn begin(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError> {
+        self.open = Some((id.to_string(), record.clone(), Joined::new()));
+        Ok(())
+    }
+
+    fn items(&mut self, inner: &str) -> Result<(), ExportError> {
+        let (id, record, joined) = self.open.as_mut().expect("items come after begin");
+        Ok(joined.push(id, record.pages.unwrap_or(0), inner)?)
+    }
+
+    fn end(&mut self) -> Result<(), ExportError> {
+        let (id, mut record, joined) = self.open.take().expect("end comes after begin");
+        record.body = Some(joined.done(&id)?);
+        Ok((self.f)(&id, &record)?)
+    }
+}
+
+/// Each page's items of `record` (of `id`), a paginated ID's record whose result is its
+/// `pages` pages, in order: `f` gets the inside of each page's JSON array that holds any
+/// item. One range of pages ([`PAGES_AT_ONCE`]) is read at a time, so an ID's items are never
+/// held whole; a page missing or out of place is [`StoreError::Corrupt`].
+async fn each_page_items<S, E, F>(
+    store: &S,
+    id: &str,
+    record: &ItemRecord,
+    pages: u32,
+    mut f: F,
+) -> Result<(), E>
+where
+    S: Store + ?Sized,
+    E: From<StoreError>,
+    F: FnMut(&str) -> Result<(), E>,
+{
+    let generation = record.rerun.unwrap_or(0);
+    let mut from = 0;
+    while from < pages {
+        let count = (pages - from).min(PAGES_AT_ONCE);
+        let read = store.pages(record.row, id, generation, from, count).await?;
+        for (page, want) in read.iter().zip(from..) {
+            if page.mark.page != want || page.generation != generation {
+                return Err(StoreError::corrupt(format!(
+                    "{id:?}: page {want} of generation {generation} read as page {} of \
+                     generation {}",
+                    page.mark.page, page.generation
+                ))
+                .into());
+            }
+            let text = page.items.get().trim();
+            let inner = text
+                .strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .map_or("", str::trim);
+            if !inner.is_empty() {
+                f(inner)?;
+            }
+        }
+        if read.len() != count as usize {
+            return Err(StoreError::corrupt(format!(
+                "{id:?}: {count} pages from page {from} asked for, {} read",
+                read.len()
+            ))
+            .into());
+        }
+        from += count;
+    }
+    Ok(())
+}
 
 /// Derived reads and writes of a job, for every [`Store`].
 pub trait JobView: Store {
@@ -105,10 +242,25 @@ pub trait JobView: Store {
         }
     }
 
-    /// Every final record in input order. A committed bucket's results are all final, as
-    /// its record counts them: one missing now was lost, and the walk refuses to leave it
-    /// out silently.
+    /// Every final record in input order, a paginated ID's with its items joined into its
+    /// body ([`JobView::with_pages`]). A committed bucket's results are all final, as its
+    /// record counts them: one missing now was lost, and the walk refuses to leave it out
+    /// silently.
     fn for_each_final(&self, f: Visit<'_>) -> impl Future<Output = Result<(), ExportError>> {
+        async move {
+            let mut joining = Joining { f, open: None };
+            self.for_each_final_streamed(None, &mut joining).await
+        }
+    }
+
+    /// Every final record in input order (of status `only`, if given), handed to `visit` as
+    /// it is read: a paginated ID's items page by page, never joined ([`FinalVisit`]). A
+    /// committed bucket's results are all final, as [`JobView::for_each_final`] checks.
+    fn for_each_final_streamed(
+        &self,
+        only: Option<ItemStatus>,
+        visit: &mut dyn FinalVisit,
+    ) -> impl Future<Output = Result<(), ExportError>> {
         async move {
             let mut from = 0;
             loop {
@@ -117,8 +269,17 @@ pub trait JobView: Store {
                 from = last.offset.bucket + 1;
                 for b in page {
                     for (id, record) in self.final_items(&b).await? {
-                        let record = self.with_pages(&id, record).await?;
-                        f(&id, &record)?;
+                        if only.is_some_and(|only| only != record.status) {
+                            continue;
+                        }
+                        let Some(pages) = record.pages.filter(|_| record.body.is_none()) else {
+                            visit.record(&id, &record)?;
+                            continue;
+                        };
+                        visit.begin(&id, &record)?;
+                        each_page_items(self, &id, &record, pages, |inner| visit.items(inner))
+                            .await?;
+                        visit.end()?;
                     }
                 }
             }
@@ -140,52 +301,12 @@ pub trait JobView: Store {
             let Some(pages) = record.pages.filter(|_| record.body.is_none()) else {
                 return Ok(record);
             };
-            let generation = record.rerun.unwrap_or(0);
-            let mut body = String::from("[");
-            let mut from = 0;
-            while from < pages {
-                let count = (pages - from).min(PAGES_AT_ONCE);
-                let read = self.pages(record.row, id, generation, from, count).await?;
-                for (page, want) in read.iter().zip(from..) {
-                    if page.mark.page != want || page.generation != generation {
-                        return Err(StoreError::corrupt(format!(
-                            "{id:?}: page {want} of generation {generation} read as page {} of \
-                             generation {}",
-                            page.mark.page, page.generation
-                        )));
-                    }
-                    let text = page.items.get().trim();
-                    let inner = text
-                        .strip_prefix('[')
-                        .and_then(|t| t.strip_suffix(']'))
-                        .map_or("", str::trim);
-                    if inner.is_empty() {
-                        continue;
-                    }
-                    if body.len() + inner.len() + 2 > MAX_JOINED_BYTES {
-                        return Err(StoreError::backend(format!(
-                            "{id:?}: its {pages} pages hold more than {} MiB of items, more \
-                             than one record of an export holds",
-                            MAX_JOINED_BYTES >> 20
-                        )));
-                    }
-                    if body.len() > 1 {
-                        body.push(',');
-                    }
-                    body.push_str(inner);
-                }
-                if read.len() != count as usize {
-                    return Err(StoreError::corrupt(format!(
-                        "{id:?}: {count} pages from page {from} asked for, {} read",
-                        read.len()
-                    )));
-                }
-                from += count;
-            }
-            body.push(']');
-            let body = serde_json::value::RawValue::from_string(body)
-                .map_err(|e| StoreError::corrupt(format!("{id:?}: its pages' items: {e}")))?;
-            record.body = Some(body);
+            let mut joined = Joined::new();
+            each_page_items(self, id, &record, pages, |inner| {
+                joined.push(id, pages, inner)
+            })
+            .await?;
+            record.body = Some(joined.done(id)?);
             Ok(record)
         }
     }

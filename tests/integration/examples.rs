@@ -1,6 +1,7 @@
-//! The library's examples (examples/*.rs), run as the programs they are, and README's
-//! Library block, which must be examples/closure_handler.rs word for word. The examples are
-//! built by `cargo test` (or `cargo build --examples`) next to the `highwater` binary.
+//! The library's examples (examples/*.rs), run as the programs they are; README's Library
+//! block, which must be examples/closure_handler.rs word for word; and README's paginated
+//! command, run as written against the loopback API. The examples are built by `cargo test`
+//! (or `cargo build --examples`) next to the `highwater` binary.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,6 +59,59 @@ fn readme_library_block_is_the_closure_handler_example() {
         repo_file("examples/closure_handler.rs"),
         "README's Library block and examples/closure_handler.rs differ"
     );
+}
+
+/// The command of README's shell block under the heading `heading`, split into its words.
+fn readme_command(heading: &str) -> Vec<String> {
+    let readme = repo_file("README.md");
+    let section = readme
+        .split_once(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("README has a section {heading:?}"))
+        .1;
+    let block = section
+        .split_once("```sh\n")
+        .expect("the section has a shell block")
+        .1
+        .split_once("\n```")
+        .expect("the block is closed")
+        .0;
+    shlex::split(&block.replace("\\\n", " ")).expect("the block is one command")
+}
+
+#[test]
+fn readme_paginated_command_follows_every_page_of_each_id() {
+    let h = Harness::new(ApiConfig::fast());
+    let ids = vec!["p250-a".to_string(), "p7-b".to_string()];
+    let input = h.ids_file("users.txt", &ids);
+    let state = h.state();
+    // Its flags as written; its input, state and API (a `Link` route, 100 a page) this test's.
+    let url = format!("{}?per_page=100", h.api.pages_link_url_template());
+    let mut args = readme_command("Lists spread over pages");
+    assert_eq!(args[..2], ["highwater", "run"], "{args:?}");
+    for (flag, value) in [
+        ("--input", p(&input)),
+        ("--state", p(&state)),
+        ("--url", &url),
+    ] {
+        let at = args.iter().position(|a| a == flag).expect(flag) + 1;
+        args[at] = value.to_string();
+    }
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    h.run_env(&args, &[("GH_TOKEN", "a-token")], &[])
+        .expect_code(0);
+    let export = h.export(&state);
+    assert_eq!(export.len(), ids.len());
+    for (record, id) in export.iter().zip(&ids) {
+        assert_eq!(record["id"], id.as_str());
+        let items = record["body"].as_array().expect("the items");
+        assert_eq!(
+            items.len(),
+            h.api.page_items(id).len(),
+            "{id}: every page's"
+        );
+        let picked = serde_json::json!({"name": null, "stars": null});
+        assert!(items.iter().all(|item| *item == picked), "{items:?}");
+    }
 }
 
 #[test]

@@ -67,6 +67,7 @@ impl FakeApi {
             batch_requests: AtomicU64::new(0),
             echo: AtomicBool::new(false),
             pages_refused: Mutex::new(Default::default()),
+            pages_pending: Mutex::new(Default::default()),
             clock,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -139,7 +140,12 @@ impl FakeApi {
     /// Every item the paginated routes give for `id`, in order.
     pub fn page_items(&self, id: &str) -> Vec<serde_json::Value> {
         let count = pages::item_count(&self.shared.config, id);
-        (0..count).map(|k| pages::item(id, k)).collect()
+        (0..count).map(|k| self.page_item(id, k)).collect()
+    }
+
+    /// Item `k` (from 0) of the items the paginated routes give for `id`.
+    pub fn page_item(&self, id: &str, k: u64) -> serde_json::Value {
+        pages::item(&self.shared.config, id, k)
     }
 
     /// Whether the batch endpoint leaves `id` out of answers to several IDs.

@@ -75,6 +75,13 @@ pub struct ApiConfig {
     /// Of the paginated routes: the page of this number (from 1) of every ID answers 503
     /// the first time it is asked for. `None` in every constructor.
     pub page_unavailable_once: Option<u64>,
+    /// Of the paginated routes: the page of this number (from 1) of every ID answers 200
+    /// with `{"status": "pending"}` instead of its items the first time it is asked for (an
+    /// answer an `--retry-if` asks again). `None` in every constructor.
+    pub page_pending_once: Option<u64>,
+    /// Of the paginated routes: each item carries a `pad` of this many bytes (a string), to
+    /// make an ID's items large. 0 (no `pad`) in every constructor.
+    pub page_item_pad: usize,
 }
 
 impl ApiConfig {
@@ -102,6 +109,8 @@ impl ApiConfig {
             llm: None,
             page_items: 120,
             page_unavailable_once: None,
+            page_pending_once: None,
+            page_item_pad: 0,
         }
     }
 
@@ -130,6 +139,8 @@ impl ApiConfig {
             llm: None,
             page_items: 120,
             page_unavailable_once: None,
+            page_pending_once: None,
+            page_item_pad: 0,
         }
     }
 
@@ -158,6 +169,8 @@ impl ApiConfig {
             llm: None,
             page_items: 120,
             page_unavailable_once: None,
+            page_pending_once: None,
+            page_item_pad: 0,
         }
     }
 

@@ -1,8 +1,9 @@
 //! The fake API's paginated routes: one ID's items, page by page, in the three ways APIs
 //! paginate a list.
 //!
-//! An ID has [`item_count`] items, `{"id": "<id>", "k": k}` for `k` from 0: the number an ID
-//! starting `p<count>-` names (`p2000-a` has 2,000), else [`ApiConfig::page_items`]. A page
+//! An ID has [`item_count`] items, `{"id": "<id>", "k": k}` for `k` from 0 (with a `pad`
+//! string of [`ApiConfig::page_item_pad`] bytes when it is not 0): the number an ID starting
+//! `p<count>-` names (`p2000-a` has 2,000), else [`ApiConfig::page_items`]. A page
 //! holds [`DEFAULT_PAGE_SIZE`] items unless the request says otherwise (at most
 //! [`MAX_PAGE_SIZE`]).
 //!
@@ -17,10 +18,13 @@
 //!
 //! Faults, by the ID's name after its count (`p1000-loop-a`): a name starting `loop-` loops:
 //! page 5's next page is page 2 again (its `Link`, its cursor); a name starting `same-` has
-//! the offset route ignore its offset (every page is the first); [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once.
+//! the offset route ignore its offset (every page is the first). By the configuration:
+//! [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once, and
+//! [`ApiConfig::page_pending_once`] answers one 200 with `{"status": "pending"}` once.
 //!
 //! Each request is a call of its ID (counted and kept like one of `/items`), under the quota
-//! windows. A malformed request answers 400 and is no call.
+//! windows, answered after the configured latency ([`ApiConfig::latency_min`] to
+//! [`ApiConfig::latency_max`]). A malformed request answers 400 and is no call.
 
 use tokio::time::Instant;
 
@@ -62,9 +66,15 @@ fn name(id: &str) -> &str {
         .map_or(id, |(_, name)| name)
 }
 
-/// Item `k` of `id`.
-pub(super) fn item(id: &str, k: u64) -> serde_json::Value {
-    serde_json::json!({"id": id, "k": k})
+/// Item `k` of `id`, with a `pad` of [`ApiConfig::page_item_pad`] bytes when it is not 0.
+pub(super) fn item(config: &ApiConfig, id: &str, k: u64) -> serde_json::Value {
+    if config.page_item_pad == 0 {
+        return serde_json::json!({"id": id, "k": k});
+    }
+    let pad = char::from(b'a' + (k % 26) as u8)
+        .to_string()
+        .repeat(config.page_item_pad);
+    serde_json::json!({"id": id, "k": k, "pad": pad})
 }
 
 /// How a route names a page.
@@ -156,9 +166,8 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     let page = start / size + 1;
     let looped = (name(&id).starts_with("loop-") && page == 5).then_some(2);
     // A call of the ID, like a request to `/items`.
-    shared
-        .calls
-        .record(&id, xxh3_64(id.as_bytes()), true, Instant::now());
+    let id_hash = xxh3_64(id.as_bytes());
+    let attempt = shared.calls.record(&id, id_hash, true, Instant::now());
     if shared.seen.is_on() {
         shared.seen.record(
             &id,
@@ -173,18 +182,21 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     if let Err(retry_after) = shared.windows.admit(now) {
         return too_many_requests("quota exceeded", Some(retry_after));
     }
-    if shared.config.page_unavailable_once == Some(page)
-        && shared
-            .pages_refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.clone())
-    {
+    let latency = shared.config.latency(id_hash, attempt);
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    if shared.config.page_unavailable_once == Some(page) && first_time(&shared.pages_refused, &id) {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "page unavailable");
+    }
+    if shared.config.page_pending_once == Some(page) && first_time(&shared.pages_pending, &id) {
+        return json_response(&serde_json::json!({"status": "pending"}));
     }
     let count = item_count(&shared.config, &id);
     let end = start.saturating_add(size).min(count);
-    let items: Vec<serde_json::Value> = (start.min(end)..end).map(|k| item(&id, k)).collect();
+    let items: Vec<serde_json::Value> = (start.min(end)..end)
+        .map(|k| item(&shared.config, &id, k))
+        .collect();
     let more = end < count;
     shared
         .accepted
@@ -232,6 +244,13 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     };
     shared.windows.announce(resp.headers_mut(), now);
     resp
+}
+
+/// Whether `id` is not yet in `seen` (it is from now on).
+fn first_time(seen: &std::sync::Mutex<std::collections::HashSet<String>>, id: &str) -> bool {
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(id.to_string())
 }
 
 /// A request's query parameters, decoded.

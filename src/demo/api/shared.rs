@@ -43,6 +43,8 @@ pub(super) struct Shared {
     pub(super) llm: Option<Meter>,
     /// The IDs whose page [`ApiConfig::page_unavailable_once`] answered 503 already.
     pub(super) pages_refused: Mutex<std::collections::HashSet<String>>,
+    /// The IDs whose page [`ApiConfig::page_pending_once`] answered pending already.
+    pub(super) pages_pending: Mutex<std::collections::HashSet<String>>,
     /// The server's wall clock: its quota windows, the resets it announces.
     pub(super) clock: Clock,
 }
