@@ -1,6 +1,6 @@
 //! Monitor: the watcher beside a running job, reporting on it everywhere users look.
 //!
-//! Owns the task that, from [`Counters`] and the store's figures taken once at the start
+//! Owns the task that, from `Counters` and the store's figures taken once at the start
 //! (never a store scan during the run), drives the terminal bar, the progress events every
 //! `--progress-interval` and at the end (human lines or JSON), the falling-behind warning,
 //! the live snapshot (`DIR/live.json`) once a second, and the job's history
