@@ -10,7 +10,7 @@
 //! [`engine`] runs buckets to completion; [`handler`] does the work for one ID (HTTP, exec, or
 //! a closure), whose answer [`answer`] checks and whose [`failure`] says what happens next (its
 //! message masked of the job's [`secrets`]);
-//! `retry` runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], [`metrics`]) through the [`console`]; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
+//! `retry` runs the attempts; [`progress`] counts; [`monitor`] reports on a running job (bar, events, [`live`] snapshot, [`history`], `metrics`) through the `console`; [`rerun`] calls chosen IDs again; [`sink`] exports (its [`sink::parquet`] as Parquet); `dashboard` shows a job in a browser (feature `dashboard`); [`cli`] is the command line;
 //! [`demo`] is a self-contained job against a local fake API.
 //!
 //! The front door is at the root: a [`Job`] runs a [`Handler`] (any async closure, or
@@ -36,7 +36,7 @@ pub mod cli;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod console;
+pub(crate) mod console;
 pub mod credential;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
@@ -48,12 +48,13 @@ pub mod handler;
 pub mod history;
 pub mod input;
 pub mod job;
-#[cfg(any(feature = "metrics", feature = "dashboard"))]
+// `dashboard` exports its listener; the command line binds the metrics endpoint with it too.
+#[cfg(feature = "dashboard")]
 mod listen;
 pub mod live;
 pub mod meter;
 #[cfg(feature = "metrics")]
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod monitor;
 pub mod os;
 pub mod plan;

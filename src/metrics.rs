@@ -23,7 +23,8 @@ use crate::progress::LATENCY_BUCKETS;
 /// The content type of the text format.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-pub use crate::listen::{bind, BindError};
+#[cfg(feature = "cli")]
+pub(crate) use crate::listen::bind;
 
 /// Connections served at once; more are closed at once (a scraper needs one or two).
 pub(crate) const MAX_CONNECTIONS: usize = 32;
@@ -31,7 +32,7 @@ pub(crate) const MAX_CONNECTIONS: usize = 32;
 /// Serve scrapes until the task is aborted. Headers must arrive within hyper's header-read
 /// timeout (30 s), so a client that opens a connection and sends nothing cannot hold it
 /// forever; beyond `MAX_CONNECTIONS` new connections are closed unanswered.
-pub async fn serve(listener: TcpListener, view: Arc<RunView>) {
+pub(crate) async fn serve(listener: TcpListener, view: Arc<RunView>) {
     let mut conns = tokio::task::JoinSet::new();
     loop {
         tokio::select! {

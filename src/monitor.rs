@@ -1,6 +1,6 @@
 //! Monitor: the watcher beside a running job, reporting on it everywhere users look.
 //!
-//! Owns the task that, from [`Counters`] and the store's figures taken once at the start
+//! Owns the task that, from `Counters` and the store's figures taken once at the start
 //! (never a store scan during the run), drives the terminal bar, the progress events every
 //! `--progress-interval` and at the end (human lines or JSON), the falling-behind warning,
 //! the live snapshot (`DIR/live.json`) once a second, and the job's history
@@ -70,7 +70,7 @@ pub(crate) type HistorySink =
     Arc<dyn Fn(serde_json::Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What the monitor, the metrics endpoint and the end of the run share.
-pub struct RunView {
+pub(crate) struct RunView {
     /// The run's live counters.
     pub(crate) counters: Arc<Counters>,
     /// The store's figures when the run started.
@@ -154,7 +154,7 @@ impl RunView {
     }
 
     /// The view of a run that serves the job's dashboard at `addr`.
-    pub fn with_dashboard(self, addr: Option<String>) -> RunView {
+    pub(crate) fn with_dashboard(self, addr: Option<String>) -> RunView {
         RunView {
             dashboard: addr,
             ..self

@@ -5,7 +5,7 @@
 //! job's bucket size and stored with the rerun before any of them is called, so the
 //! selection is fixed at creation and a resume (the same command after a kill -9) replays
 //! exactly the same IDs, skipping those whose new result is already durable. The engine
-//! runs a rerun with the same dispatcher and writer as a job ([`crate::engine::run_log`]).
+//! runs a rerun with the same dispatcher and writer as a job (`engine::run_log`).
 //!
 //! Never rerun what is not asked: every failed ID and the failed IDs of some buckets select
 //! only IDs whose record is failed; only all the IDs of some buckets (explicit) and a file of

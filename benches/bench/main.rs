@@ -131,7 +131,7 @@ fn main() -> ExitCode {
         raw.iter()
             .filter(|a| *a != "--bench")
             .fold(String::new(), |mut s, a| {
-                let _ = write!(s, " {}", highwater::console::shell_word(a));
+                let _ = write!(s, " {}", shell_word(a));
                 s
             })
     );
@@ -171,5 +171,16 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `text` as one POSIX shell word, quoted only when it must be (as the console quotes the
+/// commands it suggests).
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=./:,@%+".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
     }
 }

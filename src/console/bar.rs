@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 static BAR: RwLock<Option<ProgressBar>> = RwLock::new(None);
 
 /// Write bytes to standard error, above the bar if one is shown.
-pub fn write_stderr(bytes: &[u8]) {
+pub(crate) fn write_stderr(bytes: &[u8]) {
     let bar = BAR.read().ok().and_then(|b| b.clone());
     match bar {
         Some(bar) => bar.suspend(|| {
@@ -25,7 +25,7 @@ pub fn write_stderr(bytes: &[u8]) {
 }
 
 /// The terminal progress bar of a run. Dropping it clears it from the screen.
-pub struct Bar {
+pub(crate) struct Bar {
     bar: ProgressBar,
 }
 
@@ -35,7 +35,7 @@ const KNOWN: &str = "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows {ms
 impl Bar {
     /// Show a bar on standard error (always `Some`; `None` only where the crate is built
     /// without the bar).
-    pub fn show() -> Option<Bar> {
+    pub(crate) fn show() -> Option<Bar> {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
         bar.set_style(style(COUNTING));
         bar.enable_steady_tick(Duration::from_millis(250));
@@ -46,7 +46,7 @@ impl Bar {
     }
 
     /// The input's row count became known.
-    pub fn set_total(&self, rows: u64) {
+    pub(crate) fn set_total(&self, rows: u64) {
         if self.bar.length().is_none() {
             self.bar.set_style(style(KNOWN));
         }
@@ -54,7 +54,7 @@ impl Bar {
     }
 
     /// Rows settled (their IDs done, or duplicates and bad lines) and the rest of the line.
-    pub fn update(&self, rows_done: u64, message: String) {
+    pub(crate) fn update(&self, rows_done: u64, message: String) {
         self.bar.set_position(rows_done);
         self.bar.set_message(message);
     }

@@ -6,6 +6,7 @@
 //! (the bar is cleared, the line written, the bar redrawn), so neither tears the other. Write
 //! errors are ignored: a closed standard error is no reason to fail a job.
 
+#[cfg(feature = "cli")]
 use std::io::{self, IsTerminal, Write};
 
 #[cfg(feature = "progress-bar")]
@@ -13,12 +14,12 @@ mod bar;
 #[cfg(not(feature = "progress-bar"))]
 mod no_bar;
 #[cfg(feature = "progress-bar")]
-pub use bar::{write_stderr, Bar};
+pub(crate) use bar::{write_stderr, Bar};
 #[cfg(not(feature = "progress-bar"))]
-pub use no_bar::{write_stderr, Bar};
+pub(crate) use no_bar::{write_stderr, Bar};
 
 /// Write one line to standard error (a newline is added).
-pub fn line(text: &str) {
+pub(crate) fn line(text: &str) {
     let mut bytes = Vec::with_capacity(text.len() + 1);
     bytes.extend_from_slice(text.as_bytes());
     bytes.push(b'\n');
@@ -27,7 +28,7 @@ pub fn line(text: &str) {
 
 /// A message for the user (the `say!` macro): the line itself, or with `--log-format json`
 /// a JSON object shaped like the log lines, so every line on standard error parses.
-pub fn say(text: &str) {
+pub(crate) fn say(text: &str) {
     if json() {
         let value = serde_json::json!({
             "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
@@ -41,8 +42,10 @@ pub fn say(text: &str) {
 }
 
 /// Standard error for the log subscriber: each event arrives as one write of a whole line.
-pub struct LogWriter;
+#[cfg(feature = "cli")]
+pub(crate) struct LogWriter;
 
+#[cfg(feature = "cli")]
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         write_stderr(buf);
@@ -56,34 +59,38 @@ impl Write for LogWriter {
 }
 
 /// Whether a bar can be shown: standard error is a terminal and `TERM` is not `dumb`.
-pub fn stderr_is_terminal() -> bool {
+#[cfg(feature = "cli")]
+pub(crate) fn stderr_is_terminal() -> bool {
     io::stderr().is_terminal() && std::env::var("TERM").map_or(true, |t| t != "dumb")
 }
 
 /// How the process was asked to log, set once at start-up.
 static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+#[cfg(feature = "cli")]
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Record `--log-format json` and `-q` for the parts that report.
-pub fn set_mode(json: bool, quiet: bool) {
+#[cfg(feature = "cli")]
+pub(crate) fn set_mode(json: bool, quiet: bool) {
     JSON.store(json, std::sync::atomic::Ordering::Relaxed);
     QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `--log-format json` was given.
-pub fn json() -> bool {
+pub(crate) fn json() -> bool {
     JSON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `-q` was given.
-pub fn quiet() -> bool {
+#[cfg(feature = "cli")]
+pub(crate) fn quiet() -> bool {
     QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `text` as one POSIX shell word, quoted only when it must be, so a command the console
 /// suggests (`resume with: highwater run --state DIR`) can be pasted as it is whatever the
 /// path holds (spaces, quotes, `$`, non-ASCII).
-pub fn shell_word(text: &str) -> String {
+pub(crate) fn shell_word(text: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_=./:,@%+".contains(c);
     if !text.is_empty() && text.chars().all(plain) {
         text.to_string()
@@ -93,7 +100,7 @@ pub fn shell_word(text: &str) -> String {
 }
 
 /// A path as one shell word (see [`shell_word`]).
-pub fn shell_path(path: &std::path::Path) -> String {
+pub(crate) fn shell_path(path: &std::path::Path) -> String {
     shell_word(&path.to_string_lossy())
 }
 

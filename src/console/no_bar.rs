@@ -5,26 +5,26 @@
 use std::io::{self, Write};
 
 /// Write bytes to standard error.
-pub fn write_stderr(bytes: &[u8]) {
+pub(crate) fn write_stderr(bytes: &[u8]) {
     let _ = io::stderr().write_all(bytes);
 }
 
 /// No bar: this build has none (a value of it cannot exist).
-pub enum Bar {}
+pub(crate) enum Bar {}
 
 impl Bar {
     /// Always `None`: the crate was built without the feature `progress-bar`.
-    pub fn show() -> Option<Bar> {
+    pub(crate) fn show() -> Option<Bar> {
         None
     }
 
     /// Never called: no `Bar` exists.
-    pub fn set_total(&self, _rows: u64) {
+    pub(crate) fn set_total(&self, _rows: u64) {
         match *self {}
     }
 
     /// Never called: no `Bar` exists.
-    pub fn update(&self, _rows_done: u64, _message: String) {
+    pub(crate) fn update(&self, _rows_done: u64, _message: String) {
         match *self {}
     }
 }

@@ -44,7 +44,7 @@
 //!
 //! # Where buckets come from
 //!
-//! A run has one `source` of buckets, chosen by [`run_log`] before it starts, from the
+//! A run has one `source` of buckets, chosen by `run_log` before it starts, from the
 //! store's type ([`Leases::Fleet`]: a fleet's store, or one with one holder at a time) and
 //! the log; the run itself (`wiring::run_source`) wires the same throttle, writer, workers
 //! and dispatcher to any of them, with no branch on the mode:
@@ -108,14 +108,16 @@ mod writer;
 
 pub use error::EngineError;
 use source::{job::JobLog, leased::Leased, rerun::RerunLog};
-pub use stop::{stop_pair, Stop, StopHandle};
+pub(crate) use stop::{stop_pair, Stop};
+pub use stop::StopHandle;
 use wiring::{run_source, Run};
 pub use writer::{max_unsynced_items, max_unsynced_items_of, max_unsynced_items_over_network};
 
 /// Run the job in `store` until every bucket is committed or a stop is asked for.
 ///
 /// The job spec must be the stored one, its input verified against the fingerprint.
-pub async fn run<S: Store + Leases, H: Handler>(
+#[cfg(any(test, feature = "conformance"))]
+pub(crate) async fn run<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     handler: Arc<H>,
@@ -132,7 +134,7 @@ pub async fn run<S: Store + Leases, H: Handler>(
 /// The run's source of buckets is chosen here, by the store's type ([`Leases::Fleet`]): a
 /// fleet's store has its buckets leased one by one, whatever the log; a store with one
 /// holder at a time has the job's log replayed and planned, or the rerun's read.
-pub async fn run_log<S: Store + Leases, H: Handler>(
+pub(crate) async fn run_log<S: Store + Leases, H: Handler>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
     handler: Arc<H>,

@@ -20,7 +20,7 @@ pub struct StopHandle(Arc<Flag>);
 /// costs no shared write unless it has to sleep: a flag and a [`Notify`], not a `watch`
 /// channel, whose waits cloned a receiver (two shared counters) and took its lock each time.
 #[derive(Clone)]
-pub struct Stop(Arc<Flag>);
+pub(crate) struct Stop(Arc<Flag>);
 
 struct Flag {
     stopping: AtomicBool,
@@ -28,7 +28,7 @@ struct Flag {
 }
 
 /// A connected pair: the handle asks, the run listens.
-pub fn stop_pair() -> (StopHandle, Stop) {
+pub(crate) fn stop_pair() -> (StopHandle, Stop) {
     let flag = Arc::new(Flag {
         stopping: AtomicBool::new(false),
         changed: Notify::new(),
@@ -46,12 +46,12 @@ impl StopHandle {
 
 impl Stop {
     /// Whether a stop was asked for.
-    pub fn is_stopping(&self) -> bool {
+    pub(crate) fn is_stopping(&self) -> bool {
         self.0.stopping.load(Ordering::SeqCst)
     }
 
     /// Resolves once a stop was asked for.
-    pub async fn stopping(&self) {
+    pub(crate) async fn stopping(&self) {
         // Created before the flag is read, so a stop in between is not missed: a
         // `notify_waiters` after this point completes it.
         let changed = self.0.changed.notified();

@@ -30,7 +30,9 @@ use super::error::InputError;
 use super::file::FileReader;
 use super::fingerprint::Fingerprint;
 use super::row::{Cursor, Row};
-use super::spec::{format_from_extension, InputFormat, InputSpec};
+#[cfg(any(test, feature = "cli"))]
+use super::spec::format_from_extension;
+use super::spec::{InputFormat, InputSpec};
 
 /// One file of a folder input as the job planned it: the fingerprint of its content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,7 +155,8 @@ pub(crate) fn list(input: &Path) -> Result<Vec<String>, InputError> {
 /// The format the extensions of the folder input `input`'s data files say (as
 /// [`format_from_extension`] says it of one file): the same for every file, or an error
 /// naming two files that differ.
-pub fn format_of(input: &Path) -> Result<&'static str, InputError> {
+#[cfg(any(test, feature = "cli"))]
+pub(crate) fn format_of(input: &Path) -> Result<&'static str, InputError> {
     let names = list(input)?;
     let first = &names[0];
     let format = format_from_extension(Path::new(first));

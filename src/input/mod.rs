@@ -29,7 +29,8 @@ mod tests;
 
 pub use error::InputError;
 pub use fingerprint::Fingerprint;
-pub use folder::format_of as folder_format;
+#[cfg(feature = "cli")]
+pub(crate) use folder::format_of as folder_format;
 pub use folder::InputFile;
 pub(crate) use folder::{
     fingerprint as folder_fingerprint, fingerprint_files as folder_files,
@@ -40,5 +41,6 @@ pub(crate) use folder::{
 pub(crate) use parquet::test_file as parquet_test_file;
 pub(crate) use reader::InputReader;
 pub use row::Cursor;
-pub use spec::format_from_extension;
+#[cfg(feature = "cli")]
+pub(crate) use spec::format_from_extension;
 pub use spec::{InputFormat, InputSpec};

@@ -3,7 +3,7 @@
 //! ([`format_from_extension`]).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,7 +53,8 @@ pub struct InputSpec {
 
 /// Guess the format from the file extension: `.csv`, `.jsonl`/`.ndjson`, `.parquet`, anything
 /// else text.
-pub fn format_from_extension(path: &Path) -> &'static str {
+#[cfg(any(test, feature = "cli"))]
+pub(crate) fn format_from_extension(path: &std::path::Path) -> &'static str {
     match path
         .extension()
         .and_then(|e| e.to_str())

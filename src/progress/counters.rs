@@ -15,59 +15,54 @@ use crate::meter::Usage;
 
 /// What this run has done so far. Every field only grows except `in_flight`, a gauge.
 #[derive(Debug, Default)]
-pub struct Counters {
-    /// HTTP attempts made (first tries and retries).
-    pub attempts: AtomicU64,
-    /// Attempts after an item's first.
-    pub retries: AtomicU64,
-    /// Items whose final result was written to the store, by outcome: counted when written,
-    /// durable at the next sync (sync mode) or the next checkpoint (`--async-progress`).
-    pub ok: AtomicU64,
-    /// Items whose final result is a failure (see `ok`).
-    pub failed: AtomicU64,
-    /// Buckets committed by this run.
-    pub buckets_committed: AtomicU64,
-    /// Buckets the planner wrote ahead in this run.
-    pub buckets_planned: AtomicU64,
-    /// Items left pending because the run stopped.
-    pub abandoned: AtomicU64,
-    /// Pages of paginated IDs answered (each a call of its own).
-    pub pages: AtomicU64,
-    /// Input rows the planner read and wrote ahead in this run (bad and duplicate rows
-    /// included), and the unique IDs among them.
-    pub rows_planned: AtomicU64,
-    /// Unique IDs among `rows_planned`.
-    pub ids_planned: AtomicU64,
-    /// API calls under way now (a gauge: goes up and down).
-    pub in_flight: AtomicU64,
-    /// Times a finished item found the writer's queue full and had to wait (the store
-    /// was behind).
-    pub writer_backpressure: AtomicU64,
-    /// Background flushes finished (`--async-progress`).
-    pub checkpoints: AtomicU64,
-    /// Time spent, in nanoseconds summed over tasks: writing offset records (the planner's
-    /// `Store::plan`) and making them durable, calling the API (summed over concurrent
-    /// calls), writing results, making them durable, writing commit records.
-    pub plan_write_ns: AtomicU64,
-    /// Making offset records durable (ns).
-    pub plan_sync_ns: AtomicU64,
-    /// Calling the API, summed over concurrent calls (ns).
-    pub api_ns: AtomicU64,
-    /// Writing results (ns).
-    pub record_write_ns: AtomicU64,
-    /// Making results durable (ns).
-    pub result_sync_ns: AtomicU64,
-    /// Writing commit records (ns).
-    pub commit_write_ns: AtomicU64,
-    /// Store syncs (planner and writer).
-    pub store_syncs: AtomicU64,
+pub(crate) struct Counters {
+    /// See [`CounterSnapshot::attempts`].
+    pub(crate) attempts: AtomicU64,
+    /// See [`CounterSnapshot::retries`].
+    pub(crate) retries: AtomicU64,
+    /// See [`CounterSnapshot::ok`].
+    pub(crate) ok: AtomicU64,
+    /// See [`CounterSnapshot::failed`].
+    pub(crate) failed: AtomicU64,
+    /// See [`CounterSnapshot::buckets_committed`].
+    pub(crate) buckets_committed: AtomicU64,
+    /// See [`CounterSnapshot::buckets_planned`].
+    pub(crate) buckets_planned: AtomicU64,
+    /// See [`CounterSnapshot::abandoned`].
+    pub(crate) abandoned: AtomicU64,
+    /// See [`CounterSnapshot::pages`].
+    pub(crate) pages: AtomicU64,
+    /// See [`CounterSnapshot::rows_planned`].
+    pub(crate) rows_planned: AtomicU64,
+    /// See [`CounterSnapshot::ids_planned`].
+    pub(crate) ids_planned: AtomicU64,
+    /// See [`CounterSnapshot::in_flight`] (a gauge: goes up and down).
+    pub(crate) in_flight: AtomicU64,
+    /// See [`CounterSnapshot::writer_backpressure`].
+    pub(crate) writer_backpressure: AtomicU64,
+    /// See [`CounterSnapshot::checkpoints`].
+    pub(crate) checkpoints: AtomicU64,
+    /// See [`CounterSnapshot::plan_write_ns`].
+    pub(crate) plan_write_ns: AtomicU64,
+    /// See [`CounterSnapshot::plan_sync_ns`].
+    pub(crate) plan_sync_ns: AtomicU64,
+    /// See [`CounterSnapshot::api_ns`].
+    pub(crate) api_ns: AtomicU64,
+    /// See [`CounterSnapshot::record_write_ns`].
+    pub(crate) record_write_ns: AtomicU64,
+    /// See [`CounterSnapshot::result_sync_ns`].
+    pub(crate) result_sync_ns: AtomicU64,
+    /// See [`CounterSnapshot::commit_write_ns`].
+    pub(crate) commit_write_ns: AtomicU64,
+    /// See [`CounterSnapshot::store_syncs`].
+    pub(crate) store_syncs: AtomicU64,
     /// Input units (a language model's tokens) the answers of items finished ok said their
     /// calls cost.
-    pub usage_input: AtomicU64,
+    pub(crate) usage_input: AtomicU64,
     /// Output units, as `usage_input`.
-    pub usage_output: AtomicU64,
+    pub(crate) usage_output: AtomicU64,
     /// Every attempt's answer by HTTP status and error class, and its latency.
-    pub http: HttpStats,
+    pub(crate) http: HttpStats,
     /// The run's throttle, once the engine made it: the effective rate for reports.
     throttle: OnceLock<AttachedThrottle>,
     /// Where the job's quotas stand, once the engine made its quota gate.
@@ -87,7 +82,7 @@ impl std::fmt::Debug for AttachedThrottle {
 
 impl Counters {
     /// Read every counter (each load relaxed: the copy is not one atomic moment) and the throttle's answer counts.
-    pub fn snapshot(&self) -> CounterSnapshot {
+    pub(crate) fn snapshot(&self) -> CounterSnapshot {
         CounterSnapshot {
             attempts: self.attempts.load(Relaxed),
             retries: self.retries.load(Relaxed),
@@ -120,12 +115,12 @@ impl Counters {
     }
 
     /// Add `n` to a counter.
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
 
     /// Add the time since `start` to a nanosecond counter.
-    pub fn add_elapsed(counter: &AtomicU64, start: Instant) {
+    pub(crate) fn add_elapsed(counter: &AtomicU64, start: Instant) {
         counter.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
     }
 
@@ -140,7 +135,7 @@ impl Counters {
     }
 
     /// Where the job's quotas stand (none without quotas, or before the run started).
-    pub fn quota_states(&self) -> Vec<QuotaState> {
+    pub(crate) fn quota_states(&self) -> Vec<QuotaState> {
         self.quotas.get().map_or_else(Vec::new, |q| {
             q.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -154,7 +149,7 @@ impl Counters {
     }
 
     /// Where the limits the API announced stand (none before any answer announced one).
-    pub fn announced_states(&self) -> Vec<PolicyState> {
+    pub(crate) fn announced_states(&self) -> Vec<PolicyState> {
         self.announced.get().map_or_else(Vec::new, |a| a.states())
     }
 
@@ -165,20 +160,20 @@ impl Counters {
 
     /// Count one API call in flight until the guard is dropped (also when the call's task
     /// is aborted).
-    pub fn in_flight_guard(&self) -> InFlight<'_> {
+    pub(crate) fn in_flight_guard(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Relaxed);
         InFlight(&self.in_flight)
     }
 
     /// The rate limit in force (requests/s), if any.
-    pub fn effective_rate(&self) -> Option<f64> {
+    pub(crate) fn effective_rate(&self) -> Option<f64> {
         self.throttle().and_then(|t| t.rate())
     }
 }
 
 /// One API call counted in [`Counters::in_flight`] while it lives.
 #[must_use = "the call is counted in flight only while the guard lives"]
-pub struct InFlight<'a>(&'a AtomicU64);
+pub(crate) struct InFlight<'a>(&'a AtomicU64);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {

@@ -6,24 +6,24 @@ use super::snapshot::CounterSnapshot;
 
 /// Time spent per store and API step over an interval, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Durations {
+pub(crate) struct Durations {
     /// Writing offset records (with their IDs) ahead of the work.
-    pub offset_write_ms: f64,
+    pub(crate) offset_write_ms: f64,
     /// Making them durable (a sync each batch).
-    pub offset_sync_ms: f64,
+    pub(crate) offset_sync_ms: f64,
     /// Calling the API, summed over concurrent calls (may exceed the interval).
-    pub api_ms: f64,
+    pub(crate) api_ms: f64,
     /// Writing results.
-    pub result_write_ms: f64,
+    pub(crate) result_write_ms: f64,
     /// Making results durable (group commit syncs).
-    pub result_sync_ms: f64,
+    pub(crate) result_sync_ms: f64,
     /// Writing commit records.
-    pub commit_write_ms: f64,
+    pub(crate) commit_write_ms: f64,
 }
 
 impl Durations {
     /// Time spent per step between two snapshots (`last` taken first), in milliseconds.
-    pub fn between(now: &CounterSnapshot, last: &CounterSnapshot) -> Durations {
+    pub(crate) fn between(now: &CounterSnapshot, last: &CounterSnapshot) -> Durations {
         let ms = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e6;
         Durations {
             offset_write_ms: ms(now.plan_write_ns, last.plan_write_ns),
@@ -36,7 +36,7 @@ impl Durations {
     }
 
     /// Time spent on the store (every write and sync), in milliseconds.
-    pub fn store_ms(&self) -> f64 {
+    pub(crate) fn store_ms(&self) -> f64 {
         self.offset_write_ms
             + self.offset_sync_ms
             + self.result_write_ms

@@ -14,91 +14,91 @@ use crate::meter::Usage;
 /// `StreamingQueryProgress`. Figures named `run_*` and the rates and durations are this
 /// run's (the rates and durations over the last interval); the others are job-wide.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProgressEvent {
+pub(crate) struct ProgressEvent {
     /// Always "progress", to tell these lines from log lines.
-    pub event: &'static str,
+    pub(crate) event: &'static str,
     /// Stable across restarts.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// New each start.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// RFC 3339, UTC.
-    pub timestamp: String,
+    pub(crate) timestamp: String,
     /// The last event of the run.
-    pub last: bool,
+    pub(crate) last: bool,
     /// Seconds since the run started.
-    pub elapsed_s: f64,
+    pub(crate) elapsed_s: f64,
     /// Seconds since the previous event.
-    pub interval_s: f64,
+    pub(crate) interval_s: f64,
     /// Buckets committed, job-wide.
-    pub buckets_committed: u64,
+    pub(crate) buckets_committed: u64,
     /// Buckets planned, job-wide.
-    pub buckets_planned: u64,
+    pub(crate) buckets_planned: u64,
     /// Items with a final ok result, job-wide.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Items with a final failed result, job-wide.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Planned IDs without a final result yet, job-wide.
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Input rows read, job-wide (bad and duplicate rows included).
-    pub rows_read: u64,
+    pub(crate) rows_read: u64,
     /// Rows in the whole input, once counted in the background.
-    pub input_rows: Option<u64>,
+    pub(crate) input_rows: Option<u64>,
     /// Seconds until every input row is settled, at the last minute's speed (quota waits
     /// included); none until `input_rows` is known, or while no row settles.
-    pub eta_s: Option<u64>,
+    pub(crate) eta_s: Option<u64>,
     /// Items this run finished ok.
-    pub run_ok: u64,
+    pub(crate) run_ok: u64,
     /// Items this run finished failed.
-    pub run_failed: u64,
+    pub(crate) run_failed: u64,
     /// Input rows the planner read per second over the interval.
-    pub input_rows_per_second: f64,
+    pub(crate) input_rows_per_second: f64,
     /// Items finished (ok or failed) per second over the interval.
-    pub processed_items_per_second: f64,
+    pub(crate) processed_items_per_second: f64,
     /// Attempts (first tries and retries) per second over the interval.
-    pub attempts_per_second: f64,
+    pub(crate) attempts_per_second: f64,
     /// The rate limit in force (requests/s); none when unlimited.
-    pub effective_rate: Option<f64>,
+    pub(crate) effective_rate: Option<f64>,
     /// `--rate`, the ceiling.
-    pub configured_rate: Option<f64>,
+    pub(crate) configured_rate: Option<f64>,
     /// API calls under way at the event.
-    pub in_flight: u64,
+    pub(crate) in_flight: u64,
     /// Retries over the run.
-    pub retries: u64,
+    pub(crate) retries: u64,
     /// Pages of paginated IDs answered over the run (none for a job that does not page).
     #[serde(skip_serializing_if = "is_zero")]
-    pub pages: u64,
+    pub(crate) pages: u64,
     /// Answers 429 over the run.
-    pub throttled: u64,
+    pub(crate) throttled: u64,
     /// Answers 503 over the run.
-    pub unavailable: u64,
+    pub(crate) unavailable: u64,
     /// Times the result writer's queue was full over the run.
-    pub writer_backpressure: u64,
+    pub(crate) writer_backpressure: u64,
     /// Store syncs over the run.
-    pub store_syncs: u64,
+    pub(crate) store_syncs: u64,
     /// Background flushes finished over the run (`--async-progress`; 0 otherwise).
-    pub checkpoints: u64,
+    pub(crate) checkpoints: u64,
     /// Time per step over the interval.
-    pub duration_ms: Durations,
+    pub(crate) duration_ms: Durations,
     /// Where the job's quotas stand (none without quotas).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub quotas: Vec<QuotaState>,
+    pub(crate) quotas: Vec<QuotaState>,
     /// The limits the API announced in its answers' headers (none if it announces none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub announced: Vec<PolicyState>,
+    pub(crate) announced: Vec<PolicyState>,
     /// What the calls cost, job-wide, as their answers said (none until one said).
     #[serde(skip_serializing_if = "Usage::is_zero")]
-    pub usage: Usage,
+    pub(crate) usage: Usage,
     /// What this run's calls cost.
     #[serde(skip_serializing_if = "Usage::is_zero")]
-    pub run_usage: Usage,
+    pub(crate) run_usage: Usage,
     /// What the job spent by its prices, its projection and its budget (none if unpriced).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub spend: Option<crate::meter::Spend>,
+    pub(crate) spend: Option<crate::meter::Spend>,
 }
 
 impl ProgressEvent {
     /// The human line.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut line = format!(
             "progress: {} ok, {} failed, {} pending; {} of {} buckets committed; {:.1} items/s, {:.1} rows/s",
             self.ok,

@@ -9,30 +9,30 @@ use super::snapshot::CounterSnapshot;
 /// Job-wide figures during a run: the store's at the start plus what this run did since,
 /// so that nothing walks the store while the run goes on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct JobFigures {
+pub(crate) struct JobFigures {
     /// Items with a final ok result, job-wide.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Items with a final failed result, job-wide.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Planned IDs without a final result yet (the input's unread rest not included).
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Unique IDs planned, job-wide.
-    pub ids_planned: u64,
+    pub(crate) ids_planned: u64,
     /// Buckets planned, job-wide.
-    pub buckets_planned: u64,
+    pub(crate) buckets_planned: u64,
     /// Buckets committed, job-wide.
-    pub buckets_committed: u64,
+    pub(crate) buckets_committed: u64,
     /// Rows read from the input (bad and duplicate rows included).
-    pub rows_read: u64,
+    pub(crate) rows_read: u64,
     /// Rows settled: read, and their ID done (or a duplicate, or a bad line).
-    pub rows_done: u64,
+    pub(crate) rows_done: u64,
     /// What the calls cost, job-wide, as their answers said.
-    pub usage: crate::meter::Usage,
+    pub(crate) usage: crate::meter::Usage,
 }
 
 impl JobFigures {
     /// The store's figures at the run's start plus this run's counters.
-    pub fn new(start: &StoreStats, run: &CounterSnapshot) -> JobFigures {
+    pub(crate) fn new(start: &StoreStats, run: &CounterSnapshot) -> JobFigures {
         let ok = start.ok + run.ok;
         let failed = start.failed + run.failed;
         let ids_planned = start.ids_planned + run.ids_planned;
@@ -52,7 +52,7 @@ impl JobFigures {
     }
 
     /// Seconds until every row of a `total`-row input is settled, at `rows_per_second`.
-    pub fn eta(&self, total: Option<u64>, rows_per_second: f64) -> Option<u64> {
+    pub(crate) fn eta(&self, total: Option<u64>, rows_per_second: f64) -> Option<u64> {
         let left = total?.saturating_sub(self.rows_done);
         if left == 0 {
             return Some(0);

@@ -13,7 +13,7 @@ pub(crate) const LATENCY_BUCKETS: [f64; 12] = [
 
 /// Attempts by outcome and their latencies, lock-free (one atomic per status code).
 #[derive(Debug)]
-pub struct HttpStats {
+pub(crate) struct HttpStats {
     /// Answers by HTTP status, index = status - 100 (100..=599).
     by_status: Vec<AtomicU64>,
     /// Failed attempts without an HTTP status, by [`ErrorClass::ALL`] index.
@@ -40,7 +40,7 @@ impl HttpStats {
     ///
     /// An attempt with an HTTP status counts under its status; a failure without one under
     /// its class; a success without one (an exec or closure handler's) only in the latencies.
-    pub fn observe<T: Answered>(&self, result: &Result<T, Failure>, elapsed: Duration) {
+    pub(crate) fn observe<T: Answered>(&self, result: &Result<T, Failure>, elapsed: Duration) {
         let status = match result {
             Ok(o) => o.status(),
             Err(e) => e.status,
@@ -66,7 +66,7 @@ impl HttpStats {
     }
 
     /// (status, count) for every status seen.
-    pub fn statuses(&self) -> Vec<(u16, u64)> {
+    pub(crate) fn statuses(&self) -> Vec<(u16, u64)> {
         self.by_status
             .iter()
             .enumerate()
@@ -76,7 +76,7 @@ impl HttpStats {
     }
 
     /// (class, count) of attempts without a usable HTTP status.
-    pub fn classes(&self) -> Vec<(ErrorClass, u64)> {
+    pub(crate) fn classes(&self) -> Vec<(ErrorClass, u64)> {
         ErrorClass::ALL
             .iter()
             .zip(&self.by_class)
@@ -86,7 +86,7 @@ impl HttpStats {
 
     /// Cumulative counts per `LATENCY_BUCKETS` bound, then the total; and the sum in
     /// seconds.
-    pub fn latency(&self) -> (Vec<u64>, u64, f64) {
+    pub(crate) fn latency(&self) -> (Vec<u64>, u64, f64) {
         let mut cumulative = Vec::with_capacity(LATENCY_BUCKETS.len());
         let mut total = 0;
         for (i, n) in self.latency.iter().enumerate() {

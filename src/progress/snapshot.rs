@@ -4,32 +4,35 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-/// A copy of [`Counters`](super::Counters) at one moment.
+/// A copy of the run's counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct CounterSnapshot {
-    /// See [`Counters::attempts`](super::Counters::attempts).
+    /// HTTP attempts made (first tries and retries).
     pub attempts: u64,
-    /// See [`Counters::retries`](super::Counters::retries).
+    /// Attempts after an item's first.
     pub retries: u64,
-    /// See [`Counters::pages`](super::Counters::pages).
+    /// Pages of paginated IDs answered (each a call of its own).
     pub pages: u64,
-    /// See [`Counters::ok`](super::Counters::ok).
+    /// Items whose final result was written to the store, by outcome: counted when written,
+    /// durable at the next sync (sync mode) or the next checkpoint (`--async-progress`).
     pub ok: u64,
-    /// See [`Counters::failed`](super::Counters::failed).
+    /// Items whose final result is a failure (see `ok`).
     pub failed: u64,
-    /// See [`Counters::buckets_committed`](super::Counters::buckets_committed).
+    /// Buckets committed by this run.
     pub buckets_committed: u64,
-    /// See [`Counters::abandoned`](super::Counters::abandoned).
+    /// Items left pending because the run stopped.
     pub abandoned: u64,
-    /// See [`Counters::buckets_planned`](super::Counters::buckets_planned).
+    /// Buckets the planner wrote ahead in this run.
     pub buckets_planned: u64,
-    /// See [`Counters::rows_planned`](super::Counters::rows_planned).
+    /// Input rows the planner read and wrote ahead in this run (bad and duplicate rows
+    /// included), and the unique IDs among them.
     pub rows_planned: u64,
-    /// See [`Counters::ids_planned`](super::Counters::ids_planned).
+    /// Unique IDs among `rows_planned`.
     pub ids_planned: u64,
-    /// See [`Counters::in_flight`](super::Counters::in_flight) (a gauge).
+    /// API calls under way now (a gauge: goes up and down).
     pub in_flight: u64,
-    /// See [`Counters::writer_backpressure`](super::Counters::writer_backpressure).
+    /// Times a finished item found the writer's queue full and had to wait (the store
+    /// was behind).
     pub writer_backpressure: u64,
     /// Answers 429 (from the throttle's count).
     pub throttled: u64,
@@ -37,24 +40,26 @@ pub struct CounterSnapshot {
     pub unavailable: u64,
     /// Refusals taken as their IDs' rather than the rate's (from the throttle's count).
     pub refused_ids: u64,
-    /// See [`Counters::plan_write_ns`](super::Counters::plan_write_ns).
+    /// Time spent, in nanoseconds summed over tasks: writing offset records (the planner's
+    /// `Store::plan`) and making them durable, calling the API (summed over concurrent
+    /// calls), writing results, making them durable, writing commit records.
     pub plan_write_ns: u64,
-    /// See [`Counters::plan_sync_ns`](super::Counters::plan_sync_ns).
+    /// Making offset records durable (ns).
     pub plan_sync_ns: u64,
-    /// See [`Counters::api_ns`](super::Counters::api_ns).
+    /// Calling the API, summed over concurrent calls (ns).
     pub api_ns: u64,
-    /// See [`Counters::record_write_ns`](super::Counters::record_write_ns).
+    /// Writing results (ns).
     pub record_write_ns: u64,
-    /// See [`Counters::result_sync_ns`](super::Counters::result_sync_ns).
+    /// Making results durable (ns).
     pub result_sync_ns: u64,
-    /// See [`Counters::commit_write_ns`](super::Counters::commit_write_ns).
+    /// Writing commit records (ns).
     pub commit_write_ns: u64,
-    /// See [`Counters::store_syncs`](super::Counters::store_syncs).
+    /// Store syncs (planner and writer).
     pub store_syncs: u64,
-    /// See [`Counters::checkpoints`](super::Counters::checkpoints).
+    /// Background flushes finished (`--async-progress`).
     pub checkpoints: u64,
-    /// See [`Counters::usage_input`](super::Counters::usage_input) and
-    /// [`Counters::usage_output`](super::Counters::usage_output).
+    /// Units the answers of items finished ok said their calls cost: input units (a
+    /// language model's tokens) and output units.
     pub usage: crate::meter::Usage,
 }
 
