@@ -108,8 +108,8 @@ mod writer;
 
 pub use error::EngineError;
 use source::{job::JobLog, leased::Leased, rerun::RerunLog};
-pub(crate) use stop::{stop_pair, Stop};
 pub use stop::StopHandle;
+pub(crate) use stop::{stop_pair, Stop};
 use wiring::{run_source, Run};
 pub use writer::{max_unsynced_items, max_unsynced_items_of, max_unsynced_items_over_network};
 
