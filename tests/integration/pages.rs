@@ -27,6 +27,11 @@ const CURSOR: [&str; 6] = [
     ".data[]",
 ];
 
+/// The fake API's cursor route, [`SIZE`] items a page.
+fn cursor_url(h: &Harness) -> String {
+    format!("{}?limit={SIZE}", h.api.pages_cursor_url_template())
+}
+
 /// IDs of every shape of list: empty, one item, one full page, a short last page, 40 pages,
 /// the default count (120), and one that needs encoding in a URL.
 fn shapes() -> Vec<String> {
@@ -78,7 +83,7 @@ fn every_page_of_every_id_is_followed_in_each_style_and_its_items_kept_in_order(
     let ids = shapes();
     let input = h.ids_file("ids.txt", &ids);
     let link = format!("{}?per_page={SIZE}", h.api.pages_link_url_template());
-    let cursor = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let cursor = cursor_url(&h);
     let cursor_post = h.api.pages_cursor_url_template();
     let offset = format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
     let size = SIZE.to_string();
@@ -221,7 +226,7 @@ fn a_page_tripping_retry_if_is_asked_again_alone_and_one_tripping_fail_if_fails_
     h.api.keep_requests();
     let ids: Vec<String> = ["p200-a", "p200-bad", "p200-c"].map(String::from).to_vec();
     let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let state = h.state();
     let checks = [
         "--expect",
@@ -270,7 +275,7 @@ fn each_page_is_a_request_of_the_rate_limit() {
     // first page paced, the other 110 would go in a fraction of a second.
     let ids: Vec<String> = (0..10).map(|i| format!("p600-{i}")).collect();
     let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let state = h.state();
     let rate = [
         "--rate",
@@ -301,7 +306,7 @@ fn each_page_is_a_request_of_the_rate_limit() {
 #[test]
 fn a_loop_an_ignored_page_parameter_and_too_many_pages_fail_their_id_alone() {
     let h = Harness::new(ApiConfig::fast());
-    let cursor_url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let cursor_url = cursor_url(&h);
     let offset_url = format!("{}?limit={SIZE}", h.api.pages_offset_url_template());
     let size = SIZE.to_string();
     let failed = |state: &Path, id: &str, says: &str| {
@@ -501,8 +506,7 @@ fn killed_twice(url: fn(&Harness) -> String, paging: &[&str]) {
 
 #[test]
 fn a_run_killed_mid_id_resumes_with_every_ids_items_exactly_once_in_order() {
-    let cursor = |h: &Harness| format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
-    killed_twice(cursor, &CURSOR);
+    killed_twice(cursor_url, &CURSOR);
 }
 
 #[test]
@@ -524,9 +528,8 @@ fn a_run_killed_mid_id_resumes_exactly_once_in_order_by_link_offset_and_jq_too()
             ".[]",
         ],
     );
-    let cursor = |h: &Harness| format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
     killed_twice(
-        cursor,
+        cursor_url,
         &[
             "--paginate",
             "jq=if .has_more then {query: {cursor: .next_cursor}} else null end",
@@ -627,7 +630,7 @@ fn a_40_page_id_killed_at_page_30_resumes_at_the_page_it_was_on_not_at_page_1() 
     h.api.keep_requests();
     let id = "p2000-long".to_string();
     let input = h.ids_file("ids.txt", std::slice::from_ref(&id));
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let state = h.state();
     let mut args = new_job_args(&state, &input, &url);
     args.extend(CURSOR);
@@ -675,7 +678,7 @@ fn a_40_page_id_killed_at_page_30_resumes_there_in_postgresql_too() {
     h.api.keep_requests();
     let id = "p2000-long".to_string();
     let input = h.ids_file("ids.txt", std::slice::from_ref(&id));
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let fleet = crate::fleet::Fleet::new(&h, "pages");
     let flags = [
         &["--url", url.as_str()][..],
@@ -836,7 +839,7 @@ fn a_paginated_id_that_failed_is_rerun_from_its_first_page_and_exported_whole() 
     h.api.keep_requests();
     let ids: Vec<String> = ["p200-a", "p20-b"].map(String::from).to_vec();
     let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let state = h.state();
     let flags = [&CURSOR[..], &["--max-attempts", "1"]].concat();
     // a's page 3 answers 503 once, and one attempt is all a page gets: a fails there.
@@ -873,7 +876,7 @@ fn each_page_is_a_call_of_the_jobs_quota_and_a_spent_quota_leaves_ids_mid_way() 
     let h = Harness::new(ApiConfig::fast());
     let ids: Vec<String> = (0..3).map(|i| format!("p200-{i}")).collect();
     let input = h.ids_file("ids.txt", &ids);
-    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let url = cursor_url(&h);
     let state = h.state();
     let paging = [&CURSOR[..], &["--concurrency", "2"]].concat();
     let mut flags = paging.to_vec();
