@@ -226,6 +226,7 @@ mod tests {
             failed: 0,
             retries: 0,
             attempts: at_ms,
+            pages: 0,
             throttled: 0,
             answers: Default::default(),
             p50_ms: Some(1.0),

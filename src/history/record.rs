@@ -66,6 +66,10 @@ pub struct Sample {
     pub retries: u64,
     /// Attempts, first tries and retries.
     pub attempts: u64,
+    /// Pages of paginated IDs answered, each a call of its own (none in samples of older
+    /// versions, or of a job that does not paginate).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pages: u64,
     /// Answers 429.
     pub throttled: u64,
     /// Attempts by answer class.
@@ -121,4 +125,9 @@ pub enum RateCause {
     Announced,
     /// The API is unreachable: the run probes it.
     Outage,
+}
+
+/// For serde: leave a count out while it is 0.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

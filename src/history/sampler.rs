@@ -61,6 +61,7 @@ impl Sampler {
             failed: run.failed,
             retries: run.retries,
             attempts: run.attempts,
+            pages: run.pages,
             throttled: run.throttled,
             answers: answers(counters),
             p50_ms: percentile_ms(&interval, 0.50),

@@ -323,6 +323,7 @@ mod tests {
             failed: 0,
             retries: 0,
             attempts: ok,
+            pages: 0,
             throttled: 0,
             answers: crate::history::Answers {
                 s2xx: ok,
