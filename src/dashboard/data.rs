@@ -1,14 +1,16 @@
 //! The dashboard's data: what each endpoint answers, as JSON, from one [`Reading`].
 //!
-//! Owns the summary (figures, a smoothed ETA, the runner, the spec and its history), the
-//! history's chart columns, the bucket map (at most a given number of cells, whose counts
-//! always add up to the job's buckets), the failures table and the workers. Everything is
-//! computed here, on the server: the page only draws.
+//! Owns the summary (figures, a smoothed ETA, a paginated job's pages, the runner, the spec
+//! and its history), the history's chart columns, the bucket map (at most a given number of
+//! cells, whose counts always add up to the job's buckets), the failures table and the
+//! workers. Everything is computed here, on the server: the page only draws.
+
+use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
 use super::source::Reading;
-use crate::history::{self, Record};
+use crate::history::{self, Record, Sample};
 use crate::live::Runner;
 
 /// The span the summary's ETA is smoothed over.
@@ -31,7 +33,7 @@ pub(crate) const LOCKED_NOTE: &str =
 pub(crate) fn summary(r: &Reading) -> Value {
     let stats = r.stats.clone().unwrap_or_default();
     let input_rows = input_rows(r);
-    let eta = smoothed_speed(&r.history).map(|rate| {
+    let eta = smoothed_rate(&r.history, settled).map(|rate| {
         let left = input_rows.map(|total| stats.pending + total.saturating_sub(stats.rows_read));
         let eta = left
             .filter(|_| rate > 0.0)
@@ -74,6 +76,7 @@ pub(crate) fn summary(r: &Reading) -> Value {
         // that speed; the live snapshot's (last minute) beside it.
         "items_per_second": eta.map(|(rate, _)| (rate * 100.0).round() / 100.0),
         "eta_seconds": eta.and_then(|(_, eta)| eta).or(r.live.as_ref().and_then(|l| l.eta_seconds)),
+        "pages": pages(r),
         "runs": runs,
         "limits": limits(r),
         "spend": spend(r, &stats, input_rows),
@@ -144,10 +147,47 @@ fn input_rows(r: &Reading) -> Option<u64> {
     })
 }
 
-/// Items settled per second over the last [`ETA_WINDOW_MS`] of the newest run: from its
-/// oldest sample (or its start) in the window, or from the newest before the window when the
-/// window holds none.
-fn smoothed_speed(history: &[Record]) -> Option<f64> {
+/// Items settled (ok or failed) by a sample's run: what the summary's speed and ETA count.
+///
+/// An ID of a paginated job settles after its last page, so its items per second already
+/// take in the calls of all its pages, and the ETA (the IDs left at that speed) is right
+/// for it without knowing how many pages an ID has, which no one knows before its last.
+fn settled(s: &Sample) -> u64 {
+    s.ok + s.failed
+}
+
+/// Pages of paginated IDs, for the summary: answered job-wide (each run's newest count in
+/// the history, or in the live snapshot when that is newer, summed over the runs), by the
+/// run going on (while one does), and per second over the same window as the items; none
+/// for a job that has answered no page.
+fn pages(r: &Reading) -> Option<Value> {
+    let mut by_run: HashMap<(&str, Option<&str>), u64> = HashMap::new();
+    for rec in &r.history {
+        if let Record::Sample(s) = rec {
+            let n = by_run.entry((&s.run_id, s.worker.as_deref())).or_default();
+            *n = (*n).max(s.pages);
+        }
+    }
+    let running = matches!(r.runner, Some(Runner::Live | Runner::Stale));
+    if let Some(live) = &r.live {
+        let n = by_run.entry((&live.run_id, None)).or_default();
+        *n = (*n).max(live.pages);
+    }
+    let answered: u64 = by_run.values().sum();
+    (answered > 0).then(|| {
+        json!({
+            "answered": answered,
+            "this_run": r.live.as_ref().filter(|_| running).map(|l| l.pages),
+            "per_second": smoothed_rate(&r.history, |s| s.pages)
+                .map(|rate| (rate * 100.0).round() / 100.0),
+        })
+    })
+}
+
+/// What `count` counts per second over the last [`ETA_WINDOW_MS`] of the newest run: from
+/// its oldest sample (or its start) in the window, or from the newest before the window when
+/// the window holds none.
+fn smoothed_rate(history: &[Record], count: impl Fn(&Sample) -> u64) -> Option<f64> {
     let mut older = history
         .iter()
         .rev()
@@ -160,7 +200,7 @@ fn smoothed_speed(history: &[Record]) -> Option<f64> {
     let mut from: Option<(u64, u64)> = None;
     for r in older {
         let point = match r {
-            Record::Sample(s) if s.run_id == newest.run_id => (s.at_ms, s.ok + s.failed),
+            Record::Sample(s) if s.run_id == newest.run_id => (s.at_ms, count(s)),
             Record::Run(run) if run.run_id == newest.run_id => (run.started_ms, 0),
             _ => break,
         };
@@ -173,8 +213,8 @@ fn smoothed_speed(history: &[Record]) -> Option<f64> {
     }
     let (at_ms, done) = from?;
     let dt = newest.at_ms.saturating_sub(at_ms) as f64 / 1e3;
-    let settled = (newest.ok + newest.failed).saturating_sub(done);
-    (dt > 0.0).then(|| settled as f64 / dt)
+    let counted = count(newest).saturating_sub(done);
+    (dt > 0.0).then(|| counted as f64 / dt)
 }
 
 /// `GET /api/history?points=N`.
@@ -430,6 +470,91 @@ mod tests {
             "{s}"
         );
         assert_eq!(s["runs"].as_array().unwrap().len(), 2);
+    }
+
+    /// A sample of `run` at `at_ms`: `ok` IDs and `pages` pages answered since its start.
+    fn paged_sample(run: &str, at_ms: u64, ok: u64, pages: u64) -> Record {
+        let Record::Sample(mut s) = with_rows(Reading::default(), 110).history.remove(0) else {
+            unreachable!()
+        };
+        (s.run_id, s.at_ms, s.ok, s.pages) = (run.into(), at_ms, ok, pages);
+        Record::Sample(s)
+    }
+
+    fn run_start(id: &str, at: u64) -> Record {
+        Record::Run(crate::history::RunStart {
+            run_id: id.into(),
+            started_ms: at,
+            pid: 1,
+            worker: None,
+            spec: json!({"bucket_size": 10}),
+        })
+    }
+
+    #[test]
+    fn a_paginated_jobs_eta_counts_the_ids_left_at_the_ids_speed_whatever_their_pages() {
+        // 10 IDs settled in 10 s: 1 ID/s, with 40 or 400 pages each; 100 IDs left.
+        for pages_each in [40, 400] {
+            let reading = Reading {
+                stats: Some(StoreStats {
+                    rows_read: 110,
+                    ok: 10,
+                    input_exhausted: true,
+                    pending: 100,
+                    ..StoreStats::default()
+                }),
+                history: vec![
+                    run_start("a", 0),
+                    paged_sample("a", 10_000, 10, 10 * pages_each),
+                ],
+                ..Reading::default()
+            };
+            let s = summary(&reading);
+            assert_eq!(s["items_per_second"], 1.0, "{s}");
+            assert_eq!(s["eta_seconds"], 100, "{pages_each} pages an ID: {s}");
+            assert_eq!(s["pages"]["per_second"], pages_each as f64, "{s}");
+        }
+    }
+
+    #[test]
+    fn the_pages_answered_add_up_each_runs_newest_count_and_a_job_without_pages_has_none() {
+        let live: crate::live::LiveSnapshot = serde_json::from_value(json!({
+            "pid": 1, "job_id": "j", "run_id": "b", "started_ms": 100_000,
+            "updated_ms": 121_000, "finished": false, "items_per_second": 1.0,
+            "effective_rate": null, "eta_seconds": null, "ok": 0, "failed": 0, "pending": 0,
+            "buckets_committed": 0, "buckets_planned": 0, "rows_read": 0, "input_rows": null,
+            "run_ok": 0, "run_failed": 0, "retries": 0, "pages": 450, "throttled": 0,
+            "in_flight": 0,
+        }))
+        .unwrap();
+        // Run a (killed) answered 400 pages; run b 400 at its last sample, 450 since.
+        let mut reading = Reading {
+            history: vec![
+                run_start("a", 0),
+                paged_sample("a", 10_000, 5, 100),
+                paged_sample("a", 20_000, 10, 400),
+                run_start("b", 100_000),
+                paged_sample("b", 110_000, 10, 400),
+            ],
+            live: Some(live),
+            runner: Some(Runner::Live),
+            ..Reading::default()
+        };
+        let s = summary(&reading);
+        assert_eq!(s["pages"]["answered"], 850, "{s}");
+        assert_eq!(s["pages"]["this_run"], 450, "{s}");
+        assert_eq!(
+            s["pages"]["per_second"], 40.0,
+            "run b's, from its start: {s}"
+        );
+        // Once the run ended, its pages are the job's, no run's.
+        reading.runner = Some(Runner::Finished);
+        let s = summary(&reading);
+        assert_eq!(s["pages"]["answered"], 850, "{s}");
+        assert!(s["pages"]["this_run"].is_null(), "{s}");
+        // A job that does not paginate shows no pages at all.
+        let s = summary(&with_rows(Reading::default(), 10));
+        assert!(s["pages"].is_null(), "{s}");
     }
 
     fn with_rows(mut r: Reading, rows: u64) -> Reading {
