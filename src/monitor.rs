@@ -181,7 +181,8 @@ impl RunView {
     }
 
     /// The speed at `run` (its figures `f`): over the window since `since` (the run's
-    /// start when `None`) and over the whole run, and the ETA at the window's speed.
+    /// start when `None`) and over the whole run, and the ETA at the window's speed. Both
+    /// count IDs (rows), whatever pages they have: see [`JobFigures::eta`].
     fn speed(&self, run: &CounterSnapshot, f: &JobFigures, since: Option<&Sample>) -> Speed {
         let start = self.start_sample();
         let since = since.unwrap_or(&start);
@@ -743,6 +744,45 @@ mod tests {
         // A paginated job whose IDs took 40 pages each.
         assert_eq!(calls_left(100, &run(400, 10)), 4000);
         assert_eq!(calls_left(3, &run(5, 2)), 8);
+    }
+
+    #[test]
+    fn a_paginated_runs_eta_is_the_rows_left_at_the_rows_speed_however_many_pages_an_id_has() {
+        // 500 of 1,000 IDs settled, 300 of them in the last minute, of 1, 40 or 400 pages each.
+        for pages_each in [1, 40, 400] {
+            let counters = Arc::new(Counters::default());
+            let mut view = RunView::new(
+                counters.clone(),
+                StoreStats::default(),
+                "j".into(),
+                Clock::system(),
+            );
+            let now = Instant::now();
+            view.started = now - Duration::from_secs(600);
+            view.total_rows.store(1000, Relaxed);
+            Counters::add(&counters.ok, 500);
+            Counters::add(&counters.rows_planned, 500);
+            Counters::add(&counters.ids_planned, 500);
+            Counters::add(&counters.pages, 500 * pages_each);
+            Counters::add(&counters.attempts, 500 * pages_each);
+            let run = counters.snapshot();
+            let minute_ago = Sample {
+                at: now - Duration::from_secs(60),
+                done: 200,
+                rows_done: 200,
+            };
+            let speed = view.speed(&run, &view.figures(&run), Some(&minute_ago));
+            assert!(
+                (speed.items_per_second - 5.0).abs() < 0.1,
+                "{pages_each} pages an ID: {}",
+                speed.items_per_second
+            );
+            assert!(
+                matches!(speed.eta_seconds, Some(100..=101)),
+                "{pages_each} pages an ID: {:?}",
+                speed.eta_seconds
+            );
+        }
     }
 
     #[test]

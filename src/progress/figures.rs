@@ -52,6 +52,10 @@ impl JobFigures {
     }
 
     /// Seconds until every row of a `total`-row input is settled, at `rows_per_second`.
+    ///
+    /// A paginated job needs nothing more: an ID settles after its last page, so the rows
+    /// settled per second already take in the calls of all their pages (how many pages an
+    /// ID has is known only at its last).
     pub(crate) fn eta(&self, total: Option<u64>, rows_per_second: f64) -> Option<u64> {
         let left = total?.saturating_sub(self.rows_done);
         if left == 0 {
