@@ -6,8 +6,9 @@
 //! auth or `client_id`/`client_secret` in the form body), and "command tokens", any token
 //! that starts with [`FakeApi::command_token_prefix`], which a shell command can make with no
 //! network tool (a counter in a file): such a token starts to live when the API first sees
-//! it. Either lives [`FakeApi::require_token`]'s lifetime; an item request without a live
-//! token answers 401 with `WWW-Authenticate: Bearer error="invalid_token"`.
+//! it. Either lives [`FakeApi::require_token`]'s lifetime, or until
+//! [`FakeApi::expire_tokens`] ends every token at once; an item request without a live token
+//! answers 401 with `WWW-Authenticate: Bearer error="invalid_token"`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -96,6 +97,14 @@ impl Auth {
 
     pub(super) fn set_client_auth(&self, how: TokenClientAuth) {
         *lock(&self.client_auth) = how;
+    }
+
+    /// Every token seen or issued so far expires now.
+    pub(super) fn expire_all(&self) {
+        let now = Instant::now();
+        for expiry in lock(&self.tokens).values_mut() {
+            *expiry = (*expiry).min(now);
+        }
     }
 
     pub(super) fn revoke(&self, revoked: bool) {

@@ -369,6 +369,12 @@ impl FakeApi {
         self.shared.auth.set_client_auth(how);
     }
 
+    /// Every token seen or issued so far expires now (tokens issued after live their
+    /// lifetime): a credential that expires at a moment the test chooses.
+    pub fn expire_tokens(&self) {
+        self.shared.auth.expire_all();
+    }
+
     /// Refuse the client secret (`true`: 401 `invalid_client`) or accept it again.
     pub fn revoke_client_secret(&self, revoked: bool) {
         self.shared.auth.revoke(revoked);
