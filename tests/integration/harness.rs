@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -398,4 +399,38 @@ impl Harness {
         );
         (input, state)
     }
+}
+
+/// GET `path` from `addr` over HTTP/1.0: status line and body.
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// Parse the text exposition format: (name with labels, value) per sample; every line is
+/// a comment or a sample.
+pub fn parse_metrics(body: &str) -> Vec<(String, f64)> {
+    body.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').expect("sample lines are 'name value'");
+            let value: f64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {l:?}"));
+            (name.to_string(), value)
+        })
+        .collect()
+}
+
+/// The value of the metric sample `name` (labels included) among `samples`.
+pub fn sample(samples: &[(String, f64)], name: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no sample {name}"))
+        .1
 }

@@ -316,39 +316,6 @@ fn stderr_line_with(child: &mut Child, needle: &str) -> String {
     }
 }
 
-/// GET `path` from `addr` over HTTP/1.0: status line and body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
-/// Parse the text exposition format: (name with labels, value) per sample; every line is
-/// a comment or a sample.
-fn parse_metrics(body: &str) -> Vec<(String, f64)> {
-    body.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let (name, value) = l.rsplit_once(' ').expect("sample lines are 'name value'");
-            let value: f64 = value
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {l:?}"));
-            (name.to_string(), value)
-        })
-        .collect()
-}
-
-fn sample(samples: &[(String, f64)], name: &str) -> f64 {
-    samples
-        .iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no sample {name}"))
-        .1
-}
-
 #[test]
 fn the_metrics_endpoint_serves_prometheus_text_during_a_run() {
     let h = slow_api();
