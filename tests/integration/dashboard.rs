@@ -1,5 +1,6 @@
 //! The dashboard: `serve` follows a job while it runs and after it ends, across a kill and
-//! a resume, and `report` writes the same page as one file; neither ever shows a secret.
+//! a resume, and `report` writes the same page as one file; neither ever shows a secret. A
+//! paginated job's pages show on both, and only a paginated job's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -55,6 +56,27 @@ impl Dashboard {
             child: Some(child),
             addr,
         }
+    }
+
+    /// The dashboard a run of the job in `state` serves (`--dashboard`), where its
+    /// snapshot says it is (60 s at most to say it).
+    fn of_run(state: &Path) -> Dashboard {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            let live = std::fs::read_to_string(state.join("live.json")).unwrap_or_default();
+            let served = serde_json::from_str::<Value>(&live)
+                .ok()
+                .and_then(|v| v["dashboard"].as_str().map(str::to_string));
+            if let Some(addr) = served {
+                break addr;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the run never said where its dashboard is"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Dashboard { child: None, addr }
     }
 
     /// GET `path`: the status code and the body.
@@ -439,6 +461,10 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
         png.len()
     );
     check_rendered(&dom, ok, failed, "the served page");
+    assert!(
+        !shown(&dom).contains("pages answered"),
+        "a job that does not paginate shows no pages"
+    );
     // The failures table is filled from the store.
     assert!(dom.contains(&format!("{failed} failed item(s) match")));
 
@@ -450,6 +476,98 @@ fn the_page_served_and_the_report_opened_offline_render_their_charts_in_a_browse
     let dom = rendered_dom(&format!("file://{}", out.display()), &OFFLINE);
     check_rendered(&dom, ok, failed, "the report");
     assert!(dom.contains("report made"));
+    assert!(!shown(&dom).contains("pages answered"));
+}
+
+/// What a rendered page shows: everything before its scripts (its data and code).
+fn shown(dom: &str) -> &str {
+    &dom[..dom.find("<script").unwrap_or(dom.len())]
+}
+
+/// The rendered page shows its figure `label` as `value`.
+#[track_caller]
+fn check_figure(dom: &str, label: &str, value: u64, what: &str) {
+    let shown = shown(dom);
+    let fig = format!("<b>{}</b><span>{label}</span>", thousands(value));
+    assert!(shown.contains(&fig), "{what}: lacks {fig}\n{shown}");
+}
+
+#[test]
+fn a_paginated_jobs_pages_show_on_its_live_page_and_in_its_report() {
+    let h = Harness::new(ApiConfig {
+        latency_min: Duration::from_millis(1),
+        latency_max: Duration::from_millis(2),
+        ..ApiConfig::fast()
+    });
+    // 4 IDs of 50 pages, and a quota of 30 calls in 10 minutes: the run answers 30 pages,
+    // none of its IDs finished, and waits, its figures still.
+    let ids: Vec<String> = (0..4).map(|i| format!("p2500-{i}")).collect();
+    let input = h.ids_file("ids.txt", &ids);
+    let state = h.state();
+    let url = format!("{}?per_page=50", h.api.pages_link_url_template());
+    let paging = ["--paginate", "link", "--items", ".[]", "--concurrency", "2"];
+    let mut args = new_job_args(&state, &input, &url);
+    args.extend(paging);
+    args.extend([
+        "--quota",
+        "30/10min,rolling",
+        "--dashboard",
+        "127.0.0.1:0",
+        "--history-interval",
+        "1s",
+    ]);
+    let run = h
+        .cmd(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let own = Dashboard::of_run(&state);
+    let summary = own.wait_for("/api/summary", "30 pages answered", |v| {
+        v["pages"]["answered"] == 30
+    });
+    assert_eq!(summary["pages"]["this_run"], 30, "{summary}");
+    assert_eq!(
+        summary["stats"]["ok"], 0,
+        "IDs of 50 pages: none done: {summary}"
+    );
+    let dom = rendered_dom(&format!("http://{}/", own.addr), &[]);
+    check_figure(&dom, "pages answered", 30, "the live page");
+    check_figure(&dom, "pages answered (this run)", 30, "the live page");
+    assert!(
+        shown(&dom).contains("<span>pages/s (last 10 min)</span>"),
+        "{dom}"
+    );
+    signal(&run, libc::SIGTERM);
+    assert_eq!(finish(run).code, 130);
+
+    // Resumed with room for every page: the job's pages are both runs', each page once.
+    let mut resume = paging.to_vec();
+    resume.extend(["--quota", "1000/10min,rolling"]);
+    h.resume(&state, &resume).expect_code(0);
+    assert_eq!(
+        h.api.total_calls(),
+        200,
+        "every page once across the two runs"
+    );
+    let served = Dashboard::start(&h, &state);
+    let summary = served.json("/api/summary");
+    assert_eq!(summary["pages"]["answered"], 200, "{summary}");
+    assert!(
+        summary["pages"]["this_run"].is_null(),
+        "no run goes on: {summary}"
+    );
+    drop(served);
+    let out = h.path("pages.html");
+    h.run(&["report", "--state", p(&state), "--output", p(&out)])
+        .expect_code(0);
+    let dom = rendered_dom(&format!("file://{}", out.display()), &OFFLINE);
+    check_rendered(&dom, 4, 0, "the report");
+    check_figure(&dom, "pages answered", 200, "the report");
+    assert!(
+        !shown(&dom).contains("pages answered (this run)"),
+        "the report: no run goes on"
+    );
 }
 
 #[cfg(feature = "postgres")]
@@ -619,23 +737,7 @@ fn a_run_serves_its_own_dashboard_with_every_panel_live() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let run = run.spawn().unwrap();
-    // The run says where it serves the dashboard in its snapshot.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let addr = loop {
-        let live = std::fs::read_to_string(state.join("live.json")).unwrap_or_default();
-        let served = serde_json::from_str::<Value>(&live)
-            .ok()
-            .and_then(|v| v["dashboard"].as_str().map(str::to_string));
-        if let Some(addr) = served {
-            break addr;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run never said where its dashboard is"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let own = Dashboard { child: None, addr };
+    let own = Dashboard::of_run(&state);
 
     // Every panel, from the store the run holds, while it runs.
     let summary = own.wait_for("/api/summary", "the live runner", |v| v["runner"] == "live");
