@@ -493,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_paginated_jobs_eta_counts_the_ids_left_at_the_ids_speed_whatever_their_pages() {
-        // 10 IDs settled in 10 s: 1 ID/s, with 40 or 400 pages each; 100 IDs left.
+        // 10 IDs settled in 10 s: 1 ID/s, of 40 or 400 pages each; 100 IDs left.
         for pages_each in [40, 400] {
             let reading = Reading {
                 stats: Some(StoreStats {
@@ -501,6 +501,8 @@ mod tests {
                     ok: 10,
                     input_exhausted: true,
                     pending: 100,
+                    buckets_planned: 11,
+                    buckets_committed: 1,
                     ..StoreStats::default()
                 }),
                 history: vec![
