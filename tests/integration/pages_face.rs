@@ -1,7 +1,8 @@
 //! What a paginated job shows and survives, seen from outside: the pages it answered on the
 //! metrics endpoint, the progress line and the run's summary; a token that expires between
 //! two pages of one ID, renewed, the ID going on from the page it was on; and a `Link` header
-//! whose next page is one the ID fetched already, failing that ID alone.
+//! whose next page is one the ID fetched already (an earlier next page, or its first page),
+//! failing that ID alone.
 
 use std::io::{BufRead, BufReader};
 use std::process::Child;
@@ -260,8 +261,8 @@ fn a_token_that_expires_between_two_pages_of_an_id_is_renewed_and_the_id_goes_on
 fn a_link_header_whose_next_page_was_fetched_already_fails_its_id_alone_naming_the_loop() {
     let h = api();
     h.api.keep_requests();
-    // The looping ID's page 5 links to page 2 as its next.
-    let ids: Vec<String> = ["p1000-a", "p1000-loop-b", "p300-c"]
+    // The looping ID's page 5 links to page 2 as its next; the other's page 3 to page 1.
+    let ids: Vec<String> = ["p1000-a", "p1000-loop-b", "p300-c", "p1000-back-d"]
         .map(String::from)
         .to_vec();
     let input = h.ids_file("ids.txt", &ids);
@@ -286,6 +287,25 @@ fn a_link_header_whose_next_page_was_fetched_already_fails_its_id_alone_naming_t
     }
     // Caught the first time it comes round: pages 1 to 5, and no page after.
     assert_eq!(pages_asked(&h, "p1000-loop-b"), vec![0, 1, 2, 3, 4]);
+
+    // A link back to page 1, which the first request got without naming it: a URL not
+    // followed yet, so page 1 is asked for once more, and its next link is the loop.
+    let record = export
+        .iter()
+        .find(|r| r["id"] == "p1000-back-d")
+        .expect("the ID looping back is exported");
+    assert_eq!(record["status"], "failed", "{record}");
+    assert_eq!(record["error_class"], "pagination", "{record}");
+    let error = record["error"].as_str().unwrap();
+    for says in [
+        "page 4's next page",
+        "page=2",
+        "after page 1",
+        "the pages loop",
+    ] {
+        assert!(error.contains(says), "{error:?} should say {says:?}");
+    }
+    assert_eq!(pages_asked(&h, "p1000-back-d"), vec![0, 1, 2, 0]);
     check_complete(&h, &export, "p1000-a");
     check_complete(&h, &export, "p300-c");
 }

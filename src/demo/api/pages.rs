@@ -17,8 +17,10 @@
 //!   empty when the items fill whole pages.
 //!
 //! Faults, by the ID's name after its count (`p1000-loop-a`): a name starting `loop-` loops:
-//! page 5's next page is page 2 again (its `Link`, its cursor); a name starting `same-` has
-//! the offset route ignore its offset (every page is the first). By the configuration:
+//! page 5's next page is page 2 again (its `Link`, its cursor); a name starting `back-` loops
+//! back to the start: page 3's next page is page 1 (`page=1`, cursor `k0`), the page the
+//! first request, which named none, got; a name starting `same-` has the offset route ignore
+//! its offset (every page is the first). By the configuration:
 //! [`ApiConfig::page_unavailable_once`] answers one page of every ID 503 once, and
 //! [`ApiConfig::page_pending_once`] answers one 200 with `{"status": "pending"}` once.
 //!
@@ -164,7 +166,11 @@ pub(super) async fn handle(shared: &Shared, req: Request<Incoming>) -> Resp {
     };
     // The page's number, from 1, and the page a looping ID's next page is instead.
     let page = start / size + 1;
-    let looped = (name(&id).starts_with("loop-") && page == 5).then_some(2);
+    let looped = match name(&id) {
+        n if n.starts_with("loop-") && page == 5 => Some(2),
+        n if n.starts_with("back-") && page == 3 => Some(1),
+        _ => None,
+    };
     // A call of the ID, like a request to `/items`.
     let id_hash = xxh3_64(id.as_bytes());
     let attempt = shared.calls.record(&id, id_hash, true, Instant::now());
