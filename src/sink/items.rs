@@ -165,3 +165,89 @@ impl<R: ItemRows> FinalVisit for EachItem<'_, R> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row handed on: ID, index, page, item.
+    type SeenRow = (String, Option<u64>, Option<u32>, Option<String>);
+
+    /// The rows handed on.
+    #[derive(Default)]
+    struct Seen(Vec<SeenRow>);
+
+    impl ItemRows for Seen {
+        fn row(&mut self, id: &str, _: &ItemRecord, item: Option<Item<'_>>) -> io::Result<()> {
+            let value = item.map(|i| i.value.get().to_string());
+            self.0.push((
+                id.to_string(),
+                item.map(|i| i.index),
+                item.and_then(|i| i.page),
+                value,
+            ));
+            Ok(())
+        }
+    }
+
+    fn with_body(body: Option<&str>) -> ItemRecord {
+        let mut r = ItemRecord::pending(0, 0);
+        r.status = if body.is_some() {
+            ItemStatus::Ok
+        } else {
+            ItemStatus::Failed
+        };
+        r.body = body.map(|b| RawValue::from_string(b.to_string()).unwrap());
+        r
+    }
+
+    fn row(id: &str, index: Option<u64>, page: Option<u32>, item: Option<&str>) -> Seen {
+        Seen(vec![(id.into(), index, page, item.map(String::from))])
+    }
+
+    #[test]
+    fn a_paginated_ids_items_are_numbered_across_its_pages_and_one_without_any_has_a_row() {
+        let mut seen = Seen::default();
+        let mut each = EachItem::new(&mut seen, true);
+        let r = with_body(None);
+        each.begin("a", &r).unwrap();
+        each.items(0, r#"{"k":0}, {"k":1}"#).unwrap();
+        each.items(2, r#"{"k":2}"#).unwrap();
+        each.end().unwrap();
+        each.begin("empty", &r).unwrap();
+        each.end().unwrap();
+        assert_eq!(
+            seen.0,
+            [
+                ("a".into(), Some(0), Some(0), Some(r#"{"k":0}"#.into())),
+                ("a".into(), Some(1), Some(0), Some(r#"{"k":1}"#.into())),
+                ("a".into(), Some(2), Some(2), Some(r#"{"k":2}"#.into())),
+                ("empty".into(), None, None, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_body_is_one_item_unless_the_job_pages_and_a_failed_id_has_a_row_without_one() {
+        let cases: [(bool, Option<&str>, Seen); 5] = [
+            (false, Some("[1,2]"), row("x", Some(0), None, Some("[1,2]"))),
+            (false, None, row("x", None, None, None)),
+            (true, None, row("x", None, None, None)),
+            (true, Some("[]"), row("x", None, None, None)),
+            (
+                true,
+                Some("[1, {\"a\":2}]"),
+                Seen(vec![
+                    ("x".into(), Some(0), None, Some("1".into())),
+                    ("x".into(), Some(1), None, Some("{\"a\":2}".into())),
+                ]),
+            ),
+        ];
+        for (paged, body, want) in cases {
+            let mut seen = Seen::default();
+            let r = with_body(body);
+            EachItem::new(&mut seen, paged).record("x", &r).unwrap();
+            assert_eq!(seen.0, want.0, "paged {paged}, body {body:?}");
+        }
+    }
+}

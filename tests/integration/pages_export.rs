@@ -1,8 +1,9 @@
 //! `export --per-item`: one row per item of each ID, in JSON lines, CSV and Parquet. Every
 //! item of every paginated ID exactly once, in order, with its index and its page, across IDs
 //! of 40 pages; an ID without items (failed, or paginated with none) still has its one row;
-//! a job that does not page gives one row per ID, its body as the item; an ID of 200,000
-//! items exports in flat memory; flags that do not go together are refused.
+//! a job that does not page gives one row per ID, its body as the item; a job in PostgreSQL
+//! gives the same rows; an ID of 200,000 items exports in flat memory; flags that do not go
+//! together are refused.
 
 use std::path::Path;
 
@@ -44,17 +45,16 @@ struct Row {
 /// its rows, in order.
 #[track_caller]
 fn per_item(h: &Harness, state: &Path, format: &str, extra: &[&str]) -> Vec<Row> {
+    per_item_of(h, &["--state", p(state)], format, extra)
+}
+
+/// [`per_item`] of the job at `place` (`--state URL --job NAME` for PostgreSQL).
+#[track_caller]
+fn per_item_of(h: &Harness, place: &[&str], format: &str, extra: &[&str]) -> Vec<Row> {
     let output = h.path(&format!("per-item.{format}"));
-    let mut args = vec![
-        "export",
-        "--state",
-        p(state),
-        "--per-item",
-        "--format",
-        format,
-        "--output",
-        p(&output),
-    ];
+    let mut args = vec!["export"];
+    args.extend_from_slice(place);
+    args.extend(["--per-item", "--format", format, "--output", p(&output)]);
     args.extend_from_slice(extra);
     let run = h.run(&args);
     run.expect_code(0).expect_no_panic();
@@ -260,6 +260,25 @@ fn every_item_of_every_id_is_a_row_once_in_order_in_each_format_and_no_id_is_lef
         .cloned()
         .collect();
     check_rows(&h, &ok, &ok_ids, "");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_paginated_job_in_postgresql_exports_the_same_rows() {
+    let h = Harness::new(ApiConfig::fast());
+    let ids: Vec<String> = ["p2000-a", "p0-none", "p1000-loop-x", "p75-b"]
+        .map(String::from)
+        .to_vec();
+    let input = h.ids_file("ids.txt", &ids);
+    let url = format!("{}?limit={SIZE}", h.api.pages_cursor_url_template());
+    let fleet = crate::fleet::Fleet::new(&h, "per-item");
+    let flags = [&["--url", url.as_str()][..], &CURSOR[..]].concat();
+    finish(fleet.create(&input, &flags)).expect_code(3);
+    let place = ["--state", fleet.url(), "--job", fleet.job()];
+    for format in FORMATS {
+        let rows = per_item_of(&h, &place, format, &[]);
+        check_rows(&h, &rows, &ids, "the pages loop");
+    }
 }
 
 #[test]
