@@ -490,13 +490,6 @@ impl Table {
         }
         bytes
     }
-
-    fn write_group<W: Write + Send>(
-        &mut self,
-        writer: &mut SerializedFileWriter<W>,
-    ) -> parquet::errors::Result<()> {
-        write_group(&mut self.columns, writer)
-    }
 }
 
 /// Write `columns`' buffered values as the file's next row group, and empty them.
@@ -633,14 +626,14 @@ async fn export_in_groups<W: Write + Send>(
         group_rows += 1;
         rows += 1;
         if group_rows >= max_rows || group_bytes >= max_bytes {
-            table.write_group(&mut writer).map_err(parquet_io)?;
+            write_group(&mut table.columns, &mut writer).map_err(parquet_io)?;
             (group_rows, group_bytes) = (0, 0);
         }
         Ok(())
     })
     .await?;
     if group_rows > 0 {
-        table.write_group(&mut writer).map_err(parquet_io)?;
+        write_group(&mut table.columns, &mut writer).map_err(parquet_io)?;
     }
     writer.close().map_err(parquet_io)?;
     Ok(rows)
