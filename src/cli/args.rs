@@ -481,6 +481,10 @@ pub(crate) struct ExportArgs {
     /// Input columns (kept by the job) to carry beside each result, named as in the input.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub(crate) columns: Vec<String>,
+    /// One row per item of each ID (a paginated ID's items, with their index and page) in
+    /// place of one record per ID; an ID without items still has one row.
+    #[arg(long)]
+    pub(crate) per_item: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

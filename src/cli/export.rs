@@ -1,5 +1,5 @@
-//! `highwater export`: one record per unique ID, in input order, as JSON lines, CSV or
-//! Parquet, to standard output or a file.
+//! `highwater export`: one record per unique ID (or, with `--per-item`, one row per item of
+//! each ID), in input order, as JSON lines, CSV or Parquet, to standard output or a file.
 
 use std::io;
 
@@ -17,6 +17,13 @@ pub(crate) async fn export(args: ExportArgs) -> Result<u8> {
     let parquet = args.format == ExportFormat::Parquet;
     if args.flatten && !parquet {
         say!("error: --flatten goes with --format parquet");
+        return Ok(exit::USAGE);
+    }
+    if args.flatten && args.per_item {
+        say!(
+            "error: --flatten does not go with --per-item (a per-item export keeps each item \
+             as JSON in its item column)"
+        );
         return Ok(exit::USAGE);
     }
     if args.compression.is_some() && !parquet {
@@ -48,10 +55,10 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
         StatusArg::Ok => ItemStatus::Ok,
         StatusArg::Failed => ItemStatus::Failed,
     });
-    let taken: &[&str] = if parquet {
-        &sink::parquet::FIXED
-    } else {
-        &sink::COLUMNS
+    let taken: &[&str] = match (args.per_item, parquet) {
+        (true, _) => &sink::ITEM_COLUMNS,
+        (false, true) => &sink::parquet::FIXED,
+        (false, false) => &sink::COLUMNS,
     };
     let columns = match InputColumns::of(store, &args.columns, taken).await {
         Ok(columns) => columns,
@@ -61,31 +68,49 @@ async fn export_of<S: Store>(store: &S, args: &ExportArgs) -> Result<u8> {
         }
         Err(e) => return Err(e).context("reading the job"),
     };
+    let compression = match args.compression.unwrap_or(CompressionArg::Snappy) {
+        CompressionArg::Snappy => sink::parquet::ParquetCompression::Snappy,
+        CompressionArg::Zstd => sink::parquet::ParquetCompression::Zstd,
+        CompressionArg::None => sink::parquet::ParquetCompression::None,
+    };
+    let per_item = args.per_item;
     match &args.output {
         Some(path) => {
-            let n = if parquet {
-                let options = sink::parquet::ParquetOptions {
-                    flatten: args.flatten,
-                    compression: match args.compression.unwrap_or(CompressionArg::Snappy) {
-                        CompressionArg::Snappy => sink::parquet::ParquetCompression::Snappy,
-                        CompressionArg::Zstd => sink::parquet::ParquetCompression::Zstd,
-                        CompressionArg::None => sink::parquet::ParquetCompression::None,
-                    },
-                };
-                sink::parquet::export_to_file(store, only, options, &columns, path).await
-            } else {
-                sink::export_to_file(store, args.format, only, &columns, path).await
+            let n = match (per_item, parquet) {
+                (true, true) => {
+                    sink::parquet::export_items_to_file(store, only, compression, &columns, path)
+                        .await
+                }
+                (true, false) => {
+                    sink::export_items_to_file(store, args.format, only, &columns, path).await
+                }
+                (false, true) => {
+                    let options = sink::parquet::ParquetOptions {
+                        flatten: args.flatten,
+                        compression,
+                    };
+                    sink::parquet::export_to_file(store, only, options, &columns, path).await
+                }
+                (false, false) => {
+                    sink::export_to_file(store, args.format, only, &columns, path).await
+                }
             }
             .with_context(|| format!("exporting to {}", path.display()))?;
             say!(
-                "wrote {n} records to {}{}",
+                "wrote {n} {} to {}{}",
+                if per_item { "rows" } else { "records" },
                 path.display(),
                 crate::os::peak_memory_note()
             );
         }
         None => {
             let mut out = io::BufWriter::with_capacity(1 << 20, io::stdout().lock());
-            match sink::export(store, args.format, only, &columns, &mut out).await {
+            let written = if per_item {
+                sink::export_items(store, args.format, only, &columns, &mut out).await
+            } else {
+                sink::export(store, args.format, only, &columns, &mut out).await
+            };
+            match written {
                 Ok(_) => {}
                 Err(crate::store::ExportError::Write(e))
                     if e.kind() == io::ErrorKind::BrokenPipe => {}

@@ -202,7 +202,7 @@ impl FinalVisit for JsonLines<'_> {
         Ok(())
     }
 
-    fn items(&mut self, inner: &str) -> Result<(), ExportError> {
+    fn items(&mut self, _page: u32, inner: &str) -> Result<(), ExportError> {
         let (_, any) = self.open.as_mut().expect("items come after begin");
         if *any {
             self.out.write_all(b",")?;
@@ -319,7 +319,7 @@ impl<W: Write + ?Sized> FinalVisit for CsvRows<'_, '_, W> {
         Ok(())
     }
 
-    fn items(&mut self, inner: &str) -> Result<(), ExportError> {
+    fn items(&mut self, _page: u32, inner: &str) -> Result<(), ExportError> {
         let (_, body) = self.open.as_mut().expect("items come after begin");
         Ok(body.push(&mut *self.out.borrow_mut(), inner)?)
     }

@@ -1,4 +1,5 @@
-//! Sink: writing a job's results out, one record per unique ID, in input order.
+//! Sink: writing a job's results out, one record per unique ID, in input order, or one row
+//! per item of each ID (a paginated ID's items, `items`).
 //!
 //! Owns the export formats (JSONL and CSV; Parquet in [`parquet`]) and their fields, and
 //! writing them either to standard output or to a file replaced atomically (a temp file in
@@ -12,6 +13,8 @@ mod export;
 #[cfg(test)]
 mod export_tests;
 mod failures;
+mod item_export;
+mod items;
 pub mod parquet;
 mod records;
 mod summary;
@@ -19,4 +22,6 @@ mod summary;
 pub use columns::InputColumns;
 pub use export::{export, export_to_file, ExportFormat, COLUMNS};
 pub use failures::{failures, FailureFilter, FailuresFormat};
+pub use item_export::{export_items, export_items_to_file};
+pub use items::ITEM_COLUMNS;
 pub use summary::FailureSummary;

@@ -30,6 +30,9 @@
 //! the field has null. A field named like a fixed column gets a `body_` prefix. Results that
 //! are not objects keep a `body` column (null for the flattened ones), so nothing is lost.
 //!
+//! A per-item export (one row per item of each ID, [`export_items`]) has columns of its own,
+//! in `per_item`.
+//!
 //! Written through `sink::replace_atomically`: a temp file, synced, then renamed.
 
 use std::borrow::Cow;
@@ -49,6 +52,10 @@ use super::atomic::replace_atomically;
 use super::columns::InputColumns;
 use super::records::for_each;
 use crate::store::{ExportError, ItemRecord, ItemStatus, Store};
+
+mod per_item;
+
+pub use per_item::{export_items, export_items_to_file};
 
 /// Rows per row group at most.
 pub(crate) const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -483,29 +490,47 @@ impl Table {
         }
         bytes
     }
+}
 
-    fn write_group<W: Write + Send>(
-        &mut self,
-        writer: &mut SerializedFileWriter<W>,
-    ) -> parquet::errors::Result<()> {
-        let mut group = writer.next_row_group()?;
-        let mut columns = self.columns.iter_mut();
-        while let Some(mut out) = group.next_column()? {
-            let c = columns.next().expect("one buffer per column");
-            let defs = c.defs.as_deref();
-            match &c.values {
-                Values::Str(v) => out.typed::<ByteArrayType>().write_batch(v, defs, None)?,
-                Values::Int32(v) => out.typed::<Int32Type>().write_batch(v, defs, None)?,
-                Values::Int64(v) => out.typed::<Int64Type>().write_batch(v, defs, None)?,
-                Values::Double(v) => out.typed::<DoubleType>().write_batch(v, defs, None)?,
-                Values::Bool(v) => out.typed::<BoolType>().write_batch(v, defs, None)?,
-            };
-            out.close()?;
-            c.clear();
-        }
-        group.close()?;
-        Ok(())
+/// Write `columns`' buffered values as the file's next row group, and empty them.
+fn write_group<W: Write + Send>(
+    columns: &mut [Column],
+    writer: &mut SerializedFileWriter<W>,
+) -> parquet::errors::Result<()> {
+    let mut group = writer.next_row_group()?;
+    let mut columns = columns.iter_mut();
+    while let Some(mut out) = group.next_column()? {
+        let c = columns.next().expect("one buffer per column");
+        let defs = c.defs.as_deref();
+        match &c.values {
+            Values::Str(v) => out.typed::<ByteArrayType>().write_batch(v, defs, None)?,
+            Values::Int32(v) => out.typed::<Int32Type>().write_batch(v, defs, None)?,
+            Values::Int64(v) => out.typed::<Int64Type>().write_batch(v, defs, None)?,
+            Values::Double(v) => out.typed::<DoubleType>().write_batch(v, defs, None)?,
+            Values::Bool(v) => out.typed::<BoolType>().write_batch(v, defs, None)?,
+        };
+        out.close()?;
+        c.clear();
     }
+    group.close()?;
+    Ok(())
+}
+
+/// A file of the columns `fields` written to `out`, its pages compressed with `compression`.
+fn file_writer<W: Write + Send>(
+    out: W,
+    fields: Vec<Type>,
+    compression: ParquetCompression,
+) -> Result<SerializedFileWriter<W>, ExportError> {
+    let schema = Type::group_type_builder("highwater_results")
+        .with_fields(fields.into_iter().map(Arc::new).collect())
+        .build()
+        .map_err(parquet_io)?;
+    let props = WriterProperties::builder()
+        .set_compression(compression.codec())
+        .set_created_by(concat!("highwater ", env!("CARGO_PKG_VERSION")).into())
+        .build();
+    Ok(SerializedFileWriter::new(out, Arc::new(schema), Arc::new(props)).map_err(parquet_io)?)
 }
 
 fn parquet_io(e: parquet::errors::ParquetError) -> io::Error {
@@ -593,31 +618,22 @@ async fn export_in_groups<W: Write + Send>(
     }
     let usage = !crate::store::JobView::stats(store).await?.usage.is_zero();
     let mut table = Table::new(flat, columns.clone(), usage);
-    let fields = table.schema.drain(..).map(Arc::new).collect();
-    let schema = Type::group_type_builder("highwater_results")
-        .with_fields(fields)
-        .build()
-        .map_err(parquet_io)?;
-    let props = WriterProperties::builder()
-        .set_compression(options.compression.codec())
-        .set_created_by(concat!("highwater ", env!("CARGO_PKG_VERSION")).into())
-        .build();
-    let mut writer =
-        SerializedFileWriter::new(out, Arc::new(schema), Arc::new(props)).map_err(parquet_io)?;
+    let fields = table.schema.drain(..).collect();
+    let mut writer = file_writer(out, fields, options.compression)?;
     let (mut rows, mut group_rows, mut group_bytes) = (0u64, 0usize, 0usize);
     walk(store, only, &mut |id, r| {
         group_bytes += table.push(id, r);
         group_rows += 1;
         rows += 1;
         if group_rows >= max_rows || group_bytes >= max_bytes {
-            table.write_group(&mut writer).map_err(parquet_io)?;
+            write_group(&mut table.columns, &mut writer).map_err(parquet_io)?;
             (group_rows, group_bytes) = (0, 0);
         }
         Ok(())
     })
     .await?;
     if group_rows > 0 {
-        table.write_group(&mut writer).map_err(parquet_io)?;
+        write_group(&mut table.columns, &mut writer).map_err(parquet_io)?;
     }
     writer.close().map_err(parquet_io)?;
     Ok(rows)

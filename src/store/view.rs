@@ -36,15 +36,17 @@ pub(crate) type Visit<'a> = &'a mut dyn FnMut(&str, &ItemRecord) -> std::io::Res
 /// A record whose result is in it (a body, or none) comes whole, to [`FinalVisit::record`].
 /// A paginated ID's record, whose result is its pages ([`ItemRecord::pages`]), comes in
 /// parts: [`FinalVisit::begin`] with the record (no body in it), [`FinalVisit::items`] with
-/// each page's items that holds any, then [`FinalVisit::end`]. Its result is `[`, the items
-/// comma-joined, `]`: the body [`JobView::with_pages`] would join, never held whole.
+/// each page's items that holds any (and the page's number), then [`FinalVisit::end`]. Its
+/// result is `[`, the items comma-joined, `]`: the body [`JobView::with_pages`] would join,
+/// never held whole.
 pub trait FinalVisit {
     /// A record whose result is in it.
     fn record(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError>;
     /// The start of a paginated ID's record: `record` has no body, its items come next.
     fn begin(&mut self, id: &str, record: &ItemRecord) -> Result<(), ExportError>;
-    /// A page's items: the inside of its JSON array (one item or more, comma-separated).
-    fn items(&mut self, inner: &str) -> Result<(), ExportError>;
+    /// The items of page `page` (from 0): the inside of its JSON array (one item or more,
+    /// comma-separated).
+    fn items(&mut self, page: u32, inner: &str) -> Result<(), ExportError>;
     /// The end of the record [`FinalVisit::begin`] started.
     fn end(&mut self) -> Result<(), ExportError>;
 }
@@ -101,7 +103,7 @@ impl FinalVisit for Joining<'_> {
         Ok(())
     }
 
-    fn items(&mut self, inner: &str) -> Result<(), ExportError> {
+    fn items(&mut self, _page: u32, inner: &str) -> Result<(), ExportError> {
         let (id, record, joined) = self.open.as_mut().expect("items come after begin");
         Ok(joined.push(id, record.pages.unwrap_or(0), inner)?)
     }
@@ -114,8 +116,8 @@ impl FinalVisit for Joining<'_> {
 }
 
 /// Each page's items of `record` (of `id`), a paginated ID's record whose result is its
-/// `pages` pages, in order: `f` gets the inside of each page's JSON array that holds any
-/// item. One range of pages ([`PAGES_AT_ONCE`]) is read at a time, so an ID's items are never
+/// `pages` pages, in order: `f` gets each page's number and the inside of its JSON array,
+/// for each page that holds any item. One range of pages ([`PAGES_AT_ONCE`]) is read at a time, so an ID's items are never
 /// held whole; a page missing or out of place is [`StoreError::Corrupt`].
 async fn each_page_items<S, E, F>(
     store: &S,
@@ -127,7 +129,7 @@ async fn each_page_items<S, E, F>(
 where
     S: Store + ?Sized,
     E: From<StoreError>,
-    F: FnMut(&str) -> Result<(), E>,
+    F: FnMut(u32, &str) -> Result<(), E>,
 {
     let generation = record.rerun.unwrap_or(0);
     let mut from = 0;
@@ -149,7 +151,7 @@ where
                 .and_then(|t| t.strip_suffix(']'))
                 .map_or("", str::trim);
             if !inner.is_empty() {
-                f(inner)?;
+                f(want, inner)?;
             }
         }
         if read.len() != count as usize {
@@ -277,8 +279,10 @@ pub trait JobView: Store {
                             continue;
                         };
                         visit.begin(&id, &record)?;
-                        each_page_items(self, &id, &record, pages, |inner| visit.items(inner))
-                            .await?;
+                        each_page_items(self, &id, &record, pages, |page, inner| {
+                            visit.items(page, inner)
+                        })
+                        .await?;
                         visit.end()?;
                     }
                 }
@@ -302,7 +306,7 @@ pub trait JobView: Store {
                 return Ok(record);
             };
             let mut joined = Joined::new();
-            each_page_items(self, id, &record, pages, |inner| {
+            each_page_items(self, id, &record, pages, |_, inner| {
                 joined.push(id, pages, inner)
             })
             .await?;

@@ -37,6 +37,7 @@ mod limit_req;
 mod money;
 mod old_formats;
 mod pages;
+mod pages_export;
 mod pages_face;
 mod parquet;
 #[cfg(feature = "postgres")]
