@@ -105,6 +105,9 @@ modes:
                       full_page_writes off: not durable; shows what the disk costs)
     --statements      load pg_stat_statements and print each `one` run's top statements
                       (time, calls, rows, buffers, WAL) to standard error
+    --pg-log FILE     log every statement with its server time (ms) and backend pid, and
+                      copy the cluster's log to FILE at the end: with `near`, the round
+                      trips that wait on each other show as gaps of twice the delay
     --bin PATH        the highwater binary [default: the one cargo built]
     --before PATH     another highwater binary (a baseline build): a PostgreSQL run of it
                       in every round of the `one` part too, the two in alternating order
@@ -276,6 +279,8 @@ pub struct Args {
     pub no_fsync: bool,
     /// `pg`: pg_stat_statements per run of the `one` part, on standard error.
     pub statements: bool,
+    /// `pg`: where the cluster's statement log is copied at the end.
+    pub pg_log: Option<std::path::PathBuf>,
     /// `refusals`: the job's `--rate`.
     pub job_rate: Option<f64>,
 }
@@ -321,6 +326,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         pg_delays: vec![Duration::from_micros(2500), Duration::from_millis(10)],
         no_fsync: false,
         statements: false,
+        pg_log: None,
         job_rate: None,
     };
     while let Some(arg) = it.next() {
@@ -494,6 +500,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             }
             "--no-fsync" if mode == Mode::Pg => args.no_fsync = true,
             "--statements" if mode == Mode::Pg => args.statements = true,
+            "--pg-log" if mode == Mode::Pg => args.pg_log = Some(value(name)?.into()),
             "--keep" => args.keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
         }

@@ -72,6 +72,11 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     }
     // For `pg_stat_wal`'s sync time (the `one` part's WAL columns).
     cluster.psql("postgres", "ALTER SYSTEM SET track_wal_io_timing = on");
+    if args.pg_log.is_some() {
+        cluster.psql("postgres", "ALTER SYSTEM SET log_statement = 'all'");
+        cluster.psql("postgres", "ALTER SYSTEM SET log_connections = on");
+        cluster.psql("postgres", "ALTER SYSTEM SET log_line_prefix = '%m [%p] '");
+    }
     cluster.psql("postgres", "SELECT pg_reload_conf()");
     if args.statements {
         cluster.psql(
@@ -156,6 +161,10 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     )?;
     out.push_str(&body);
     print!("{out}");
+    if let Some(to) = &args.pg_log {
+        std::fs::copy(bench.cluster.log(), to)
+            .with_context(|| format!("copying the cluster's log to {}", to.display()))?;
+    }
     drop(bench);
     finish_temp(guard, &tmp);
     if !failed.is_empty() {

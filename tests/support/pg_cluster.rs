@@ -145,7 +145,7 @@ impl PgCluster {
         self.dir.join("data")
     }
 
-    fn log(&self) -> PathBuf {
+    pub fn log(&self) -> PathBuf {
         self.dir.join("server.log")
     }
 
