@@ -99,7 +99,7 @@ pub(super) async fn run(dir: Option<PathBuf>, ids: u64) -> Result<u8> {
     );
     let code = super::running::run_job(
         store,
-        spec,
+        (spec, None),
         handler,
         &options,
         Some(&state),

@@ -159,7 +159,7 @@ async fn run_opened<S: Store + Leases>(
     let resume = format!("highwater run {}", named.state);
     run_job(
         store,
-        spec,
+        (spec, Some(done)),
         handler,
         &args.options(),
         named.live,

@@ -11,14 +11,15 @@ use super::exit;
 use crate::job::{Job, JobHandler, JobSpec, Opened, RunOptions};
 use crate::monitor::EventFormat;
 use crate::say;
-use crate::store::{Leases, Store};
+use crate::store::{Leases, Store, StoreStats};
 
 /// Run a job the command line opened through the library's [`Job`], print the summary, and
 /// return the exit code. `live`: the state directory `live.json` goes to (none for a job of
-/// a database); `resume` is the command that resumes it, suggested if it stops unfinished.
+/// a database); `resume` is the command that resumes it, suggested if it stops unfinished;
+/// `stats`, the job's statistics if the caller just read them.
 pub(crate) async fn run_job<S: Store + Leases>(
     store: Arc<S>,
-    spec: JobSpec,
+    (spec, stats): (JobSpec, Option<StoreStats>),
     handler: JobHandler,
     options: &RunOptions,
     live: Option<&Path>,
@@ -33,9 +34,11 @@ pub(crate) async fn run_job<S: Store + Leases>(
         concurrency = options.concurrency,
         "running"
     );
-    let summary = cli_job(store, spec, handler, options, live, serving)
-        .run()
-        .await?;
+    let mut job = cli_job(store, spec, handler, options, live, serving);
+    if let Some(stats) = stats {
+        job = job.stats_read(stats);
+    }
+    let summary = job.run().await?;
     say!("{}{}", summary.render(), crate::os::peak_memory_note());
     if let Some(halted) = &summary.halted {
         if !summary.job.finished() {

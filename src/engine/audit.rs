@@ -354,7 +354,7 @@ impl<S: Fleet> Fleet for Audit<S> {
     async fn drain(&self) -> Result<(), StoreError> {
         self.inner.drain().await
     }
-    async fn take_planner(&self) -> Result<bool, StoreError> {
+    async fn take_planner(&self) -> Result<Option<PlannerState>, StoreError> {
         self.inner.take_planner().await
     }
     async fn log_finished(&self, log: Log) -> Result<bool, StoreError> {

@@ -107,6 +107,7 @@ mod worker;
 mod writer;
 
 pub use error::EngineError;
+use kept_limits::Keeper;
 use source::{job::JobLog, leased::Leased, rerun::RerunLog};
 pub use stop::StopHandle;
 pub(crate) use stop::{stop_pair, Stop};
@@ -150,6 +151,7 @@ pub(crate) async fn run_log<S: Store + Leases, H: Handler>(
         counters,
         stop,
         started: Instant::now(),
+        limits_restored: false,
     };
     S::Fleet::visit(store, ChooseSource { run, log }).await
 }
@@ -188,10 +190,20 @@ impl<'a, S: Store + Leases, H: Handler> FleetVisitor<S> for ChooseSource<'a, H> 
     where
         S: Fleet,
     {
-        let ChooseSource { run, log } = self;
+        let ChooseSource { mut run, log } = self;
         Box::pin(async move {
-            let source = Leased::open(store.clone(), run.spec.clone(), run.opts, log).await?;
-            run_source(store, source, run).await
+            // Each a round trip to a store across a network: taken together.
+            let restore = async {
+                if let Some(limits) = run.handler.announced_limits() {
+                    Keeper::new(store.clone(), limits).restore().await;
+                }
+            };
+            let (source, ()) = tokio::join!(
+                Leased::open(store.clone(), run.spec.clone(), run.opts, log),
+                restore
+            );
+            run.limits_restored = true;
+            run_source(store, source?, run).await
         })
     }
 }

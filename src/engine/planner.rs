@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::plan::{PlanError, Planner};
 use crate::progress::Counters;
 use crate::spec::JobSpec;
-use crate::store::{Fleet, PlannedBucket, Store, StoreError};
+use crate::store::{Fleet, PlannedBucket, PlannerState, Store, StoreError};
 
 /// Rows the planner reads per store write: several small buckets share one durable write.
 const PLAN_BATCH_ROWS: u64 = 1000;
@@ -99,7 +99,9 @@ pub(super) const PLANNER_POLL: Duration = Duration::from_secs(1);
 /// taken over once the worker that held it is gone (see the module doc); until the input is
 /// planned to its end or a stop. Without the input here, plan nothing. `planned` is
 /// notified as each batch is in the store, so this worker leases it without waiting for its
-/// next poll.
+/// next poll. `known`: where planning stood as the run began, if it was just read (the first
+/// look is then not asked of the store again).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn plan_fleet<S: Fleet>(
     store: Arc<S>,
     spec: Arc<JobSpec>,
@@ -108,10 +110,14 @@ pub(super) async fn plan_fleet<S: Fleet>(
     stop: Stop,
     counters: Arc<Counters>,
     planned: Arc<tokio::sync::Notify>,
+    mut known: Option<PlannerState>,
 ) -> Result<(), PlanError> {
     let mut waiting = false;
     while !stop.is_stopping() {
-        let position = store.planner().await?;
+        let position = match known.take() {
+            Some(position) => position,
+            None => store.planner().await?,
+        };
         if position.exhausted {
             return Ok(());
         }
@@ -122,9 +128,8 @@ pub(super) async fn plan_fleet<S: Fleet>(
                 return Ok(());
             }
         };
-        if store.take_planner().await? {
-            // From where the last planner left off: read again under the lease.
-            let position = store.planner().await?;
+        if let Some(position) = store.take_planner().await? {
+            // From where the last planner left off, as read with the lease.
             if position.exhausted {
                 return Ok(());
             }

@@ -33,6 +33,8 @@ pub(super) struct Run<'a, H> {
     pub(super) stop: Stop,
     /// When the run began (its source was opened since).
     pub(super) started: Instant,
+    /// The API limits the job keeps were restored already, while the source opened.
+    pub(super) limits_restored: bool,
 }
 
 /// Run the buckets `source` hands over until it has no more and every result is written,
@@ -54,6 +56,7 @@ where
         counters,
         stop,
         started,
+        limits_restored,
     } = run;
     // The run's own stop: asked for from outside, or by the run itself (a halt).
     let (own_stop, stop_inner) = stop_pair();
@@ -88,7 +91,9 @@ where
     let keeper = match handler.announced_limits() {
         Some(limits) => {
             let mut keeper = Keeper::new(store.clone(), limits);
-            keeper.restore().await;
+            if !limits_restored {
+                keeper.restore().await;
+            }
             Some(keeper.spawn())
         }
         None => None,
@@ -100,6 +105,7 @@ where
     // full: the writer, gathering a group, is not woken by each result sent, only by this or
     // its group's deadline.
     let writer_full = Arc::new(Notify::new());
+    let committed = Arc::new(Notify::new());
     let durability = opts.durability;
     let writer = Writer {
         store: store.clone(),
@@ -113,6 +119,7 @@ where
         full: writer_full.clone(),
         pages: Vec::new(),
         clock: opts.clock.clone(),
+        committed: committed.clone(),
     };
     let writer = tokio::spawn({
         let halt = halt.clone();
@@ -163,6 +170,7 @@ where
         queue,
         workers: pool,
         writer: writer_tx,
+        committed,
     };
     let fed = source.feed(&mut dispatcher, &counters).await;
     let finished = dispatcher.finish(opts.shutdown_timeout).await;

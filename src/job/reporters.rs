@@ -12,7 +12,7 @@ use crate::handler::Handler;
 use crate::monitor::{Monitor, MonitorConfig, RunView};
 use crate::progress::{Counters, RunSummary};
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{worker_label, JobView, Leases, Log, Store};
+use crate::store::{worker_label, JobView, Leases, Log, Store, StoreStats};
 
 /// What a second stop signal does (the first one stops the run gracefully): typically say
 /// so and exit the process at once.
@@ -31,6 +31,8 @@ pub(crate) struct Reporters {
     pub(crate) metrics: Option<tokio::net::TcpListener>,
     /// Where the program serves the job's dashboard, said in `live.json`.
     pub(crate) dashboard: Option<String>,
+    /// The job's statistics as read just before the run (none: the run reads them).
+    pub(crate) stats: Option<StoreStats>,
 }
 
 /// Run `log` of the job in `store` with `reporters`, until it ends or `stop` is asked for
@@ -52,7 +54,10 @@ pub(crate) async fn run_reported<S: Store + Leases, H: Handler>(
     let view = Arc::new(
         RunView::new(
             counters.clone(),
-            store.stats().await?,
+            match reporters.stats {
+                Some(stats) => stats,
+                None => store.stats().await?,
+            },
             spec.job_id.to_string(),
             options.clock.clone(),
         )

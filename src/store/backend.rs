@@ -466,9 +466,11 @@ pub trait Fleet: Store + Leases {
     /// themselves are released by the run as it ends.
     fn drain(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Take the planner's lease (or keep it) before planning the job's input: false while
-    /// another live worker plans, or once the input is planned to its end.
-    fn take_planner(&self) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Take the planner's lease (or keep it) before planning the job's input, and say where
+    /// planning stands under it (as [`Store::planner`] would, read with the lease): none
+    /// while another live worker plans, or once the input is planned to its end.
+    fn take_planner(&self)
+        -> impl Future<Output = Result<Option<PlannerState>, StoreError>> + Send;
 
     /// Whether `log` is planned to its end with every bucket committed (idle workers ask
     /// this at every poll: a cheap question).

@@ -46,7 +46,7 @@ use crate::engine::writer::Track;
 use crate::plan::PlanError;
 use crate::progress::Counters;
 use crate::spec::{JobSpec, RunOptions};
-use crate::store::{Fleet, Lease, LeaseScope, LeasedBucket, Log, Tally};
+use crate::store::{Fleet, Lease, LeaseScope, LeasedBucket, Log, PlannerState, Tally};
 use crate::throttle::Throttle;
 
 /// A worker's run in a fleet (see the module doc).
@@ -59,6 +59,8 @@ pub(in crate::engine) struct Leased<S> {
     clock: crate::clock::Clock,
     /// Whether the log is still to be planned (only the job's ever is).
     to_plan: bool,
+    /// Where planning stood at the open (the job's log only): the planner's first look.
+    position: Option<PlannerState>,
     planner: Option<JoinHandle<Result<(), PlanError>>>,
     /// The task that keeps the throttle on this worker's share.
     follower: Option<JoinHandle<()>>,
@@ -80,11 +82,12 @@ impl<S: Fleet> Leased<S> {
                 .set_fleet_rate(rate.per_second(), opts.throttle.burst)
                 .await?;
         }
-        let to_plan = match log {
-            Log::Job => !store.planner().await?.exhausted,
+        let position = match log {
+            Log::Job => Some(store.planner().await?),
             // A rerun plans nothing: its buckets were all written ahead at its creation.
-            Log::Rerun(_) => false,
+            Log::Rerun(_) => None,
         };
+        let to_plan = position.is_some_and(|p| !p.exhausted);
         Ok(Leased {
             store,
             log,
@@ -92,6 +95,7 @@ impl<S: Fleet> Leased<S> {
             skip_bad_lines: opts.skip_bad_lines,
             clock: opts.clock.clone(),
             to_plan,
+            position,
             planner: None,
             follower: None,
             planned: Arc::new(Notify::new()),
@@ -125,6 +129,7 @@ impl<S: Fleet> Source for Leased<S> {
                 stop.clone(),
                 counters.clone(),
                 self.planned.clone(),
+                self.position.take(),
             )));
         }
         let paged = self.spec.work.paginate().is_some();
@@ -162,7 +167,8 @@ pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
 /// is committed or a stop is asked for. With nothing to lease, it polls, and tries again at
-/// once when `planned` says this worker's planner wrote more.
+/// once when `planned` says this worker's planner wrote more, or when this worker's writer
+/// committed (the log's last buckets are often its own: the run ends as they are in).
 async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
@@ -195,6 +201,7 @@ async fn lease_and_dispatch<S: Fleet>(
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
+    let committed = dispatcher.committed.clone();
     let mut ahead = lease_ahead(store, log, paged).await?;
     while !stop.is_stopping() {
         if ahead.is_empty() {
@@ -204,6 +211,7 @@ async fn lease_and_dispatch<S: Fleet>(
             tokio::select! {
                 _ = tokio::time::sleep(idle) => idle = (idle * 2).min(POLL_MAX),
                 _ = planned.notified() => idle = POLL_MIN,
+                _ = committed.notified() => idle = POLL_MIN,
                 _ = stop.stopping() => {}
             }
             if !stop.is_stopping() {

@@ -641,18 +641,18 @@ impl Fleet for MemWorker {
         Ok(())
     }
 
-    async fn take_planner(&self) -> Result<bool, StoreError> {
+    async fn take_planner(&self) -> Result<Option<PlannerState>, StoreError> {
         let mut s = self.shared();
         let me = self.session(&mut s);
         if s.draining(me) || s.records.planner.exhausted || s.others(s.planner.as_ref(), me) {
-            return Ok(false);
+            return Ok(None);
         }
         let mine = s.planner.is_some_and(|(p, _)| p == me);
         if !mine {
             let token = s.token();
             s.planner = Some((me, token));
         }
-        Ok(true)
+        Ok(Some(s.records.planner))
     }
 
     async fn log_finished(&self, log: Log) -> Result<bool, StoreError> {

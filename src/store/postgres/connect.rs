@@ -446,3 +446,12 @@ pub(crate) fn redact_url(url: &str) -> String {
         None => format!("{authority}{tail}"),
     }
 }
+
+/// A connection being opened ahead, for its first user.
+pub(super) type Connecting = tokio::task::JoinHandle<Result<Client, PgError>>;
+
+/// What a connection opened ahead came to (none: its task ended without an answer, and
+/// the first user connects).
+pub(super) async fn opened(connecting: Connecting) -> Option<Result<Client, PgError>> {
+    connecting.await.ok()
+}

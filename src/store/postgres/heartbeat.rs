@@ -6,14 +6,18 @@
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use super::connect::connect;
+use super::connect::{connect, opened, Connecting};
 use super::keys::WorkerId;
 use super::session::{heartbeat, register_here, Grant, Heartbeat};
 use super::state::{Inner, Session};
 
-/// Renew the session every third of its TTL until the store is dropped.
-pub(super) async fn keep_alive(inner: Weak<Inner>) {
-    let mut client = None;
+/// Renew the session every third of its TTL until the store is dropped, on the
+/// connection opened for it ahead (`first`), then on one of its own.
+pub(super) async fn keep_alive(inner: Weak<Inner>, first: Option<Connecting>) {
+    let mut client = match first {
+        Some(connecting) => opened(connecting).await.and_then(Result::ok),
+        None => None,
+    };
     // Results recorded at the last heartbeat, and when: for items/s in `status`.
     let mut last = (0u64, Instant::now());
     loop {

@@ -40,7 +40,7 @@ use super::writes::one_statement;
 use super::{items, planner, rate, reruns, session, stats};
 use crate::store::{
     Commit, CommitRecord, Fleet, FleetRate, ItemRecord, Lease, LeaseScope, LeaseToken,
-    LeasedBucket, Leases, Log, StoreError,
+    LeasedBucket, Leases, Log, PlannerState, StoreError,
 };
 
 impl PgStore {
@@ -514,15 +514,15 @@ impl Fleet for PgStore {
             .map_err(|e| self.inner.err(e))
     }
 
-    async fn take_planner(&self) -> Result<bool, StoreError> {
+    async fn take_planner(&self) -> Result<Option<PlannerState>, StoreError> {
         let me = self.inner.me();
         let conn = self.inner.planner_connection().await;
         let conn = conn.map_err(|e| self.inner.err(e))?;
         let c = conn.as_ref().expect("connected by planner_connection()");
-        let token = planner::acquire_planner(c, self.inner.job, &me)
+        let taken = planner::take_planner_at(c, self.inner.job, &me)
             .await
             .map_err(|e| self.inner.err(e))?;
-        Ok(token.is_some())
+        Ok(taken.map(|(_, position)| position))
     }
 
     async fn log_finished(&self, log: Log) -> Result<bool, StoreError> {

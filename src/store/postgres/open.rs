@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::connect::{connect, ConnectOptions, PgTarget};
+use super::connect::{connect, opened, ConnectOptions, Connecting, PgTarget};
 use super::error::PgError;
 use super::heartbeat::keep_alive;
-use super::job::{create_job, delete_job, find_job, NewJob};
+use super::job::{create_job, delete_job, find_job, open_row, NewJob};
 use super::keys::WorkerId;
 use super::migrate::migrate;
-use super::session::{self, register_here, WorkerRow};
-use super::state::{Inner, Local, PgStore, Session};
+use super::session::{self, WorkerRow};
+use super::state::{Inner, Local, PgStore, Session, WriterConn};
 use super::stats::{self, Planning};
 use crate::store::StoreError;
 
@@ -63,33 +63,50 @@ impl PgStore {
         } else {
             open.connect.clone()
         };
+        // A worker's other connections connect while its own connects and opens the job:
+        // each costs several round trips (TCP, startup, a password exchange), and the
+        // planner's, the quotas' and the heartbeat's are on the way to the first bucket.
+        let early = open.worker.then(|| Early::connect(target, &options));
         let mut client = connect(target, &options).await.map_err(at)?;
         migrate(&mut client).await.map_err(at)?;
-        let (job, created) = match find_job(&client, &open.job).await {
-            Ok(job) => (job, false),
-            Err(PgError::NoSuchJob(_)) if open.create => {
-                let (job, created) = create_job(
-                    &client,
-                    &NewJob {
-                        name: &open.job,
-                        spec: &serde_json::Value::Null,
-                        input_fingerprint: None,
-                        bucket_size: 1,
-                        rate_per_s: None,
-                        burst: None,
-                    },
-                )
-                .await
-                .map_err(at)?;
-                (job, created)
+        let new_job = NewJob {
+            name: &open.job,
+            spec: &serde_json::Value::Null,
+            input_fingerprint: None,
+            bucket_size: 1,
+            rate_per_s: None,
+            burst: None,
+        };
+        let host = session::hostname();
+        let info = session::WorkerInfo::here(&host);
+        let worker = open.worker.then_some((&info, open.ttl));
+        let (job, created, me, spec) = match open_row(&client, &new_job, open.create, worker)
+            .await
+            .map_err(at)?
+        {
+            Some(row) => (row.job, row.created, row.me, Some(row.spec)),
+            // None visible to that statement: there is none, or another worker's creation
+            // committed after it began. Each statement of the long way sees it.
+            None => {
+                let (job, created) = match find_job(&client, &open.job).await {
+                    Ok(job) => (job, false),
+                    Err(PgError::NoSuchJob(_)) if open.create => {
+                        create_job(&client, &new_job).await.map_err(at)?
+                    }
+                    Err(e) => return Err(at(e)),
+                };
+                let me = match worker {
+                    Some((info, ttl)) => Some(
+                        session::register(&client, job, info, ttl)
+                            .await
+                            .map_err(at)?,
+                    ),
+                    None => None,
+                };
+                (job, created, me, None)
             }
-            Err(e) => return Err(at(e)),
         };
-        let me = if open.worker {
-            register_here(&client, job, open.ttl).await.map_err(at)?
-        } else {
-            WorkerId(NO_WORKER.into())
-        };
+        let me = me.unwrap_or_else(|| WorkerId(NO_WORKER.into()));
         let inner = Arc::new(Inner {
             target: target.clone(),
             options,
@@ -98,6 +115,7 @@ impl PgStore {
             ttl: open.ttl,
             created,
             conn: tokio::sync::Mutex::new(Some(client)),
+            opened_spec: Mutex::new(spec),
             planner_conn: tokio::sync::Mutex::new(None),
             quota_conn: tokio::sync::Mutex::new(None),
             writer: tokio::sync::Mutex::new(None),
@@ -113,11 +131,17 @@ impl PgStore {
             }),
             wake: Arc::new(tokio::sync::Notify::new()),
         });
-        let heartbeat = if open.worker {
-            tokio::spawn(warm_up(inner.clone()));
-            tokio::spawn(keep_alive(Arc::downgrade(&inner)))
-        } else {
-            tokio::spawn(async {})
+        let heartbeat = match early {
+            Some(early) => {
+                tokio::spawn(warm_up(
+                    inner.clone(),
+                    early.planner,
+                    early.quota,
+                    early.writer,
+                ));
+                tokio::spawn(keep_alive(Arc::downgrade(&inner), Some(early.heartbeat)))
+            }
+            None => tokio::spawn(async {}),
         };
         Ok(PgStore { inner, heartbeat })
     }
@@ -189,26 +213,61 @@ impl PgStore {
     }
 }
 
-/// Open a worker's other connections (its planner's, its quotas' and its result writer's)
-/// while the job opens, not each at its first statement: with the database some
-/// milliseconds away a connection costs several round trips (TCP, startup, a password
-/// exchange), and the planner's and the quotas' are on the way to the first bucket. Each
-/// is opened under its own lock, as its first user would; one that fails here is tried
-/// again, and its error said, by that user.
-async fn warm_up(inner: Arc<Inner>) {
-    let (planner, quota, writer) = tokio::join!(
-        inner.planner_connection(),
-        inner.quota_connection(),
-        inner.writer_connection()
-    );
-    for (which, failed) in [
-        ("planner", planner.err()),
-        ("quotas", quota.err()),
-        ("writer", writer.err()),
-    ] {
-        if let Some(e) = failed {
-            tracing::debug!("the {which}'s connection, opened ahead: {e}");
+/// A worker's other connections, opened ahead ([`PgStore::open`]).
+struct Early {
+    planner: Connecting,
+    quota: Connecting,
+    writer: Connecting,
+    heartbeat: Connecting,
+}
+
+impl Early {
+    fn connect(target: &PgTarget, options: &ConnectOptions) -> Early {
+        let one = || {
+            let (target, options) = (target.clone(), options.clone());
+            tokio::spawn(async move { connect(&target, &options).await })
+        };
+        Early {
+            planner: one(),
+            quota: one(),
+            writer: one(),
+            heartbeat: one(),
         }
+    }
+}
+
+/// Give a worker's planner, quotas and result writer the connections opened for them
+/// while the job opened ([`Early`]), not each at its first statement: with the database
+/// some milliseconds away a connection costs several round trips, and the planner's and
+/// the quotas' are on the way to the first bucket. Their slots are held until then, so a
+/// first user waits for the connection on its way rather than opening another. One that
+/// failed is opened again, and its error said, by its first user.
+async fn warm_up(inner: Arc<Inner>, planner: Connecting, quota: Connecting, writer: Connecting) {
+    let (mut planner_slot, mut quota_slot, mut writer_slot) = tokio::join!(
+        inner.planner_conn.lock(),
+        inner.quota_conn.lock(),
+        inner.writer.lock()
+    );
+    let (planner, quota, writer) = tokio::join!(opened(planner), opened(quota), opened(writer));
+    for (which, slot, client) in [
+        ("planner", &mut *planner_slot, planner),
+        ("quotas", &mut *quota_slot, quota),
+    ] {
+        match client {
+            Some(Ok(client)) if slot.is_none() => *slot = Some(client),
+            Some(Err(e)) => tracing::debug!("the {which}'s connection, opened ahead: {e}"),
+            _ => {}
+        }
+    }
+    drop((planner_slot, quota_slot));
+    let prepared = match writer {
+        Some(Ok(client)) if writer_slot.is_none() => WriterConn::prepared(client).await,
+        Some(Err(e)) => Err(e),
+        _ => return,
+    };
+    match prepared {
+        Ok(conn) => *writer_slot = Some(conn),
+        Err(e) => tracing::debug!("the writer's connection, opened ahead: {e}"),
     }
 }
 

@@ -23,6 +23,18 @@ pub(crate) async fn acquire_planner(
     job: JobId,
     me: &WorkerId,
 ) -> Result<Option<i64>, PgError> {
+    Ok(take_planner_at(client, job, me)
+        .await?
+        .map(|(token, _)| token))
+}
+
+/// [`acquire_planner`], with where planning stands as the lease was taken: its token and
+/// the position, in one statement (the row the lease is written on is the position's).
+pub(crate) async fn take_planner_at(
+    client: &impl GenericClient,
+    job: JobId,
+    me: &WorkerId,
+) -> Result<Option<(i64, PlannerState)>, PgError> {
     let row = client
         .query_typed_opt(
             "UPDATE hw_job j
@@ -37,12 +49,13 @@ pub(crate) async fn acquire_planner(
                      SELECT 1 FROM hw_worker w
                      WHERE w.job_id = j.job_id AND w.worker_id = j.planner
                        AND w.expires_at > now()))
-             RETURNING planner_token",
+             RETURNING planner_token, next_bucket, cursor_byte, cursor_line, cursor_row,
+                       planner_exhausted",
             &typed![job.0, me.0],
         )
         .await
         .map_err(PgError::sql("taking the planner lease"))?;
-    Ok(row.map(|r| r.get(0)))
+    Ok(row.map(|r| (r.get(0), position(&r, 1))))
 }
 
 /// Give the planner lease up (drain, end of session).
@@ -302,13 +315,19 @@ pub(crate) async fn planner_state(
         )
         .await
         .map_err(PgError::sql("reading the planner's position"))?;
-    Ok(PlannerState {
-        next_bucket: row.get::<_, i64>(0) as u64,
+    Ok(position(&row, 0))
+}
+
+/// The planner's position in `row`, from column `at`: next_bucket, cursor_byte,
+/// cursor_line, cursor_row, planner_exhausted.
+fn position(row: &tokio_postgres::Row, at: usize) -> PlannerState {
+    PlannerState {
+        next_bucket: row.get::<_, i64>(at) as u64,
         cursor: crate::input::Cursor {
-            byte: row.get::<_, i64>(1) as u64,
-            line: row.get::<_, i64>(2) as u64,
-            row: row.get::<_, i64>(3) as u64,
+            byte: row.get::<_, i64>(at + 1) as u64,
+            line: row.get::<_, i64>(at + 2) as u64,
+            row: row.get::<_, i64>(at + 3) as u64,
         },
-        exhausted: row.get(4),
-    })
+        exhausted: row.get(at + 4),
+    }
 }

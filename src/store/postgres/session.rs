@@ -85,21 +85,32 @@ pub(crate) async fn register(
     Ok(WorkerId(row.get(0)))
 }
 
+/// This machine's name, as a session is registered under it.
+pub(super) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+impl<'a> WorkerInfo<'a> {
+    /// This process on `host` ([`hostname`]), at this build's version.
+    pub(super) fn here(host: &'a str) -> WorkerInfo<'a> {
+        WorkerInfo {
+            host,
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
 /// Register a session for this process, named by its host and pid.
 pub(super) async fn register_here(
     client: &impl GenericClient,
     job: JobId,
     ttl: Duration,
 ) -> Result<WorkerId, PgError> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    let info = WorkerInfo {
-        host: &host,
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION"),
-    };
-    register(client, job, &info, ttl).await
+    let host = hostname();
+    register(client, job, &WorkerInfo::here(&host), ttl).await
 }
 
 /// Renew the session for `ttl` (database time), store `stats`, and take this worker's rate

@@ -35,6 +35,11 @@ pub(super) struct Inner {
     /// The dispatcher's connection (leases, bucket reads) and everything else's but the
     /// planner's, the result writer's, the quotas' and the heartbeat's.
     pub(super) conn: tokio::sync::Mutex<Option<Client>>,
+    /// The job's spec as the open read it, in the statement that found the job and
+    /// registered the session: it answers the first `job()` (the job's open reads it next,
+    /// nothing of this process between), which is then a round trip fewer. Taken by that
+    /// read, cleared by any write of the spec; every later read goes to the database.
+    pub(super) opened_spec: Mutex<Option<serde_json::Value>>,
     /// The planner's (connected once it plans): its batches never hold up the leases.
     pub(super) planner_conn: tokio::sync::Mutex<Option<Client>>,
     /// The result writer's (connected at its first write, see `writes.rs`).
@@ -109,6 +114,14 @@ impl Inner {
     pub(super) fn local(&self) -> MutexGuard<'_, Local> {
         // Every change under the lock is complete before it is released.
         self.local.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The spec the open read ([`Inner::opened_spec`]), if no read or write took it yet.
+    pub(super) fn take_opened_spec(&self) -> Option<serde_json::Value> {
+        self.opened_spec
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     pub(super) fn me(&self) -> WorkerId {

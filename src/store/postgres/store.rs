@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 
 use super::error::PgError;
 use super::outage::Outage;
-use super::rows::{commit_record, malformed, spec_json};
+use super::rows::{commit_record, malformed, spec_from_json, spec_json};
 use super::state::{Inner, PgStore};
 use super::{buckets, history, items, job, learned, pages, planner, quota, reruns, stats};
 use crate::quota::{KeptLimit, QuotaGrant, QuotaLedger, QuotaWant};
@@ -58,6 +58,9 @@ macro_rules! with_client {
 
 impl Store for PgStore {
     async fn job(&self) -> Result<Option<StoredJob>, StoreError> {
+        if let Some(spec) = self.inner.take_opened_spec() {
+            return spec_from_json(&spec).map_err(|e| self.inner.err(e));
+        }
         with_client!(self, |c, i| { job::read_spec(&*c, i.job).await })
     }
 
@@ -78,6 +81,7 @@ impl Store for PgStore {
 
     async fn put_job(&self, job: &StoredJob) -> Result<(), StoreError> {
         let spec = spec_json(job);
+        self.inner.take_opened_spec();
         with_client!(self, |c, i| { job::write_spec(&*c, i.job, &spec).await })
     }
 

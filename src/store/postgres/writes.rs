@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::{GenericClient, Statement};
+use tokio_postgres::{Client, GenericClient, Statement};
 
 use super::connect::connect;
 use super::error::PgError;
@@ -26,6 +26,25 @@ use super::results::{
 };
 use super::state::{Inner, Local, WriterConn};
 use crate::store::{ItemRecord, Log};
+
+impl WriterConn {
+    /// `client` with the writer's hot statements prepared on it.
+    pub(super) async fn prepared(client: Client) -> Result<WriterConn, PgError> {
+        let prepare = |sql| client.prepare(sql);
+        let (write, committed, commit) = tokio::try_join!(
+            prepare(WRITE_RESULTS),
+            prepare(COMMITTED_BUCKETS),
+            prepare(COMMIT_BUCKET)
+        )
+        .map_err(PgError::sql("preparing the writer's statements"))?;
+        Ok(WriterConn {
+            client,
+            write,
+            committed,
+            commit,
+        })
+    }
+}
 
 /// Whether `results` are written by one statement: the job's own, no rerun's (whose
 /// buckets are looked up first).
@@ -42,19 +61,7 @@ impl Inner {
         if conn.as_ref().is_none_or(|w| w.client.is_closed()) {
             *conn = None;
             let client = connect(&self.target, &self.options).await?;
-            let prepare = |sql| client.prepare(sql);
-            let (write, committed, commit) = tokio::try_join!(
-                prepare(WRITE_RESULTS),
-                prepare(COMMITTED_BUCKETS),
-                prepare(COMMIT_BUCKET)
-            )
-            .map_err(PgError::sql("preparing the writer's statements"))?;
-            *conn = Some(WriterConn {
-                client,
-                write,
-                committed,
-                commit,
-            });
+            *conn = Some(WriterConn::prepared(client).await?);
         }
         Ok(conn)
     }

@@ -5,6 +5,7 @@
 mod buckets;
 mod connect;
 mod history;
+mod job;
 mod migrate;
 mod planner;
 mod results;
