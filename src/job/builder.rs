@@ -263,6 +263,7 @@ impl<H: Handler, S: Store + Leases> Job<H, Opened<S>> {
     /// The job's statistics as the caller read them just before the run (the command line
     /// reads them to see whether the job is finished): the run starts from them rather than
     /// reading them again, a round trip fewer for a store across a network.
+    #[cfg(feature = "cli")]
     pub(crate) fn stats_read(mut self, stats: StoreStats) -> Self {
         if let Some(opened) = &mut self.store {
             opened.stats = Some(stats);

@@ -434,3 +434,16 @@ pub fn sample(samples: &[(String, f64)], name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name}"))
         .1
 }
+
+/// The peak memory (MiB) a command's closing line reports (`; peak memory N MiB`): the
+/// process's own figure, read from the kernel as it ends (a child reaped with wait4 would
+/// report the test process's peak as well, which it shared until its exec).
+#[track_caller]
+pub fn peak_mib(run: &Run) -> u64 {
+    run.stderr
+        .split("peak memory ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory said: {}", run.stderr))
+}

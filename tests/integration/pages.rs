@@ -712,19 +712,6 @@ fn a_40_page_id_killed_at_page_30_resumes_there_in_postgresql_too() {
     check_resumed_after_its_last_durable_page(&h, &id, before, stored);
 }
 
-/// The peak memory (MiB) a command's closing line reports (`; peak memory N MiB`): the
-/// process's own figure, read from the kernel as it ends (a child reaped with wait4 would
-/// report the test process's peak as well, which it shared until its exec).
-#[track_caller]
-fn peak_mib(run: &Run) -> u64 {
-    run.stderr
-        .split("peak memory ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak memory said: {}", run.stderr))
-}
-
 /// The items of a JSON array read one at a time, each checked to be the API's item `k` of
 /// `id`, for `k` from 0 (so an ID's items are checked without holding them all): how many.
 struct ItemsInOrder<'a> {
