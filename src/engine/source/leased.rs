@@ -167,8 +167,7 @@ pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
 /// is committed or a stop is asked for. With nothing to lease, it polls, and tries again at
-/// once when `planned` says this worker's planner wrote more, or when this worker's writer
-/// committed (the log's last buckets are often its own: the run ends as they are in).
+/// once when `planned` says this worker's planner wrote more.
 async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
@@ -201,7 +200,6 @@ async fn lease_and_dispatch<S: Fleet>(
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
-    let committed = dispatcher.committed.clone();
     let mut ahead = lease_ahead(store, log, paged).await?;
     while !stop.is_stopping() {
         if ahead.is_empty() {
@@ -211,7 +209,6 @@ async fn lease_and_dispatch<S: Fleet>(
             tokio::select! {
                 _ = tokio::time::sleep(idle) => idle = (idle * 2).min(POLL_MAX),
                 _ = planned.notified() => idle = POLL_MIN,
-                _ = committed.notified() => idle = POLL_MIN,
                 _ = stop.stopping() => {}
             }
             if !stop.is_stopping() {
