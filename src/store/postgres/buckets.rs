@@ -9,6 +9,7 @@ use tokio_postgres::{Client, GenericClient, Row};
 
 use super::error::PgError;
 use super::keys::{log_number, JobId, Lease, WorkerId};
+use super::liveness::live_sessions;
 use super::rows::{sql, to_i64, BUCKET_COLUMNS};
 use super::typed::typed;
 use crate::store::Log;
@@ -38,18 +39,15 @@ pub(crate) async fn acquire(
 ) -> Result<Vec<Acquired>, PgError> {
     let rows = client
         .query_typed(
-            "WITH cand AS (
+            concat!(
+                "WITH cand AS (
                  SELECT b.job_id, b.rerun, b.bucket, b.owner AS old_owner
-                 FROM hw_bucket b
-                 WHERE b.job_id = $1 AND b.rerun = $3 AND b.state <> 'committed'
-                   AND (b.state = 'open' OR NOT EXISTS (
-                         SELECT 1 FROM hw_worker w
-                         WHERE w.job_id = b.job_id AND w.worker_id = b.owner
-                           AND w.expires_at > now()))
-                   AND EXISTS (
-                         SELECT 1 FROM hw_worker me
-                         WHERE me.job_id = $1 AND me.worker_id = $2::text::uuid
-                           AND me.expires_at > now() AND NOT me.draining)
+                 FROM hw_bucket b, ",
+                live_sessions!(),
+                "
+                 WHERE live.me_live AND b.job_id = $1 AND b.rerun = $3
+                   AND b.state <> 'committed'
+                   AND (b.state = 'open' OR b.owner <> ALL (live.ids))
                  ORDER BY b.bucket
                  LIMIT $4
                  FOR UPDATE OF b SKIP LOCKED)
@@ -59,8 +57,10 @@ pub(crate) async fn acquire(
                  owner_switches = b.owner_switches + (b.lease_token IS NOT NULL)::integer
              FROM cand
              WHERE b.job_id = cand.job_id AND b.rerun = cand.rerun AND b.bucket = cand.bucket
+               AND b.owner IS NOT DISTINCT FROM cand.old_owner AND b.state <> 'committed'
              RETURNING b.bucket, b.lease_token, b.offset_record, b.items, b.owner_switches,
-                       cand.old_owner IS NOT NULL",
+                       cand.old_owner IS NOT NULL"
+            ),
             &typed![job.0, me.0, log_number(log), i64::from(n)],
         )
         .await
@@ -167,13 +167,16 @@ pub(super) async fn acquire_job(
     // Rows are locked by the update (others' SKIP LOCKED acquires pass them by); then
     // anything still held by someone alive refuses the lease.
     tx.execute_typed(
-        "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid, lease_token = $3,
+        concat!(
+            "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid, lease_token = $3,
              owner_switches = b.owner_switches
                  + (b.lease_token IS NOT NULL AND b.owner IS DISTINCT FROM $2::text::uuid)::integer
-         WHERE b.job_id = $1 AND b.state <> 'committed'
-           AND (b.state = 'open' OR b.owner = $2::text::uuid OR NOT EXISTS (
-                 SELECT 1 FROM hw_worker w WHERE w.job_id = b.job_id AND w.worker_id = b.owner
-                   AND w.expires_at > now()))",
+             FROM ",
+            live_sessions!(),
+            "
+             WHERE b.job_id = $1 AND b.state <> 'committed'
+               AND (b.state = 'open' OR b.owner = $2::text::uuid OR b.owner <> ALL (live.ids))"
+        ),
         &typed![job.0, me.0, token],
     )
     .await
@@ -206,18 +209,21 @@ pub(super) async fn acquire_one(
 ) -> Result<Option<i64>, PgError> {
     let row = c
         .query_typed_opt(
-            "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid,
+            concat!(
+                "UPDATE hw_bucket b SET state = 'leased', owner = $2::text::uuid,
                  lease_token = nextval('hw_lease_token'),
                  owner_switches = b.owner_switches
                    + (b.lease_token IS NOT NULL AND b.owner IS DISTINCT FROM $2::text::uuid)::integer
-             WHERE b.job_id = $1 AND b.rerun = $3 AND b.bucket = $4 AND b.state <> 'committed'
-               AND (b.state = 'open' OR b.owner = $2::text::uuid OR NOT EXISTS (
-                     SELECT 1 FROM hw_worker w WHERE w.job_id = b.job_id
-                       AND w.worker_id = b.owner AND w.expires_at > now()))
-               AND EXISTS (SELECT 1 FROM hw_worker w WHERE w.job_id = $1
-                       AND w.worker_id = $2::text::uuid AND w.expires_at > now()
-                       AND NOT w.draining)
-             RETURNING b.lease_token", &typed![job.0, me.0, log_number(log), to_i64(bucket)?])
+                 FROM ",
+                live_sessions!(),
+                "
+                 WHERE live.me_live AND b.job_id = $1 AND b.rerun = $3 AND b.bucket = $4
+                   AND b.state <> 'committed'
+                   AND (b.state = 'open' OR b.owner = $2::text::uuid OR b.owner <> ALL (live.ids))
+                 RETURNING b.lease_token"
+            ),
+            &typed![job.0, me.0, log_number(log), to_i64(bucket)?],
+        )
         .await
         .map_err(PgError::sql("leasing a bucket"))?;
     Ok(row.map(|r| r.get(0)))

@@ -70,6 +70,7 @@ pub(crate) mod job;
 mod keys;
 mod learned;
 mod leases;
+mod liveness;
 pub(crate) mod migrate;
 mod open;
 pub(crate) mod outage;

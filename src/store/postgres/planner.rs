@@ -12,6 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use super::error::PgError;
 use super::flight::{begin, end, rollback};
 use super::keys::{JobId, WorkerId};
+use super::liveness::live_sessions;
 use super::rows::to_i64;
 use super::typed::typed;
 use crate::store::{BadLine, PlannerState};
@@ -37,20 +38,20 @@ pub(crate) async fn take_planner_at(
 ) -> Result<Option<(i64, PlannerState)>, PgError> {
     let row = client
         .query_typed_opt(
-            "UPDATE hw_job j
-             SET planner = $2::text::uuid,
-                 planner_token = CASE WHEN j.planner = $2::text::uuid THEN j.planner_token
-                                      ELSE nextval('hw_lease_token') END
-             WHERE j.job_id = $1 AND NOT j.planner_exhausted
-               AND EXISTS (SELECT 1 FROM hw_worker me
-                           WHERE me.job_id = $1 AND me.worker_id = $2::text::uuid
-                             AND me.expires_at > now() AND NOT me.draining)
-               AND (j.planner IS NULL OR j.planner = $2::text::uuid OR NOT EXISTS (
-                     SELECT 1 FROM hw_worker w
-                     WHERE w.job_id = j.job_id AND w.worker_id = j.planner
-                       AND w.expires_at > now()))
-             RETURNING planner_token, next_bucket, cursor_byte, cursor_line, cursor_row,
-                       planner_exhausted",
+            concat!(
+                "UPDATE hw_job j
+                 SET planner = $2::text::uuid,
+                     planner_token = CASE WHEN j.planner = $2::text::uuid THEN j.planner_token
+                                          ELSE nextval('hw_lease_token') END
+                 FROM ",
+                live_sessions!(),
+                "
+                 WHERE j.job_id = $1 AND NOT j.planner_exhausted AND live.me_live
+                   AND (j.planner IS NULL OR j.planner = $2::text::uuid
+                        OR j.planner <> ALL (live.ids))
+                 RETURNING planner_token, next_bucket, cursor_byte, cursor_line, cursor_row,
+                           planner_exhausted"
+            ),
             &typed![job.0, me.0],
         )
         .await
@@ -84,11 +85,15 @@ pub(super) async fn move_planner(
 ) -> Result<(), PgError> {
     let n = c
         .execute_typed(
-            "UPDATE hw_job j SET next_bucket = $3, cursor_byte = $4, cursor_line = $5,
-                 cursor_row = $6, planner_exhausted = $7
-             WHERE j.job_id = $1 AND (j.planner IS NULL OR j.planner = $2::text::uuid
-                 OR NOT EXISTS (SELECT 1 FROM hw_worker w WHERE w.job_id = j.job_id
-                                AND w.worker_id = j.planner AND w.expires_at > now()))",
+            concat!(
+                "UPDATE hw_job j SET next_bucket = $3, cursor_byte = $4, cursor_line = $5,
+                     cursor_row = $6, planner_exhausted = $7
+                 FROM ",
+                live_sessions!(),
+                "
+                 WHERE j.job_id = $1 AND (j.planner IS NULL OR j.planner = $2::text::uuid
+                     OR j.planner <> ALL (live.ids))"
+            ),
             &typed![
                 job.0,
                 me.0,
