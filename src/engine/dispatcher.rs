@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 use super::error::EngineError;
@@ -26,6 +26,9 @@ pub(super) struct Dispatcher {
     /// `concurrency` workers, each calling the API for one item at a time.
     pub(super) workers: JoinSet<()>,
     pub(super) writer: mpsc::Sender<WriterMsg>,
+    /// Rung by the writer after each commit: a source waiting for the log to finish looks
+    /// again at once, not at its next poll (the last buckets are often this worker's own).
+    pub(super) committed: Arc<Notify>,
 }
 
 impl Dispatcher {

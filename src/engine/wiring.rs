@@ -105,6 +105,7 @@ where
     // full: the writer, gathering a group, is not woken by each result sent, only by this or
     // its group's deadline.
     let writer_full = Arc::new(Notify::new());
+    let committed = Arc::new(Notify::new());
     let durability = opts.durability;
     let writer = Writer {
         store: store.clone(),
@@ -118,6 +119,7 @@ where
         full: writer_full.clone(),
         pages: Vec::new(),
         clock: opts.clock.clone(),
+        committed: committed.clone(),
     };
     let writer = tokio::spawn({
         let halt = halt.clone();
@@ -168,6 +170,7 @@ where
         queue,
         workers: pool,
         writer: writer_tx,
+        committed,
     };
     let fed = source.feed(&mut dispatcher, &counters).await;
     let finished = dispatcher.finish(opts.shutdown_timeout).await;

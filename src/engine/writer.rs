@@ -119,6 +119,8 @@ pub(super) struct Writer<S> {
     pub(super) pages: Vec<(String, PageRecord)>,
     /// What commit records are stamped with.
     pub(super) clock: Clock,
+    /// Rung after each commit ([`super::dispatcher::Dispatcher::committed`]).
+    pub(super) committed: Arc<Notify>,
 }
 
 impl<S: Store + Leases> Writer<S> {
@@ -277,6 +279,7 @@ impl<S: Store + Leases> Writer<S> {
             }
         }
         Counters::add_elapsed(&self.counters.commit_write_ns, start);
+        self.committed.notify_one();
         Ok(())
     }
 

@@ -167,7 +167,9 @@ pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Lease buckets of `log` and dispatch their unfinished items until every bucket of the log
 /// is committed or a stop is asked for. With nothing to lease, it polls, and tries again at
-/// once when `planned` says this worker's planner wrote more.
+/// once when `planned` says this worker's planner wrote more; when this worker's writer
+/// commits, it asks again whether the log is finished (the log's last buckets are often its
+/// own: the run ends as they are in).
 async fn dispatch_leased<S: Fleet>(
     store: &S,
     dispatcher: &mut Dispatcher,
@@ -200,16 +202,31 @@ async fn lease_and_dispatch<S: Fleet>(
 ) -> Result<(), EngineError> {
     let mut idle = POLL_MIN;
     let mut next_key = 1u64 << 62;
+    let committed = dispatcher.committed.clone();
     let mut ahead = lease_ahead(store, log, paged).await?;
     while !stop.is_stopping() {
         if ahead.is_empty() {
             if store.log_finished(log).await? {
                 return Ok(());
             }
-            tokio::select! {
-                _ = tokio::time::sleep(idle) => idle = (idle * 2).min(POLL_MAX),
-                _ = planned.notified() => idle = POLL_MIN,
-                _ = stop.stopping() => {}
+            // Until the poll's time or a plan: each commit of this worker's own only asks
+            // again whether the log is finished. It leases nothing (no bucket came of it),
+            // so a worker does not go idle and busy again at each commit, which would move
+            // the fleet's shares each time.
+            let poll = tokio::time::Instant::now() + idle;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(poll) => idle = (idle * 2).min(POLL_MAX),
+                    _ = planned.notified() => idle = POLL_MIN,
+                    _ = committed.notified() => {
+                        if store.log_finished(log).await? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    _ = stop.stopping() => {}
+                }
+                break;
             }
             if !stop.is_stopping() {
                 ahead = lease_ahead(store, log, paged).await?;

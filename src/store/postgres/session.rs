@@ -123,19 +123,21 @@ pub(crate) async fn heartbeat(
     stats: &serde_json::Value,
     idle: bool,
 ) -> Result<Heartbeat, PgError> {
-    let tx = client
-        .transaction()
+    // One flight (see `flight.rs`): the transaction, the lock, the renewal and the commit,
+    // where waiting for each answer cost four round trips (a newcomer with a rate waits for
+    // its first grant before its first call).
+    let tx: &Client = client;
+    let lock = async {
+        tx.execute_typed(
+            "SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::integer)",
+            &typed![RATE_LOCK, job.0],
+        )
         .await
-        .map_err(PgError::sql("starting a heartbeat"))?;
-    tx.execute_typed(
-        "SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::integer)",
-        &typed![RATE_LOCK, job.0],
-    )
-    .await
-    .map_err(PgError::sql("taking the rate-share lock"))?;
+        .map_err(PgError::sql("taking the rate-share lock"))
+    };
     // clock_timestamp, not now(): the lock may have been waited for.
-    let row = tx
-        .query_typed_opt(
+    let renew = async {
+        tx.query_typed_opt(
             "UPDATE hw_worker w
              SET heartbeat_at = clock_timestamp(),
                  expires_at = clock_timestamp() + make_interval(secs => $3),
@@ -165,13 +167,25 @@ pub(crate) async fn heartbeat(
             &typed![job.0, me.0, ttl.as_secs_f64(), stats, idle],
         )
         .await
-        .map_err(PgError::sql("renewing the worker session"))?;
-    let Some(row) = row else {
+        .map_err(PgError::sql("renewing the worker session"))
+    };
+    let (begun, locked, renewed, ended) = futures_util::future::join4(
+        flight::begin(tx, "starting a heartbeat"),
+        lock,
+        renew,
+        flight::end(tx, "committing a heartbeat"),
+    )
+    .await;
+    // The first error is the one said: after it the others fail too, and the commit rolls
+    // back without one.
+    begun?;
+    locked?;
+    let renewed = renewed?;
+    ended?;
+    // No row: the session had expired (the commit changed nothing).
+    let Some(row) = renewed else {
         return Ok(Heartbeat::Expired);
     };
-    tx.commit()
-        .await
-        .map_err(PgError::sql("committing a heartbeat"))?;
     let rate_share: Option<f64> = row.get(0);
     let rate: Option<f64> = row.get(1);
     let burst: Option<i32> = row.get(2);

@@ -78,8 +78,47 @@ async fn a_heartbeat_after_expiry_says_so_and_renews_nothing() {
         .unwrap()
         .get(0);
     assert!(!alive, "an expired session stays expired");
+    assert!(
+        !in_transaction(&client).await,
+        "a heartbeat ends its transaction"
+    );
     let unknown = WorkerId("00000000-0000-0000-0000-000000000000".into());
     assert_eq!(beat(&mut client, job, &unknown).await, Heartbeat::Expired);
+    assert!(!in_transaction(&client).await);
+}
+
+/// Whether `client`'s connection is inside a transaction: a savepoint can be set only there.
+async fn in_transaction(client: &Client) -> bool {
+    let inside = client.batch_execute("SAVEPOINT hw_probe").await.is_ok();
+    if inside {
+        client
+            .batch_execute("RELEASE SAVEPOINT hw_probe")
+            .await
+            .unwrap();
+    }
+    inside
+}
+
+#[tokio::test]
+async fn a_renewal_is_one_transaction_ended_on_its_connection() {
+    let (db, mut client, job) = with_job().await;
+    let me = worker(&client, job).await;
+    assert!(matches!(
+        beat(&mut client, job, &me).await,
+        Heartbeat::Renewed(_)
+    ));
+    assert!(!in_transaction(&client).await, "committed, not left open");
+    // The renewal is durable: another connection sees it.
+    let other = db.connect().await;
+    let stats: serde_json::Value = other
+        .query_one(
+            "SELECT stats FROM hw_worker WHERE worker_id = $1::text::uuid",
+            &[&me.0],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stats, serde_json::json!({"ok": 1}));
 }
 
 #[tokio::test]
