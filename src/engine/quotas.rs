@@ -18,9 +18,13 @@
 //! most of its cap.
 //!
 //! A fixed window's boundary: a call made just before it may reach the API just after, and
-//! count in the API's next window. So the first reservation in a new fixed window also takes
-//! what is still in flight, and what calls of the slot before took that ended after the
-//! boundary but before that reservation: the API may count them there.
+//! count in the API's next window. So no call starts in a fixed window's last moments
+//! ([`boundary_band`]: a twentieth of the window, at most 250 ms): it waits for the next
+//! window, where it is counted. A call slower to arrive than that may still cross, so the
+//! first reservation in a new fixed window also takes what is still in flight, and what calls
+//! of the slot before took that ended after the boundary but before that reservation: the API
+//! may count them there. That carry is this run's own; another worker of a fleet may have
+//! reserved the new window whole before it, which the band is there to make rare.
 
 use std::sync::atomic::{
     AtomicU64,
@@ -319,6 +323,10 @@ impl QuotaGate {
         let mut local = self.local.lock().await;
         loop {
             let now = self.shared.clock.now_ms();
+            if let Some(wait) = self.quotas.iter().filter_map(|q| to_boundary(q, now)).max() {
+                tokio::time::sleep(wait).await;
+                continue;
+            }
             self.fold_settled(&mut local);
             // Units reserved in a slot that has passed are no use now; owed ones still are.
             for (q, l) in self.quotas.iter().zip(local.iter_mut()) {
@@ -501,6 +509,22 @@ impl QuotaGate {
     }
 }
 
+/// The last moments of a fixed window of `length` in which no call starts: a twentieth of
+/// it, at most 250 ms (a 2-second window loses a twentieth, a minute's under 0.5%).
+pub(crate) fn boundary_band(length: Duration) -> Duration {
+    (length / 20).min(Duration::from_millis(250))
+}
+
+/// How long until `quota`'s fixed window ends, when `now_ms` is in its [`boundary_band`].
+fn to_boundary(quota: &Quota, now_ms: u64) -> Option<Duration> {
+    let Window::Fixed { length } = quota.window else {
+        return None;
+    };
+    let (start, len) = quota.window.slot(now_ms);
+    let left = (start + len).saturating_sub(now_ms);
+    (Duration::from_millis(left) <= boundary_band(length)).then(|| Duration::from_millis(left))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -510,6 +534,39 @@ mod tests {
     fn gate(store: &Arc<MemStore>, quotas: &[&str]) -> QuotaGate {
         let quotas = quotas.iter().map(|q| q.parse().unwrap()).collect();
         QuotaGate::new(quotas, store.clone(), Clock::system())
+    }
+
+    /// No call starts in a fixed window's last twentieth: one asked for then waits for the
+    /// next window and is counted there; one asked for before the band is not held.
+    #[tokio::test(start_paused = true)]
+    async fn no_call_starts_in_a_fixed_windows_last_moments() {
+        use crate::clock::SimulatedClock;
+        const SLOT: u64 = 1_800_000_000_000; // a multiple of 2,000 ms
+        let store = Arc::new(MemStore::new());
+        let clock = SimulatedClock::starting_at_ms(SLOT + 1_000);
+        let quota: Quota = "30/2s".parse().unwrap();
+        let gate = QuotaGate::new(vec![quota], store.clone(), clock.clone().into());
+        let early = gate.acquire(Cost::default()).await.unwrap();
+        assert_eq!(early.taken[0].1, Some(SLOT), "before the band: this window");
+        assert_eq!(clock.now_ms(), SLOT + 1_000, "not held");
+        drop(early);
+        // 30 ms before the boundary, inside the band of 100 ms.
+        clock.jump_forward(Duration::from_millis(970));
+        let late = gate.acquire(Cost::default()).await.unwrap();
+        assert_eq!(
+            late.taken[0].1,
+            Some(SLOT + 2_000),
+            "counted in the next window"
+        );
+        assert!(clock.now_ms() >= SLOT + 2_000, "started after the boundary");
+        assert_eq!(
+            boundary_band(Duration::from_secs(2)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            boundary_band(Duration::from_secs(3600)),
+            Duration::from_millis(250)
+        );
     }
 
     #[tokio::test]
