@@ -77,13 +77,16 @@ impl<S: Fleet> FleetMember<S> {
         (member, follower)
     }
 
-    /// Apply the store's grant (share and shared pause) to the throttle.
-    fn apply_rate(&self) {
+    /// Apply the store's grant (share, shared pause, a return from idle) to the throttle:
+    /// every [`FOLLOWS_PER_TICK`]th of a tick, and at once when this worker's source leased
+    /// a bucket after holding none (before its items are called).
+    pub(super) fn apply_rate(&self) {
         let f = self.store.fleet_rate();
         if let Some(workers) = f.workers {
             self.throttle.count_fleet(workers);
         }
         self.throttle.follow_fleet(f.share, f.burst, f.paused_until);
+        self.throttle.follow_rejoin(f.rejoined);
     }
 }
 

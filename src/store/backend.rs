@@ -508,6 +508,12 @@ pub struct FleetRate {
     /// counted them (what the API announces it has left is divided among them); `None`: not
     /// counted yet.
     pub workers: Option<u32>,
+    /// When this worker last leased a bucket after holding none, if the other workers count
+    /// it only at their next look at the fleet (a database's heartbeats): while it held none
+    /// they divided what the API announces among themselves, so it takes nothing of it until
+    /// they count it again. `None`: it never came back from idle, or the others count it at
+    /// once.
+    pub rejoined: Option<tokio::time::Instant>,
 }
 
 /// The [`Leases::Fleet`] of a backend with one holder at a time: it forms no fleet.

@@ -16,6 +16,7 @@ use super::outage::{
 };
 use super::rate::{Rate, RateLimiter, UNLIMITED};
 use super::repeats::{self, RepeatRefusals, TickRefusals};
+use crate::quota::pacer::JOIN_SETTLE;
 
 /// How fast the adaptive rate climbs while the API keeps up: 10% per second.
 pub(crate) const INCREASE_PER_SECOND: f64 = 0.10;
@@ -106,6 +107,11 @@ pub(super) struct FleetHold {
     burst: Option<u32>,
     /// No attempt starts before this.
     paused_until: Option<tokio::time::Instant>,
+    /// Nothing of what the API announces is taken before this: the worker came back from
+    /// idle, and the others count it again only by then ([`Throttle::follow_rejoin`]).
+    rejoin_until: Option<tokio::time::Instant>,
+    /// The return from idle that set `rejoin_until`.
+    rejoined: Option<tokio::time::Instant>,
 }
 
 /// A pause extended by less than this is not worth telling the fleet again.
@@ -282,8 +288,31 @@ impl Throttle {
         extended
     }
 
-    /// Wait while the fleet holds this worker: a pause, or a share of 0 (a newcomer's before
-    /// its first grant, which also counts the fleet's workers: [`Self::fleet_workers`]).
+    /// Follow this worker's last return from idle ([`crate::store::FleetRate::rejoined`]):
+    /// with other workers in the fleet, what the API announces it has left is taken
+    /// nothing of for [`JOIN_SETTLE`] after it, as a newcomer's first calls are held, since
+    /// the others divided it among themselves while this worker held no bucket.
+    pub(crate) fn follow_rejoin(&self, rejoined: Option<tokio::time::Instant>) {
+        let Some(at) = rejoined else {
+            return;
+        };
+        let others = self.fleet_workers() > 1;
+        {
+            let mut f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
+            if f.rejoined == Some(at) {
+                return;
+            }
+            f.rejoined = Some(at);
+            if others {
+                f.rejoin_until = Some(at + JOIN_SETTLE);
+            }
+        }
+        self.fleet_changed.notify_waiters();
+    }
+
+    /// Wait while the fleet holds this worker: a pause, a share of 0 (a newcomer's before
+    /// its first grant, which also counts the fleet's workers: [`Self::fleet_workers`]), or
+    /// a return from idle the others have not counted yet ([`Self::follow_rejoin`]).
     pub(crate) async fn fleet_gate(&self) {
         loop {
             let notified = self.fleet_changed.notified();
@@ -291,7 +320,8 @@ impl Throttle {
             notified.as_mut().enable();
             let until = {
                 let f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
-                match f.paused_until {
+                let held = f.paused_until.max(f.rejoin_until);
+                match held {
                     Some(u) if u > tokio::time::Instant::now() => Some(u),
                     _ if f.share == Some(0.0) => None,
                     _ => return,

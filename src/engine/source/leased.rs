@@ -64,6 +64,8 @@ pub(in crate::engine) struct Leased<S> {
     planner: Option<JoinHandle<Result<(), PlanError>>>,
     /// The task that keeps the throttle on this worker's share.
     follower: Option<JoinHandle<()>>,
+    /// This worker as a member of the fleet: told at once when it leases after holding none.
+    fleet_member: Option<Arc<FleetMember<S>>>,
     /// Notified by this worker's planner as each batch is in the store.
     planned: Arc<Notify>,
 }
@@ -98,6 +100,7 @@ impl<S: Fleet> Leased<S> {
             position,
             planner: None,
             follower: None,
+            fleet_member: None,
             planned: Arc::new(Notify::new()),
         })
     }
@@ -111,6 +114,7 @@ impl<S: Fleet> Source for Leased<S> {
     fn member(&mut self, throttle: &Arc<Throttle>) -> Arc<dyn Member> {
         let (member, follower) = FleetMember::join(self.store.clone(), throttle.clone());
         self.follower = Some(follower);
+        self.fleet_member = Some(member.clone());
         member
     }
 
@@ -135,6 +139,7 @@ impl<S: Fleet> Source for Leased<S> {
         let paged = self.spec.work.paginate().is_some();
         let dispatched = dispatch_leased(
             &*self.store,
+            self.fleet_member.as_deref(),
             dispatcher,
             self.log,
             paged,
@@ -172,13 +177,14 @@ pub(in crate::engine) const POLL_MAX: Duration = Duration::from_secs(1);
 /// own: the run ends as they are in).
 async fn dispatch_leased<S: Fleet>(
     store: &S,
+    member: Option<&FleetMember<S>>,
     dispatcher: &mut Dispatcher,
     log: Log,
     paged: bool,
     stop: &Stop,
     planned: &Notify,
 ) -> Result<(), EngineError> {
-    let dispatched = lease_and_dispatch(store, dispatcher, log, paged, stop, planned).await;
+    let dispatched = lease_and_dispatch(store, member, dispatcher, log, paged, stop, planned).await;
     if stop.is_stopping() {
         // Draining: seen in `status` while what is held is finished or abandoned.
         if let Err(e) = store.drain().await {
@@ -194,6 +200,7 @@ async fn dispatch_leased<S: Fleet>(
 /// dispatched when a stop comes is released at once, for other workers to take.
 async fn lease_and_dispatch<S: Fleet>(
     store: &S,
+    member: Option<&FleetMember<S>>,
     dispatcher: &mut Dispatcher,
     log: Log,
     paged: bool,
@@ -230,6 +237,11 @@ async fn lease_and_dispatch<S: Fleet>(
             }
             if !stop.is_stopping() {
                 ahead = lease_ahead(store, log, paged).await?;
+                if let (false, Some(m)) = (ahead.is_empty(), member) {
+                    // Back from holding nothing: the throttle knows before the items are
+                    // called, not at its next look (see `FleetRate::rejoined`).
+                    m.apply_rate();
+                }
             }
             continue;
         }

@@ -590,6 +590,7 @@ impl Fleet for MemWorker {
                 burst: None,
                 paused_until: None,
                 workers: None,
+                rejoined: None,
             };
         }
         let s = self.shared();
@@ -616,6 +617,8 @@ impl Fleet for MemWorker {
             burst,
             paused_until: s.paused_until,
             workers: Some(u32::try_from(peers + 1).unwrap_or(u32::MAX)),
+            // Counted at once: the others read who is idle when they look.
+            rejoined: None,
         }
     }
 

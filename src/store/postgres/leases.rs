@@ -79,6 +79,9 @@ impl PgStore {
         }
         let idle = local.held.is_empty();
         if idle != local.idle {
+            if local.idle {
+                local.rejoined = Some(tokio::time::Instant::now());
+            }
             local.idle = idle;
             // The share follows at once: an idle worker's goes to the busy ones, and a
             // worker with work again asks for its part.
@@ -464,6 +467,7 @@ impl Fleet for PgStore {
             paused_until: session.paused_until.map(tokio::time::Instant::from_std),
             // This worker is counted as making calls: it asks in order to make one.
             workers: session.grant.as_ref().map(|g| g.peers.saturating_add(1)),
+            rejoined: local.rejoined,
         }
     }
 

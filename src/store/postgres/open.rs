@@ -128,6 +128,7 @@ impl PgStore {
                 fenced: 0,
                 recorded: 0,
                 idle: false,
+                rejoined: None,
             }),
             wake: Arc::new(tokio::sync::Notify::new()),
         });

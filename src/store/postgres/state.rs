@@ -71,6 +71,8 @@ pub(super) struct Local {
     /// The worker holds no bucket and found none to lease: its heartbeat gives its rate
     /// share back to the busy workers.
     pub(super) idle: bool,
+    /// When it last leased a bucket after being idle ([`crate::store::FleetRate::rejoined`]).
+    pub(super) rejoined: Option<tokio::time::Instant>,
 }
 
 /// This process's worker session, as the worker knows it.

@@ -347,3 +347,40 @@ async fn the_throttle_works_on_after_a_worker_panicked_holding_its_locks() {
     assert_eq!(throttle.outage(), None);
     assert!(throttle.rate().unwrap() < 300.0, "{:?}", throttle.rate());
 }
+
+/// A worker back from idle in a fleet takes nothing of what the API announces until the
+/// others count it again (`JOIN_SETTLE` after it leased); alone, or for the same return
+/// told twice, it is not held (again).
+#[tokio::test(start_paused = true)]
+async fn a_return_from_idle_holds_the_fleet_gate_until_the_others_count_it() {
+    use crate::quota::pacer::JOIN_SETTLE;
+    let throttle = throttle_at(600.0);
+    // Alone: no one else divided the windows.
+    throttle.count_fleet(1);
+    throttle.follow_rejoin(Some(tokio::time::Instant::now()));
+    let start = tokio::time::Instant::now();
+    throttle.fleet_gate().await;
+    assert_eq!(start.elapsed(), Duration::ZERO, "alone: not held");
+    // Idle again, then back, with two others.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    throttle.count_fleet(3);
+    let back = tokio::time::Instant::now();
+    throttle.follow_rejoin(Some(back));
+    let gate = tokio::spawn({
+        let t = throttle.clone();
+        async move { t.fleet_gate().await }
+    });
+    tokio::time::sleep(JOIN_SETTLE - Duration::from_millis(1)).await;
+    assert!(!gate.is_finished(), "held until the others count it");
+    gate.await.unwrap();
+    assert!(back.elapsed() >= JOIN_SETTLE);
+    // The same return, told again by the next look at the fleet: not held again.
+    throttle.follow_rejoin(Some(back));
+    let again = tokio::time::Instant::now();
+    throttle.fleet_gate().await;
+    assert_eq!(again.elapsed(), Duration::ZERO);
+    // No return from idle at all: never held.
+    throttle.follow_rejoin(None);
+    throttle.fleet_gate().await;
+    assert_eq!(again.elapsed(), Duration::ZERO);
+}

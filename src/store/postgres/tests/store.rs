@@ -147,3 +147,30 @@ async fn acquire_work_gives_each_leased_bucket_with_its_items() {
         .await;
     assert_eq!(ids(&read.unwrap()), ids(&rerun[0].items));
 }
+
+/// A worker that leases a bucket after holding none is back from idle: its fleet rate says
+/// when (the others count it again only at their next heartbeats); one that never held none
+/// is not.
+#[tokio::test]
+async fn a_lease_after_holding_none_is_a_return_from_idle() {
+    use crate::store::Fleet;
+
+    let db = migrated().await;
+    let open = PgOpen {
+        create: true,
+        ..PgOpen::new("idle")
+    };
+    let store = PgStore::open(&db.target, &open).await.unwrap();
+    let job = store.inner.job;
+    assert!(store.acquire_work(Log::Job, 2).await.unwrap().is_empty());
+    assert_eq!(store.fleet_rate().rejoined, None, "idle is no return");
+    let admin = db.connect().await;
+    add_buckets(&admin, job, 3).await;
+    let before = tokio::time::Instant::now();
+    assert_eq!(store.acquire_work(Log::Job, 2).await.unwrap().len(), 2);
+    let back = store.fleet_rate().rejoined.expect("a return from idle");
+    assert!(back >= before);
+    // Leasing more while it holds buckets is no new return.
+    assert_eq!(store.acquire_work(Log::Job, 2).await.unwrap().len(), 1);
+    assert_eq!(store.fleet_rate().rejoined, Some(back));
+}
