@@ -169,6 +169,18 @@ modes:
     --bin PATH        the highwater binary [default: the one cargo built]
     --before PATH     another highwater binary (a baseline build) run in every round too
 
+  scale        one job of N IDs end to end, the real binary against the fast fake API with
+               `--extract .score`, a line per tenth as it goes (to read with `tail`): the
+               free disk against what the run needs (refused if short), the planner's speed,
+               items/s and VmRSS per tenth, a kill -9 and resume, the state's size per part,
+               `status` and a Parquet `export` timed; a Markdown table at the end
+    --ids N           IDs in the job [default: 100000000; 10000000 with --store pg]
+    --concurrency N   --concurrency of the binary [default: 32]
+    --kill-at P       kill -9 once the API has seen P% of the IDs, then resume [default: 90]
+    --store S         sled (a state directory) or pg (a throwaway PostgreSQL cluster)
+                      [default: sled]
+    --bin PATH        the highwater binary [default: the one cargo built]
+
   --burst N     (rate, capacity) burst of the runs [default: derived from the rate, as
                 the CLI]
 
@@ -194,6 +206,16 @@ pub enum Mode {
     ParquetInput,
     Dashboard,
     Storage,
+    Scale,
+}
+
+/// Where `scale` keeps its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// A state directory.
+    Sled,
+    /// A job of a throwaway PostgreSQL cluster.
+    Pg,
 }
 
 impl Mode {
@@ -214,6 +236,7 @@ impl Mode {
             "parquet-input" => Mode::ParquetInput,
             "dashboard" => Mode::Dashboard,
             "storage" => Mode::Storage,
+            "scale" => Mode::Scale,
             _ => return None,
         })
     }
@@ -236,6 +259,7 @@ impl Mode {
             Mode::ParquetInput => (1_000_000, 32, 1),
             Mode::Dashboard => (200_000, 16, 3),
             Mode::Storage => (200_000, 32, 1),
+            Mode::Scale => (100_000_000, 32, 1),
         }
     }
 }
@@ -283,6 +307,10 @@ pub struct Args {
     pub pg_log: Option<std::path::PathBuf>,
     /// `refusals`: the job's `--rate`.
     pub job_rate: Option<f64>,
+    /// `scale`: the percentage of the IDs called at which the run is killed.
+    pub kill_at: u64,
+    /// `scale`: where the job lives.
+    pub store: Store,
 }
 
 pub enum Parsed {
@@ -328,7 +356,10 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
         statements: false,
         pg_log: None,
         job_rate: None,
+        kill_at: 90,
+        store: Store::Sled,
     };
+    let mut ids_given = false;
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
@@ -354,7 +385,10 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
             "-h" | "--help" => return Ok(Parsed::Help),
             // `cargo bench` adds it after the arguments given.
             "--bench" => {}
-            "--ids" if mode != Mode::Rate => args.ids = number(name, value(name)?)?,
+            "--ids" if mode != Mode::Rate => {
+                args.ids = number(name, value(name)?)?;
+                ids_given = true;
+            }
             "--secs" if mode == Mode::Rate => args.secs = number(name, value(name)?)?,
             "--phase-secs" if mode == Mode::Capacity => {
                 let s = number(name, value(name)?)?;
@@ -398,6 +432,7 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                         | Mode::ParquetInput
                         | Mode::Dashboard
                         | Mode::Storage
+                        | Mode::Scale
                 ) =>
             {
                 args.bin = Some(PathBuf::from(value(name)?))
@@ -498,12 +533,29 @@ pub fn parse_args(raw: &[String]) -> Result<Parsed, String> {
                     _ => return Err(format!("--rate: {v:?} is not a rate above zero")),
                 }
             }
+            "--kill-at" if mode == Mode::Scale => {
+                let p = number(name, value(name)?)?;
+                if p >= 100 {
+                    return Err("--kill-at must be a percentage from 1 to 99".into());
+                }
+                args.kill_at = p;
+            }
+            "--store" if mode == Mode::Scale => {
+                args.store = match value(name)?.as_str() {
+                    "sled" => Store::Sled,
+                    "pg" => Store::Pg,
+                    other => return Err(format!("--store: {other:?} is not sled or pg")),
+                }
+            }
             "--no-fsync" if mode == Mode::Pg => args.no_fsync = true,
             "--statements" if mode == Mode::Pg => args.statements = true,
             "--pg-log" if mode == Mode::Pg => args.pg_log = Some(value(name)?.into()),
             "--keep" => args.keep = true,
             other => return Err(format!("unknown option {other:?} for this mode")),
         }
+    }
+    if mode == Mode::Scale && args.store == Store::Pg && !ids_given {
+        args.ids = 10_000_000;
     }
     if args.concurrency > 100_000 {
         return Err("--concurrency must be at most 100000".into());

@@ -119,11 +119,8 @@ impl Proc {
         Ok(Some(exit))
     }
 
-    pub fn kill(&mut self) -> Result<Exit> {
-        if self.done.is_none() {
-            // SAFETY: our own child, not yet reaped, so the pid cannot have been reused.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-        }
+    /// Waits for the process to end.
+    pub fn wait(&mut self) -> Result<Exit> {
         loop {
             if let Some(e) = self.reap(true)? {
                 return Ok(e);
@@ -131,8 +128,46 @@ impl Proc {
         }
     }
 
+    pub fn kill(&mut self) -> Result<Exit> {
+        if self.done.is_none() {
+            // SAFETY: our own child, not yet reaped, so the pid cannot have been reused.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        self.wait()
+    }
+
+    /// The time from this process's start to the first call that `calls` counts above
+    /// `before`, polled every millisecond; an error quoting the process's `log` if it ends
+    /// first.
+    pub fn first_call(
+        &mut self,
+        calls: &dyn Fn() -> u64,
+        before: u64,
+        log: &Path,
+    ) -> Result<Duration> {
+        loop {
+            if calls() > before {
+                return Ok(self.started.elapsed());
+            }
+            if let Some(e) = self.reap(false)? {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                bail!(
+                    "the binary ended ({}) before making any request:\n{log}",
+                    e.describe()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// (VmRSS, VmHWM) in KiB, while the process is alive.
     pub fn memory(&self) -> Option<(u64, u64)> {
+        let [rss, hwm] = self.status_kib(["VmRSS:", "VmHWM:"])?;
+        Some((rss, hwm))
+    }
+
+    /// Fields of /proc/PID/status in KiB (e.g. `RssAnon:`), while the process is alive.
+    pub fn status_kib<const N: usize>(&self, names: [&str; N]) -> Option<[u64; N]> {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
         let field = |name: &str| {
             text.lines()
@@ -140,7 +175,11 @@ impl Proc {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse::<u64>().ok())
         };
-        Some((field("VmRSS:")?, field("VmHWM:")?))
+        let mut values = [0; N];
+        for (value, name) in values.iter_mut().zip(names) {
+            *value = field(name)?;
+        }
+        Some(values)
     }
 }
 

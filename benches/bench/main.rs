@@ -15,6 +15,7 @@
 //! cargo bench --bench bench -- tokens [--ids N] [--before BIN]
 //! cargo bench --bench bench -- dashboard [--ids N] [--repeat K]
 //! cargo bench --bench bench -- storage [--ids N] [--repeat K] [--before BIN]
+//! cargo bench --bench bench -- scale [--ids N] [--kill-at P] [--store sled|pg]
 //! ```
 //!
 //! `throughput` compares, in one process and against the same server, a bare hyper client
@@ -43,7 +44,10 @@
 //! goodput against what the windows allow, and 429s. `tokens` ([`tokens`]) runs it against
 //! a language-model API limiting tokens and requests per window: token goodput against the
 //! limit, and the calls refused. `storage` ([`storage`]) measures the
-//! state's bytes per ID on realistic answers against its own zstd Parquet export.
+//! state's bytes per ID on realistic answers against its own zstd Parquet export. `scale`
+//! ([`scale`]) runs one job of 100 million IDs (by default) end to end, a line per tenth as
+//! it goes: items/s and memory as the store grows, a kill -9 and resume near the end, the
+//! state's size, `status` and `export` on the finished job.
 //! Everything talks to 127.0.0.1 only. Results end with Markdown tables.
 //!
 //! `cargo bench` builds the `highwater` binary too (the modes that run it find it there)
@@ -85,6 +89,7 @@ mod pg;
 mod rate;
 mod refusals;
 mod rss;
+mod scale;
 mod scratch;
 mod storage;
 mod throughput;
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
         Mode::ParquetInput => parquet_input::parquet_input(&runtime, &args, &command),
         Mode::Dashboard => dashboard::dashboard(&runtime, &args, &command),
         Mode::Storage => storage::storage(&runtime, &args, &command),
+        Mode::Scale => scale::scale(&runtime, &args, &command),
     };
     // The fake API's tasks live on the runtime; do not wait for them.
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -48,3 +48,14 @@ pub fn fmt_rate(r: f64) -> String {
 pub fn kib_mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
+
+/// `bytes` in the largest binary unit it fills (B, KiB, MiB, GiB).
+pub fn size(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1048576 => format!("{:.1} KiB", b / 1024.0),
+        1048576..1073741824 => format!("{:.1} MiB", b / 1048576.0),
+        _ => format!("{:.2} GiB", b / 1073741824.0),
+    }
+}

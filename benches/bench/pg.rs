@@ -32,10 +32,10 @@ mod pg_cluster;
 mod proxy;
 mod wire;
 
-use pg_cluster::{PgCluster, TestDb};
+pub use pg_cluster::{PgCluster, TestDb};
 
 /// The job's name in every database.
-const JOB: &str = "bench";
+pub const JOB: &str = "bench";
 
 /// The password of the `postgres` role over TCP (127.0.0.1 asks for one): a throwaway one,
 /// given to the workers by `PGPASSWORD` (see [`Bench::tcp_url`]).
@@ -63,13 +63,7 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
     let (guard, tmp) = temp_dir(args.keep)?;
     let input = tmp.join("ids.txt");
     let input_bytes = write_input(&input, n)?;
-    eprintln!("starting a throwaway PostgreSQL cluster");
-    let cluster = PgCluster::start();
-    if !args.no_fsync {
-        for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
-            cluster.psql("postgres", &format!("ALTER SYSTEM SET {setting} = on"));
-        }
-    }
+    let cluster = start_cluster(!args.no_fsync);
     // For `pg_stat_wal`'s sync time (the `one` part's WAL columns).
     cluster.psql("postgres", "ALTER SYSTEM SET track_wal_io_timing = on");
     if args.pg_log.is_some() {
@@ -171,6 +165,51 @@ pub fn pg(rt: &tokio::runtime::Runtime, args: &Args, command: &str) -> Result<()
         bail!("{}", failed.join("; "));
     }
     Ok(())
+}
+
+/// A throwaway cluster (`tests/support/pg_cluster.rs`), made `durable` (`fsync`,
+/// `synchronous_commit` and `full_page_writes` on, as sled's group commit is) or left with
+/// the tests' settings (all three off).
+pub fn start_cluster(durable: bool) -> PgCluster {
+    eprintln!("starting a throwaway PostgreSQL cluster");
+    let cluster = PgCluster::start();
+    if durable {
+        for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
+            cluster.psql("postgres", &format!("ALTER SYSTEM SET {setting} = on"));
+        }
+        cluster.psql("postgres", "SELECT pg_reload_conf()");
+    }
+    cluster
+}
+
+/// One table of a job's schema: its name, `pg_total_relation_size` (table, indexes and
+/// TOAST) and `pg_relation_size` (the table alone), in bytes.
+pub struct TableSize {
+    pub name: String,
+    pub total: u64,
+    pub table: u64,
+}
+
+/// The tables of `db`'s schema (one job's), largest first.
+pub fn table_sizes(cluster: &PgCluster, db: &TestDb) -> Vec<TableSize> {
+    let query = format!(
+        "SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid) \
+         FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace \
+         WHERE s.nspname = '{}' AND c.relkind = 'r' ORDER BY 2 DESC",
+        db.schema
+    );
+    cluster
+        .psql(&db.name, &query)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            Some(TableSize {
+                name: f.first()?.to_string(),
+                total: f.get(1)?.parse().ok()?,
+                table: f.get(2)?.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 impl Bench {

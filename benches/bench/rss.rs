@@ -360,22 +360,11 @@ fn resume_runs(
         };
         eprintln!("{label}: {} {}", bin.display(), args.join(" "));
         let calls_before = api.total_calls();
-        let mut proc = Proc::spawn(bin, &args, &tmp.join(format!("resume-{round}.stderr")))?;
-        // Time to the first request: poll every 1 ms.
-        let first_request = loop {
-            if api.total_calls() > calls_before {
-                break proc.started.elapsed();
-            }
-            if let Some(e) = proc.reap(false)? {
-                let log = std::fs::read_to_string(tmp.join(format!("resume-{round}.stderr")))
-                    .unwrap_or_default();
-                bail!(
-                    "{label}: the binary ended ({}) before making any request:\n{log}",
-                    e.describe()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let log = tmp.join(format!("resume-{round}.stderr"));
+        let mut proc = Proc::spawn(bin, &args, &log)?;
+        let first_request = proc
+            .first_call(&|| api.total_calls(), calls_before, &log)
+            .with_context(|| label.clone())?;
         eprintln!(
             "  first request after {:.1} ms",
             first_request.as_secs_f64() * 1000.0

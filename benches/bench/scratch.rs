@@ -23,6 +23,17 @@ pub fn write_input(path: &Path, n: u64) -> Result<u64> {
     Ok(std::fs::metadata(path)?.len())
 }
 
+/// The bytes [`write_input`] writes for `n` IDs: `id-`, the number (nine digits at least)
+/// and a newline each.
+pub fn input_len(n: u64) -> u64 {
+    let (mut bytes, mut from, mut digits, mut below) = (0, 0, 9, 1_000_000_000u64);
+    while from < n {
+        bytes += (n.min(below) - from) * (digits + 4);
+        (from, digits, below) = (below, digits + 1, below.saturating_mul(10));
+    }
+    bytes
+}
+
 pub fn finish_temp(guard: Option<tempfile::TempDir>, path: &Path) {
     match guard {
         Some(dir) => {
@@ -70,4 +81,22 @@ pub fn dir_size(dir: &Path) -> (u64, u64) {
         }
     }
     (apparent, allocated)
+}
+
+/// The entries of the directory `state` with their allocated bytes (a folder's with all it
+/// holds, as `du` counts them), largest first.
+pub fn files_of(state: &Path) -> Result<Vec<(String, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(state)?.flatten() {
+        let path = e.path();
+        let size = if path.is_dir() {
+            dir_size(&path).1
+        } else {
+            std::fs::metadata(&path).map_or(0, |m| m.blocks() * 512)
+        };
+        files.push((e.file_name().to_string_lossy().into_owned(), size));
+    }
+    files.sort_by_key(|f| std::cmp::Reverse(f.1));
+    Ok(files)
 }

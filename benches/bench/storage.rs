@@ -18,7 +18,7 @@ use crate::args::Args;
 use crate::child::{binary, run_args, Exit, Proc};
 use crate::machine::{machine_facts, us_per, Baseline};
 use crate::numbers::{median, mib, thousands};
-use crate::scratch::{dir_size, finish_temp, id_of, temp_dir, write_input};
+use crate::scratch::{dir_size, files_of, finish_temp, id_of, temp_dir, write_input};
 
 /// The `--extract` of the fixed-cost run: one number of each answer.
 const EXTRACT: &str = ".metrics.employees";
@@ -193,26 +193,6 @@ fn measure(
         files: files_of(&whole)?,
         extracted_files: files_of(&extracted)?,
     })
-}
-
-/// The files of the state directory `state` with their allocated bytes, largest first.
-fn files_of(state: &Path) -> Result<Vec<(String, u64)>> {
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(state)?.flatten() {
-        let size = dir_size_of(&e.path());
-        files.push((e.file_name().to_string_lossy().into_owned(), size));
-    }
-    files.sort_by_key(|f| std::cmp::Reverse(f.1));
-    Ok(files)
-}
-
-fn dir_size_of(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    if path.is_dir() {
-        dir_size(path).1
-    } else {
-        std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
-    }
 }
 
 /// One run of `bin` to the end against a fresh fake API answering profiles.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::pg_cluster::{TestDb, TEST_DATABASE};
-use super::{Bench, JOB};
+use super::{table_sizes, Bench, TableSize, JOB};
 use crate::args::Args;
 use crate::child::worker_args;
 use crate::external::{run_binary, BinRun};
@@ -228,29 +228,11 @@ fn storage(
     out: &mut String,
 ) -> Result<()> {
     let n = bench.n;
-    let query = format!(
-        "SELECT c.relname, pg_total_relation_size(c.oid), pg_relation_size(c.oid) \
-         FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace \
-         WHERE s.nspname = '{}' AND c.relkind = 'r' ORDER BY 2 DESC",
-        db.schema
-    );
-    let sizes = |text: String| -> Vec<(String, u64, u64)> {
-        text.lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split('|').collect();
-                Some((
-                    f.first()?.to_string(),
-                    f.get(1)?.parse().ok()?,
-                    f.get(2)?.parse().ok()?,
-                ))
-            })
-            .collect()
-    };
-    let left = sizes(bench.cluster.psql(&db.name, &query));
+    let left = table_sizes(&bench.cluster, db);
     // This job's tables only: the other jobs' schemas share the database.
-    let tables: Vec<&str> = left.iter().map(|(name, _, _)| name.as_str()).collect();
+    let tables: Vec<&str> = left.iter().map(|t| t.name.as_str()).collect();
     bench.sql(db, &format!("VACUUM FULL {}", tables.join(", ")));
-    let full = sizes(bench.cluster.psql(&db.name, &query));
+    let full = table_sizes(&bench.cluster, db);
     writeln!(
         out,
         "\nStorage of the last round's job of `{label}` ({} IDs, each result the API's {}-byte \
@@ -266,8 +248,8 @@ fn storage(
     )?;
     writeln!(out, "|---|---:|---:|---:|---:|")?;
     let (mut total_left, mut total_full) = (0, 0);
-    for (name, total, _) in &left {
-        let after = full.iter().find(|(n2, _, _)| n2 == name).map_or(0, |f| f.1);
+    for TableSize { name, total, .. } in &left {
+        let after = full.iter().find(|f| f.name == *name).map_or(0, |f| f.total);
         total_left += total;
         total_full += after;
         if *total >= 64 * 1024 || after >= 64 * 1024 {

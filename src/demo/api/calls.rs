@@ -1,5 +1,5 @@
 //! Counting calls: per-ID call counts and call timestamps, sharded by ID hash so concurrent
-//! connections rarely contend.
+//! connections rarely contend; numbered IDs counted apart, a byte each (`numbered`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::lock::lock;
+use super::numbered::Numbered;
 
 /// Number of independently locked shards of the call counter.
 pub(super) const SHARDS: usize = 32;
@@ -24,6 +25,9 @@ pub const MAX_CALL_TIMES: usize = 5_000_000;
 /// rarely contend.
 pub(super) struct CallCounter {
     shards: Box<[Mutex<Shard>]>,
+    /// The calls of the numbered IDs ([`super::ApiConfig::numbered_ids`]), which the
+    /// shards' maps then leave out.
+    numbered: Numbered,
     total: AtomicU64,
     /// Timestamps are nanoseconds since this instant.
     base: Instant,
@@ -33,7 +37,7 @@ pub(super) struct CallCounter {
 
 #[derive(Default)]
 pub(super) struct Shard {
-    /// Calls per ID.
+    /// Calls per ID (but the numbered ones).
     counts: HashMap<String, u64>,
     /// Calls per ID rejected by the hidden capacity; empty unless one was.
     rejected: HashMap<String, u64>,
@@ -42,13 +46,15 @@ pub(super) struct Shard {
 }
 
 impl CallCounter {
-    pub(super) fn new() -> Self {
-        Self::with_time_cap(MAX_CALL_TIMES)
+    /// A counter whose IDs numbered below `numbered_ids` are counted a byte each.
+    pub(super) fn new(numbered_ids: u64) -> Self {
+        Self::with_time_cap(MAX_CALL_TIMES, numbered_ids)
     }
 
-    pub(super) fn with_time_cap(time_cap: usize) -> Self {
+    pub(super) fn with_time_cap(time_cap: usize, numbered_ids: u64) -> Self {
         CallCounter {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            numbered: Numbered::new(numbered_ids),
             total: AtomicU64::new(0),
             base: Instant::now(),
             time_cap: time_cap as u64,
@@ -69,15 +75,18 @@ impl CallCounter {
         if index < self.time_cap {
             shard.times.push((id_hash, nanos));
         }
-        let count = match shard.counts.get_mut(id) {
-            Some(count) => {
-                *count += 1;
-                *count
-            }
-            None => {
-                shard.counts.insert(id.to_owned(), 1);
-                1
-            }
+        let count = match self.numbered.index(id) {
+            Some(number) => self.numbered.record(number),
+            None => match shard.counts.get_mut(id) {
+                Some(count) => {
+                    *count += 1;
+                    *count
+                }
+                None => {
+                    shard.counts.insert(id.to_owned(), 1);
+                    1
+                }
+            },
         };
         if !admitted {
             *shard.rejected.entry(id.to_owned()).or_insert(0) += 1;
@@ -85,20 +94,23 @@ impl CallCounter {
         if shard.rejected.is_empty() {
             count
         } else {
-            count - shard.rejected.get(id).copied().unwrap_or(0)
+            count.saturating_sub(shard.rejected.get(id).copied().unwrap_or(0))
         }
     }
 
     pub(super) fn get(&self, id: &str) -> u64 {
+        if let Some(number) = self.numbered.index(id) {
+            return self.numbered.get(number);
+        }
         let shard = self.shard(xxh3_64(id.as_bytes()));
         shard.counts.get(id).copied().unwrap_or(0)
     }
 
     /// Calls for `id` not refused ([`CallCounter::record`]'s `admitted`).
     pub(super) fn admitted(&self, id: &str) -> u64 {
+        let calls = self.get(id);
         let shard = self.shard(xxh3_64(id.as_bytes()));
-        let calls = shard.counts.get(id).copied().unwrap_or(0);
-        calls - shard.rejected.get(id).copied().unwrap_or(0)
+        calls.saturating_sub(shard.rejected.get(id).copied().unwrap_or(0))
     }
 
     pub(super) fn total(&self) -> u64 {
@@ -106,11 +118,27 @@ impl CallCounter {
     }
 
     pub(super) fn distinct(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).counts.len()).sum()
+        self.numbered.called_at_least(1)
+            + self
+                .shards
+                .iter()
+                .map(|s| lock(s).counts.len())
+                .sum::<usize>()
+    }
+
+    /// IDs called more than once.
+    pub(super) fn repeated(&self) -> usize {
+        self.numbered.called_at_least(2)
+            + self
+                .shards
+                .iter()
+                .map(|s| lock(s).counts.values().filter(|&&c| c > 1).count())
+                .sum::<usize>()
     }
 
     pub(super) fn snapshot(&self) -> HashMap<String, u64> {
         let mut all = HashMap::with_capacity(self.distinct());
+        all.extend(self.numbered.called());
         for shard in self.shards.iter() {
             all.extend(lock(shard).counts.iter().map(|(k, v)| (k.clone(), *v)));
         }

@@ -56,8 +56,8 @@ impl FakeApi {
         let shared = Arc::new(Shared {
             llm: config.llm.clone().map(Meter::new),
             windows: Windows::new(&config.windows, config.announce),
+            calls: CallCounter::new(config.numbered_ids),
             config,
-            calls: CallCounter::new(),
             down: AtomicBool::new(false),
             limiter: Limiter::new(),
             accepted: AtomicU64::new(0),
@@ -212,6 +212,11 @@ impl FakeApi {
     /// Number of different IDs requested at least once.
     pub fn distinct_ids(&self) -> usize {
         self.shared.calls.distinct()
+    }
+
+    /// Number of different IDs requested more than once.
+    pub fn repeated_ids(&self) -> usize {
+        self.shared.calls.repeated()
     }
 
     /// A copy of the per-ID call counts.

@@ -45,6 +45,9 @@
 //! * **Call timestamps**: the instant of every counted call (the first
 //!   [`MAX_CALL_TIMES`]) is kept: [`FakeApi::call_times`], [`FakeApi::calls_per_id_times`]
 //!   and [`FakeApi::max_calls_in_window`] (to check a client's rate).
+//! * **Large jobs**: [`ApiConfig::numbered_ids`] counts the calls of the numbered IDs the
+//!   bench writes in a byte each, so a job of 100 million IDs can be checked for IDs called
+//!   twice ([`FakeApi::repeated_ids`]) without 10 GB of counters.
 //! * **Outage switch**: [`FakeApi::set_down`] closes the listener (connections are refused)
 //!   and every open connection, then binds the same port again when brought back up.
 //! * **Hidden capacity**: [`FakeApi::set_capacity`] puts a token bucket in front of every
@@ -73,7 +76,8 @@
 //! `faults` (the configuration and each ID's fault), `routes` (a request to its ID and
 //! answer), `answers` (the bodies), `profile` (the realistic answer of
 //! [`ApiConfig::profiles`]), `server` (accepting, the outage switch's listener), `calls`
-//! (call counts and timestamps), `capacity` (the hidden capacity's token bucket), `windows`
+//! (call counts and timestamps), `numbered` (the numbered IDs' counts, a byte each:
+//! [`ApiConfig::numbered_ids`]), `capacity` (the hidden capacity's token bucket), `windows`
 //! (the quota windows and their headers), `auth` (the token endpoint and the token check),
 //! `llm` (the language-model API: its configuration, meter, headers and bodies),
 //! `llm_route` (its routes), `seen` (the requests kept for a test to check), `echo` (errors
@@ -92,6 +96,7 @@ mod faults;
 mod llm;
 mod llm_route;
 mod lock;
+mod numbered;
 mod pages;
 mod profile;
 mod request;

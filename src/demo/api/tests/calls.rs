@@ -195,7 +195,7 @@ fn max_in_window_sweeps() {
 
 #[test]
 fn call_times_are_capped() {
-    let counter = CallCounter::with_time_cap(3);
+    let counter = CallCounter::with_time_cap(3, 0);
     let now = tokio::time::Instant::now();
     for n in 0..5u32 {
         let id = if n % 2 == 0 { "x" } else { "y" };
@@ -216,3 +216,40 @@ fn call_times_are_capped() {
 
 // -----------------------------------------------------------------------
 // Outage switch
+
+#[test]
+fn numbered_ids_are_counted_a_byte_each() {
+    let counter = CallCounter::with_time_cap(0, 1000);
+    let now = tokio::time::Instant::now();
+    let call = |id: &str| counter.record(id, xxh3_64(id.as_bytes()), true, now);
+    assert_eq!(call("id-000000007"), 1);
+    assert_eq!(call("id-000000007"), 2);
+    assert_eq!(call("id-000000999"), 1);
+    // Past the count, another spelling, or not a number: counted by name.
+    for id in [
+        "id-000001000",
+        "id-0000000007",
+        "id-00000007",
+        "id-00000000x",
+        "x",
+    ] {
+        assert_eq!(call(id), 1, "{id}");
+    }
+    for _ in 0..300 {
+        call("id-000000001");
+    }
+    assert_eq!(counter.get("id-000000007"), 2);
+    assert_eq!(
+        counter.get("id-000000001"),
+        255,
+        "a byte's count stops at 255"
+    );
+    assert_eq!(counter.get("id-0000000007"), 1);
+    assert_eq!(counter.total(), 3 + 5 + 300);
+    assert_eq!(counter.distinct(), 3 + 5);
+    assert_eq!(counter.repeated(), 2);
+    let snapshot = counter.snapshot();
+    assert_eq!(snapshot.len(), 8);
+    assert_eq!(snapshot["id-000000007"], 2);
+    assert_eq!(snapshot["id-000000999"], 1);
+}
