@@ -451,6 +451,14 @@ impl<H: Handler> ItemTask<H> {
                     () = throttle.fleet_gate() => {}
                     _ = stop.stopping() => return None,
                 }
+                // Back from idle, not counted by the others yet: they divided the windows
+                // among themselves meanwhile (nothing to wait for when none is known).
+                if a.knows_a_window() {
+                    tokio::select! {
+                        () = throttle.rejoin_gate() => {}
+                        _ = stop.stopping() => return None,
+                    }
+                }
                 // A limit that counts tokens takes what the call is expected to cost.
                 let cost = if a.counts_tokens() { estimate() } else { None };
                 tokio::select! {

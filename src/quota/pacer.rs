@@ -473,6 +473,11 @@ impl AnnouncedLimits {
         }
     }
 
+    /// Whether a window is known (announced or learnt): something a fleet's workers divide.
+    pub(crate) fn knows_a_window(&self) -> bool {
+        !self.lock().policies.is_empty()
+    }
+
     /// Whether a limit known counts tokens: calls are then estimated before they start.
     pub(crate) fn counts_tokens(&self) -> bool {
         self.lock().policies.values().any(|p| p.unit != Unit::Calls)

@@ -290,8 +290,9 @@ impl Throttle {
 
     /// Follow this worker's last return from idle ([`crate::store::FleetRate::rejoined`]):
     /// with other workers in the fleet, what the API announces it has left is taken
-    /// nothing of for [`JOIN_SETTLE`] after it, as a newcomer's first calls are held, since
-    /// the others divided it among themselves while this worker held no bucket.
+    /// nothing of for [`JOIN_SETTLE`] after it ([`Self::rejoin_gate`]), as a newcomer's
+    /// first calls are held, since the others divided it among themselves while this worker
+    /// held no bucket.
     pub(crate) fn follow_rejoin(&self, rejoined: Option<tokio::time::Instant>) {
         let Some(at) = rejoined else {
             return;
@@ -310,9 +311,32 @@ impl Throttle {
         self.fleet_changed.notify_waiters();
     }
 
-    /// Wait while the fleet holds this worker: a pause, a share of 0 (a newcomer's before
-    /// its first grant, which also counts the fleet's workers: [`Self::fleet_workers`]), or
-    /// a return from idle the others have not counted yet ([`Self::follow_rejoin`]).
+    /// Wait until the others count this worker again after its return from idle
+    /// ([`Self::follow_rejoin`]): only a call that takes of a window the API announced (or
+    /// one learnt) waits, since there is nothing else the others divided.
+    pub(crate) async fn rejoin_gate(&self) {
+        loop {
+            let notified = self.fleet_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let until = self
+                .fleet
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .rejoin_until
+                .filter(|&u| u > tokio::time::Instant::now());
+            let Some(until) = until else {
+                return;
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// Wait while the fleet holds this worker: a pause, or a share of 0 (a newcomer's before
+    /// its first grant, which also counts the fleet's workers: [`Self::fleet_workers`]).
     pub(crate) async fn fleet_gate(&self) {
         loop {
             let notified = self.fleet_changed.notified();
@@ -320,8 +344,7 @@ impl Throttle {
             notified.as_mut().enable();
             let until = {
                 let f = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
-                let held = f.paused_until.max(f.rejoin_until);
-                match held {
+                match f.paused_until {
                     Some(u) if u > tokio::time::Instant::now() => Some(u),
                     _ if f.share == Some(0.0) => None,
                     _ => return,

@@ -352,14 +352,14 @@ async fn the_throttle_works_on_after_a_worker_panicked_holding_its_locks() {
 /// others count it again (`JOIN_SETTLE` after it leased); alone, or for the same return
 /// told twice, it is not held (again).
 #[tokio::test(start_paused = true)]
-async fn a_return_from_idle_holds_the_fleet_gate_until_the_others_count_it() {
+async fn a_return_from_idle_holds_the_rejoin_gate_until_the_others_count_it() {
     use crate::quota::pacer::JOIN_SETTLE;
     let throttle = throttle_at(600.0);
     // Alone: no one else divided the windows.
     throttle.count_fleet(1);
     throttle.follow_rejoin(Some(tokio::time::Instant::now()));
     let start = tokio::time::Instant::now();
-    throttle.fleet_gate().await;
+    throttle.rejoin_gate().await;
     assert_eq!(start.elapsed(), Duration::ZERO, "alone: not held");
     // Idle again, then back, with two others.
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -368,7 +368,7 @@ async fn a_return_from_idle_holds_the_fleet_gate_until_the_others_count_it() {
     throttle.follow_rejoin(Some(back));
     let gate = tokio::spawn({
         let t = throttle.clone();
-        async move { t.fleet_gate().await }
+        async move { t.rejoin_gate().await }
     });
     tokio::time::sleep(JOIN_SETTLE - Duration::from_millis(1)).await;
     assert!(!gate.is_finished(), "held until the others count it");
@@ -377,10 +377,15 @@ async fn a_return_from_idle_holds_the_fleet_gate_until_the_others_count_it() {
     // The same return, told again by the next look at the fleet: not held again.
     throttle.follow_rejoin(Some(back));
     let again = tokio::time::Instant::now();
-    throttle.fleet_gate().await;
+    throttle.rejoin_gate().await;
     assert_eq!(again.elapsed(), Duration::ZERO);
     // No return from idle at all: never held.
     throttle.follow_rejoin(None);
-    throttle.fleet_gate().await;
+    throttle.rejoin_gate().await;
     assert_eq!(again.elapsed(), Duration::ZERO);
+    // The fleet's own gate (pause, share) never waits for a return from idle.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    throttle.follow_rejoin(Some(tokio::time::Instant::now()));
+    throttle.fleet_gate().await;
+    assert_eq!(again.elapsed(), Duration::from_millis(10));
 }
